@@ -1,0 +1,90 @@
+"""The one error family of kestrel-trio.
+
+Every error that crosses the public API is a :class:`KestrelError`. Each class
+carries an HTTP status hint and an OpenAI error ``type`` so that the HTTP layer
+can translate any of them into an OpenAI error envelope without knowing where
+it came from. This module imports nothing but the standard library so that
+every layer (``_model`` included) may raise these.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "KestrelError",
+    "ModelLoadError",
+    "BadRequestError",
+    "ContextLengthError",
+    "QueueFullError",
+    "EngineUnavailableError",
+    "GenerationCancelled",
+]
+
+
+class KestrelError(Exception):
+    """Base class of every kestrel-trio error.
+
+    Attributes:
+        status: the HTTP status a server would answer with.
+        error_type: the OpenAI error ``type`` string.
+        param: the request field at fault, if any.
+        code: a short machine-readable code, if any.
+    """
+
+    status: int = 500
+    error_type: str = "server_error"
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code
+
+
+class ModelLoadError(KestrelError):
+    """A checkpoint folder cannot be loaded; the message names the file, field or tensor."""
+
+    status = 500
+    error_type = "model_load_error"
+
+
+class BadRequestError(KestrelError):
+    """A request is invalid; ``param`` names the field at fault."""
+
+    status = 400
+    error_type = "invalid_request_error"
+
+
+class ContextLengthError(BadRequestError):
+    """A prompt (plus max_tokens) does not fit the model's context window."""
+
+    def __init__(self, message: str, *, param: str | None = "messages", code: str | None = "context_length_exceeded") -> None:
+        super().__init__(message, param=param, code=code)
+
+
+class QueueFullError(KestrelError):
+    """The engine's bounded queue is full; retry after ``retry_after`` seconds."""
+
+    status = 429
+    error_type = "rate_limit_error"
+
+    def __init__(self, message: str, *, retry_after: float, code: str | None = "queue_full") -> None:
+        super().__init__(message, code=code)
+        self.retry_after = retry_after
+
+
+class EngineUnavailableError(KestrelError):
+    """The engine is loading, shutting down or broken."""
+
+    status = 503
+    error_type = "server_error"
+
+    def __init__(self, message: str, *, retry_after: float | None = None, code: str | None = "unavailable") -> None:
+        super().__init__(message, code=code)
+        self.retry_after = retry_after
+
+
+class GenerationCancelled(KestrelError):
+    """A generation was cancelled before it finished (client gone, shutdown)."""
+
+    status = 499
+    error_type = "cancelled"

@@ -1,0 +1,4 @@
+"""The OpenAI schema layer: JSON <-> values, validation, error bodies, SSE framing.
+
+Imports neither trio nor numpy.
+"""
