@@ -1,0 +1,285 @@
+"""Model configuration read from a checkpoint's config.json.
+
+Field names are those of the file. Both config styles found in the wild are
+read: transformers 4 (``rope_theta``, ``rope_scaling``, ``torch_dtype``) and
+transformers 5 (``rope_parameters``, ``dtype``, ``layer_types``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from kestrel_trio.errors import ModelLoadError
+
+__all__ = ["SUPPORTED_ARCHITECTURES", "RopeConfig", "ModelConfig", "read_config", "config_from_dict"]
+
+SUPPORTED_ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen2ForCausalLM", "Qwen3MoeForCausalLM")
+
+
+@attrs.frozen
+class RopeConfig:
+    """Rotary position embedding settings.
+
+    Attributes:
+        rope_type: "default" or "yarn".
+        rope_theta: the base wavelength.
+        factor: yarn's context extension factor.
+        original_max_position_embeddings: yarn's pretraining context length (tokens).
+        beta_fast: yarn's extrapolation boundary.
+        beta_slow: yarn's interpolation boundary.
+        attention_factor: yarn's cos/sin scale (None: derived from factor).
+        truncate: yarn's correction-range rounding.
+    """
+
+    rope_type: str = "default"
+    rope_theta: float = 10000.0
+    factor: float | None = None
+    original_max_position_embeddings: int | None = None
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    attention_factor: float | None = None
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
+    truncate: bool = True
+
+
+@attrs.frozen
+class ModelConfig:
+    """The fields of config.json that the forward pass needs, named as in the file."""
+
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool
+    rope: RopeConfig
+    torch_dtype: str | None = None
+    # Qwen3-MoE only
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
+
+    @property
+    def qk_norm(self) -> bool:
+        """Whether q_norm/k_norm are applied per head before RoPE (Qwen3 families)."""
+        return self.architecture != "Qwen2ForCausalLM"
+
+    @property
+    def qkv_bias(self) -> bool:
+        """Whether q/k/v projections carry a bias (always for Qwen2)."""
+        return self.architecture == "Qwen2ForCausalLM" or self.attention_bias
+
+    @property
+    def o_bias(self) -> bool:
+        """Whether o_proj carries a bias (Qwen3's attention_bias applies to all four)."""
+        return self.architecture != "Qwen2ForCausalLM" and self.attention_bias
+
+    def is_sparse_layer(self, layer_idx: int) -> bool:
+        """Whether decoder layer ``layer_idx`` uses the mixture-of-experts MLP."""
+        return (
+            self.architecture == "Qwen3MoeForCausalLM"
+            and self.num_experts > 0
+            and layer_idx not in self.mlp_only_layers
+            and (layer_idx + 1) % self.decoder_sparse_step == 0
+        )
+
+
+def read_config(folder: Path) -> ModelConfig:
+    """Read and validate ``folder/config.json``.
+
+    Raises:
+        ModelLoadError: the file is missing or unreadable, a field is missing or
+            of the wrong type, or the architecture is not supported.
+    """
+    path = Path(folder) / "config.json"
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ModelLoadError(f"{path}: no config.json in the checkpoint folder") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ModelLoadError(f"{path}: cannot read config.json: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ModelLoadError(f"{path}: config.json is not a JSON object")
+    return config_from_dict(raw, source=str(path))
+
+
+def config_from_dict(raw: dict[str, Any], *, source: str = "config.json") -> ModelConfig:
+    """Build a :class:`ModelConfig` from the parsed config.json dict."""
+    fields = _Fields(raw, source)
+    architecture = _architecture(raw, source)
+    heads = fields.int("num_attention_heads")
+    hidden = fields.int("hidden_size")
+    is_moe = architecture == "Qwen3MoeForCausalLM"
+    # transformers' own defaults when head_dim is absent: 128 for Qwen3 dense, hidden/heads otherwise.
+    default_head_dim = 128 if architecture == "Qwen3ForCausalLM" else hidden // heads
+    _reject_unsupported_attention(raw, fields, source)
+    if fields.get("hidden_act", str, "silu") != "silu":
+        raise ModelLoadError(f"{source}: hidden_act {raw['hidden_act']!r} is not supported (only 'silu')")
+    config = ModelConfig(
+        architecture=architecture,
+        vocab_size=fields.int("vocab_size"),
+        hidden_size=hidden,
+        num_hidden_layers=fields.int("num_hidden_layers"),
+        num_attention_heads=heads,
+        num_key_value_heads=fields.int("num_key_value_heads", heads),
+        head_dim=fields.int("head_dim", default_head_dim),
+        intermediate_size=fields.int("intermediate_size"),
+        rms_norm_eps=fields.float("rms_norm_eps", 1e-6),
+        max_position_embeddings=fields.int("max_position_embeddings"),
+        tie_word_embeddings=fields.get("tie_word_embeddings", bool, False),
+        attention_bias=fields.get("attention_bias", bool, False),
+        rope=_rope(raw, fields, source),
+        torch_dtype=fields.get("torch_dtype", str, None) or fields.get("dtype", str, None),
+        # transformers 5 writes num_experts under its alias num_local_experts.
+        num_experts=fields.int(fields.alias("num_experts", "num_local_experts")) if is_moe else 0,
+        num_experts_per_tok=fields.int("num_experts_per_tok") if is_moe else 0,
+        moe_intermediate_size=fields.int("moe_intermediate_size") if is_moe else 0,
+        norm_topk_prob=fields.get("norm_topk_prob", bool, False) if is_moe else False,
+        decoder_sparse_step=fields.int("decoder_sparse_step", 1) if is_moe else 1,
+        mlp_only_layers=tuple(fields.get("mlp_only_layers", list, None) or ()) if is_moe else (),
+    )
+    _validate(config, source)
+    return config
+
+
+def _validate(config: ModelConfig, source: str) -> None:
+    positive = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                "num_key_value_heads", "head_dim", "intermediate_size", "max_position_embeddings")
+    for name in positive:
+        if getattr(config, name) < 1:
+            raise ModelLoadError(f"{source}: field {name!r} must be >= 1, got {getattr(config, name)}")
+    if config.num_attention_heads % config.num_key_value_heads:
+        raise ModelLoadError(
+            f"{source}: num_attention_heads ({config.num_attention_heads}) is not a multiple of "
+            f"num_key_value_heads ({config.num_key_value_heads})"
+        )
+    if config.head_dim % 2:
+        raise ModelLoadError(f"{source}: field 'head_dim' must be even for rotary embeddings, got {config.head_dim}")
+    if config.architecture == "Qwen3MoeForCausalLM":
+        if not 1 <= config.num_experts_per_tok <= config.num_experts:
+            raise ModelLoadError(
+                f"{source}: num_experts_per_tok ({config.num_experts_per_tok}) must be in 1..num_experts "
+                f"({config.num_experts})"
+            )
+        if config.moe_intermediate_size < 1 or config.decoder_sparse_step < 1:
+            raise ModelLoadError(f"{source}: moe_intermediate_size and decoder_sparse_step must be >= 1")
+        bad = [i for i in config.mlp_only_layers if not isinstance(i, int) or not 0 <= i < config.num_hidden_layers]
+        if bad:
+            raise ModelLoadError(f"{source}: mlp_only_layers has layer indices out of range: {bad}")
+
+
+def _architecture(raw: dict[str, Any], source: str) -> str:
+    archs = raw.get("architectures")
+    if not isinstance(archs, list) or not archs or not all(isinstance(a, str) for a in archs):
+        raise ModelLoadError(f"{source}: field 'architectures' is missing or not a list of names")
+    for arch in archs:
+        if arch not in SUPPORTED_ARCHITECTURES:
+            raise ModelLoadError(
+                f"{source}: architecture {arch!r} is not supported "
+                f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
+            )
+    return archs[0]
+
+
+def _reject_unsupported_attention(raw: dict[str, Any], fields: "_Fields", source: str) -> None:
+    if fields.get("use_sliding_window", bool, False):
+        raise ModelLoadError(f"{source}: use_sliding_window=true is not supported")
+    layer_types = raw.get("layer_types")
+    if layer_types is not None:
+        if not isinstance(layer_types, list):
+            raise ModelLoadError(f"{source}: field 'layer_types' must be a list")
+        odd = sorted({t for t in layer_types if t != "full_attention"}, key=str)
+        if odd:
+            raise ModelLoadError(f"{source}: layer_types {odd} are not supported (only 'full_attention')")
+
+
+def _rope(raw: dict[str, Any], fields: "_Fields", source: str) -> RopeConfig:
+    # transformers 5: rope_parameters holds everything; transformers 4: rope_theta + rope_scaling.
+    params = raw.get("rope_parameters")
+    scaling = raw.get("rope_scaling")
+    merged: dict[str, Any] = {}
+    for name, block in (("rope_scaling", scaling), ("rope_parameters", params)):
+        if block is None:
+            continue
+        if not isinstance(block, dict):
+            raise ModelLoadError(f"{source}: field {name!r} must be an object or null")
+        merged.update(block)
+    theta = merged.get("rope_theta", raw.get("rope_theta", 10000.0))
+    rope_type = merged.get("rope_type", merged.get("type", "default"))
+    if not isinstance(theta, (int, float)) or isinstance(theta, bool) or theta <= 0:
+        raise ModelLoadError(f"{source}: field 'rope_theta' must be a positive number, got {theta!r}")
+    if rope_type == "default":
+        return RopeConfig(rope_theta=float(theta))
+    if rope_type != "yarn":
+        raise ModelLoadError(f"{source}: rope_type {rope_type!r} is not supported (only 'default' and 'yarn')")
+    original = merged.get("original_max_position_embeddings", raw.get("original_max_position_embeddings"))
+    if original is None:
+        original = fields.int("max_position_embeddings")
+    factor = merged.get("factor")
+    if factor is None:
+        factor = fields.int("max_position_embeddings") / original
+    return RopeConfig(
+        rope_type="yarn",
+        rope_theta=float(theta),
+        factor=float(factor),
+        original_max_position_embeddings=int(original),
+        beta_fast=float(merged.get("beta_fast") or 32.0),
+        beta_slow=float(merged.get("beta_slow") or 1.0),
+        attention_factor=None if merged.get("attention_factor") is None else float(merged["attention_factor"]),
+        mscale=merged.get("mscale"),
+        mscale_all_dim=merged.get("mscale_all_dim"),
+        truncate=bool(merged.get("truncate", True)),
+    )
+
+
+class _Fields:
+    """Typed access to config.json fields with errors that name the field."""
+
+    def __init__(self, raw: dict[str, Any], source: str) -> None:
+        self.raw = raw
+        self.source = source
+
+    def get(self, name: str, kind: type, default: Any) -> Any:
+        value = self.raw.get(name)
+        if value is None:
+            return default
+        if not isinstance(value, kind):
+            raise ModelLoadError(f"{self.source}: field {name!r} must be {kind.__name__}, got {value!r}")
+        return value
+
+    def alias(self, name: str, alias: str) -> str:
+        """``name``, or ``alias`` when only the alias is present."""
+        return alias if self.raw.get(name) is None and self.raw.get(alias) is not None else name
+
+    def int(self, name: str, default: int | None = None) -> int:
+        value = self.raw.get(name)
+        if value is None:
+            if default is None:
+                raise ModelLoadError(f"{self.source}: required field {name!r} is missing")
+            return default
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ModelLoadError(f"{self.source}: field {name!r} must be an integer, got {value!r}")
+        return value
+
+    def float(self, name: str, default: float) -> float:
+        value = self.raw.get(name)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ModelLoadError(f"{self.source}: field {name!r} must be a number, got {value!r}")
+        return float(value)

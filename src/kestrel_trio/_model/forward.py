@@ -1,0 +1,113 @@
+"""The Qwen decoder forward pass over a flat batch of sequence segments.
+
+Theory of operation: a call takes the new tokens of one or more sequences laid
+end to end (``token_ids`` [N]), each sequence's segment length, and each
+sequence's own KV cache. Every projection runs once over all N rows; only
+attention is per segment, against that segment's cache. A prefill chunk is a
+segment of many tokens, a decode step a segment of one, and several sequences
+stepping together are several segments: batching changes shapes, not code.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import attrs
+import numpy as np
+
+from kestrel_trio._model.config import ModelConfig
+from kestrel_trio._model.kv_cache import KVCache
+from kestrel_trio._model.layers import causal_attention, dense_mlp, linear, rms_norm, sparse_moe
+from kestrel_trio._model.rope import Rope, apply_rope
+from kestrel_trio._model.weights import Attention, DenseMLP, Layer, Weights
+
+__all__ = ["Decoder", "forward"]
+
+
+@attrs.frozen
+class Decoder:
+    """Immutable weights, config and rotary tables: everything shared by requests."""
+
+    config: ModelConfig
+    weights: Weights
+    rope: Rope
+
+    @classmethod
+    def build(cls, config: ModelConfig, weights: Weights) -> "Decoder":
+        return cls(config=config, weights=weights, rope=Rope.build(config.rope, config.head_dim))
+
+    def new_cache(self) -> KVCache:
+        """An empty KV cache for one sequence."""
+        c = self.config
+        return KVCache(c.num_hidden_layers, c.num_key_value_heads, c.head_dim)
+
+
+def forward(
+    decoder: Decoder,
+    token_ids: np.ndarray,
+    positions: np.ndarray,
+    caches: Sequence[KVCache],
+    lengths: Sequence[int],
+    *,
+    all_logits: bool = False,
+) -> np.ndarray:
+    """Run the decoder over new tokens of one or more sequences, extending their caches.
+
+    Args:
+        decoder: the model.
+        token_ids: [N] int, the segments' tokens end to end.
+        positions: [N] int, each token's position in its sequence.
+        caches: one KV cache per segment; each is extended by its segment.
+        lengths: tokens per segment; they sum to N.
+        all_logits: logits for every row (True) or only each segment's last row.
+
+    Returns:
+        float32 logits, [N, vocab] if ``all_logits`` else [len(lengths), vocab].
+    """
+    c = decoder.config
+    w = decoder.weights
+    x = w.embed_tokens[token_ids]  # [N, hidden]
+    cos, sin = decoder.rope.cos_sin(positions)  # [N, head_dim/2] each
+    for cache, n in zip(caches, lengths):
+        cache.reserve(n)
+    for index, layer in enumerate(w.layers):
+        x = _layer(decoder, layer, index, x, cos, sin, caches, lengths)
+    for cache, n in zip(caches, lengths):
+        cache.commit(n)
+    if not all_logits:
+        last_rows = np.cumsum(lengths) - 1  # [n_segments]
+        x = x[last_rows]  # [n_segments, hidden]
+    x = rms_norm(x, w.norm, c.rms_norm_eps)  # [rows, hidden]
+    return linear(x, w.lm_head)  # [rows, vocab]
+
+
+def _layer(decoder: Decoder, layer: Layer, index: int, x: np.ndarray, cos: np.ndarray, sin: np.ndarray,
+           caches: Sequence[KVCache], lengths: Sequence[int]) -> np.ndarray:
+    c = decoder.config
+    h = rms_norm(x, layer.input_layernorm, c.rms_norm_eps)  # [N, hidden]
+    x = x + _attention(c, layer.attn, index, h, cos, sin, caches, lengths)  # [N, hidden]
+    h = rms_norm(x, layer.post_attention_layernorm, c.rms_norm_eps)  # [N, hidden]
+    if isinstance(layer.mlp, DenseMLP):
+        return x + dense_mlp(h, layer.mlp)  # [N, hidden]
+    return x + sparse_moe(h, layer.mlp, c.num_experts_per_tok, c.norm_topk_prob)  # [N, hidden]
+
+
+def _attention(c: ModelConfig, a: Attention, index: int, h: np.ndarray, cos: np.ndarray, sin: np.ndarray,
+               caches: Sequence[KVCache], lengths: Sequence[int]) -> np.ndarray:
+    n = h.shape[0]
+    q = linear(h, a.q_proj, a.q_bias).reshape(n, c.num_attention_heads, c.head_dim)  # [N, n_heads, head_dim]
+    k = linear(h, a.k_proj, a.k_bias).reshape(n, c.num_key_value_heads, c.head_dim)  # [N, n_kv, head_dim]
+    v = linear(h, a.v_proj, a.v_bias).reshape(n, c.num_key_value_heads, c.head_dim)  # [N, n_kv, head_dim]
+    if a.q_norm is not None:
+        q = rms_norm(q, a.q_norm, c.rms_norm_eps)  # [N, n_heads, head_dim]
+        k = rms_norm(k, a.k_norm, c.rms_norm_eps)  # [N, n_kv, head_dim]
+    q = apply_rope(q, cos, sin)  # [N, n_heads, head_dim]
+    k = apply_rope(k, cos, sin)  # [N, n_kv, head_dim]
+    out = np.empty((n, c.num_attention_heads * c.head_dim), dtype=np.float32)  # [N, n_heads*head_dim]
+    start = 0
+    for cache, length in zip(caches, lengths):
+        rows = slice(start, start + length)
+        keys, values = cache.write(index, k[rows], v[rows])  # [n_kv, past+T, head_dim] each
+        out[rows] = causal_attention(q[rows], keys, values, cache.length, c.head_dim**-0.5)
+        start += length
+    return linear(out, a.o_proj, a.o_bias)  # [N, hidden]

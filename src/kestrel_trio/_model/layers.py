@@ -1,0 +1,90 @@
+"""The numpy building blocks of a Qwen decoder layer, float32 throughout."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kestrel_trio._model.weights import DenseMLP, SparseMoE
+
+__all__ = ["rms_norm", "linear", "silu", "causal_attention", "dense_mlp", "sparse_moe"]
+
+
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    """Root-mean-square norm over the last axis of ``x`` [..., d] with ``weight`` [d]."""
+    variance = np.mean(np.square(x), axis=-1, keepdims=True)  # [..., 1]
+    return (x / np.sqrt(variance + np.float32(eps))) * weight  # [..., d]
+
+
+def linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
+    """``x`` [N, in] times ``weight`` [out, in] transposed, plus ``bias`` [out]."""
+    y = x @ weight.T  # [N, out]
+    if bias is not None:
+        y += bias
+    return y
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    """x * sigmoid(x), elementwise."""
+    return x / (np.float32(1.0) + np.exp(-x))
+
+
+def causal_attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, past: int, scale: float) -> np.ndarray:
+    """Grouped-query attention of new queries over a sequence's cached keys.
+
+    Args:
+        q: [T, n_heads, head_dim], the queries of the T newest tokens.
+        keys: [n_kv, past + T, head_dim], every key of the sequence so far.
+        values: [n_kv, past + T, head_dim].
+        past: tokens before the new ones.
+        scale: the score multiplier (head_dim ** -0.5).
+
+    Returns:
+        [T, n_heads * head_dim]; query head h reads key/value head h // (n_heads / n_kv).
+    """
+    t, n_heads, head_dim = q.shape
+    n_kv, total, _ = keys.shape
+    group = n_heads // n_kv
+    grouped = q.reshape(t, n_kv, group, head_dim).transpose(1, 2, 0, 3)  # [n_kv, group, T, head_dim]
+    grouped = grouped.reshape(n_kv, group * t, head_dim)  # [n_kv, group*T, head_dim]
+    scores = grouped @ keys.transpose(0, 2, 1)  # [n_kv, group*T, total]
+    scores *= np.float32(scale)
+    if t > 1:
+        future = np.arange(total)[None, :] > (past + np.arange(t))[:, None]  # [T, total]
+        scores.reshape(n_kv, group, t, total)[:, :, future] = -np.inf
+    scores -= scores.max(axis=-1, keepdims=True)
+    np.exp(scores, out=scores)
+    scores /= scores.sum(axis=-1, keepdims=True)  # [n_kv, group*T, total] probabilities
+    out = scores @ values  # [n_kv, group*T, head_dim]
+    out = out.reshape(n_kv, group, t, head_dim).transpose(2, 0, 1, 3)  # [T, n_kv, group, head_dim]
+    return out.reshape(t, n_heads * head_dim)  # [T, n_heads*head_dim]
+
+
+def dense_mlp(x: np.ndarray, mlp: DenseMLP) -> np.ndarray:
+    """SwiGLU: down(silu(gate(x)) * up(x)) for ``x`` [N, hidden]."""
+    gate = silu(linear(x, mlp.gate_proj))  # [N, inter]
+    gate *= linear(x, mlp.up_proj)  # [N, inter]
+    return linear(gate, mlp.down_proj)  # [N, hidden]
+
+
+def sparse_moe(x: np.ndarray, moe: SparseMoE, top_k: int, norm_topk_prob: bool) -> np.ndarray:
+    """Qwen3-MoE block: softmax router, top-k experts per token, weighted sum.
+
+    Args:
+        x: [N, hidden].
+        moe: router and experts.
+        top_k: experts per token (num_experts_per_tok).
+        norm_topk_prob: renormalise the chosen experts' probabilities to sum to 1.
+    """
+    logits = linear(x, moe.router)  # [N, n_experts]
+    probs = np.exp(logits - logits.max(axis=-1, keepdims=True))  # [N, n_experts]
+    probs /= probs.sum(axis=-1, keepdims=True)
+    chosen = np.argsort(-probs, axis=-1, kind="stable")[:, :top_k]  # [N, top_k]
+    weights = np.take_along_axis(probs, chosen, axis=-1)  # [N, top_k]
+    if norm_topk_prob:
+        weights /= weights.sum(axis=-1, keepdims=True)
+    out = np.zeros_like(x)  # [N, hidden]
+    for expert in np.unique(chosen):
+        rows, slot = np.nonzero(chosen == expert)  # [M], [M]
+        contribution = dense_mlp(x[rows], moe.experts[expert])  # [M, hidden]
+        out[rows] += contribution * weights[rows, slot][:, None]  # rows are unique per expert
+    return out

@@ -1,0 +1,94 @@
+"""Rotary position embeddings: default and yarn, as Qwen applies them.
+
+Qwen rotates the two halves of each head (``rotate_half``), not interleaved
+pairs. Frequencies are computed in float32 the way the reference does, so the
+angles round identically.
+"""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+import numpy as np
+
+from kestrel_trio._model.config import RopeConfig
+
+__all__ = ["Rope"]
+
+
+@attrs.frozen
+class Rope:
+    """Inverse frequencies and cos/sin scale for one head size.
+
+    Attributes:
+        inv_freq: float32 [head_dim/2] radians per position.
+        attention_scaling: the factor yarn applies to cos and sin (1.0 otherwise).
+    """
+
+    inv_freq: np.ndarray  # [head_dim/2]
+    attention_scaling: float
+
+    @classmethod
+    def build(cls, rope: RopeConfig, head_dim: int) -> "Rope":
+        """Frequencies for ``rope`` over ``head_dim`` (even) channels."""
+        exponents = np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim)  # [head_dim/2]
+        pos_freqs = np.float32(rope.rope_theta) ** exponents  # [head_dim/2]
+        inv_freq = (np.float32(1.0) / pos_freqs).astype(np.float32)  # [head_dim/2]
+        if rope.rope_type == "default":
+            return cls(inv_freq=inv_freq, attention_scaling=1.0)
+        return _yarn(rope, head_dim, pos_freqs)
+
+    def cos_sin(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """cos and sin for integer ``positions`` [T], each float32 [T, head_dim/2], scaled."""
+        angles = positions.astype(np.float32)[:, None] * self.inv_freq[None, :]  # [T, head_dim/2]
+        cos = np.cos(angles)  # [T, head_dim/2]
+        sin = np.sin(angles)  # [T, head_dim/2]
+        if self.attention_scaling != 1.0:
+            cos *= np.float32(self.attention_scaling)
+            sin *= np.float32(self.attention_scaling)
+        return cos, sin
+
+
+def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """Rotate ``x`` [T, heads, head_dim] by per-position angles (cos, sin [T, head_dim/2])."""
+    half = x.shape[-1] // 2
+    x1 = x[..., :half]  # [T, heads, head_dim/2]
+    x2 = x[..., half:]  # [T, heads, head_dim/2]
+    c = cos[:, None, :]  # [T, 1, head_dim/2]
+    s = sin[:, None, :]  # [T, 1, head_dim/2]
+    out = np.empty_like(x)  # [T, heads, head_dim]
+    out[..., :half] = x1 * c - x2 * s
+    out[..., half:] = x2 * c + x1 * s
+    return out
+
+
+def _yarn(rope: RopeConfig, head_dim: int, pos_freqs: np.ndarray) -> Rope:
+    factor = float(rope.factor)  # type: ignore[arg-type]
+    original = int(rope.original_max_position_embeddings)  # type: ignore[arg-type]
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    if rope.attention_factor is not None:
+        attention = rope.attention_factor
+    elif rope.mscale and rope.mscale_all_dim:
+        attention = mscale(factor, rope.mscale) / mscale(factor, rope.mscale_all_dim)
+    else:
+        attention = mscale(factor)
+
+    def correction_dim(rotations: float) -> float:
+        return (head_dim * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(rope.rope_theta))
+
+    low, high = correction_dim(rope.beta_fast), correction_dim(rope.beta_slow)
+    if rope.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    if low == high:
+        high += 0.001  # the reference's guard against a zero-width ramp
+    ramp = np.clip((np.arange(head_dim // 2, dtype=np.float32) - np.float32(low)) / np.float32(high - low), 0, 1)  # [head_dim/2]
+    extrapolation_weight = (np.float32(1) - ramp).astype(np.float32)  # [head_dim/2]
+    inv_extrapolation = np.float32(1.0) / pos_freqs  # [head_dim/2]
+    inv_interpolation = np.float32(1.0) / (np.float32(factor) * pos_freqs)  # [head_dim/2]
+    inv_freq = inv_interpolation * (1 - extrapolation_weight) + inv_extrapolation * extrapolation_weight  # [head_dim/2]
+    return Rope(inv_freq=inv_freq.astype(np.float32), attention_scaling=float(attention))
