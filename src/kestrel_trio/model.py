@@ -6,16 +6,28 @@ This module joins the numpy model core with the text layer; it never imports tri
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
 from kestrel_trio._model import Decoder, KVCache, ModelConfig, forward, load_decoder
-from kestrel_trio.errors import BadRequestError, ContextLengthError, ModelLoadError
+from kestrel_trio._model.config import config_from_dict
+from kestrel_trio._model.random_init import random_tensors
+from kestrel_trio._model.weights import assemble_weights
+from kestrel_trio.errors import BadRequestError, ContextLengthError, KestrelError, ModelLoadError
+from kestrel_trio.text import ChatTemplate, Tokenizer, missing_template_error
 
-__all__ = ["Model", "load_model", "DEFAULT_PREFILL_CHUNK"]
+__all__ = ["Model", "load_model", "load_demo_model", "DEMO_MODEL_ID", "DEFAULT_PREFILL_CHUNK"]
 
 DEFAULT_PREFILL_CHUNK = 256  # tokens per prefill step
+DEMO_MODEL_ID = "kestrel-demo-random"
+# A tiny Qwen3 with the real Qwen3 vocabulary: big enough to exercise every code path, small enough to build in
+# well under a second. Its weights are seeded noise, so its text is meaningless.
+DEMO_CONFIG = {
+    "architectures": ["Qwen3ForCausalLM"], "vocab_size": 151936, "hidden_size": 64, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128,
+    "max_position_embeddings": 8192, "rms_norm_eps": 1e-6, "tie_word_embeddings": True, "rope_theta": 1000000.0,
+}
 
 
 class Model:
@@ -27,10 +39,58 @@ class Model:
         path: the checkpoint folder, if any.
     """
 
-    def __init__(self, decoder: Decoder, *, name: str, path: Path | None = None) -> None:
+    def __init__(
+        self, decoder: Decoder, *, name: str, path: Path | None = None, tokenizer: Tokenizer | None = None
+    ) -> None:
         self.decoder = decoder
         self.name = name
         self.path = path
+        self.tokenizer = tokenizer
+        self._template: ChatTemplate | None = None
+        if tokenizer is not None and tokenizer.chat_template is not None:
+            self._template = ChatTemplate(tokenizer.chat_template, special_tokens=tokenizer.special_tokens_map)
+
+    @property
+    def is_demo(self) -> bool:
+        """Whether this is the built-in random-weight demo model."""
+        return self.name == DEMO_MODEL_ID
+
+    def require_tokenizer(self) -> Tokenizer:
+        """The tokenizer, or KestrelError when the checkpoint has none."""
+        if self.tokenizer is None:
+            raise KestrelError(f"model {self.name!r} has no tokenizer.json, so it only takes token ids")
+        return self.tokenizer
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text`` (no special tokens added)."""
+        return self.require_tokenizer().encode(text)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of ``ids``, special tokens skipped."""
+        return self.require_tokenizer().decode(ids)
+
+    @property
+    def has_chat_template(self) -> bool:
+        return self._template is not None
+
+    def apply_chat_template(
+        self, messages: Sequence[dict], *, add_generation_prompt: bool = True, tools: Sequence[dict] | None = None,
+        **template_kwargs: object,
+    ) -> str:
+        """Render ``messages`` with the checkpoint's own chat template, as transformers does.
+
+        Args:
+            messages: OpenAI-style chat messages.
+            add_generation_prompt: open an assistant turn at the end.
+            tools: OpenAI-style tool schemas.
+            **template_kwargs: template variables, e.g. ``enable_thinking=False``.
+
+        Raises:
+            BadRequestError: no template, or the template rejects the messages.
+        """
+        if self._template is None:
+            raise missing_template_error()
+        return self._template.render(messages, add_generation_prompt=add_generation_prompt, tools=tools, **template_kwargs)
 
     @property
     def config(self) -> ModelConfig:
@@ -112,12 +172,15 @@ class Model:
         return out
 
 
-def load_model(path: str | Path) -> Model:
+def load_model(path: str | Path, *, progress: Callable[[float], None] | None = None) -> Model:
     """Load a Hugging Face checkpoint folder.
 
     Args:
         path: a folder with config.json and safetensors weights (one file or
-            shards with model.safetensors.index.json).
+            shards with model.safetensors.index.json), and optionally
+            tokenizer.json, tokenizer_config.json, generation_config.json and
+            chat_template.jinja.
+        progress: called with the fraction of weight bytes read (0 to 1).
 
     Raises:
         ModelLoadError: naming the file, field or tensor at fault.
@@ -125,5 +188,25 @@ def load_model(path: str | Path) -> Model:
     folder = Path(path)
     if not folder.is_dir():
         raise ModelLoadError(f"{folder}: not a checkpoint folder")
-    decoder = load_decoder(folder)
-    return Model(decoder, name=folder.resolve().name, path=folder)
+    decoder = load_decoder(folder, progress)
+    tokenizer = Tokenizer.from_folder(folder) if (folder / "tokenizer.json").is_file() else None
+    if tokenizer is not None and tokenizer.vocab_size > decoder.config.vocab_size:
+        raise ModelLoadError(
+            f"{folder}: tokenizer.json has {tokenizer.vocab_size} tokens but config.json's vocab_size is "
+            f"{decoder.config.vocab_size}"
+        )
+    return Model(decoder, name=folder.resolve().name, path=folder, tokenizer=tokenizer)
+
+
+def load_demo_model(seed: int = 0) -> Model:
+    """The built-in demo: a tiny Qwen3 with seeded random weights and the real Qwen3 tokenizer.
+
+    Its text is meaningless; it exists so that every command works on a fresh
+    machine with no checkpoint, through the whole real code path.
+    """
+    config = config_from_dict(DEMO_CONFIG, source="built-in demo config")
+    tensors = random_tensors(config, seed)
+    for array in tensors.values():
+        array.flags.writeable = False
+    weights = assemble_weights(config, tensors.__getitem__, set(tensors))
+    return Model(Decoder.build(config, weights), name=DEMO_MODEL_ID, tokenizer=Tokenizer.from_demo())

@@ -11,7 +11,7 @@ from kestrel_trio._model.weights import load_weights
 __all__ = ["ModelConfig", "read_config", "Decoder", "forward", "KVCache", "load_weights", "load_decoder"]
 
 
-def load_decoder(folder) -> Decoder:
-    """Read config.json and every weight of the checkpoint in ``folder``."""
+def load_decoder(folder, progress=None) -> Decoder:
+    """Read config.json and every weight of the checkpoint in ``folder``; ``progress(fraction)`` as it reads."""
     config = read_config(folder)
-    return Decoder.build(config, load_weights(folder, config))
+    return Decoder.build(config, load_weights(folder, config, progress))

@@ -157,15 +157,32 @@ def _ignorable(name: str, config: ModelConfig) -> bool:
     return name.endswith(_IGNORED_SUFFIXES)
 
 
-def load_weights(folder: Path, config: ModelConfig) -> Weights:
+def load_weights(folder: Path, config: ModelConfig, progress: Callable[[float], None] | None = None) -> Weights:
     """Check and load every tensor of the checkpoint in ``folder`` as float32.
+
+    Args:
+        folder: the checkpoint folder.
+        config: its configuration.
+        progress: called with the fraction of bytes read so far (0 to 1).
 
     Raises:
         ModelLoadError: naming the file or tensor at fault.
     """
     checkpoint = SafetensorsCheckpoint(folder)
     check_tensors(checkpoint, config)
-    return assemble_weights(config, checkpoint.read, set(checkpoint.tensors))
+    read = checkpoint.read
+    if progress is not None:
+        total = sum(info.nbytes for info in checkpoint.tensors.values()) or 1
+        done = 0
+
+        def read(name: str) -> np.ndarray:
+            nonlocal done
+            array = checkpoint.read(name)
+            done += checkpoint.tensors[name].nbytes
+            progress(min(1.0, done / total))
+            return array
+
+    return assemble_weights(config, read, set(checkpoint.tensors))
 
 
 def assemble_weights(config: ModelConfig, read: Callable[[str], np.ndarray], names: set[str]) -> Weights:

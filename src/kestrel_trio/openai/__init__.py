@@ -2,3 +2,70 @@
 
 Imports neither trio nor numpy.
 """
+
+from kestrel_trio.openai.errors import error_body, error_body_for, error_object
+from kestrel_trio.openai.reasoning import ReasoningSplitter, split_reasoning
+from kestrel_trio.openai.requests import (
+    ChatRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    SamplingFields,
+    TokenizeRequest,
+    parse_chat_request,
+    parse_completion_request,
+    parse_detokenize_request,
+    parse_tokenize_request,
+)
+from kestrel_trio.openai.responses import (
+    Usage,
+    chat_chunk_delta,
+    chat_chunk_finish,
+    chat_chunk_role,
+    chat_chunk_usage,
+    chat_completion,
+    completion,
+    completion_chunk,
+    completion_chunk_usage,
+    model_card,
+    models_list,
+    new_id,
+    to_json_bytes,
+    usage_dict,
+)
+from kestrel_trio.openai.sse import SSE_DONE, SSEFormatError, parse_sse, sse_error, sse_event
+
+__all__ = [
+    "error_object",
+    "error_body",
+    "error_body_for",
+    "ReasoningSplitter",
+    "split_reasoning",
+    "SamplingFields",
+    "ChatRequest",
+    "CompletionRequest",
+    "TokenizeRequest",
+    "DetokenizeRequest",
+    "parse_chat_request",
+    "parse_completion_request",
+    "parse_tokenize_request",
+    "parse_detokenize_request",
+    "Usage",
+    "usage_dict",
+    "new_id",
+    "to_json_bytes",
+    "chat_completion",
+    "chat_chunk_role",
+    "chat_chunk_delta",
+    "chat_chunk_finish",
+    "chat_chunk_usage",
+    "completion",
+    "completion_chunk",
+    "completion_chunk_usage",
+    "model_card",
+    "models_list",
+    "SSE_DONE",
+    "SSEFormatError",
+    "sse_event",
+    "sse_error",
+    "parse_sse",
+]

@@ -1,0 +1,239 @@
+"""Request bodies -> validated frozen values.
+
+Exactly as permissive as OpenAI: unknown fields are ignored, ``null`` for an
+optional field means unset. Every rejection is a :class:`BadRequestError`
+whose ``param`` names the offending field (dotted path for nested fields).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NoReturn
+
+import attrs
+
+from kestrel_trio.errors import BadRequestError
+from kestrel_trio.openai._fields import (
+    check_int,
+    check_token_id,
+    fail,
+    get_array,
+    get_bool,
+    get_object,
+    get_str,
+    join_path,
+    load_object,
+)
+from kestrel_trio.openai.messages import (
+    template_messages,
+    validate_messages,
+    validate_tool_choice,
+    validate_tools,
+)
+from kestrel_trio.openai.sampling_fields import SamplingFields, parse_sampling_fields
+
+__all__ = [
+    "SamplingFields",
+    "ChatRequest",
+    "CompletionRequest",
+    "TokenizeRequest",
+    "DetokenizeRequest",
+    "parse_chat_request",
+    "parse_completion_request",
+    "parse_tokenize_request",
+    "parse_detokenize_request",
+]
+
+
+@attrs.frozen
+class ChatRequest:
+    """A validated ``POST /v1/chat/completions`` body.
+
+    Attributes:
+        model: the requested model id, or None.
+        messages: normalized messages (see :mod:`kestrel_trio.openai.messages`).
+        tools: validated tool definitions, or None.
+        tool_choice: ``"none"``/``"auto"``/``"required"``, a named function, or None.
+        chat_template_kwargs: extra template variables, e.g. ``{"enable_thinking": False}``.
+        sampling: the sampling fields.
+    """
+
+    model: str | None
+    messages: tuple[dict, ...]
+    tools: tuple[dict, ...] | None
+    tool_choice: str | dict | None
+    chat_template_kwargs: dict
+    sampling: SamplingFields
+
+    def template_messages(self) -> list[dict]:
+        """A fresh copy of ``messages`` for the chat template (tool-call arguments parsed to mappings)."""
+        return template_messages(self.messages)
+
+
+@attrs.frozen
+class CompletionRequest:
+    """A validated ``POST /v1/completions`` body.
+
+    Attributes:
+        model: the requested model id, or None.
+        prompt: the prompt text, or the prompt as token ids.
+        echo: prepend the prompt to the completion.
+        suffix: always None (a non-null suffix is refused).
+        sampling: the sampling fields.
+    """
+
+    model: str | None
+    prompt: str | tuple[int, ...]
+    echo: bool
+    suffix: None
+    sampling: SamplingFields
+
+
+@attrs.frozen
+class TokenizeRequest:
+    """A validated ``POST /tokenize`` body (vLLM shape): exactly one of ``prompt`` and ``messages``.
+
+    Attributes:
+        model: the requested model id, or None.
+        prompt: text to tokenize as is, or None.
+        messages: chat messages to render with the chat template, or None.
+        add_generation_prompt: with ``messages``, end with the assistant header (default True).
+        chat_template_kwargs: extra template variables for ``messages``.
+    """
+
+    model: str | None
+    prompt: str | None
+    messages: tuple[dict, ...] | None
+    add_generation_prompt: bool = True
+    chat_template_kwargs: dict = attrs.field(factory=dict)
+
+
+@attrs.frozen
+class DetokenizeRequest:
+    """A validated ``POST /detokenize`` body.
+
+    Attributes:
+        model: the requested model id, or None.
+        tokens: the token ids to decode.
+    """
+
+    model: str | None
+    tokens: tuple[int, ...]
+
+
+def parse_chat_request(body: bytes, *, allow_images: bool = False) -> ChatRequest:
+    """Parse and validate a chat completions request body.
+
+    Args:
+        body: the raw JSON request body.
+        allow_images: accept ``image_url`` content parts in user messages.
+
+    Raises:
+        BadRequestError: malformed JSON or an invalid field (``param`` names it).
+    """
+    obj = load_object(body)
+    model = get_str(obj, "model")
+    if obj.get("messages") is None:
+        _missing("messages")
+    messages = validate_messages(obj["messages"], allow_images=allow_images)
+    tools = None if obj.get("tools") is None else validate_tools(obj["tools"])
+    tool_choice = None if obj.get("tool_choice") is None else validate_tool_choice(obj["tool_choice"], tools)
+    return ChatRequest(
+        model=model,
+        messages=messages,
+        tools=tools,
+        tool_choice=tool_choice,
+        chat_template_kwargs=get_object(obj, "chat_template_kwargs") or {},
+        sampling=parse_sampling_fields(obj, chat=True),
+    )
+
+
+def parse_completion_request(body: bytes) -> CompletionRequest:
+    """Parse and validate a (legacy) completions request body.
+
+    Raises:
+        BadRequestError: malformed JSON, a missing/empty/batched prompt, a
+            non-null ``suffix``, ``best_of`` other than 1, or an invalid field.
+    """
+    obj = load_object(body)
+    model = get_str(obj, "model")
+    prompt = _prompt(obj.get("prompt"))
+    echo = bool(get_bool(obj, "echo"))
+    if obj.get("suffix") is not None:
+        raise BadRequestError("'suffix' is not supported", param="suffix")
+    best_of = obj.get("best_of")
+    if best_of is not None and check_int(best_of, "best_of") != 1:
+        raise BadRequestError("'best_of' other than 1 is not supported", param="best_of")
+    return CompletionRequest(
+        model=model, prompt=prompt, echo=echo, suffix=None, sampling=parse_sampling_fields(obj, chat=False)
+    )
+
+
+def parse_tokenize_request(body: bytes) -> TokenizeRequest:
+    """Parse and validate a ``/tokenize`` body: ``{"prompt": str}`` or ``{"messages": [...]}``.
+
+    Raises:
+        BadRequestError: neither or both of ``prompt``/``messages``, or an invalid field.
+    """
+    obj = load_object(body)
+    model = get_str(obj, "model")
+    prompt = get_str(obj, "prompt")
+    has_messages = obj.get("messages") is not None
+    if (prompt is None) == (not has_messages):
+        raise BadRequestError("Exactly one of 'prompt' and 'messages' must be given", param="prompt")
+    add_generation_prompt = get_bool(obj, "add_generation_prompt")
+    return TokenizeRequest(
+        model=model,
+        prompt=prompt,
+        messages=validate_messages(obj["messages"]) if has_messages else None,
+        add_generation_prompt=True if add_generation_prompt is None else add_generation_prompt,
+        chat_template_kwargs=get_object(obj, "chat_template_kwargs") or {},
+    )
+
+
+def parse_detokenize_request(body: bytes) -> DetokenizeRequest:
+    """Parse and validate a ``/detokenize`` body: ``{"tokens": [int, ...]}``.
+
+    Raises:
+        BadRequestError: ``tokens`` missing, not an array, or holding a non-token-id.
+    """
+    obj = load_object(body)
+    model = get_str(obj, "model")
+    tokens = get_array(obj, "tokens")
+    if tokens is None:
+        _missing("tokens")
+    return DetokenizeRequest(model=model, tokens=_token_ids(tokens, "tokens"))
+
+
+def _missing(field: str) -> NoReturn:
+    raise BadRequestError(f"'{field}' is required", param=field)
+
+
+def _prompt(value: Any) -> str | tuple[int, ...]:
+    if value is None:
+        _missing("prompt")
+    if isinstance(value, str):
+        return _non_empty_text(value, "prompt")
+    if not isinstance(value, list):
+        raise fail("prompt", "a string, an array of strings or an array of token ids", value)
+    if not value:
+        raise BadRequestError("'prompt' must not be empty", param="prompt")
+    if all(isinstance(item, (str, list)) for item in value):
+        if len(value) > 1:
+            raise BadRequestError("batched prompts are not supported; send one prompt per request", param="prompt")
+        only = value[0]
+        if isinstance(only, str):
+            return _non_empty_text(only, "prompt[0]")
+        if not only:
+            raise BadRequestError("'prompt[0]' must not be empty", param="prompt[0]")
+        return _token_ids(only, "prompt[0]")
+    return _token_ids(value, "prompt")
+
+
+def _non_empty_text(text: str, path: str) -> str:
+    if not text:
+        raise BadRequestError(f"'{path}' must not be empty", param=path)
+    return text
+
+
+def _token_ids(items: list, path: str) -> tuple[int, ...]:
+    return tuple(check_token_id(item, join_path(path, i)) for i, item in enumerate(items))

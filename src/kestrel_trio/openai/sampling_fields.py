@@ -1,0 +1,193 @@
+"""The sampling fields shared by ``/v1/chat/completions`` and ``/v1/completions``.
+
+Only types, presence and structure are checked here (plus ``max_tokens >= 1``,
+``n >= 1``, at most 4 stop strings); value ranges such as ``temperature`` in
+[0, 2] are checked later against the model's limits.
+"""
+
+from __future__ import annotations
+
+import re
+import attrs
+
+from kestrel_trio.errors import BadRequestError
+from kestrel_trio.openai._fields import (
+    check_token_id,
+    fail,
+    get_array,
+    get_bool,
+    get_int,
+    get_number,
+    get_object,
+    join_path,
+)
+
+__all__ = ["SamplingFields", "parse_sampling_fields"]
+
+MAX_STOP_SEQUENCES = 4
+_TOKEN_ID_KEY = re.compile(r"[0-9]+")
+
+
+@attrs.frozen
+class SamplingFields:
+    """Sampling-related request fields; ``None`` means the request did not set it.
+
+    Attributes:
+        max_tokens: cap on generated tokens (``max_completion_tokens`` wins over
+            ``max_tokens`` on the chat endpoint).
+        temperature, top_p, min_p: as in OpenAI / vLLM (``min_p`` is a vLLM extension).
+        top_k: vLLM extension.
+        presence_penalty, frequency_penalty: OpenAI additive penalties.
+        repetition_penalty: vLLM (multiplicative) extension.
+        seed: RNG seed.
+        stop: stop strings (at most 4, none empty).
+        stop_token_ids: vLLM extension; token ids that end generation.
+        logit_bias: ``(token_id, bias)`` pairs in request order.
+        n: number of choices (only 1 is supported for now).
+        stream: answer with server-sent events.
+        include_usage: ``stream_options.include_usage``.
+        ignore_eos: vLLM extension; keep generating past end-of-sequence tokens.
+    """
+
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    n: int = 1
+    stream: bool = False
+    include_usage: bool = False
+    ignore_eos: bool = False
+
+    def as_dict(self) -> dict:
+        """The fields the request set, by name, for merging over model defaults.
+
+        A field counts as set when it differs from its unset value (``None``,
+        an empty tuple, ``n == 1``, ``False``).
+        """
+        return {
+            field.name: value
+            for field in attrs.fields(type(self))
+            if (value := getattr(self, field.name)) != field.default
+        }
+
+
+def parse_sampling_fields(body: dict, *, chat: bool) -> SamplingFields:
+    """Read the sampling fields of a decoded request body.
+
+    Args:
+        body: the decoded top-level request object.
+        chat: True for the chat endpoint, which also knows ``max_completion_tokens``.
+
+    Raises:
+        BadRequestError: naming the first offending field.
+    """
+    stream = bool(get_bool(body, "stream"))
+    return SamplingFields(
+        max_tokens=_max_tokens(body, chat),
+        temperature=get_number(body, "temperature"),
+        top_p=get_number(body, "top_p"),
+        top_k=get_int(body, "top_k"),
+        min_p=get_number(body, "min_p"),
+        presence_penalty=get_number(body, "presence_penalty"),
+        frequency_penalty=get_number(body, "frequency_penalty"),
+        repetition_penalty=get_number(body, "repetition_penalty"),
+        seed=get_int(body, "seed"),
+        stop=_stop(body),
+        stop_token_ids=_stop_token_ids(body),
+        logit_bias=_logit_bias(body),
+        n=_n(body),
+        stream=stream,
+        include_usage=_include_usage(body, stream),
+        ignore_eos=bool(get_bool(body, "ignore_eos")),
+    )
+
+
+def _max_tokens(body: dict, chat: bool) -> int | None:
+    legacy = _at_least_one(body, "max_tokens")
+    if chat:
+        preferred = _at_least_one(body, "max_completion_tokens")
+        if preferred is not None:
+            return preferred
+    return legacy
+
+
+def _at_least_one(body: dict, key: str) -> int | None:
+    value = get_int(body, key)
+    if value is not None and value < 1:
+        raise BadRequestError(f"'{key}' must be at least 1, got {value}", param=key)
+    return value
+
+
+def _n(body: dict) -> int:
+    n = get_int(body, "n")
+    if n is None:
+        return 1
+    if n < 1:
+        raise BadRequestError(f"'n' must be at least 1, got {n}", param="n")
+    if n > 1:
+        raise BadRequestError("n > 1 is not supported yet", param="n")
+    return n
+
+
+def _stop(body: dict) -> tuple[str, ...]:
+    value = body.get("stop")
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        items: list = [value]
+    elif isinstance(value, list):
+        if len(value) > MAX_STOP_SEQUENCES:
+            raise BadRequestError(
+                f"'stop' may hold at most {MAX_STOP_SEQUENCES} sequences, got {len(value)}", param="stop"
+            )
+        items = value
+    else:
+        raise fail("stop", "a string or an array of strings", value)
+    for i, item in enumerate(items):
+        path = "stop" if isinstance(value, str) else join_path("stop", i)
+        if not isinstance(item, str):
+            raise fail(path, "a string", item)
+        if not item:
+            raise BadRequestError(f"'{path}' must not be an empty string", param=path)
+    return tuple(items)
+
+
+def _stop_token_ids(body: dict) -> tuple[int, ...]:
+    items = get_array(body, "stop_token_ids") or []
+    return tuple(check_token_id(item, join_path("stop_token_ids", i)) for i, item in enumerate(items))
+
+
+def _logit_bias(body: dict) -> tuple[tuple[int, float], ...]:
+    bias = get_object(body, "logit_bias")
+    if bias is None:
+        return ()
+    pairs: dict[int, float] = {}
+    for key in bias:
+        path = join_path("logit_bias", key)
+        if not _TOKEN_ID_KEY.fullmatch(key):
+            raise BadRequestError(f"'logit_bias' keys must be token ids (non-negative integers); got {key!r}", param=path)
+        token = int(key)
+        if token in pairs:
+            raise BadRequestError(f"'logit_bias' names token {token} more than once", param=path)
+        value = get_number(bias, key, "logit_bias")
+        if value is None:
+            raise fail(path, "a number", None)
+        pairs[token] = value
+    return tuple(pairs.items())
+
+
+def _include_usage(body: dict, stream: bool) -> bool:
+    options = get_object(body, "stream_options")
+    if options is None:
+        return False
+    if not stream:
+        raise BadRequestError("'stream_options' is only allowed when 'stream' is true", param="stream_options")
+    return bool(get_bool(options, "include_usage", "stream_options"))

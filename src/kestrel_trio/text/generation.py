@@ -1,0 +1,180 @@
+"""The sans-IO generation state machine: prompt in, text deltas out.
+
+Theory of operation: a :class:`Generation` never runs the model itself. Its
+driver (a test, the CLI, the engine's inference task) asks it for the tokens to
+feed next (:meth:`Generation.next_input`), runs the model over them with the
+generation's own KV cache, and hands the logits back to :meth:`Generation.advance`,
+which returns a :class:`StepResult`. Phases:
+
+    PREFILL  next_input() is the next chunk of the prompt; the logits of all
+             but the last chunk are ignored.
+    DECODE   next_input() is the last sampled token; each advance() samples
+             one token, detokenizes it incrementally and filters stop strings.
+    DONE     finish_reason is set ("stop" or "length"); usage is final.
+
+Because the driver owns the compute, several generations can be stepped in one
+batched forward, and a driver can stop between any two steps (cancellation).
+"""
+
+from __future__ import annotations
+
+import enum
+
+import attrs
+import numpy as np
+
+from kestrel_trio._model import KVCache
+from kestrel_trio.errors import ContextLengthError
+from kestrel_trio.text.detokenizer import IncrementalDetokenizer
+from kestrel_trio.text.sampling import Sampler, SamplingParams
+from kestrel_trio.text.stops import StopStringMatcher
+from kestrel_trio.text.tokenizer import Tokenizer
+
+__all__ = ["Phase", "StepResult", "Generation", "check_context"]
+
+
+class Phase(enum.Enum):
+    PREFILL = "prefill"
+    DECODE = "decode"
+    DONE = "done"
+
+
+@attrs.frozen
+class StepResult:
+    """What one step produced.
+
+    Attributes:
+        text: newly completed text (may be empty: held back for UTF-8 or a possible stop string).
+        token_id: the token sampled by this step, or None for a prefill chunk.
+        finish_reason: "stop" or "length" once finished, else None.
+    """
+
+    text: str = ""
+    token_id: int | None = None
+    finish_reason: str | None = None
+
+
+def check_context(prompt_tokens: int, max_tokens: int | None, context_length: int, *, param: str) -> int:
+    """The effective max_tokens, or ContextLengthError naming the field at fault.
+
+    Args:
+        prompt_tokens: tokens in the prompt.
+        max_tokens: requested new tokens, None for "as many as fit".
+        context_length: the model's context window (tokens).
+        param: the request field that carried the prompt.
+    """
+    if prompt_tokens >= context_length:
+        raise ContextLengthError(
+            f"The prompt is {prompt_tokens} tokens, but the model's context length is {context_length} tokens "
+            f"(at least one token must remain for the answer)",
+            param=param,
+        )
+    room = context_length - prompt_tokens
+    if max_tokens is None:
+        return room
+    if max_tokens > room:
+        raise ContextLengthError(
+            f"The prompt ({prompt_tokens} tokens) plus max_tokens ({max_tokens}) exceeds the model's "
+            f"context length of {context_length} tokens",
+            param="max_tokens",
+        )
+    return max_tokens
+
+
+class Generation:
+    """One request's progress from prompt to finished text.
+
+    Args:
+        prompt_ids: the prompt's token ids (non-empty).
+        params: sampling parameters; ``max_tokens`` must already fit the context.
+        tokenizer: for incremental detokenization.
+        eos_token_ids: tokens that end the generation unless ``params.ignore_eos``.
+        cache: this generation's own KV cache (empty).
+        vocab_size: rows of the model's logits (may exceed the tokenizer's: padding rows are never sampled).
+        prefill_chunk: prompt tokens per prefill step.
+    """
+
+    def __init__(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        *,
+        tokenizer: Tokenizer,
+        eos_token_ids: frozenset[int],
+        cache: KVCache,
+        vocab_size: int,
+        prefill_chunk: int = 256,
+    ) -> None:
+        if not prompt_ids:
+            raise ValueError("prompt_ids must not be empty")
+        self.prompt_ids = list(prompt_ids)
+        self.params = params
+        self.cache = cache
+        self.generated_ids: list[int] = []
+        self.finish_reason: str | None = None
+        self.phase = Phase.PREFILL
+        self._prefilled = 0
+        self._chunk = prefill_chunk
+        self._max_tokens = params.max_tokens if params.max_tokens is not None else 2**31
+        self._stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else set(eos_token_ids))
+        self._sampler = Sampler(params, vocab_size)
+        self._detokenizer = IncrementalDetokenizer(tokenizer)
+        self._stops = StopStringMatcher(params.stop)
+        self._usable_vocab = min(vocab_size, tokenizer.vocab_size)
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def completion_tokens(self) -> int:
+        return len(self.generated_ids)
+
+    def next_input(self) -> np.ndarray:
+        """The token ids to feed the model next, int64 [T]."""
+        if self.phase is Phase.PREFILL:
+            end = min(self._prefilled + self._chunk, len(self.prompt_ids))
+            return np.asarray(self.prompt_ids[self._prefilled : end], dtype=np.int64)
+        if self.phase is Phase.DECODE:
+            return np.asarray(self.generated_ids[-1:], dtype=np.int64)
+        raise RuntimeError("the generation is finished")
+
+    def advance(self, logits: np.ndarray) -> StepResult:
+        """Take the logits [vocab] of the last token fed; sample when the prompt is in."""
+        if self.phase is Phase.PREFILL:
+            self._prefilled += min(self._chunk, len(self.prompt_ids) - self._prefilled)
+            if self._prefilled < len(self.prompt_ids):
+                return StepResult()
+            self.phase = Phase.DECODE
+        elif self.phase is Phase.DONE:
+            raise RuntimeError("the generation is finished")
+        return self._sample_and_emit(logits)
+
+    def _sample_and_emit(self, logits: np.ndarray) -> StepResult:
+        if self._usable_vocab < logits.shape[-1]:
+            logits = logits.copy()  # [vocab]
+            logits[self._usable_vocab :] = -np.inf  # padding rows of the embedding are not tokens
+        token = self._sampler.sample(logits, self.generated_ids, self.prompt_ids)
+        self.generated_ids.append(token)
+        if token in self._stop_ids:
+            return self._finish("stop", token, "", self._detokenizer.flush())
+        text, stopped = self._stops.push(self._detokenizer.push(token))
+        if stopped:
+            return self._finish("stop", token, text, None)
+        if len(self.generated_ids) >= self._max_tokens:
+            return self._finish("length", token, text, self._detokenizer.flush())
+        return StepResult(text=text, token_id=token)
+
+    def _finish(self, reason: str, token: int, emitted: str, held: str | None) -> StepResult:
+        """End the generation; ``held`` is text the detokenizer still held (None: a stop string matched)."""
+        if held is not None:
+            # Text still held back can no longer grow into a stop string, unless it completes one now.
+            tail, stopped = self._stops.push(held)
+            if not stopped:
+                tail += self._stops.flush()
+                stopped = self._stops.stopped  # overlapping stops can only be confirmed at flush
+            emitted += tail
+            reason = "stop" if stopped else reason
+        self.finish_reason = reason
+        self.phase = Phase.DONE
+        return StepResult(text=emitted, token_id=token, finish_reason=reason)

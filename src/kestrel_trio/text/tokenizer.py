@@ -1,0 +1,263 @@
+"""The Qwen byte-level BPE tokenizer and the checkpoint facts that come with it.
+
+:class:`Tokenizer` wraps a ``tokenizers.Tokenizer`` (the exact Rust
+implementation, so ids match the reference byte for byte) and gathers what the
+rest of kestrel-trio needs from a checkpoint folder: the end-of-sequence ids,
+the chat template and the sampling defaults of ``generation_config.json``.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import Iterable, Mapping
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import tokenizers
+from tokenizers import decoders
+
+from kestrel_trio.errors import ModelLoadError
+
+__all__ = ["Tokenizer", "SPECIAL_TOKEN_NAMES", "GENERATION_SAMPLING_KEYS"]
+
+# The named special tokens a tokenizer_config.json may declare; transformers
+# passes them to chat templates as variables (bos_token, eos_token, ...).
+SPECIAL_TOKEN_NAMES = (
+    "bos_token",
+    "eos_token",
+    "unk_token",
+    "sep_token",
+    "pad_token",
+    "cls_token",
+    "mask_token",
+)
+
+# The generation_config.json fields that describe sampling.
+GENERATION_SAMPLING_KEYS = (
+    "do_sample",
+    "temperature",
+    "top_k",
+    "top_p",
+    "min_p",
+    "typical_p",
+    "repetition_penalty",
+)
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """Map each character of the byte-level BPE alphabet back to its byte.
+
+    Byte-level BPE spells every byte as one printable character: bytes that are
+    already printable (and not a space) stand for themselves; the other 68 are
+    shifted, in byte order, to code points 256 and up.
+    """
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    char_to_byte = {chr(b): b for b in printable}
+    shifted = 0
+    for b in range(256):
+        if chr(b) not in char_to_byte:
+            char_to_byte[chr(256 + shifted)] = b
+            shifted += 1
+    return char_to_byte
+
+
+_BYTE_OF_CHAR = _byte_level_alphabet()
+
+
+def _read_optional_json(path: Path) -> dict[str, Any] | None:
+    """Read an optional JSON object file; a missing file gives ``None``."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ModelLoadError(f"cannot read {path}: {exc}") from exc
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise ModelLoadError(f"{path.name} is not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ModelLoadError(f"{path.name} must hold a JSON object")
+    return data
+
+
+def _token_content(value: Any) -> str | None:
+    """A special-token entry of tokenizer_config.json: a string or {"content": ...}."""
+    if isinstance(value, Mapping):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def _config_chat_template(config: Mapping[str, Any]) -> str | None:
+    """The chat template stored in tokenizer_config.json, if any.
+
+    Older checkpoints may store a list of named templates; the one named
+    "default" is the chat template.
+    """
+    template = config.get("chat_template")
+    if isinstance(template, list):
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, Mapping)}
+        template = named.get("default")
+    return template if isinstance(template, str) else None
+
+
+class Tokenizer:
+    """A byte-level BPE tokenizer with its checkpoint's special tokens and defaults.
+
+    Build one with :meth:`from_folder` or :meth:`from_demo`.
+
+    Attributes:
+        eos_token_ids: ids that end a generation (generation_config.json
+            ``eos_token_id`` united with tokenizer_config.json ``eos_token``).
+        special_token_ids: ids of the added tokens marked special (the ones
+            ``decode(..., skip_special_tokens=True)`` drops).
+        special_tokens_map: named special tokens (``eos_token`` ...) as strings,
+            the extra variables transformers hands to chat templates.
+        chat_template: the Jinja chat template source, or ``None``.
+        generation_defaults: the sampling fields of generation_config.json, as read.
+    """
+
+    def __init__(
+        self,
+        backend: tokenizers.Tokenizer,
+        *,
+        tokenizer_config: Mapping[str, Any] | None = None,
+        generation_config: Mapping[str, Any] | None = None,
+        chat_template: str | None = None,
+    ) -> None:
+        """Wrap a loaded ``tokenizers.Tokenizer``.
+
+        Args:
+            backend: the Rust tokenizer (from tokenizer.json).
+            tokenizer_config: the parsed tokenizer_config.json, if any.
+            generation_config: the parsed generation_config.json, if any.
+            chat_template: a template that overrides tokenizer_config's one
+                (chat_template.jinja takes precedence, as in transformers).
+
+        Raises:
+            ModelLoadError: the decoder is not byte-level, or an eos token is
+                not in the vocabulary.
+        """
+        if not isinstance(backend.decoder, decoders.ByteLevel):
+            raise ModelLoadError(
+                f"tokenizer.json: decoder {type(backend.decoder).__name__} is not supported; "
+                "kestrel-trio serves byte-level BPE (Qwen) tokenizers"
+            )
+        self._backend = backend
+        config = dict(tokenizer_config or {})
+        gen_config = dict(generation_config or {})
+        added = backend.get_added_tokens_decoder()
+        self.special_token_ids: frozenset[int] = frozenset(i for i, tok in added.items() if tok.special)
+        self.special_tokens_map: dict[str, str] = {
+            name: content for name in SPECIAL_TOKEN_NAMES if (content := _token_content(config.get(name))) is not None
+        }
+        self.eos_token_ids: frozenset[int] = self._resolve_eos(config, gen_config)
+        self.chat_template: str | None = chat_template if chat_template is not None else _config_chat_template(config)
+        self.generation_defaults: dict[str, Any] = {k: gen_config[k] for k in GENERATION_SAMPLING_KEYS if k in gen_config}
+        self._bytes_cache: dict[int, bytes] = {}
+
+    @classmethod
+    def from_folder(cls, path: str | Path) -> Tokenizer:
+        """Load the tokenizer files of a checkpoint folder.
+
+        Reads tokenizer.json (required), and tokenizer_config.json,
+        generation_config.json and chat_template.jinja when present.
+
+        Raises:
+            ModelLoadError: naming the missing or malformed file.
+        """
+        folder = Path(path)
+        tokenizer_file = folder / "tokenizer.json"
+        if not tokenizer_file.is_file():
+            raise ModelLoadError(f"tokenizer.json not found in {folder}")
+        # The small files first, so that a broken one fails fast.
+        tokenizer_config = _read_optional_json(folder / "tokenizer_config.json")
+        generation_config = _read_optional_json(folder / "generation_config.json")
+        template_file = folder / "chat_template.jinja"
+        try:
+            template = template_file.read_text(encoding="utf-8") if template_file.is_file() else None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ModelLoadError(f"chat_template.jinja cannot be read: {exc}") from exc
+        try:
+            backend = tokenizers.Tokenizer.from_file(str(tokenizer_file))
+        except Exception as exc:  # the Rust side raises plain Exception
+            raise ModelLoadError(f"tokenizer.json cannot be loaded: {exc}") from exc
+        return cls(
+            backend,
+            tokenizer_config=tokenizer_config,
+            generation_config=generation_config,
+            chat_template=template,
+        )
+
+    @classmethod
+    def from_demo(cls) -> Tokenizer:
+        """Load the Qwen3 tokenizer packaged in ``kestrel_trio/_demo`` (see its NOTICE)."""
+        demo = resources.files("kestrel_trio") / "_demo"
+        try:
+            tokenizer_json = gzip.decompress(demo.joinpath("tokenizer.json.gz").read_bytes()).decode("utf-8")
+            config = json.loads(demo.joinpath("tokenizer_config.json").read_text(encoding="utf-8"))
+            # Only the end-of-sequence ids of Qwen3 instruct models; no sampling defaults for random weights.
+            generation = json.loads(demo.joinpath("generation_config.json").read_text(encoding="utf-8"))
+            backend = tokenizers.Tokenizer.from_str(tokenizer_json)
+        except Exception as exc:
+            raise ModelLoadError(f"the packaged demo tokenizer cannot be loaded: {exc}") from exc
+        return cls(backend, tokenizer_config=config, generation_config=generation)
+
+    def _resolve_eos(self, config: Mapping[str, Any], gen_config: Mapping[str, Any]) -> frozenset[int]:
+        ids: set[int] = set()
+        gen_eos = gen_config.get("eos_token_id")
+        for value in gen_eos if isinstance(gen_eos, list) else [gen_eos]:
+            if isinstance(value, int) and not isinstance(value, bool):
+                ids.add(value)
+            elif value is not None:
+                raise ModelLoadError(f"generation_config.json: eos_token_id {value!r} is not a token id")
+        eos_token = _token_content(config.get("eos_token"))
+        if eos_token is not None:
+            eos_id = self.token_to_id(eos_token)
+            if eos_id is None:
+                raise ModelLoadError(f"tokenizer_config.json: eos_token {eos_token!r} is not in the vocabulary")
+            ids.add(eos_id)
+        return frozenset(ids)
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of token ids, added tokens included (151,669 for Qwen3)."""
+        return self._backend.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text``; no BOS/EOS is added (Qwen uses none)."""
+        return self._backend.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:
+        """Text of ``ids``; invalid UTF-8 becomes U+FFFD, unknown ids are dropped."""
+        return self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def token_to_id(self, token: str) -> int | None:
+        """The id of a vocabulary entry (byte-level spelling), or ``None``."""
+        return self._backend.token_to_id(token)
+
+    def id_to_token(self, token_id: int) -> str | None:
+        """The vocabulary entry (byte-level spelling) of an id, or ``None``."""
+        return self._backend.id_to_token(token_id)
+
+    def token_bytes(self, token_id: int) -> bytes | None:
+        """The raw bytes a token decodes to, or ``None`` for an unknown id.
+
+        This mirrors the byte-level decoder: each character of the token maps
+        back to one byte; a token with characters outside the byte alphabet
+        (an added token such as ``<|im_end|>`` may have them) is taken as UTF-8.
+        """
+        cached = self._bytes_cache.get(token_id)
+        if cached is not None:
+            return cached
+        token = self._backend.id_to_token(token_id)
+        if token is None:
+            return None
+        try:
+            raw = bytes(_BYTE_OF_CHAR[ch] for ch in token)
+        except KeyError:
+            raw = token.encode("utf-8")
+        self._bytes_cache[token_id] = raw
+        return raw
