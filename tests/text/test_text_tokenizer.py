@@ -149,7 +149,7 @@ def test_demo_copy_matches_the_shared_files(qwen_tokenizer: Tokenizer, qwen_dir:
     text = "Qwen3 演示 🦅 tokenizer <|im_end|>"
     assert demo.encode(text) == qwen_tokenizer.encode(text)
     assert demo.vocab_size == qwen_tokenizer.vocab_size
-    assert demo.eos_token_ids == frozenset({IM_END})
+    assert demo.eos_token_ids == frozenset({IM_END, 151643})  # <|im_end|> and <|endoftext|>
     assert demo.chat_template == (qwen_dir / "chat_template.jinja").read_text(encoding="utf-8")
 
 
