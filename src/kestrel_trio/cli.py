@@ -1,0 +1,134 @@
+"""The ``kestrel-trio`` command: serve, generate, chat.
+
+The only module that reads argv and calls ``trio.run``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import logging
+import os
+import signal
+import sys
+from typing import Sequence
+
+from kestrel_trio.errors import KestrelError
+
+__all__ = ["main"]
+
+log = logging.getLogger("kestrel_trio.cli")
+
+
+def _add_model_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", metavar="DIR", default=None,
+                        help="Hugging Face checkpoint folder (default: the built-in random demo model)")
+
+
+def _add_sampling_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--max-tokens", type=int, default=256, help="most tokens to generate (default 256)")
+    parser.add_argument("--temperature", type=float, default=None, help="0 for greedy (default: the checkpoint's)")
+    parser.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass (default: the checkpoint's)")
+    parser.add_argument("--seed", type=int, default=None, help="seed for reproducible sampling")
+    parser.add_argument("--no-think", action="store_true", help="disable Qwen3 thinking (enable_thinking=false)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kestrel-trio", description="An OpenAI-compatible Qwen server on trio.")
+    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    serve = commands.add_parser("serve", help="serve the OpenAI-compatible HTTP API")
+    _add_model_args(serve)
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1, loopback only)")
+    serve.add_argument("--port", type=int, default=8000, help="TCP port (default 8000; 0 picks a free one)")
+    serve.add_argument("--model-id", default=None, help="the model id clients use (default: the folder name)")
+    serve.add_argument("--max-queued", type=int, default=16, help="requests that may wait; more get 429 (default 16)")
+    serve.add_argument("--max-batch", type=int, default=4, help="generations stepped together (default 4)")
+    serve.add_argument("--max-connections", type=int, default=128, help="open connections; more get 503")
+    serve.add_argument("--api-key", default=os.environ.get("KESTREL_API_KEY"),
+                       help="require 'Authorization: Bearer KEY' (default: $KESTREL_API_KEY; /health stays open)")
+    serve.add_argument("--header-timeout", type=float, default=10.0, help="seconds to receive a request head")
+    serve.add_argument("--body-timeout", type=float, default=30.0, help="seconds to receive a request body")
+    serve.add_argument("--keepalive-timeout", type=float, default=5.0, help="idle seconds on a keep-alive connection")
+    serve.add_argument("--write-timeout", type=float, default=30.0, help="seconds a stalled write may take")
+    serve.add_argument("--grace", type=float, default=10.0, help="seconds running requests get on shutdown")
+
+    generate = commands.add_parser("generate", help="stream one completion of a prompt to the terminal")
+    _add_model_args(generate)
+    _add_sampling_args(generate)
+    generate.add_argument("prompt", help="the user message")
+    generate.add_argument("--raw", action="store_true", help="send the prompt as is, without the chat template")
+
+    chat = commands.add_parser("chat", help="interactive multi-turn chat (/reset clears history, Ctrl-C stops an answer)")
+    _add_model_args(chat)
+    _add_sampling_args(chat)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``kestrel-trio`` console script; returns the exit code."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        stream=sys.stderr)
+    try:
+        if args.command == "serve":
+            return _serve(args)
+        from kestrel_trio.cli_text import chat_loop, generate_once, load_with_progress
+
+        model = load_with_progress(args.model)
+        if args.command == "generate":
+            return generate_once(model, args)
+        return chat_loop(model, args)
+    except KestrelError as exc:
+        print(f"kestrel-trio: error: {exc.message}", file=sys.stderr)
+        return 2
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import trio
+
+    from kestrel_trio.engine import EngineLimits
+    from kestrel_trio.http import HttpLimits
+    from kestrel_trio.server import serve
+
+    engine_limits = EngineLimits(max_queued=args.max_queued, max_batch=args.max_batch)
+    http_limits = HttpLimits(
+        header_timeout=args.header_timeout, body_timeout=args.body_timeout, keepalive_timeout=args.keepalive_timeout,
+        write_timeout=args.write_timeout, max_connections=args.max_connections,
+    )
+    start = functools.partial(
+        serve, args.model, host=args.host, port=args.port, model_id=args.model_id, api_key=args.api_key,
+        engine_limits=engine_limits, http_limits=http_limits, grace=args.grace,
+    )
+
+    async def run() -> None:
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async with trio.open_nursery() as nursery:
+
+                async def serve_until_done(*, task_status: trio.TaskStatus) -> None:
+                    await start(task_status=task_status)
+                    nursery.cancel_scope.cancel()  # serve returned: stop watching signals
+
+                server = await nursery.start(serve_until_done)
+                print(f"kestrel-trio: serving {server.state.model_id} at {server.url}", file=sys.stderr, flush=True)
+                nursery.start_soon(_watch_signals, signals, server, nursery.cancel_scope)
+
+    trio.run(run)
+    return 0
+
+
+async def _watch_signals(signals, server, scope) -> None:
+    """First SIGINT/SIGTERM: graceful shutdown. A second one: stop at once."""
+    async for signum in signals:
+        if not server._shutdown.is_set():
+            log.info("received %s: graceful shutdown", signal.Signals(signum).name)
+            server.shutdown()
+        else:
+            log.warning("second signal: stopping now")
+            scope.cancel()
+            return
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,83 @@
+"""The kestrel-trio command, run as a new user would: a subprocess with no model folder."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "qwen3_bf16_tied"
+CLI = [sys.executable, "-m", "kestrel_trio.cli"]
+
+
+def _run(args: list[str], stdin: str = "", timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(CLI + args, input=stdin, capture_output=True, text=True, timeout=timeout,
+                          encoding="utf-8")
+
+
+def test_generate_with_the_builtin_model_prints_text():
+    result = _run(["generate", "你好", "--max-tokens", "8", "--seed", "1"])
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip()
+    assert "demo model" in result.stderr and "meaningless" in result.stderr
+    assert "[finish_reason: length]" in result.stderr
+    assert "100%" in result.stderr  # the progress bar finished
+
+
+def test_generate_is_reproducible_with_a_seed():
+    first = _run(["generate", "hello", "--max-tokens", "6", "--seed", "7"])
+    second = _run(["generate", "hello", "--max-tokens", "6", "--seed", "7"])
+    assert first.returncode == second.returncode == 0
+    assert first.stdout == second.stdout
+
+
+def test_generate_on_a_checkpoint_folder_shows_loading_progress():
+    result = _run(["--log-level", "WARNING", "generate", "hi", "--model", str(FIXTURE), "--max-tokens", "5",
+                   "--temperature", "0", "--no-think"])
+    assert result.returncode == 0, result.stderr
+    assert "loading weights" in result.stderr and "100%" in result.stderr
+
+
+def test_a_bad_model_folder_is_a_clear_cli_error(tmp_path):
+    result = _run(["generate", "hi", "--model", str(tmp_path)])
+    assert result.returncode == 2
+    assert "kestrel-trio: error:" in result.stderr and "config.json" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_chat_keeps_history_resets_and_exits_on_eof():
+    result = _run(["chat", "--max-tokens", "4", "--temperature", "0"], stdin="hello\n/reset\nhello\n")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert out.count(">>> ") == 4  # three inputs, then the prompt that meets end of input
+    assert "[history cleared]" in out
+    answers = [line for line in out.split(">>> ")[1:] if line.strip() and "history" not in line]
+    # After /reset the same first message gets the same greedy answer: the history really was cleared.
+    assert answers[0].strip() == answers[1].strip()
+
+
+def test_serve_answers_health_and_exits_zero_on_sigterm():
+    process = subprocess.Popen(CLI + ["serve", "--port", "0", "--grace", "1"], stderr=subprocess.PIPE, text=True)
+    try:
+        url = None
+        deadline = time.monotonic() + 60
+        while url is None and time.monotonic() < deadline:
+            line = process.stderr.readline()
+            match = re.search(r"serving \S+ at (http://\S+)/v1", line)
+            url = match.group(1) if match else None
+        assert url, "the server never said where it listens"
+        with urllib.request.urlopen(url + "/health", timeout=10) as response:
+            assert response.status == 200
+        process.send_signal(signal.SIGTERM)
+        code = process.wait(timeout=30)
+        assert code == 0, process.stderr.read()[-2000:]
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        process.stderr.close()
