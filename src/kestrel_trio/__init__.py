@@ -12,7 +12,11 @@ from kestrel_trio.errors import (
     ModelLoadError,
     QueueFullError,
 )
-from kestrel_trio.model import Model, load_model
+from kestrel_trio.engine import Delta, Engine, EngineLimits, GenerationHandle, GenerationRequest, run_engine
+from kestrel_trio.http import HttpLimits
+from kestrel_trio.model import Model, load_demo_model, load_model
+from kestrel_trio.server import Server, serve
+from kestrel_trio.text import SamplingParams
 
 __version__ = "0.1.0"
 
@@ -20,6 +24,17 @@ __all__ = [
     "__version__",
     "Model",
     "load_model",
+    "load_demo_model",
+    "SamplingParams",
+    "Engine",
+    "EngineLimits",
+    "GenerationRequest",
+    "GenerationHandle",
+    "Delta",
+    "run_engine",
+    "HttpLimits",
+    "Server",
+    "serve",
     "KestrelError",
     "ModelLoadError",
     "BadRequestError",

@@ -1,1 +1,9 @@
-"""kestrel_trio.engine"""
+"""The engine: a bounded queue of generation requests and the single inference task.
+
+Imports trio and the model/text layers; never h11 or json.
+"""
+
+from kestrel_trio.engine.engine import Engine, GenerationHandle, run_engine
+from kestrel_trio.engine.types import Delta, EngineLimits, GenerationRequest
+
+__all__ = ["Engine", "GenerationHandle", "run_engine", "Delta", "EngineLimits", "GenerationRequest"]

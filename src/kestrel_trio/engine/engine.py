@@ -1,0 +1,381 @@
+"""The engine: a bounded queue of generation requests feeding one inference task.
+
+Theory of operation:
+
+* ``open_generation`` turns a request into a :class:`Job` and puts it on a
+  bounded trio memory channel with ``send_nowait``. When the queue already
+  holds ``max_queued`` live jobs (or the channel is full) the request is
+  refused at once with :class:`QueueFullError` and a Retry-After derived from
+  observed service times: the HTTP handler never blocks on a full queue.
+* The inference task (:meth:`Engine.run`) is the only owner of the model.
+  Between steps, in trio, it moves newly queued jobs into its waiting line,
+  discards jobs whose consumer has left, admits waiting jobs into the active
+  set (up to ``max_batch``) and then runs ONE step for every active job in a
+  worker thread (``trio.to_thread.run_sync``): a prefill chunk or one decode
+  token each, batched into one forward pass.
+* After the step it delivers each job's result on the job's own channel, whose
+  capacity (max_tokens + 2) is larger than the number of results a job can
+  ever produce, so delivery never blocks the inference task on a slow reader.
+* A consumer that leaves (the context manager exits, e.g. because its client
+  disconnected) marks the job abandoned. A queued job is then dropped without
+  any compute; an active one is dropped right after the step in flight, so an
+  abandoned generation runs at most one more step.
+* Every accepted job ends with exactly one terminal item: a delta carrying a
+  finish_reason, or an error. When the engine stops, waiting and active jobs
+  get :class:`EngineUnavailableError`.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import math
+
+import attrs
+import trio
+
+from kestrel_trio.engine.metrics import EngineMetrics
+from kestrel_trio.engine.types import Delta, EngineLimits, GenerationRequest
+from kestrel_trio.errors import EngineUnavailableError, KestrelError, QueueFullError
+from kestrel_trio.model import Model
+from kestrel_trio.text.batch import step_generations
+from kestrel_trio.text.generation import Generation, Phase, StepResult, check_context
+
+__all__ = ["Engine", "GenerationHandle", "Job", "run_engine"]
+
+log = logging.getLogger("kestrel_trio.engine")
+
+
+@attrs.define(eq=False)
+class Job:
+    """One accepted request, from queue to its terminal result."""
+
+    generation: Generation
+    results: trio.MemorySendChannel
+    receiver: trio.MemoryReceiveChannel
+    enqueued_at: float
+    abandoned: bool = False
+    done: bool = False
+    steps: int = 0
+    steps_after_abandon: int = 0
+    admitted_at: float | None = None
+    last_token_at: float | None = None
+
+    @property
+    def phase(self) -> str:
+        if self.admitted_at is None:
+            return "queued"
+        return self.generation.phase.value
+
+
+class Engine:
+    """The single inference task and its bounded queue.
+
+    Create with :func:`run_engine` (``await nursery.start(run_engine, model)``).
+
+    Args:
+        model: the loaded model; the engine is its only user while running.
+        limits: queue size, batch size, prefill chunk and stall detection.
+    """
+
+    def __init__(self, model: Model, limits: EngineLimits = EngineLimits()) -> None:
+        self.model = model
+        self.limits = limits
+        self.status = "starting"  # starting -> ok -> stopped | broken
+        self._queue_send, self._queue_recv = trio.open_memory_channel[Job](limits.max_queued)
+        self._waiting: collections.deque[Job] = collections.deque()
+        self._active: list[Job] = []
+        self._live_queued = 0
+        self._limiter = trio.CapacityLimiter(1)
+        self.step_started_at: float | None = None
+        self.mean_step_seconds: float | None = None
+        self.mean_service_seconds: float | None = None
+        self.max_steps_after_abandon = 0
+        self.metrics = EngineMetrics(running=lambda: len(self._active), waiting=lambda: self._live_queued)
+
+    # ---- counters read by /health (never wait on the worker thread) ----
+
+    @property
+    def queued(self) -> int:
+        """Accepted generations not yet admitted to the batch (abandoned ones excluded)."""
+        return self._live_queued
+
+    @property
+    def active(self) -> int:
+        """Generations in the active batch."""
+        return len(self._active)
+
+    @property
+    def busy(self) -> bool:
+        """Whether a model step is running in the worker thread now."""
+        return self.step_started_at is not None
+
+    def stalled(self) -> bool:
+        """Whether the step in flight has run far past its usual time (limits.stall_*)."""
+        if self.step_started_at is None:
+            return False
+        usual = self.mean_step_seconds or 0.0
+        allowed = max(self.limits.stall_floor, self.limits.stall_factor * usual)
+        return trio.current_time() - self.step_started_at > allowed
+
+    def retry_after(self) -> int:
+        """Seconds a refused client should wait, from observed service time (1 to 60)."""
+        service = self.mean_service_seconds or 1.0
+        ahead = self._live_queued + len(self._active)
+        return int(min(60, max(1, math.ceil(service * ahead / self.limits.max_batch))))
+
+    # ---- the client side ----
+
+    def open_generation(self, request: GenerationRequest) -> "GenerationHandle":
+        """Queue a generation; the handle iterates over its deltas.
+
+        Use as ``async with engine.open_generation(request) as deltas:``.
+        Leaving the block (or calling ``aclose()``) before the last delta
+        cancels the generation: if queued, it never runs; if running, it stops
+        after at most one more model step.
+
+        Raises:
+            QueueFullError: the queue is full (HTTP 429 with ``retry_after``).
+            EngineUnavailableError: the engine is not running.
+            ContextLengthError: the prompt plus max_tokens exceeds the context.
+        """
+        return GenerationHandle(self, self._submit(request))
+
+    def _submit(self, request: GenerationRequest) -> Job:
+        if self.status != "ok":
+            self.metrics.rejected.inc(reason="unavailable")
+            raise EngineUnavailableError(f"the engine is not serving (status: {self.status})", retry_after=5)
+        generation = self._new_generation(request)
+        send, recv = trio.open_memory_channel[object](generation.params.max_tokens + 2)
+        job = Job(generation=generation, results=send, receiver=recv, enqueued_at=trio.current_time())
+        if self._live_queued >= self.limits.max_queued:
+            self.metrics.rejected.inc(reason="queue_full")
+            raise QueueFullError(
+                f"the request queue is full ({self.limits.max_queued} waiting); retry later",
+                retry_after=self.retry_after(),
+            )
+        try:
+            self._queue_send.send_nowait(job)
+        except trio.WouldBlock:
+            self.metrics.rejected.inc(reason="queue_full")
+            raise QueueFullError("the request queue is full; retry later", retry_after=self.retry_after()) from None
+        self._live_queued += 1
+        return job
+
+    def _new_generation(self, request: GenerationRequest) -> Generation:
+        model = self.model
+        max_tokens = check_context(
+            len(request.prompt_ids), request.params.max_tokens, model.context_length, param=request.prompt_param
+        )
+        params = attrs.evolve(request.params, max_tokens=max_tokens)
+        tokenizer = model.require_tokenizer()
+        return Generation(
+            list(request.prompt_ids),
+            params,
+            tokenizer=tokenizer,
+            eos_token_ids=tokenizer.eos_token_ids,
+            cache=model.new_cache(),
+            vocab_size=model.config.vocab_size,
+            prefill_chunk=self.limits.prefill_chunk,
+        )
+
+    def _abandon(self, job: Job) -> None:
+        if job.done or job.abandoned:
+            return
+        job.abandoned = True
+        if job.admitted_at is None:
+            self._live_queued -= 1
+        self.metrics.cancelled.inc(phase=job.phase)
+
+    # ---- the inference task ----
+
+    async def run(self, *, task_status: trio.TaskStatus = trio.TASK_STATUS_IGNORED) -> None:
+        """The inference task: admit, step, deliver, until cancelled."""
+        self.status = "ok"
+        task_status.started(self)
+        try:
+            while True:
+                await self._admit()
+                if self._active:
+                    await self._step()
+        except BaseException as exc:
+            if not isinstance(exc, (trio.Cancelled, KeyboardInterrupt)):
+                log.exception("the inference task died")
+                self.status = "broken"
+            raise
+        finally:
+            if self.status == "ok":
+                self.status = "stopped"
+            self._fail_everything(EngineUnavailableError("the engine stopped before this generation finished"))
+
+    async def _admit(self) -> None:
+        self._drain_queue()
+        if not self._active and not self._waiting:
+            self._waiting.append(await self._queue_recv.receive())
+            self._drain_queue()
+        self._drop_abandoned()
+        while self._waiting and len(self._active) < self.limits.max_batch:
+            job = self._waiting.popleft()
+            job.admitted_at = trio.current_time()
+            self._live_queued -= 1
+            self.metrics.queue_time.observe(job.admitted_at - job.enqueued_at)
+            self._active.append(job)
+
+    def _drain_queue(self) -> None:
+        while True:
+            try:
+                self._waiting.append(self._queue_recv.receive_nowait())
+            except trio.WouldBlock:
+                return
+
+    def _drop_abandoned(self) -> None:
+        # Abandoned jobs were counted at abandon time; here they just leave, with no compute.
+        self._waiting = collections.deque(j for j in self._waiting if not j.abandoned)
+        self._active = [j for j in self._active if not j.abandoned]
+
+    async def _step(self) -> None:
+        batch = list(self._active)
+        generations = [job.generation for job in batch]
+        started = self.step_started_at = trio.current_time()
+        try:
+            results = await trio.to_thread.run_sync(
+                step_generations, self.model.decoder, generations, limiter=self._limiter
+            )
+        except Exception:
+            log.exception("a model step failed; failing its %d generation(s)", len(batch))
+            for job in batch:
+                self._finish_with_error(job, KestrelError("the model step failed; see the server log"))
+            self._active.clear()
+            return
+        finally:
+            self.step_started_at = None
+        elapsed = trio.current_time() - started
+        self.mean_step_seconds = _ewma(self.mean_step_seconds, elapsed)
+        self.metrics.steps.inc()
+        self.metrics.step_time.observe(elapsed)
+        for job, result in zip(batch, results):
+            self._deliver(job, result)
+        self._active = [job for job in self._active if not job.done]
+
+    def _deliver(self, job: Job, result: StepResult) -> None:
+        job.steps += 1
+        generation = job.generation
+        if job.abandoned:
+            job.steps_after_abandon += 1
+            self.max_steps_after_abandon = max(self.max_steps_after_abandon, job.steps_after_abandon)
+            return
+        now = trio.current_time()
+        if generation.phase is Phase.DECODE or result.finish_reason is not None:
+            if generation.completion_tokens == 1:
+                self.metrics.prompt_tokens.inc(generation.prompt_tokens)
+                self.metrics.ttft.observe(now - job.enqueued_at)
+            elif job.last_token_at is not None:
+                self.metrics.itl.observe(now - job.last_token_at)
+        if result.token_id is None:
+            return
+        job.last_token_at = now
+        self.metrics.generation_tokens.inc()
+        delta = Delta(
+            text=result.text,
+            token_id=result.token_id,
+            finish_reason=result.finish_reason,
+            prompt_tokens=generation.prompt_tokens,
+            completion_tokens=generation.completion_tokens,
+        )
+        job.results.send_nowait(delta)  # never blocks: capacity exceeds the job's possible results
+        if result.finish_reason is not None:
+            job.done = True
+            job.results.close()
+            self.metrics.finished.inc(finished_reason=result.finish_reason)
+            self.metrics.e2e.observe(now - job.enqueued_at)
+            self.mean_service_seconds = _ewma(self.mean_service_seconds, now - (job.admitted_at or job.enqueued_at))
+
+    def _finish_with_error(self, job: Job, error: KestrelError) -> None:
+        if job.done:
+            return
+        job.done = True
+        if not job.abandoned:
+            self.metrics.failed.inc()
+            try:
+                job.results.send_nowait(error)
+            except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
+                pass
+        job.results.close()
+
+    def _fail_everything(self, error: KestrelError) -> None:
+        self._drain_queue_quietly()
+        for job in [*self._waiting, *self._active]:
+            self._finish_with_error(job, error)
+        self._waiting.clear()
+        self._active.clear()
+        self._live_queued = 0
+        self._queue_send.close()
+        self._queue_recv.close()
+
+    def _drain_queue_quietly(self) -> None:
+        try:
+            self._drain_queue()
+        except (trio.ClosedResourceError, trio.EndOfChannel):
+            pass
+
+
+class GenerationHandle:
+    """The consumer's end of one queued generation: an async iterator of :class:`Delta`.
+
+    Closing it (``aclose``, leaving ``async with``, or ``cancel``) before the
+    last delta abandons the generation.
+    """
+
+    def __init__(self, engine: Engine, job: Job) -> None:
+        self._engine = engine
+        self._job = job
+
+    @property
+    def finished(self) -> bool:
+        return self._job.done
+
+    def __aiter__(self) -> "GenerationHandle":
+        return self
+
+    async def __anext__(self) -> Delta:
+        try:
+            item = await self._job.receiver.receive()
+        except (trio.EndOfChannel, trio.ClosedResourceError):
+            raise StopAsyncIteration from None
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def cancel(self) -> None:
+        """Abandon the generation (no-op once it finished)."""
+        self._engine._abandon(self._job)
+        self._job.receiver.close()
+
+    async def aclose(self) -> None:
+        self.cancel()
+
+    async def __aenter__(self) -> "GenerationHandle":
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.cancel()
+
+
+def _ewma(previous: float | None, sample: float, weight: float = 0.2) -> float:
+    return sample if previous is None else (1 - weight) * previous + weight * sample
+
+
+async def run_engine(
+    model: Model, *, limits: EngineLimits = EngineLimits(), task_status: trio.TaskStatus = trio.TASK_STATUS_IGNORED
+) -> None:
+    """Run the inference task for ``model`` until cancelled.
+
+    Use as ``engine = await nursery.start(run_engine, model)``: ``started``
+    hands back the :class:`Engine` once it accepts requests.
+
+    Args:
+        model: a loaded model.
+        limits: queue and batch sizes, prefill chunk, stall detection.
+    """
+    engine = Engine(model, limits)
+    await engine.run(task_status=task_status)

@@ -1,0 +1,50 @@
+"""The engine's Prometheus metrics, named like vLLM's with a ``kestrel:`` prefix."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from kestrel_trio.stats import Counter, Gauge, Histogram, render_prometheus
+
+__all__ = ["EngineMetrics"]
+
+_TOKEN_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5)
+
+
+class EngineMetrics:
+    """Counters and histograms updated by the engine on the trio side.
+
+    Args:
+        running: returns the number of generations in the active set.
+        waiting: returns the number of live queued generations.
+    """
+
+    def __init__(self, running: Callable[[], float], waiting: Callable[[], float]) -> None:
+        self.running = Gauge("kestrel:num_requests_running", "Generations in the active batch.", function=running)
+        self.waiting = Gauge("kestrel:num_requests_waiting", "Generations waiting in the queue.", function=waiting)
+        self.prompt_tokens = Counter("kestrel:prompt_tokens_total", "Prompt tokens processed.")
+        self.generation_tokens = Counter("kestrel:generation_tokens_total", "Tokens generated.")
+        self.steps = Counter("kestrel:model_steps_total", "Batched model steps run in the worker thread.")
+        self.finished = Counter("kestrel:request_success_total", "Generations finished.", ["finished_reason"])
+        self.rejected = Counter("kestrel:request_rejected_total", "Requests refused before queuing.", ["reason"])
+        self.cancelled = Counter("kestrel:request_cancelled_total", "Generations whose client left.", ["phase"])
+        self.failed = Counter("kestrel:request_failed_total", "Generations ended by an engine error.")
+        self.ttft = Histogram(
+            "kestrel:time_to_first_token_seconds", "Time from queuing to the first generated token.",
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0),
+        )
+        self.itl = Histogram(
+            "kestrel:inter_token_latency_seconds", "Time between consecutive generated tokens.",
+            buckets=_TOKEN_LATENCY_BUCKETS,
+        )
+        self.e2e = Histogram("kestrel:e2e_request_latency_seconds", "Time from queuing to the last token.")
+        self.queue_time = Histogram("kestrel:request_queue_time_seconds", "Time spent queued before the first step.")
+        self.step_time = Histogram("kestrel:model_step_seconds", "Duration of one batched model step.",
+                                   buckets=_TOKEN_LATENCY_BUCKETS)
+
+    def all(self) -> list:
+        return [v for v in vars(self).values() if hasattr(v, "samples")]
+
+    def render(self) -> str:
+        """Prometheus text exposition of every engine metric."""
+        return render_prometheus(self.all())

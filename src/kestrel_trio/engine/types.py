@@ -1,0 +1,62 @@
+"""Values that cross the engine's boundary."""
+
+from __future__ import annotations
+
+import attrs
+
+from kestrel_trio.text.sampling import SamplingParams
+
+__all__ = ["EngineLimits", "GenerationRequest", "Delta"]
+
+
+@attrs.frozen
+class EngineLimits:
+    """The engine's bounds.
+
+    Attributes:
+        max_queued: generations that may wait for the batch; one more is refused (429).
+        max_batch: generations stepped together in one forward pass.
+        prefill_chunk: prompt tokens per prefill step (bounds how long other streams wait).
+        stall_factor: a step running this many times its usual duration is a stall (/health 503).
+        stall_floor: seconds a step may always run before it can count as stalled.
+    """
+
+    max_queued: int = attrs.field(default=16, validator=attrs.validators.ge(1))
+    max_batch: int = attrs.field(default=4, validator=attrs.validators.ge(1))
+    prefill_chunk: int = attrs.field(default=256, validator=attrs.validators.ge(1))
+    stall_factor: float = 50.0
+    stall_floor: float = 60.0
+
+
+@attrs.frozen
+class GenerationRequest:
+    """A tokenized prompt and how to sample its continuation.
+
+    Attributes:
+        prompt_ids: the prompt's token ids.
+        params: sampling parameters (max_tokens None: as many as the context allows).
+        prompt_param: the request field that carried the prompt, for error messages.
+    """
+
+    prompt_ids: tuple[int, ...]
+    params: SamplingParams
+    prompt_param: str = "prompt"
+
+
+@attrs.frozen
+class Delta:
+    """One generated token's worth of output.
+
+    Attributes:
+        text: new text (may be empty while a character or stop string is held back).
+        token_id: the token generated.
+        finish_reason: "stop" or "length" on the last delta, else None.
+        prompt_tokens: tokens in the prompt.
+        completion_tokens: tokens generated so far, this one included.
+    """
+
+    text: str
+    token_id: int
+    finish_reason: str | None
+    prompt_tokens: int
+    completion_tokens: int

@@ -1,0 +1,281 @@
+"""One HTTP/1.1 connection: read requests, run the handler, write responses.
+
+Theory of operation
+-------------------
+h11 owns the protocol state; this module owns time and I/O. A connection runs
+request cycles until one of them says to stop:
+
+1. IDLE - wait for the first byte of the next request (bytes a pipelining
+   client already sent count). A fresh connection may idle until its header
+   deadline, a kept-alive one for ``keepalive_timeout``. Timeout, EOF and
+   shutdown (which cancels the idle scope) end the connection quietly.
+2. HEAD - read until h11 yields the request head, before ``header_timeout``
+   counted from accept (first request) or from the first byte. Malformed
+   input -> 400 (or h11's hint), too big -> 431, late -> 408, other HTTP
+   versions -> 505; each of these closes the connection.
+3. BODY - a Content-Length above ``max_body_bytes`` -> 413 at once. Otherwise
+   send ``100 Continue`` if the client waits for it, then read the body within
+   ``body_timeout`` (408), counting chunked bodies as they come (413).
+4. RESPOND - run the handler and send its answer while a watcher task keeps
+   reading: EOF or a reset cancels the handler / stream; other bytes (the next
+   pipelined request) are fed to h11 for later, up to a byte budget.
+5. Loop if both sides kept the connection alive, nothing broke and shutdown
+   has not begun. The connection ends with a graceful close (half-close, then
+   drain) after a complete exchange, or an abortive one (reset) otherwise.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import h11
+import trio
+
+from kestrel_trio.http.exchange import CLIENT_CLOSED, Exchange
+from kestrel_trio.http.limits import HttpLimits
+from kestrel_trio.http.responses import error_response, internal_error_response, response_for_exception
+from kestrel_trio.http.transport import Transport
+from kestrel_trio.http.types import Handler, Request, Response, StreamingResponse
+from kestrel_trio.http.wire import SUPPORTED_VERSIONS, declared_length, head_size, to_request
+from kestrel_trio.http.writer import ResponseWriter
+
+__all__ = ["HttpConnection"]
+
+_log = logging.getLogger("kestrel_trio.http")
+# Errors that end one connection and nothing more.
+_CONNECTION_ERRORS = (h11.ProtocolError, trio.BrokenResourceError, trio.ClosedResourceError, OSError)
+
+
+class HttpConnection:
+    """Serve the requests of one accepted connection, in order.
+
+    Args:
+        transport: the connection's socket.
+        handler: answers each request.
+        limits: the deadlines and size limits.
+        shutting_down: set when the server begins its shutdown.
+        access_log: receives one INFO line per request.
+        client: the peer as ``"host:port"``.
+    """
+
+    def __init__(
+        self,
+        transport: Transport,
+        handler: Handler,
+        limits: HttpLimits,
+        shutting_down: trio.Event,
+        access_log: logging.Logger,
+        client: str,
+    ) -> None:
+        self._transport = transport
+        self._handler = handler
+        self._limits = limits
+        self._shutting_down = shutting_down
+        self._access_log = access_log
+        self.client = client
+        self._h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=limits.max_header_bytes)
+        self._writer = ResponseWriter(self._h11, transport, shutting_down)
+        self._accepted_at = trio.current_time()
+        self._head_started = self._accepted_at
+        self._served = 0
+        self._idle_scope: trio.CancelScope | None = None
+        self._peer_gone = False  # EOF or reset seen while responding
+        self._broken = False  # the last response was cut short
+        self._ended_idle = False  # closed between requests: nothing left to deliver
+        self._read_ahead_budget = 0
+
+    def close_if_idle(self) -> None:
+        """End the connection now if it is waiting for a next request."""
+        if self._idle_scope is not None:
+            self._idle_scope.cancel()
+
+    async def serve(self) -> None:
+        """Run request cycles until the connection ends; never raises connection errors."""
+        try:
+            while await self._serve_one():
+                self._h11.start_next_cycle()
+        except _CONNECTION_ERRORS as exc:
+            self._broken = True
+            _log.debug("connection from %s ended: %r", self.client, exc)
+        finally:
+            if self._broken or self._peer_gone:
+                await self._transport.abort()
+            elif self._ended_idle:
+                await self._transport.close()
+            else:
+                await self._transport.close_gracefully()
+
+    async def _serve_one(self) -> bool:
+        """Serve one request; True if the connection may carry another."""
+        if not await self._await_request_start():
+            return False
+        exchange = Exchange(self.client)
+        try:
+            request = await self._read_request(exchange)
+            if request is None:
+                return False
+            await self._respond(request, exchange)
+        finally:
+            exchange.log(self._access_log)
+        self._served += 1
+        return self._keeps_alive()
+
+    def _keeps_alive(self) -> bool:
+        if self._broken or self._peer_gone or self._shutting_down.is_set():
+            return False
+        return self._h11.our_state is h11.DONE and self._h11.their_state is h11.DONE
+
+    # -- IDLE ---------------------------------------------------------------
+
+    async def _await_request_start(self) -> bool:
+        """Wait for the first byte of the next request; False to close quietly."""
+        if self._h11.trailing_data[0]:
+            self._mark_head_start()
+            return True
+        if self._served == 0:
+            deadline = self._accepted_at + self._limits.header_timeout
+        else:
+            deadline = trio.current_time() + self._limits.keepalive_timeout
+        with trio.CancelScope(deadline=deadline) as idle:
+            self._idle_scope = idle
+            if self._shutting_down.is_set():
+                idle.cancel()
+            data = await self._transport.receive()
+        self._idle_scope = None
+        if idle.cancelled_caught or not data:
+            self._ended_idle = True
+            return False
+        self._h11.receive_data(data)
+        self._mark_head_start()
+        return True
+
+    def _mark_head_start(self) -> None:
+        # The first request's head deadline counts from accept.
+        if self._served > 0:
+            self._head_started = trio.current_time()
+
+    # -- HEAD and BODY ------------------------------------------------------
+
+    async def _read_request(self, exchange: Exchange) -> Request | None:
+        """Receive one request; None if the connection must close (any error answered)."""
+        try:
+            with trio.move_on_at(self._head_started + self._limits.header_timeout) as head_deadline:
+                event = await self._next_event()
+            if head_deadline.cancelled_caught:
+                await self._send_error(exchange, 408, "Timed out while receiving the request head.", "header_timeout")
+                return None
+            if not isinstance(event, h11.Request):
+                return None  # ConnectionClosed: the client left between requests
+            exchange.method = event.method.decode("latin-1")
+            exchange.path = event.target.decode("latin-1").partition("?")[0]
+            if not await self._accept_head(event, exchange):
+                return None
+            with trio.move_on_after(self._limits.body_timeout) as body_deadline:
+                body = await self._read_body()
+            if body_deadline.cancelled_caught:
+                await self._send_error(exchange, 408, "Timed out while receiving the request body.", "body_timeout")
+                return None
+            if body is None:
+                await self._send_body_too_large(exchange)
+                return None
+            return to_request(event, body, self.client)
+        except h11.RemoteProtocolError as exc:
+            if self._h11.trailing_data[1]:
+                return None  # the client sent EOF: nobody left to answer
+            message = f"Malformed HTTP request: {str(exc)[:200]}"
+            await self._send_error(exchange, exc.error_status_hint, message, "malformed_request")
+            return None
+
+    async def _accept_head(self, event: h11.Request, exchange: Exchange) -> bool:
+        """Check the head against the limits, answering any violation; True if accepted."""
+        if event.http_version not in SUPPORTED_VERSIONS:
+            message = "Only HTTP/1.0 and HTTP/1.1 are supported."
+            await self._send_error(exchange, 505, message, "http_version_not_supported")
+            return False
+        if head_size(event) > self._limits.max_header_bytes:
+            await self._send_error(exchange, 431, "The request head is too large.", "header_too_large")
+            return False
+        length = declared_length(event)
+        if length is not None and length > self._limits.max_body_bytes:
+            await self._send_body_too_large(exchange)
+            return False
+        if self._h11.they_are_waiting_for_100_continue:
+            await self._writer.send_event(h11.InformationalResponse(status_code=100, headers=[]))
+        return True
+
+    async def _read_body(self) -> bytes | None:
+        """The whole request body; None once it exceeds max_body_bytes."""
+        body = bytearray()
+        while True:
+            event = await self._next_event()
+            if isinstance(event, h11.EndOfMessage):
+                return bytes(body)
+            if not isinstance(event, h11.Data):
+                raise h11.RemoteProtocolError(f"unexpected {type(event).__name__} in a request body")
+            body += event.data
+            if len(body) > self._limits.max_body_bytes:
+                return None
+
+    async def _next_event(self) -> h11.Event | type[h11.PAUSED]:
+        while True:
+            event = self._h11.next_event()
+            if event is not h11.NEED_DATA:
+                return event
+            self._h11.receive_data(await self._transport.receive())
+
+    # -- RESPOND ------------------------------------------------------------
+
+    async def _respond(self, request: Request, exchange: Exchange) -> None:
+        """Run the handler and send its response, cancelling both if the client leaves."""
+        pending = len(self._h11.trailing_data[0])
+        self._read_ahead_budget = self._limits.max_header_bytes + self._limits.max_body_bytes - pending
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._watch_peer, nursery.cancel_scope)
+            try:
+                await self._answer(request, exchange)
+            except _CONNECTION_ERRORS as exc:
+                self._broken = True
+                _log.debug("response to %s failed: %r", self.client, exc)
+            finally:
+                nursery.cancel_scope.cancel()  # stop the watcher
+        if self._peer_gone and not exchange.completed:
+            exchange.status = CLIENT_CLOSED
+
+    async def _watch_peer(self, respond_scope: trio.CancelScope) -> None:
+        """Keep reading while a response is produced; cancel it when the peer leaves."""
+        while self._read_ahead_budget > 0:
+            data = await self._transport.receive()
+            if not data:
+                self._peer_gone = self._writer.quiet = True
+                respond_scope.cancel()
+                return
+            self._h11.receive_data(data)  # a pipelined request, served later
+            self._read_ahead_budget -= len(data)
+
+    async def _answer(self, request: Request, exchange: Exchange) -> None:
+        try:
+            result = await self._handler(request)
+        except Exception as exc:
+            if self._peer_gone:
+                return
+            result = response_for_exception(exc)
+        if isinstance(result, StreamingResponse):
+            if not await self._writer.send_streaming(result, request.method, exchange):
+                self._broken = True
+        elif isinstance(result, Response):
+            await self._writer.send_response(result, request.method, exchange)
+        else:
+            _log.error("request handler returned %r, not a Response", type(result))
+            await self._writer.send_response(internal_error_response(), request.method, exchange)
+
+    async def _send_body_too_large(self, exchange: Exchange) -> None:
+        message = f"The request body exceeds {self._limits.max_body_bytes} bytes."
+        await self._send_error(exchange, 413, message, "body_too_large")
+
+    async def _send_error(self, exchange: Exchange, status: int, message: str, code: str) -> None:
+        """Answer with an error envelope and Connection: close, if h11 still allows a response."""
+        if self._h11.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
+            self._broken = True
+            return
+        response = error_response(status, message, code=code)
+        await self._writer.send_response(response, exchange.method, exchange, close=True)

@@ -1,0 +1,211 @@
+"""The listening side: accept loop, connection limit and graceful shutdown.
+
+Theory of operation
+-------------------
+``serve_http`` binds, reports an :class:`HttpServer` through ``task_status``
+and runs one accept loop per listening socket, all inside a cancel scope.
+Every accepted connection gets its own task in the connections nursery; one
+above ``max_connections`` instead gets a short-lived task that answers 503 and
+closes it.
+
+``begin_shutdown()`` sets ``shutting_down``, cancels the accept scope and closes
+the listening sockets (new connects are refused from then on), and closes
+connections idling between requests. ``serve_http`` then waits up to
+``shutdown_grace`` seconds for the remaining connections to finish their
+current exchange (each closes afterwards, answering with ``Connection: close``),
+cancels whatever is left and returns.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import h11
+import trio
+
+from kestrel_trio.http.connection import HttpConnection
+from kestrel_trio.http.limits import HttpLimits
+from kestrel_trio.http.responses import error_response, retry_after_header
+from kestrel_trio.http.transport import Transport, peer_name
+from kestrel_trio.http.types import Handler
+from kestrel_trio.http.wire import response_head
+
+__all__ = ["HttpServer", "serve_http"]
+
+_log = logging.getLogger("kestrel_trio.http")
+_ACCEPT_BACKOFF = 0.1  # s, pause after accept fails (e.g. out of file descriptors)
+_BUSY_RETRY_AFTER = 1.0  # s, suggested to clients turned away at max_connections
+
+
+class HttpServer:
+    """A running server, as reported by :func:`serve_http` through ``task_status``.
+
+    Attributes:
+        host: the host it was bound to.
+        port: the real bound port (useful after binding port 0).
+        shutting_down: set once :meth:`begin_shutdown` was called; handlers
+            producing long streams may wait on it to end them early with a
+            final chunk of their own.
+    """
+
+    def __init__(
+        self,
+        listeners: list[trio.SocketListener],
+        host: str,
+        handler: Handler,
+        limits: HttpLimits,
+        access_log: logging.Logger,
+    ) -> None:
+        self.host = host
+        self.port: int = listeners[0].socket.getsockname()[1]
+        self.shutting_down = trio.Event()
+        self._listeners = listeners
+        self._handler = handler
+        self._limits = limits
+        self._access_log = access_log
+        self._live: set[HttpConnection] = set()
+        self._rejecting = 0
+        self._accept_scope = trio.CancelScope()
+        self._connection_closed = trio.Event()
+
+    @property
+    def connections(self) -> int:
+        """The number of connections being served now (rejected ones excluded)."""
+        return len(self._live)
+
+    def begin_shutdown(self) -> None:
+        """Stop accepting, close idle connections, and let in-flight exchanges finish.
+
+        After ``limits.shutdown_grace`` seconds what remains is cancelled and
+        :func:`serve_http` returns. Calling it again does nothing.
+        """
+        if self.shutting_down.is_set():
+            return
+        self.shutting_down.set()
+        self._accept_scope.cancel()
+        for listener in self._listeners:
+            listener.socket.close()
+        for connection in list(self._live):
+            connection.close_if_idle()
+
+    async def _accept_all(self, nursery: trio.Nursery) -> None:
+        with self._accept_scope:
+            async with trio.open_nursery() as accepting:
+                for listener in self._listeners:
+                    accepting.start_soon(self._accept_loop, listener, nursery)
+
+    async def _accept_loop(self, listener: trio.SocketListener, nursery: trio.Nursery) -> None:
+        while True:
+            try:
+                stream = await listener.accept()
+            except trio.ClosedResourceError:
+                return
+            except OSError as exc:
+                _log.warning("accept failed: %r", exc)
+                await trio.sleep(_ACCEPT_BACKOFF)
+                continue
+            self._dispatch(stream, nursery)
+
+    def _dispatch(self, stream: trio.SocketStream, nursery: trio.Nursery) -> None:
+        transport = self._transport(stream)
+        if len(self._live) >= self._limits.max_connections:
+            nursery.start_soon(self._reject, transport, peer_name(stream))
+            return
+        connection = HttpConnection(
+            transport, self._handler, self._limits, self.shutting_down, self._access_log, peer_name(stream)
+        )
+        self._live.add(connection)  # counted from accept on
+        nursery.start_soon(self._run_connection, connection)
+
+    def _transport(self, stream: trio.SocketStream) -> Transport:
+        return Transport(
+            stream,
+            write_timeout=self._limits.write_timeout,
+            linger_timeout=self._limits.linger_timeout,
+            drain_limit=self._limits.max_header_bytes + self._limits.max_body_bytes,
+        )
+
+    async def _run_connection(self, connection: HttpConnection) -> None:
+        try:
+            await connection.serve()
+        except Exception:
+            _log.exception("connection from %s failed", connection.client)
+        finally:
+            self._live.discard(connection)
+            self._connection_closed.set()
+            self._connection_closed = trio.Event()
+
+    async def _reject(self, transport: Transport, client: str) -> None:
+        """Answer 503 without reading the request, then close."""
+        if self._rejecting >= self._limits.max_connections:
+            await transport.abort()  # a flood: do not even answer
+            return
+        self._rejecting += 1
+        try:
+            await transport.send(_busy_response_bytes())
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            await transport.abort()
+        else:
+            self._access_log.info('%s "- -" 503 0 0.0ms', client)
+            await transport.close_gracefully()
+        finally:
+            self._rejecting -= 1
+
+    async def _drain(self, connections: trio.CancelScope) -> None:
+        """Wait up to the grace period for connections to finish, then cancel them."""
+        with trio.move_on_after(self._limits.shutdown_grace):
+            while self._live:
+                await self._connection_closed.wait()
+        connections.cancel()
+
+    async def _close_listeners(self) -> None:
+        for listener in self._listeners:
+            await trio.aclose_forcefully(listener)
+
+
+def _busy_response_bytes() -> bytes:
+    response = error_response(
+        503, "The server is handling too many connections; retry later.", code="too_many_connections"
+    )
+    framing = (("content-length", str(len(response.body))), ("connection", "close"))
+    framing += retry_after_header(_BUSY_RETRY_AFTER)
+    writer = h11.Connection(h11.SERVER)
+    head = response_head(response.status, response.headers, response.content_type, framing)
+    return writer.send(head) + writer.send(h11.Data(data=response.body)) + writer.send(h11.EndOfMessage())
+
+
+async def serve_http(
+    handler: Handler,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    limits: HttpLimits = HttpLimits(),
+    access_log: logging.Logger | None = None,
+    task_status: trio.TaskStatus[HttpServer] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve HTTP/1.1 on ``host:port`` until cancelled or shut down.
+
+    Args:
+        handler: answers every request (see :data:`Handler`).
+        host: the address to bind. A name resolving to several addresses gets
+            one listener each; with port 0 these may differ and
+            ``HttpServer.port`` reports the first.
+        port: the TCP port; 0 picks a free one (see ``HttpServer.port``).
+        limits: the deadlines and size limits.
+        access_log: gets one INFO line per request; default logger
+            ``kestrel_trio.access``.
+        task_status: receives the :class:`HttpServer` once bound.
+
+    Returns after :meth:`HttpServer.begin_shutdown` once every connection is
+    done or ``limits.shutdown_grace`` seconds passed.
+    """
+    listeners = await trio.open_tcp_listeners(port, host=host)
+    log = access_log if access_log is not None else logging.getLogger("kestrel_trio.access")
+    server = HttpServer(listeners, host, handler, limits, log)
+    try:
+        async with trio.open_nursery() as connections:
+            task_status.started(server)
+            await server._accept_all(connections)
+            await server._drain(connections.cancel_scope)
+    finally:
+        await server._close_listeners()

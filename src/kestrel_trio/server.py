@@ -1,0 +1,141 @@
+"""``serve``: the HTTP server, the engine and the model, as one trio task.
+
+Theory of operation: ``serve`` binds the socket first, so /health answers
+(503, "loading") while the weights load in a worker thread; then it starts
+the engine and calls ``task_status.started(server)``. It runs until cancelled
+or until :meth:`Server.shutdown` is called. A graceful shutdown marks the
+server "draining" (/health 503, so balancers stop sending), stops accepting
+connections, lets running requests finish for ``grace`` seconds, then ends
+the remaining generations (streams get an error event and ``[DONE]``), waits
+for the HTTP layer to close its connections, and stops the engine.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from pathlib import Path
+
+import attrs
+import trio
+
+from kestrel_trio.engine import Engine, EngineLimits, run_engine
+from kestrel_trio.http import HttpLimits, HttpServer, serve_http
+from kestrel_trio.model import DEMO_MODEL_ID, Model, load_demo_model, load_model
+from kestrel_trio.routes import ServerState, build_router
+
+__all__ = ["Server", "serve"]
+
+log = logging.getLogger("kestrel_trio.server")
+
+# The HTTP layer's own hard stop comes this long after our grace, so streams can send their final events first.
+_HTTP_GRACE_MARGIN = 5.0
+
+
+@attrs.define(eq=False)
+class Server:
+    """A running server, as handed to ``task_status.started``.
+
+    Attributes:
+        host: the bound address.
+        port: the bound TCP port (the real one when 0 was asked for).
+        state: what /health reports and the routes read.
+        engine: the inference engine.
+        http: the HTTP layer's handle.
+    """
+
+    host: str
+    port: int
+    state: ServerState
+    engine: Engine
+    http: HttpServer
+    _shutdown: trio.Event = attrs.field(factory=trio.Event)
+
+    @property
+    def url(self) -> str:
+        """The base URL of the OpenAI API, e.g. ``http://127.0.0.1:8000/v1``."""
+        return f"http://{self.host}:{self.port}/v1"
+
+    def shutdown(self) -> None:
+        """Begin a graceful shutdown; ``serve`` returns when it is complete."""
+        self._shutdown.set()
+
+
+def _resolve_model_id(model: Model | str | Path | None, model_id: str | None) -> str:
+    if model_id:
+        return model_id
+    if isinstance(model, Model):
+        return model.name
+    if model is None:
+        return DEMO_MODEL_ID
+    return Path(model).resolve().name
+
+
+def _load(model: str | Path | None) -> Model:
+    if model is None:
+        log.warning("no --model given: serving the built-in demo model %r; its weights are random and its text "
+                    "is meaningless", DEMO_MODEL_ID)
+        return load_demo_model()
+    return load_model(model)
+
+
+async def serve(
+    model: Model | str | Path | None = None,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    model_id: str | None = None,
+    api_key: str | None = None,
+    engine_limits: EngineLimits = EngineLimits(),
+    http_limits: HttpLimits = HttpLimits(),
+    grace: float = 10.0,
+    task_status: trio.TaskStatus = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve the OpenAI-compatible API until cancelled or shut down.
+
+    Use as ``server = await nursery.start(serve, model)``; ``started`` is called
+    with a :class:`Server` once the socket is bound and the model is ready.
+
+    Args:
+        model: a loaded :class:`Model`, a checkpoint folder, or None for the built-in demo model.
+        host: the address to bind (loopback by default).
+        port: the TCP port; 0 picks a free one (see ``Server.port``).
+        model_id: the id clients use; defaults to the checkpoint folder's name.
+        api_key: require ``Authorization: Bearer <api_key>`` on every route but /health and /metrics.
+        engine_limits: queue and batch bounds.
+        http_limits: HTTP deadlines (seconds) and size limits (bytes).
+        grace: seconds running requests may take to finish after a shutdown begins.
+    """
+    state = ServerState(model_id=_resolve_model_id(model, model_id), api_key=api_key)
+    http_limits = attrs.evolve(http_limits, shutdown_grace=grace + _HTTP_GRACE_MARGIN)
+    async with trio.open_nursery() as nursery:
+        http_done = trio.Event()
+
+        async def run_http(*, task_status: trio.TaskStatus) -> None:
+            try:
+                await serve_http(build_router(state), host=host, port=port, limits=http_limits, task_status=task_status)
+            finally:
+                http_done.set()
+
+        http: HttpServer = await nursery.start(run_http)
+        log.info("listening on http://%s:%d (model %s loading)", http.host, http.port, state.model_id)
+        loaded = model if isinstance(model, Model) else await trio.to_thread.run_sync(_load, model)
+        engine: Engine = await nursery.start(functools.partial(run_engine, loaded, limits=engine_limits))
+        state.model, state.engine, state.status = loaded, engine, "ok"
+        server = Server(host=http.host, port=http.port, state=state, engine=engine, http=http)
+        log.info("ready: model %s at %s", state.model_id, server.url)
+        task_status.started(server)
+        await server._shutdown.wait()
+        await _drain(state, http, http_done, grace)
+        nursery.cancel_scope.cancel()
+
+
+async def _drain(state: ServerState, http: HttpServer, http_done: trio.Event, grace: float) -> None:
+    log.info("shutting down: draining for up to %.1f s", grace)
+    state.status = "draining"
+    http.begin_shutdown()
+    with trio.move_on_after(grace):
+        await http_done.wait()
+    state.end_streams()
+    await http_done.wait()
+    log.info("shutdown complete")
