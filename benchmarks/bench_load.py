@@ -16,6 +16,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -39,7 +40,12 @@ def build(folder: Path, dtype: str) -> int:
     params = sum(math.prod(shape) for shape in shapes.values())
     if not (folder / "config.json").exists():
         started = time.perf_counter()
-        write_random_checkpoint(folder, QWEN3_0_6B, seed=0, dtype=dtype, std=0.02)
+        # Build beside the target and rename when complete, so an interrupted build is never reused.
+        partial = folder.with_name(folder.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        write_random_checkpoint(partial, QWEN3_0_6B, seed=0, dtype=dtype, std=0.02)
+        shutil.rmtree(folder, ignore_errors=True)
+        partial.rename(folder)
         print(f"built {folder} in {time.perf_counter() - started:.1f} s", flush=True)
     return params
 
