@@ -1,0 +1,26 @@
+"""Test support for the engine suite: a step gate, a bounded poll, an engine for a block.
+
+StepGate, wait_until and greedy_tokens live in tests/step_gate.py, shared with the server suite.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from typing import AsyncIterator, Callable
+
+import trio
+
+from kestrel_trio.engine import Engine, EngineLimits, run_engine
+from kestrel_trio.model import Model
+from step_gate import StepGate, greedy_tokens, wait_until  # noqa: F401 (re-exported to the tests)
+
+@contextlib.asynccontextmanager
+async def running_engine(model: Model, **limits) -> AsyncIterator[Engine]:
+    """``run_engine(model, limits=EngineLimits(**limits))`` for the duration of the block."""
+    async with trio.open_nursery() as nursery:
+        engine = await nursery.start(functools.partial(run_engine, model, limits=EngineLimits(**limits)))
+        try:
+            yield engine
+        finally:
+            nursery.cancel_scope.cancel()

@@ -1,0 +1,119 @@
+"""The server over raw sockets: error envelopes, routing, keep-alive, /health, /metrics, API keys."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import trio
+
+from kestrel_trio.model import Model
+
+from server_kit import assert_envelope, connected, fetch, running_server
+
+CHAT = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3, "temperature": 0}
+
+
+async def test_malformed_json_gets_a_400_envelope(tiny_model: Model) -> None:
+    with trio.fail_after(20):
+        async with running_server(tiny_model) as server:
+            async with connected(server.port) as client:
+                response = await client.request("POST", "/v1/chat/completions", b'{"messages": [')
+    error = assert_envelope(response, 400)
+    assert error["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+async def test_a_field_of_the_wrong_type_is_named_in_param(tiny_model: Model, path: str) -> None:
+    body = {**CHAT, "prompt": "Hi", "temperature": "hot"}
+    with trio.fail_after(20):
+        async with running_server(tiny_model) as server:
+            response = await fetch(server.port, "POST", path, body)
+            assert server.engine.metrics.steps.value() == 0
+    error = assert_envelope(response, 400)
+    assert error["param"] == "temperature"
+    assert "temperature" in error["message"]
+
+
+async def test_unknown_path_and_wrong_method(tiny_model: Model) -> None:
+    with trio.fail_after(20):
+        async with running_server(tiny_model) as server:
+            unknown = await fetch(server.port, "GET", "/v1/engines")
+            wrong_method = await fetch(server.port, "GET", "/v1/chat/completions")
+    assert_envelope(unknown, 404)
+    assert_envelope(wrong_method, 405)
+    assert "POST" in [method.strip() for method in wrong_method.headers["allow"].split(",")]
+
+
+async def test_several_requests_on_one_keep_alive_connection(tiny_model: Model) -> None:
+    with trio.fail_after(20):
+        async with running_server(tiny_model) as server:
+            async with connected(server.port) as client:
+                health = await client.request("GET", "/health")
+                chat = await client.request("POST", "/v1/chat/completions", json.dumps(CHAT).encode())
+                streamed = await client.request(
+                    "POST", "/v1/completions", json.dumps({"prompt": "Hi", "max_tokens": 2, "stream": True}).encode()
+                )
+                refused = await client.request("POST", "/v1/completions", b"[]")
+                models = await client.request("GET", "/v1/models")
+    assert health.status == 200 and health.json()["status"] == "ok"
+    assert chat.status == 200 and chat.json()["usage"]["completion_tokens"] == 3
+    assert streamed.status == 200 and streamed.sse_payloads()[-1] == "[DONE]"
+    assert_envelope(refused, 400)
+    assert models.json()["data"][0]["id"] == tiny_model.name
+    for response in (health, chat, streamed, refused, models):
+        assert response.headers.get("connection", "").lower() != "close"
+
+
+async def test_health_shape(tiny_model: Model) -> None:
+    with trio.fail_after(20):
+        async with running_server(tiny_model) as server:
+            response = await fetch(server.port, "GET", "/health")
+    assert response.status == 200
+    body = response.json()
+    assert {"status", "model", "busy", "queued", "active"} <= set(body)
+    assert (body["status"], body["model"]) == ("ok", tiny_model.name)
+    assert (body["busy"], body["queued"], body["active"]) == (False, 0, 0)
+
+
+async def test_metrics_exposes_engine_gauges_and_counters(tiny_model: Model) -> None:
+    with trio.fail_after(20):
+        async with running_server(tiny_model) as server:
+            served = await fetch(server.port, "POST", "/v1/chat/completions", CHAT)
+            response = await fetch(server.port, "GET", "/metrics")
+    assert served.status == 200
+    assert response.status == 200
+    assert response.headers["content-type"].startswith("text/plain")
+    lines = response.body.decode().splitlines()
+    assert "kestrel:num_requests_running 0.0" in lines
+    assert "# TYPE kestrel:request_cancelled_total counter" in lines
+    assert "kestrel:generation_tokens_total 3.0" in lines
+
+
+KEY = "sk-test-7f3a"
+
+
+@pytest.mark.parametrize("authorization", [None, "Bearer wrong-key", f"Basic {KEY}", f"Bearer {KEY}x"])
+async def test_api_key_refusals(tiny_model: Model, authorization: str | None) -> None:
+    headers = () if authorization is None else (("authorization", authorization),)
+    with trio.fail_after(20):
+        async with running_server(tiny_model, api_key=KEY) as server:
+            models = await fetch(server.port, "GET", "/v1/models", headers=headers)
+            chat = await fetch(server.port, "POST", "/v1/chat/completions", CHAT, headers=headers)
+            assert server.engine.metrics.steps.value() == 0
+    for response in (models, chat):
+        error = assert_envelope(response, 401)
+        assert error["code"] == "invalid_api_key"
+        assert KEY not in response.body.decode()
+
+
+async def test_api_key_accepted_and_health_open(tiny_model: Model) -> None:
+    auth = (("authorization", f"Bearer {KEY}"),)
+    with trio.fail_after(20):
+        async with running_server(tiny_model, api_key=KEY) as server:
+            models = await fetch(server.port, "GET", "/v1/models", headers=auth)
+            chat = await fetch(server.port, "POST", "/v1/chat/completions", CHAT, headers=auth)
+            health = await fetch(server.port, "GET", "/health")
+    assert models.status == 200 and models.json()["data"][0]["id"] == tiny_model.name
+    assert chat.status == 200 and chat.json()["choices"][0]["finish_reason"] in ("stop", "length")
+    assert health.status == 200 and health.json()["status"] == "ok"
