@@ -82,7 +82,10 @@ class Engine:
         self.model = model
         self.limits = limits
         self.status = "starting"  # starting -> ok -> stopped | broken
-        self._queue_send, self._queue_recv = trio.open_memory_channel[Job](limits.max_queued)
+        # The live-job count (_live_queued) is the real bound; the channel has room for twice as many so that
+        # jobs abandoned while queued, which leave the channel only at the next step boundary, rarely
+        # crowd out a new request.
+        self._queue_send, self._queue_recv = trio.open_memory_channel[Job](2 * limits.max_queued)
         self._waiting: collections.deque[Job] = collections.deque()
         self._active: list[Job] = []
         self._live_queued = 0
