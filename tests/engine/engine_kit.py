@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from typing import AsyncIterator, Callable
+from typing import AsyncIterator
 
 import trio
 
