@@ -149,17 +149,19 @@ class Engine:
             self.metrics.rejected.inc(reason="unavailable")
             raise EngineUnavailableError(f"the engine is not serving (status: {self.status})", retry_after=5)
         generation = self._new_generation(request)
-        send, recv = trio.open_memory_channel[object](generation.params.max_tokens + 2)
-        job = Job(generation=generation, results=send, receiver=recv, enqueued_at=trio.current_time())
         if self._live_queued >= self.limits.max_queued:
             self.metrics.rejected.inc(reason="queue_full")
             raise QueueFullError(
                 f"the request queue is full ({self.limits.max_queued} waiting); retry later",
                 retry_after=self.retry_after(),
             )
+        send, recv = trio.open_memory_channel[object](generation.params.max_tokens + 2)
+        job = Job(generation=generation, results=send, receiver=recv, enqueued_at=trio.current_time())
         try:
             self._queue_send.send_nowait(job)
         except trio.WouldBlock:
+            send.close()
+            recv.close()
             self.metrics.rejected.inc(reason="queue_full")
             raise QueueFullError("the request queue is full; retry later", retry_after=self.retry_after()) from None
         self._live_queued += 1
