@@ -52,7 +52,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--body-timeout", type=float, default=30.0, help="seconds to receive a request body")
     serve.add_argument("--keepalive-timeout", type=float, default=5.0, help="idle seconds on a keep-alive connection")
     serve.add_argument("--write-timeout", type=float, default=30.0, help="seconds a stalled write may take")
-    serve.add_argument("--grace", type=float, default=10.0, help="seconds running requests get on shutdown")
+    serve.add_argument("--grace", type=float, default=10.0,
+                       help="seconds running requests get once the listener is closed on shutdown (default 10)")
+    serve.add_argument("--drain-delay", type=float, default=0.0,
+                       help="seconds to keep serving after SIGTERM while /health says draining (default 0)")
 
     generate = commands.add_parser("generate", help="stream one completion of a prompt to the terminal")
     _add_model_args(generate)
@@ -99,7 +102,7 @@ def _serve(args: argparse.Namespace) -> int:
     )
     start = functools.partial(
         serve, args.model, host=args.host, port=args.port, model_id=args.model_id, api_key=args.api_key,
-        engine_limits=engine_limits, http_limits=http_limits, grace=args.grace,
+        engine_limits=engine_limits, http_limits=http_limits, grace=args.grace, drain_delay=args.drain_delay,
     )
 
     async def run() -> None:

@@ -152,7 +152,8 @@ class _Routes:
 
     def _ready(self, requested_model: str | None) -> tuple[Model, Engine]:
         state = self.state
-        if state.model is None or state.engine is None or state.status != "ok":
+        # "draining" still serves: a balancer needs a health-check interval to stop sending here.
+        if state.model is None or state.engine is None or state.status not in ("ok", "draining"):
             raise EngineUnavailableError(f"the server is not ready (status: {state.status})", retry_after=5)
         if requested_model is not None and requested_model != state.model_id:
             raise ModelNotFoundError(f"The model {requested_model!r} does not exist; this server serves "

@@ -4,8 +4,10 @@ Theory of operation: ``serve`` binds the socket first, so /health answers
 (503, "loading") while the weights load in a worker thread; then it starts
 the engine and calls ``task_status.started(server)``. It runs until cancelled
 or until :meth:`Server.shutdown` is called. A graceful shutdown marks the
-server "draining" (/health 503, so balancers stop sending), stops accepting
-connections, lets running requests finish for ``grace`` seconds, then ends
+server "draining" (/health 503, so balancers stop sending) and keeps serving
+new requests for ``drain_delay`` seconds, so a balancer's health check can
+notice before connections are refused; then it stops accepting connections,
+lets running requests finish for ``grace`` seconds, then ends
 the remaining generations (streams get an error event and ``[DONE]``), waits
 for the HTTP layer to close its connections, and stops the engine.
 """
@@ -89,6 +91,7 @@ async def serve(
     engine_limits: EngineLimits = EngineLimits(),
     http_limits: HttpLimits = HttpLimits(),
     grace: float = 10.0,
+    drain_delay: float = 0.0,
     task_status: trio.TaskStatus = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the OpenAI-compatible API until cancelled or shut down.
@@ -104,7 +107,9 @@ async def serve(
         api_key: require ``Authorization: Bearer <api_key>`` on every route but /health and /metrics.
         engine_limits: queue and batch bounds.
         http_limits: HTTP deadlines (seconds) and size limits (bytes).
-        grace: seconds running requests may take to finish after a shutdown begins.
+        grace: seconds running requests may take to finish once the listener is closed.
+        drain_delay: seconds between the start of a shutdown (/health turns 503 "draining")
+            and the listener's close; requests arriving meanwhile are still served.
     """
     state = ServerState(model_id=_resolve_model_id(model, model_id), api_key=api_key)
     http_limits = attrs.evolve(http_limits, shutdown_grace=grace + _HTTP_GRACE_MARGIN)
@@ -126,13 +131,16 @@ async def serve(
         log.info("ready: model %s at %s", state.model_id, server.url)
         task_status.started(server)
         await server._shutdown.wait()
-        await _drain(state, http, http_done, grace)
+        await _drain(state, http, http_done, grace, drain_delay)
         nursery.cancel_scope.cancel()
 
 
-async def _drain(state: ServerState, http: HttpServer, http_done: trio.Event, grace: float) -> None:
-    log.info("shutting down: draining for up to %.1f s", grace)
+async def _drain(state: ServerState, http: HttpServer, http_done: trio.Event, grace: float, drain_delay: float) -> None:
     state.status = "draining"
+    if drain_delay > 0:
+        log.info("shutting down: /health reports draining; still serving for %.1f s", drain_delay)
+        await trio.sleep(drain_delay)
+    log.info("shutting down: listener closed; running requests get up to %.1f s", grace)
     http.begin_shutdown()
     with trio.move_on_after(grace):
         await http_done.wait()

@@ -154,3 +154,24 @@ async def test_shutdown_lets_a_request_finish_within_the_grace(tiny_model: Model
     payloads = parse_sse(body)
     assert payloads[-1] == "[DONE]"
     assert json.loads(payloads[-2])["choices"][0]["finish_reason"] == "length"
+
+
+async def test_during_the_drain_delay_health_says_draining_and_requests_are_still_served(tiny_model: Model) -> None:
+    drain_delay = 1.0  # s: long enough for the checks below on a busy machine, short for the suite
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            server = await nursery.start(
+                functools.partial(serve, tiny_model, host=HOST, port=0, grace=5.0, drain_delay=drain_delay))
+            server.shutdown()
+            await trio.sleep(0)  # let serve's drain begin
+            health = await fetch(server.port, "GET", "/health")
+            assert (health.status, health.json()["status"]) == (503, "draining")
+            answer = await fetch(server.port, "POST", "/v1/completions", completion_json(3, stream=False))
+            assert answer.status == 200 and answer.json()["usage"]["completion_tokens"] == 3
+            with trio.fail_after(drain_delay + 5):
+                while True:  # once the delay is over, the listener closes
+                    try:
+                        await fetch(server.port, "GET", "/health")
+                    except OSError:
+                        break
+                    await trio.sleep(0.05)
