@@ -2,6 +2,7 @@
 
 Usage:
     pip install -e '.[bench]'        # hypercorn, threadpoolctl
+    apt-get install wrk               # optional: part 1's load generator (else a trio client)
     python benchmarks/bench_health.py [--connections 8] [--duration 5] [--rounds 3] [--rate 20] [--model DIR]
 
 Part 1 starts an idle kestrel-trio server (built-in demo model) and a one-worker
@@ -38,6 +39,7 @@ import math
 import multiprocessing
 import os
 import re
+import resource
 import shutil
 import signal
 import socket
@@ -319,6 +321,34 @@ def throughput_client(port: int, connections: int, warmup: float, duration: floa
     return trio.run(run)
 
 
+_WRK_TOTAL = re.compile(r"(\d+) requests in ([\d.]+)(m?s)")
+_WRK_NON_2XX = re.compile(r"Non-2xx or 3xx responses: (\d+)")
+
+
+def wrk_throughput(port: int, connections: int, warmup: float, duration: float,
+                   server_pids: list[int]) -> ThroughputResult:
+    """The same measurement with wrk (C, one thread) as the load generator, so the client is not the bottleneck."""
+    url = f"http://{HOST}:{port}/health"
+    subprocess.run(["wrk", "-t1", f"-c{connections}", f"-d{max(1, round(warmup))}s", url],
+                   check=True, capture_output=True, timeout=warmup + 30)
+    server0, client0 = _cpu_seconds(server_pids), _children_cpu_seconds()
+    out = subprocess.run(["wrk", "-t1", f"-c{connections}", f"-d{max(1, round(duration))}s", url],
+                         check=True, capture_output=True, text=True, timeout=duration + 30).stdout
+    server_cpu, client_cpu = _cpu_seconds(server_pids) - server0, _children_cpu_seconds() - client0
+    total = _WRK_TOTAL.search(out)
+    if total is None:
+        raise RuntimeError(f"unexpected wrk output:\n{out}")
+    seconds = float(total.group(2)) / (1000.0 if total.group(3) == "ms" else 1.0)
+    non_2xx = _WRK_NON_2XX.search(out)
+    other = int(non_2xx.group(1)) if non_2xx else 0
+    return ThroughputResult(int(total.group(1)) - other, other, 0, seconds, server_cpu, client_cpu)
+
+
+def _children_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 # ---------------------------------------------------------------- latency while generating (client process)
 
 
@@ -526,17 +556,21 @@ def _blas_note() -> str:
 
 
 def part_throughput(args: argparse.Namespace) -> None:
+    generator = "wrk (one thread)" if args.load_generator == "wrk" else "the trio load generator"
     print(f"\n1) /health throughput: {args.connections} keep-alive connections, raw HTTP/1.1 GET back to back, "
           f"1 s warm-up + {args.duration:g} s counted,\n   {args.rounds} rounds taken in turn (median reported); "
-          f"each server in its own subprocess, the trio load generator in another; all share the "
+          f"each server in its own subprocess, {generator} in another; all share the "
           f"{os.cpu_count()} cores", flush=True)
     with contextlib.ExitStack() as stack:
         servers = _start_throughput_servers(stack)
         results: dict[str, list[ThroughputResult]] = {label: [] for label in servers}
         for round_number in range(1, args.rounds + 1):
             for label, (server, port) in servers.items():
-                result = in_client_process(throughput_client, port, args.connections, 1.0, args.duration,
-                                           _pid_tree(server.proc.pid), timeout=args.duration + 60)
+                if args.load_generator == "wrk":
+                    result = wrk_throughput(port, args.connections, 1.0, args.duration, _pid_tree(server.proc.pid))
+                else:
+                    result = in_client_process(throughput_client, port, args.connections, 1.0, args.duration,
+                                               _pid_tree(server.proc.pid), timeout=args.duration + 60)
                 results[label].append(result)
                 print(_throughput_line(f"round {round_number}: {label}", result), flush=True)
     print("  medians:")
@@ -607,12 +641,19 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=20.0, help="/health probes per second in part 2")
     parser.add_argument("--model", type=Path, default=None, help=f"heavy checkpoint folder (default {HEAVY_MODEL})")
     parser.add_argument("--max-tokens", type=int, default=2048, help="max_tokens of the part-2 generation")
+    parser.add_argument("--load-generator", choices=["auto", "wrk", "python"], default="auto",
+                        help="part 1's client: wrk (Debian package) when installed, else a trio client (default auto)")
+    parser.add_argument("--parts", nargs="+", choices=["throughput", "latency"], default=["throughput", "latency"])
     args = parser.parse_args()
+    if args.load_generator == "auto":
+        args.load_generator = "wrk" if shutil.which("wrk") else "python"
     print(f"machine: {os.cpu_count()} cores, shared by the server, the load generator and the model's BLAS threads "
           f"(numpy BLAS: {_blas_note()})")
     print("load average at start: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()), flush=True)
-    part_throughput(args)
-    part_latency(args)
+    if "throughput" in args.parts:
+        part_throughput(args)
+    if "latency" in args.parts:
+        part_latency(args)
     print("\nload average at end: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()))
 
 

@@ -51,6 +51,14 @@ class DemoApp:
         add("GET", "/stream-fails", self.failing_stream)
         add("GET", "/bad-header", self.bad_header)
         add("GET", "/not-a-response", self.not_a_response)
+        self.router.add_immediate("GET", "/now", self.now)
+        self.router.add_immediate("GET", "/now-refuses", self.now_refuses)
+
+    def now(self, request: Request) -> Response:
+        return Response(200, json.dumps({"now": request.query}).encode())
+
+    def now_refuses(self, request: Request) -> Response:
+        raise BadRequestError("refused at once", param="now")
 
     async def hello(self, request: Request) -> Response:
         return Response(200, json.dumps({"hello": "world", "query": request.query}).encode())

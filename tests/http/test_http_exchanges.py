@@ -41,6 +41,19 @@ async def test_keep_alive_serves_several_requests_on_one_connection(nursery):
         assert running.server.connections == 1
 
 
+async def test_immediate_answers_are_served_on_keep_alive_and_their_errors_get_envelopes(nursery):
+    with trio.fail_after(BUDGET):
+        running = await start_server(nursery)
+        client = await RawClient.connect(running.port)
+        for index in range(3):
+            got = await client.request("GET", f"/now?{index}")
+            assert got.status == 200 and got.json() == {"now": str(index)}
+        refused = await client.request("GET", "/now-refuses")
+        assert assert_envelope(refused, 400)["param"] == "now"
+        assert (await client.request("GET", "/now?again")).json() == {"now": "again"}
+        assert running.server.connections == 1
+
+
 async def test_pipelined_requests_are_answered_in_order(nursery):
     with trio.fail_after(BUDGET):
         running = await start_server(nursery)

@@ -131,6 +131,20 @@ async def test_router_dispatches_on_method_and_exact_path():
     assert (await router(make_request("HEAD", "/v1/models"))).status == 405
 
 
+async def test_router_answers_immediate_routes_and_refusals_now_and_defers_the_rest():
+    router = Router()
+    router.add("POST", "/slow", ok)
+    router.add_immediate("GET", "/health", lambda request: Response(200, b"fine"))
+    assert router.answer_now(make_request("GET", "/health")).body == b"fine"
+    assert (await router(make_request("GET", "/health"))).body == b"fine"  # the async entry serves it too
+    assert router.answer_now(make_request("POST", "/slow")) is None
+    assert router.answer_now(make_request("GET", "/nowhere")).status == 404
+    wrong = router.answer_now(make_request("GET", "/slow"))
+    assert wrong.status == 405 and dict(wrong.headers)["allow"] == "POST"
+    with pytest.raises(ValueError, match="already registered"):
+        router.add_immediate("GET", "/health", lambda request: Response(200))
+
+
 def test_router_refuses_duplicate_routes():
     router = Router()
     router.add("GET", "/a", ok)

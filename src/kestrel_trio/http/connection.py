@@ -10,15 +10,18 @@ request cycles until one of them says to stop:
    deadline, a kept-alive one for ``keepalive_timeout``. Timeout, EOF and
    shutdown (which cancels the idle scope) end the connection quietly.
 2. HEAD - read until h11 yields the request head, before ``header_timeout``
-   counted from accept (first request) or from the first byte. Malformed
+   counted from accept (first request) or from the first byte; events
+   already buffered are taken without a wait (no cancel scope). Malformed
    input -> 400 (or h11's hint), too big -> 431, late -> 408, other HTTP
    versions -> 505; each of these closes the connection.
 3. BODY - a Content-Length above ``max_body_bytes`` -> 413 at once. Otherwise
    send ``100 Continue`` if the client waits for it, then read the body within
    ``body_timeout`` (408), counting chunked bodies as they come (413).
-4. RESPOND - run the handler and send its answer while a watcher task keeps
-   reading: EOF or a reset cancels the handler / stream; other bytes (the next
-   pipelined request) are fed to h11 for later, up to a byte budget.
+4. RESPOND - a handler's ``answer_now`` (requests served from memory, such as
+   /health and 404s) is sent at once. Otherwise run the handler and send its
+   answer while a watcher task keeps reading: EOF or a reset cancels the
+   handler / stream; other bytes (the next pipelined request) are fed to h11
+   for later, up to a byte budget. A small response goes out in one send.
 5. Loop if both sides kept the connection alive, nothing broke and shutdown
    has not begun. The connection ends with a graceful close (half-close, then
    drain) after a complete exchange, or an abortive one (reset) otherwise.
@@ -44,6 +47,7 @@ __all__ = ["HttpConnection"]
 _log = logging.getLogger("kestrel_trio.http")
 # Errors that end one connection and nothing more.
 _CONNECTION_ERRORS = (h11.ProtocolError, trio.BrokenResourceError, trio.ClosedResourceError, OSError)
+_TIMED_OUT = object()  # _read_body's answer when the body deadline passed
 
 
 class HttpConnection:
@@ -159,9 +163,8 @@ class HttpConnection:
     async def _read_request(self, exchange: Exchange) -> Request | None:
         """Receive one request; None if the connection must close (any error answered)."""
         try:
-            with trio.move_on_at(self._head_started + self._limits.header_timeout) as head_deadline:
-                event = await self._next_event()
-            if head_deadline.cancelled_caught:
+            event = await self._event_before(self._head_started + self._limits.header_timeout)
+            if event is None:
                 await self._send_error(exchange, 408, "Timed out while receiving the request head.", "header_timeout")
                 return None
             if not isinstance(event, h11.Request):
@@ -170,9 +173,8 @@ class HttpConnection:
             exchange.path = event.target.decode("latin-1").partition("?")[0]
             if not await self._accept_head(event, exchange):
                 return None
-            with trio.move_on_after(self._limits.body_timeout) as body_deadline:
-                body = await self._read_body()
-            if body_deadline.cancelled_caught:
+            body = await self._read_body(trio.current_time() + self._limits.body_timeout)
+            if body is _TIMED_OUT:
                 await self._send_error(exchange, 408, "Timed out while receiving the request body.", "body_timeout")
                 return None
             if body is None:
@@ -203,11 +205,13 @@ class HttpConnection:
             await self._writer.send_event(h11.InformationalResponse(status_code=100, headers=[]))
         return True
 
-    async def _read_body(self) -> bytes | None:
-        """The whole request body; None once it exceeds max_body_bytes."""
+    async def _read_body(self, deadline: float) -> bytes | None | object:
+        """The whole request body; None once it exceeds max_body_bytes, _TIMED_OUT past ``deadline``."""
         body = bytearray()
         while True:
-            event = await self._next_event()
+            event = await self._event_before(deadline)
+            if event is None:
+                return _TIMED_OUT
             if isinstance(event, h11.EndOfMessage):
                 return bytes(body)
             if not isinstance(event, h11.Data):
@@ -215,6 +219,15 @@ class HttpConnection:
             body += event.data
             if len(body) > self._limits.max_body_bytes:
                 return None
+
+    async def _event_before(self, deadline: float) -> h11.Event | type[h11.PAUSED] | None:
+        """The next h11 event, or None if ``deadline`` (trio time, s) passes first."""
+        event = self._h11.next_event()
+        if event is not h11.NEED_DATA:
+            return event  # already buffered: no wait, so no cancel scope to pay for
+        with trio.move_on_at(deadline):
+            return await self._next_event()
+        return None
 
     async def _next_event(self) -> h11.Event | type[h11.PAUSED]:
         while True:
@@ -227,6 +240,11 @@ class HttpConnection:
 
     async def _respond(self, request: Request, exchange: Exchange) -> None:
         """Run the handler and send its response, cancelling both if the client leaves."""
+        immediate = self._answer_now(request)
+        if immediate is not None:
+            # Answered from memory: nothing runs long, so no watcher task is needed.
+            await self._writer.send_response(immediate, request.method, exchange)
+            return
         pending = len(self._h11.trailing_data[0])
         self._read_ahead_budget = self._limits.max_header_bytes + self._limits.max_body_bytes - pending
         async with trio.open_nursery() as nursery:
@@ -251,6 +269,15 @@ class HttpConnection:
                 return
             self._h11.receive_data(data)  # a pipelined request, served later
             self._read_ahead_budget -= len(data)
+
+    def _answer_now(self, request: Request) -> Response | None:
+        answer_now = getattr(self._handler, "answer_now", None)
+        if answer_now is None:
+            return None
+        try:
+            return answer_now(request)
+        except Exception as exc:
+            return response_for_exception(exc)
 
     async def _answer(self, request: Request, exchange: Exchange) -> None:
         try:

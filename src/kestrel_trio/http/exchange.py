@@ -36,7 +36,7 @@ class Exchange:
 
     def log(self, access_log: logging.Logger) -> None:
         """Write the one INFO line of this exchange, unless nothing was answered."""
-        if self.status == 0:
+        if self.status == 0 or not access_log.isEnabledFor(logging.INFO):
             return
         duration_ms = (trio.current_time() - self.started) * 1000.0
         access_log.info(

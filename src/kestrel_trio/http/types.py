@@ -6,7 +6,7 @@ from typing import AsyncIterator, Awaitable, Callable, Union
 
 import attrs
 
-__all__ = ["Request", "Response", "StreamingResponse", "Handler"]
+__all__ = ["Request", "Response", "StreamingResponse", "Handler", "ImmediateAnswer"]
 
 
 @attrs.frozen
@@ -94,3 +94,8 @@ class StreamingResponse:
 # A KestrelError it raises becomes that error's status and OpenAI envelope; any
 # other exception is logged and becomes a generic 500.
 Handler = Callable[[Request], Awaitable[Union[Response, StreamingResponse]]]
+# A handler object may also offer ``answer_now(request) -> Response | None``: a
+# synchronous answer for requests served from memory (health probes, 404s). The
+# server tries it first and sends its Response without starting the disconnect
+# watcher, since nothing long runs; None means "call the handler as usual".
+ImmediateAnswer = Callable[[Request], Union[Response, None]]
