@@ -78,7 +78,7 @@ class StepGate:
     def _may_pass(self) -> bool:
         return not self._held or self._passes > 0
 
-    def __call__(self, decoder, generations):
+    def __call__(self, decoder, generations, *args):
         with self._cond:
             must_block = not self._may_pass()
         if must_block:
@@ -88,7 +88,7 @@ class StepGate:
                 raise RuntimeError("the test never let a held step through")
             if self._held:
                 self._passes -= 1
-        return self._step(decoder, generations)
+        return self._step(decoder, generations, *args)
 
 
 async def wait_until(predicate: Callable[[], bool], interval: float = 0.01) -> None:

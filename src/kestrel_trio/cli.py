@@ -20,6 +20,33 @@ __all__ = ["main"]
 log = logging.getLogger("kestrel_trio.cli")
 
 
+def _at_least(minimum: float, kind: type = int):
+    """An argparse type: a number of ``kind`` that is >= ``minimum`` (argparse names the flag on failure)."""
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a{'n integer' if kind is int else ' number'}") from None
+        if not value >= minimum:  # also refuses nan
+            raise argparse.ArgumentTypeError(f"must be >= {minimum:g}, got {text}")
+        return value
+
+    return parse
+
+
+def _port(text: str) -> int:
+    port = _at_least(0)(text)
+    if port > 65535:
+        raise argparse.ArgumentTypeError(f"a TCP port is 0 to 65535, got {port}")
+    return port
+
+
+_COUNT = _at_least(1)
+_SECONDS = _at_least(0.0, float)
+_POSITIVE_SECONDS = _at_least(1e-3, float)
+
+
 def _add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", metavar="DIR", default=None,
                         help="Hugging Face checkpoint folder (default: the built-in random demo model)")
@@ -41,20 +68,22 @@ def build_parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="serve the OpenAI-compatible HTTP API")
     _add_model_args(serve)
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1, loopback only)")
-    serve.add_argument("--port", type=int, default=8000, help="TCP port (default 8000; 0 picks a free one)")
+    serve.add_argument("--port", type=_port, default=8000, help="TCP port (default 8000; 0 picks a free one)")
     serve.add_argument("--model-id", default=None, help="the model id clients use (default: the folder name)")
-    serve.add_argument("--max-queued", type=int, default=16, help="requests that may wait; more get 429 (default 16)")
-    serve.add_argument("--max-batch", type=int, default=4, help="generations stepped together (default 4)")
-    serve.add_argument("--max-connections", type=int, default=128, help="open connections; more get 503")
+    serve.add_argument("--max-queued", type=_COUNT, default=16, help="requests that may wait; more get 429 (default 16)")
+    serve.add_argument("--max-batch", type=_COUNT, default=4, help="generations stepped together (default 4)")
+    serve.add_argument("--prefix-cache-mb", type=_SECONDS, default=256.0,
+                       help="MiB of prompt KV kept for reuse by prompts with the same beginning (default 256; 0: off)")
+    serve.add_argument("--max-connections", type=_COUNT, default=128, help="open connections; more get 503")
     serve.add_argument("--api-key", default=os.environ.get("KESTREL_API_KEY"),
                        help="require 'Authorization: Bearer KEY' (default: $KESTREL_API_KEY; /health stays open)")
-    serve.add_argument("--header-timeout", type=float, default=10.0, help="seconds to receive a request head")
-    serve.add_argument("--body-timeout", type=float, default=30.0, help="seconds to receive a request body")
-    serve.add_argument("--keepalive-timeout", type=float, default=5.0, help="idle seconds on a keep-alive connection")
-    serve.add_argument("--write-timeout", type=float, default=30.0, help="seconds a stalled write may take")
-    serve.add_argument("--grace", type=float, default=10.0,
+    serve.add_argument("--header-timeout", type=_POSITIVE_SECONDS, default=10.0, help="seconds to receive a request head")
+    serve.add_argument("--body-timeout", type=_POSITIVE_SECONDS, default=30.0, help="seconds to receive a request body")
+    serve.add_argument("--keepalive-timeout", type=_POSITIVE_SECONDS, default=5.0, help="idle seconds on a keep-alive connection")
+    serve.add_argument("--write-timeout", type=_POSITIVE_SECONDS, default=30.0, help="seconds a stalled write may take")
+    serve.add_argument("--grace", type=_SECONDS, default=10.0,
                        help="seconds running requests get once the listener is closed on shutdown (default 10)")
-    serve.add_argument("--drain-delay", type=float, default=0.0,
+    serve.add_argument("--drain-delay", type=_SECONDS, default=0.0,
                        help="seconds to keep serving after SIGTERM while /health says draining (default 0)")
 
     generate = commands.add_parser("generate", help="stream one completion of a prompt to the terminal")
@@ -95,7 +124,8 @@ def _serve(args: argparse.Namespace) -> int:
     from kestrel_trio.http import HttpLimits
     from kestrel_trio.server import serve
 
-    engine_limits = EngineLimits(max_queued=args.max_queued, max_batch=args.max_batch)
+    engine_limits = EngineLimits(max_queued=args.max_queued, max_batch=args.max_batch,
+                                 prefix_cache_bytes=int(args.prefix_cache_mb * 2**20))
     http_limits = HttpLimits(
         header_timeout=args.header_timeout, body_timeout=args.body_timeout, keepalive_timeout=args.keepalive_timeout,
         write_timeout=args.write_timeout, max_connections=args.max_connections,

@@ -10,6 +10,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "qwen3_bf16_tied"
 CLI = [sys.executable, "-m", "kestrel_trio.cli"]
 
@@ -47,6 +49,16 @@ def test_a_bad_model_folder_is_a_clear_cli_error(tmp_path):
     assert result.returncode == 2
     assert "kestrel-trio: error:" in result.stderr and "config.json" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(("flag", "value", "message"), [
+    ("--max-batch", "0", "must be >= 1"), ("--prefix-cache-mb", "-1", "must be >= 0"),
+    ("--header-timeout", "soon", "'soon' is not a number"), ("--port", "70000", "a TCP port is 0 to 65535"),
+])
+def test_a_bad_serve_flag_names_itself_without_a_traceback(flag, value, message):
+    result = _run(["serve", flag, value], timeout=60)
+    assert result.returncode == 2
+    assert f"argument {flag}: {message}" in result.stderr and "Traceback" not in result.stderr
 
 
 def test_chat_keeps_history_resets_and_exits_on_eof():

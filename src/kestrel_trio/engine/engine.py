@@ -13,6 +13,11 @@ Theory of operation:
   set (up to ``max_batch``) and then runs ONE step for every active job in a
   worker thread (``trio.to_thread.run_sync``): a prefill chunk or one decode
   token each, batched into one forward pass.
+* Prompts share work through a prefix cache (KV of earlier prompts and
+  answers, LRU within a byte budget), consulted in the worker thread at a
+  job's first step. A waiting job whose prompt starts with the prompt of a job
+  still in prefill waits for that prefill to end, then reuses it (this is how
+  n > 1 choices and identical concurrent requests share one prefill).
 * After the step it delivers each job's result on the job's own channel, whose
   capacity (max_tokens + 2) is larger than the number of results a job can
   ever produce, so delivery never blocks the inference task on a slow reader.
@@ -34,6 +39,7 @@ import math
 import attrs
 import trio
 
+from kestrel_trio._model.prefix_cache import PrefixCache
 from kestrel_trio.engine.metrics import EngineMetrics
 from kestrel_trio.engine.types import Delta, EngineLimits, GenerationRequest
 from kestrel_trio.errors import EngineUnavailableError, KestrelError, QueueFullError
@@ -94,7 +100,10 @@ class Engine:
         self.mean_step_seconds: float | None = None
         self.mean_service_seconds: float | None = None
         self.max_steps_after_abandon = 0
-        self.metrics = EngineMetrics(running=lambda: len(self._active), waiting=lambda: self._live_queued)
+        self.batch_in_flight = 0
+        self.prefix_cache = PrefixCache(limits.prefix_cache_bytes)
+        self.metrics = EngineMetrics(running=lambda: len(self._active), waiting=lambda: self._live_queued,
+                                     prefix_cache=self.prefix_cache)
 
     # ---- counters read by /health (never wait on the worker thread) ----
 
@@ -219,12 +228,30 @@ class Engine:
             self._waiting.append(await self._queue_recv.receive())
             self._drain_queue()
         self._drop_abandoned()
+        deferred = []
         while self._waiting and len(self._active) < self.limits.max_batch:
             job = self._waiting.popleft()
+            if self._shares_a_running_prefill(job):
+                deferred.append(job)
+                continue
             job.admitted_at = trio.current_time()
             self._live_queued -= 1
             self.metrics.queue_time.observe(job.admitted_at - job.enqueued_at)
             self._active.append(job)
+        self._waiting.extendleft(reversed(deferred))
+
+    def _shares_a_running_prefill(self, job: Job) -> bool:
+        """Whether an active job is still prefilling this job's whole prompt but its last token."""
+        if not self.prefix_cache.enabled:
+            return False
+        prompt = job.generation.prompt_ids
+        shared = prompt[:-1]
+        if len(shared) < self.prefix_cache.min_tokens:
+            return False
+        return any(
+            other.generation.phase is Phase.PREFILL and other.generation.prompt_ids[: len(shared)] == shared
+            for other in self._active
+        )
 
     def _drain_queue(self) -> None:
         while True:
@@ -242,9 +269,10 @@ class Engine:
         batch = list(self._active)
         generations = [job.generation for job in batch]
         started = self.step_started_at = trio.current_time()
+        self.batch_in_flight = len(batch)
         try:
             results = await trio.to_thread.run_sync(
-                step_generations, self.model.decoder, generations, limiter=self._limiter
+                step_generations, self.model.decoder, generations, self.prefix_cache, limiter=self._limiter
             )
         except Exception:
             log.exception("a model step failed; failing its %d generation(s)", len(batch))
@@ -254,6 +282,7 @@ class Engine:
             return
         finally:
             self.step_started_at = None
+            self.batch_in_flight = 0
         elapsed = trio.current_time() - started
         self.mean_step_seconds = _ewma(self.mean_step_seconds, elapsed)
         self.metrics.steps.inc()
@@ -286,6 +315,7 @@ class Engine:
             finish_reason=result.finish_reason,
             prompt_tokens=generation.prompt_tokens,
             completion_tokens=generation.completion_tokens,
+            cached_tokens=generation.cached_tokens,
         )
         job.results.send_nowait(delta)  # never blocks: capacity exceeds the job's possible results
         if result.finish_reason is not None:

@@ -17,9 +17,10 @@ class EngineMetrics:
     Args:
         running: returns the number of generations in the active set.
         waiting: returns the number of live queued generations.
+        prefix_cache: the engine's PrefixCache, whose counters are exported.
     """
 
-    def __init__(self, running: Callable[[], float], waiting: Callable[[], float]) -> None:
+    def __init__(self, running: Callable[[], float], waiting: Callable[[], float], prefix_cache=None) -> None:
         self.running = Gauge("kestrel:num_requests_running", "Generations in the active batch.", function=running)
         self.waiting = Gauge("kestrel:num_requests_waiting", "Generations waiting in the queue.", function=waiting)
         self.prompt_tokens = Counter("kestrel:prompt_tokens_total", "Prompt tokens processed.")
@@ -39,6 +40,17 @@ class EngineMetrics:
         )
         self.e2e = Histogram("kestrel:e2e_request_latency_seconds", "Time from queuing to the last token.")
         self.queue_time = Histogram("kestrel:request_queue_time_seconds", "Time spent queued before the first step.")
+        if prefix_cache is not None:
+            self.prefix_hits = Gauge("kestrel:prefix_cache_hits", "Prompts that reused cached KV (since start).",
+                                     function=lambda: prefix_cache.hits)
+            self.prefix_queries = Gauge("kestrel:prefix_cache_queries",
+                                        "Prompts looked up in the prefix cache (since start).",
+                                        function=lambda: prefix_cache.hits + prefix_cache.misses)
+            self.prefix_tokens = Gauge("kestrel:prefix_cache_reused_tokens",
+                                       "Prompt tokens restored instead of computed (since start).",
+                                       function=lambda: prefix_cache.reused_tokens)
+            self.prefix_entries = Gauge("kestrel:prefix_cache_entries", "Prompts whose KV is kept for reuse.",
+                                        function=lambda: len(prefix_cache))
         self.step_time = Histogram("kestrel:model_step_seconds", "Duration of one batched model step.",
                                    buckets=_TOKEN_LATENCY_BUCKETS)
 

@@ -17,6 +17,7 @@ class EngineLimits:
         max_queued: generations that may wait for the batch; one more is refused (429).
         max_batch: generations stepped together in one forward pass.
         prefill_chunk: prompt tokens per prefill step (bounds how long other streams wait).
+        prefix_cache_bytes: KV kept for reuse by later prompts with the same prefix (bytes; 0: off).
         stall_factor: a step running this many times its usual duration is a stall (/health 503).
         stall_floor: seconds a step may always run before it can count as stalled.
     """
@@ -24,6 +25,7 @@ class EngineLimits:
     max_queued: int = attrs.field(default=16, validator=attrs.validators.ge(1))
     max_batch: int = attrs.field(default=4, validator=attrs.validators.ge(1))
     prefill_chunk: int = attrs.field(default=256, validator=attrs.validators.ge(1))
+    prefix_cache_bytes: int = attrs.field(default=256 * 2**20, validator=attrs.validators.ge(0))
     stall_factor: float = 50.0
     stall_floor: float = 60.0
 
@@ -53,6 +55,7 @@ class Delta:
         finish_reason: "stop" or "length" on the last delta, else None.
         prompt_tokens: tokens in the prompt.
         completion_tokens: tokens generated so far, this one included.
+        cached_tokens: prompt tokens whose KV came from the prefix cache.
     """
 
     text: str
@@ -60,3 +63,4 @@ class Delta:
     finish_reason: str | None
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int = 0

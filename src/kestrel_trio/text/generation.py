@@ -114,6 +114,7 @@ class Generation:
         self.finish_reason: str | None = None
         self.phase = Phase.PREFILL
         self._prefilled = 0
+        self.cached_tokens = 0  # prompt tokens restored from a prefix cache instead of computed
         self._chunk = prefill_chunk
         self._max_tokens = params.max_tokens if params.max_tokens is not None else 2**31
         self._stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else set(eos_token_ids))
@@ -129,6 +130,21 @@ class Generation:
     @property
     def completion_tokens(self) -> int:
         return len(self.generated_ids)
+
+    @property
+    def fresh(self) -> bool:
+        """True before the first step: a prefix may still be restored into the cache."""
+        return self.phase is Phase.PREFILL and self._prefilled == 0
+
+    def reuse_prefix(self, restored: int) -> None:
+        """Count the first ``restored`` prompt tokens as prefilled: their KV was put into the cache."""
+        if not self.fresh or self.cache.length != restored or restored >= len(self.prompt_ids):
+            raise ValueError(f"cannot reuse {restored} tokens (cache {self.cache.length}, prompt {len(self.prompt_ids)})")
+        self._prefilled = self.cached_tokens = restored
+
+    def cached_token_ids(self) -> list[int]:
+        """The ids of the tokens whose KV the cache holds, in order."""
+        return (self.prompt_ids + self.generated_ids)[: self.cache.length]
 
     def next_input(self) -> np.ndarray:
         """The token ids to feed the model next, int64 [T]."""

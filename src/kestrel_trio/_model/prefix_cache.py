@@ -1,0 +1,144 @@
+"""Reuse of prompt KV across requests: a bounded, least-recently-used prefix cache.
+
+Theory of operation: an entry is a KV cache that a request filled, together
+with the token ids it holds; only its first ``length`` tokens count. A request
+that started stepping keeps writing its cache only past the tokens it already
+had, so an entry may point at a live request's cache (zero copy) and be
+extended in place when that request finishes. A new request looks for the
+entry sharing the longest common token prefix with its prompt and copies that
+many tokens of KV into its own, empty cache (a copy, because it will write
+after the shared part). The last prompt token is always recomputed, since its
+logits are needed to sample. Entries are evicted least recently used first,
+until their storage fits the byte budget.
+
+The engine calls it from its worker thread only (one step at a time), so it
+takes no lock.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Sequence
+
+import attrs
+import numpy as np
+
+from kestrel_trio._model.kv_cache import KVCache
+
+__all__ = ["PrefixCache", "common_prefix_length"]
+
+
+def common_prefix_length(a: np.ndarray, b: np.ndarray) -> int:
+    """How many leading tokens ``a`` [n] and ``b`` [m] share."""
+    n = min(a.size, b.size)
+    differ = np.flatnonzero(a[:n] != b[:n])  # [k]
+    return int(differ[0]) if differ.size else n
+
+
+@attrs.define(eq=False)
+class _Entry:
+    token_ids: np.ndarray  # [length] int64
+    cache: KVCache  # holds at least ``length`` tokens
+
+    @property
+    def length(self) -> int:
+        return int(self.token_ids.size)
+
+
+class PrefixCache:
+    """Prompt KV kept for reuse, bounded by bytes and entries.
+
+    Args:
+        budget_bytes: the most KV storage kept (bytes); 0 disables the cache.
+        min_tokens: the shortest common prefix worth reusing (tokens).
+        max_entries: the most entries kept (bounds the lookup's linear scan).
+
+    Attributes:
+        hits: lookups that reused a prefix.
+        misses: lookups that found none.
+        reused_tokens: prompt tokens restored instead of computed.
+    """
+
+    def __init__(self, budget_bytes: int, *, min_tokens: int = 8, max_entries: int = 64) -> None:
+        self.budget_bytes = budget_bytes
+        self.min_tokens = min_tokens
+        self.max_entries = max_entries
+        self._entries: collections.OrderedDict[int, _Entry] = collections.OrderedDict()  # oldest first
+        self.hits = 0
+        self.misses = 0
+        self.reused_tokens = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.budget_bytes > 0
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the entries' caches."""
+        return sum(entry.cache.nbytes for entry in self._entries.values())
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def restore(self, prompt_ids: Sequence[int], cache: KVCache) -> int:
+        """Fill the empty ``cache`` with the longest cached prefix of ``prompt_ids``.
+
+        Returns:
+            Tokens restored (0 on a miss); always fewer than ``len(prompt_ids)``.
+        """
+        if not self.enabled or cache.length:
+            return 0
+        prompt = np.asarray(prompt_ids, dtype=np.int64)  # [P]
+        best, best_length = None, 0
+        for entry in self._entries.values():
+            length = common_prefix_length(entry.token_ids, prompt)
+            if length > best_length:
+                best, best_length = entry, length
+        best_length = min(best_length, prompt.size - 1)  # the last prompt token yields the logits
+        if best is None or best_length < self.min_tokens:
+            self.misses += 1
+            return 0
+        _copy_prefix(best.cache, cache, best_length)
+        self._entries.move_to_end(id(best))
+        self.hits += 1
+        self.reused_tokens += best_length
+        return best_length
+
+    def store(self, token_ids: Sequence[int], cache: KVCache) -> None:
+        """Keep ``cache`` (which holds the KV of ``token_ids``) for later requests.
+
+        The caller must not rewrite the first ``len(token_ids)`` tokens of
+        ``cache`` afterwards (appending is fine). An entry whose tokens are a
+        prefix of these is superseded.
+        """
+        if not self.enabled or len(token_ids) < self.min_tokens:
+            return
+        ids = np.asarray(token_ids, dtype=np.int64)  # [L]
+        if ids.size > cache.length:
+            raise ValueError(f"the cache holds {cache.length} tokens, not {ids.size}")
+        for key, entry in list(self._entries.items()):
+            if entry.cache is cache or common_prefix_length(entry.token_ids, ids) == entry.length:
+                del self._entries[key]
+        entry = _Entry(token_ids=ids, cache=cache)
+        if cache.nbytes > self.budget_bytes:
+            return
+        self._entries[id(entry)] = entry
+        self._evict()
+
+    def _evict(self) -> None:
+        total = self.nbytes
+        while self._entries and (total > self.budget_bytes or len(self._entries) > self.max_entries):
+            _, oldest = self._entries.popitem(last=False)
+            total -= oldest.cache.nbytes
+
+    def clear(self) -> None:
+        """Drop every entry."""
+        self._entries.clear()
+
+
+def _copy_prefix(source: KVCache, target: KVCache, tokens: int) -> None:
+    target.reserve(tokens)
+    for layer in range(source.num_layers):
+        target.keys[layer][:, :tokens] = source.keys[layer][:, :tokens]  # [n_kv, tokens, head_dim]
+        target.values[layer][:, :tokens] = source.values[layer][:, :tokens]  # [n_kv, tokens, head_dim]
+    target.commit(tokens)

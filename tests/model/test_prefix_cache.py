@@ -1,0 +1,106 @@
+"""The prefix cache: exact reuse of prompt KV, LRU within a byte budget (synchronous)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kestrel_trio import load_model
+from kestrel_trio._model.kv_cache import KVCache
+from kestrel_trio._model.prefix_cache import PrefixCache, common_prefix_length
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "qwen3_fp32"
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_model(FIXTURE)
+
+
+def prompt(seed: int, length: int) -> list[int]:
+    return np.random.default_rng(seed).integers(0, 500, size=length).tolist()
+
+
+def filled_cache(model, ids: list[int]) -> KVCache:
+    cache = model.new_cache()
+    model.step(cache, ids)
+    return cache
+
+
+def test_a_restored_prefix_gives_the_logits_of_a_full_prefill(model) -> None:
+    shared = prompt(0, 30)
+    prefix_cache = PrefixCache(2**30)
+    prefix_cache.store(shared + prompt(1, 10), filled_cache(model, shared + prompt(1, 10)))
+    new_prompt = shared + prompt(2, 12)
+    cache = model.new_cache()
+    restored = prefix_cache.restore(new_prompt, cache)
+    assert restored == 30 and cache.length == 30
+    logits = model.step(cache, new_prompt[restored:])  # [1, vocab]: last row only
+    expected = model.step(model.new_cache(), new_prompt)  # [1, vocab]
+    np.testing.assert_allclose(logits, expected, rtol=0, atol=2e-5)
+    assert (prefix_cache.hits, prefix_cache.misses, prefix_cache.reused_tokens) == (1, 0, 30)
+
+
+def test_the_last_prompt_token_is_always_recomputed(model) -> None:
+    ids = prompt(3, 20)
+    prefix_cache = PrefixCache(2**30)
+    prefix_cache.store(ids, filled_cache(model, ids))
+    assert prefix_cache.restore(ids, model.new_cache()) == 19
+    assert prefix_cache.restore(ids[:12], model.new_cache()) == 11
+
+
+def test_short_prefixes_a_disabled_cache_and_a_used_cache_restore_nothing(model) -> None:
+    ids = prompt(4, 20)
+    prefix_cache = PrefixCache(2**30, min_tokens=8)
+    prefix_cache.store(ids, filled_cache(model, ids))
+    assert prefix_cache.restore(ids[:5] + prompt(5, 10), model.new_cache()) == 0
+    assert prefix_cache.restore(ids, filled_cache(model, ids[:3])) == 0  # only empty caches are filled
+    disabled = PrefixCache(0)
+    disabled.store(ids, filled_cache(model, ids))
+    assert len(disabled) == 0 and disabled.restore(ids, model.new_cache()) == 0
+    assert prefix_cache.misses == 1
+
+
+def test_eviction_is_least_recently_used_within_the_budget() -> None:
+    def cache_of(length: int) -> KVCache:
+        cache = KVCache(num_layers=1, num_kv_heads=1, head_dim=4, block_tokens=16)
+        cache.reserve(length)
+        cache.commit(length)
+        return cache
+
+    one = cache_of(10).nbytes
+    prefix_cache = PrefixCache(2 * one, min_tokens=2)
+    a, b, c = ([k] * 10 for k in (1, 2, 3))
+    prefix_cache.store(a, cache_of(10))
+    prefix_cache.store(b, cache_of(10))
+    assert prefix_cache.restore(a + [9], KVCache(1, 1, 4)) == 10  # a is now the most recent
+    prefix_cache.store(c, cache_of(10))  # over budget: b, the least recent, goes
+    assert len(prefix_cache) == 2 and prefix_cache.nbytes <= 2 * one
+    assert prefix_cache.restore(b + [9], KVCache(1, 1, 4)) == 0
+    assert prefix_cache.restore(c + [9], KVCache(1, 1, 4)) == 10
+
+
+def test_a_longer_entry_supersedes_its_prefix_and_the_same_cache_is_kept_once(model) -> None:
+    ids = prompt(6, 24)
+    prefix_cache = PrefixCache(2**30)
+    cache = filled_cache(model, ids)
+    prefix_cache.store(ids[:12], cache)
+    prefix_cache.store(ids, cache)
+    assert len(prefix_cache) == 1
+    other = filled_cache(model, ids[:16])
+    prefix_cache.store(ids[:16], other)  # not a superset of the 24-token entry: both kept
+    assert len(prefix_cache) == 2
+    with pytest.raises(ValueError, match="holds 16 tokens"):
+        prefix_cache.store(ids, other)
+
+
+@given(st.lists(st.integers(0, 3), max_size=12), st.lists(st.integers(0, 3), max_size=12))
+def test_common_prefix_length_matches_a_plain_loop(a: list[int], b: list[int]) -> None:
+    expected = 0
+    while expected < min(len(a), len(b)) and a[expected] == b[expected]:
+        expected += 1
+    assert common_prefix_length(np.array(a, dtype=np.int64), np.array(b, dtype=np.int64)) == expected
