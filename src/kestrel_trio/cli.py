@@ -72,8 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--model-id", default=None, help="the model id clients use (default: the folder name)")
     serve.add_argument("--max-queued", type=_COUNT, default=16, help="requests that may wait; more get 429 (default 16)")
     serve.add_argument("--max-batch", type=_COUNT, default=4, help="generations stepped together (default 4)")
-    serve.add_argument("--prefix-cache-mb", type=_SECONDS, default=256.0,
-                       help="MiB of prompt KV kept for reuse by prompts with the same beginning (default 256; 0: off)")
+    serve.add_argument("--prefix-cache-mb", type=_SECONDS, default=512.0,
+                       help="MiB of prompt KV kept for reuse by prompts with the same beginning (default 512; 0: off)")
     serve.add_argument("--max-connections", type=_COUNT, default=128, help="open connections; more get 503")
     serve.add_argument("--api-key", default=os.environ.get("KESTREL_API_KEY"),
                        help="require 'Authorization: Bearer KEY' (default: $KESTREL_API_KEY; /health stays open)")

@@ -149,8 +149,19 @@ def test_max_tokens_must_be_positive(field, value):
 def test_n():
     assert parse_chat_request(body(n=1)).sampling.n == 1
     rejected(body(n=0), "n", "at least 1")
-    error = rejected(body(n=2), "n")
-    assert error.message == "n > 1 is not supported yet"
+    assert parse_chat_request(body(n=8)).sampling.n == 8
+    rejected(body(n=9), "n", "at most 8")
+
+
+def test_chat_logprobs_fields():
+    assert parse_chat_request(body()).sampling.logprobs is None
+    assert parse_chat_request(body(logprobs=False)).sampling.logprobs is None
+    assert parse_chat_request(body(logprobs=True)).sampling.logprobs == 0
+    assert parse_chat_request(body(logprobs=True, top_logprobs=20)).sampling.logprobs == 20
+    rejected(body(top_logprobs=2), "top_logprobs", "'logprobs' set to true")
+    rejected(body(logprobs=True, top_logprobs=21), "top_logprobs", "[0, 20]")
+    rejected(body(logprobs=True, top_logprobs=-1), "top_logprobs", "[0, 20]")
+    rejected(body(logprobs=1), "logprobs", "boolean")
 
 
 def test_stop_forms():

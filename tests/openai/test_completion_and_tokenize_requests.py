@@ -76,7 +76,13 @@ def test_completion_fields():
     rejected(parse_completion_request, raw(prompt="x", suffix="end"), "suffix", "not supported")
     rejected(parse_completion_request, raw(prompt="x", best_of=2), "best_of", "not supported")
     rejected(parse_completion_request, raw(prompt="x", echo="yes"), "echo", "boolean")
-    rejected(parse_completion_request, raw(prompt="x", n=3), "n", "not supported yet")
+    assert parse_completion_request(raw(prompt="x", n=3)).sampling.n == 3
+    rejected(parse_completion_request, raw(prompt="x", n=9), "n", "at most 8")
+    assert parse_completion_request(raw(prompt="x")).sampling.logprobs is None
+    assert parse_completion_request(raw(prompt="x", logprobs=0)).sampling.logprobs == 0
+    assert parse_completion_request(raw(prompt="x", logprobs=5)).sampling.logprobs == 5
+    rejected(parse_completion_request, raw(prompt="x", logprobs=6), "logprobs", "[0, 5]")
+    rejected(parse_completion_request, raw(prompt="x", logprobs=True), "logprobs", "integer")
     rejected(parse_completion_request, b"not json", None, "not valid JSON")
 
 

@@ -11,14 +11,12 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from kestrel_trio.openai import (
     Usage,
-    chat_chunk_delta,
-    chat_chunk_finish,
-    chat_chunk_role,
+    chat_chunk,
     chat_chunk_usage,
-    chat_completion,
-    completion,
-    completion_chunk,
+    chat_completion_of,
+    completion_chunk_of,
     completion_chunk_usage,
+    completion_of,
     model_card,
     models_list,
     new_id,
@@ -29,15 +27,25 @@ from kestrel_trio.openai import (
 ID, CREATED, MODEL = "chatcmpl-abc", 1_700_000_000, "qwen3-0.6b"
 
 
+def message_choice(content, finish_reason, **extra) -> dict:
+    return {"index": 0, "message": {"role": "assistant", "content": content, **extra}, "logprobs": None,
+            "finish_reason": finish_reason}
+
+
+def delta_choice(delta: dict, finish_reason=None) -> dict:
+    return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+
+
 def test_usage():
     usage = Usage(prompt_tokens=7, completion_tokens=5)
     assert usage.total_tokens == 12
     assert usage_dict(usage) == {"prompt_tokens": 7, "completion_tokens": 5, "total_tokens": 12}
-    assert usage_dict(usage, cached_tokens=4)["prompt_tokens_details"] == {"cached_tokens": 4}
+    cached = usage_dict(Usage(7, 5, cached_tokens=4))
+    assert cached["prompt_tokens_details"] == {"cached_tokens": 4} and cached["total_tokens"] == 12
 
 
 def test_chat_completion_shape():
-    body = chat_completion(ID, CREATED, MODEL, "Hello", None, "stop", Usage(3, 2))
+    body = chat_completion_of(ID, CREATED, MODEL, [message_choice("Hello", "stop")], Usage(3, 2))
     assert body == {
         "id": ID,
         "object": "chat.completion",
@@ -53,32 +61,24 @@ def test_chat_completion_shape():
     assert parsed.usage is not None and parsed.usage.total_tokens == 5
 
 
-def test_chat_completion_reasoning_content_only_when_given():
-    body = chat_completion(ID, CREATED, MODEL, None, "thinking", "length", Usage(3, 2), cached_tokens=1)
-    assert body["choices"][0]["message"] == {"role": "assistant", "content": None, "reasoning_content": "thinking"}
+def test_chat_completion_with_reasoning_and_cached_tokens_is_accepted_by_the_client():
+    choice = message_choice(None, "length", reasoning_content="thinking")
+    body = chat_completion_of(ID, CREATED, MODEL, [choice], Usage(3, 2, cached_tokens=1))
     assert body["usage"]["prompt_tokens_details"] == {"cached_tokens": 1}
-    ChatCompletion.model_validate(body)
+    parsed = ChatCompletion.model_validate(body)
+    assert parsed.usage.prompt_tokens_details.cached_tokens == 1
 
 
 @pytest.mark.parametrize("include_usage", [False, True])
 def test_chat_stream_chunks(include_usage):
-    chunks = [
-        chat_chunk_role(ID, CREATED, MODEL, include_usage=include_usage),
-        chat_chunk_delta(ID, CREATED, MODEL, reasoning_content="hmm", include_usage=include_usage),
-        chat_chunk_delta(ID, CREATED, MODEL, content="Hi", include_usage=include_usage),
-        chat_chunk_finish(ID, CREATED, MODEL, "stop", include_usage=include_usage),
-    ]
-    assert [c["choices"][0]["delta"] for c in chunks] == [
-        {"role": "assistant", "content": ""},
-        {"reasoning_content": "hmm"},
-        {"content": "Hi"},
-        {},
-    ]
-    assert [c["choices"][0]["finish_reason"] for c in chunks] == [None, None, None, "stop"]
+    deltas = [{"role": "assistant", "content": ""}, {"reasoning_content": "hmm"}, {"content": "Hi"}, {}]
+    finishes = [None, None, None, "stop"]
+    chunks = [chat_chunk(ID, CREATED, MODEL, [delta_choice(d, f)], include_usage=include_usage)
+              for d, f in zip(deltas, finishes)]
+    assert [c["choices"][0]["delta"] for c in chunks] == deltas
     for chunk in chunks:
         assert chunk["object"] == "chat.completion.chunk"
         assert (chunk["id"], chunk["created"], chunk["model"]) == (ID, CREATED, MODEL)
-        assert chunk["choices"][0]["index"] == 0 and chunk["choices"][0]["logprobs"] is None
         assert ("usage" in chunk) is include_usage
         if include_usage:
             assert chunk["usage"] is None
@@ -94,24 +94,19 @@ def test_chat_usage_chunk():
     assert ChatCompletionChunk.model_validate(chunk).usage.completion_tokens == 4
 
 
-def test_chunk_delta_keeps_empty_strings_but_drops_none():
-    assert chat_chunk_delta(ID, CREATED, MODEL, content="")["choices"][0]["delta"] == {"content": ""}
-    assert chat_chunk_delta(ID, CREATED, MODEL)["choices"][0]["delta"] == {}
-
-
 def test_completion_shapes():
-    body = completion("cmpl-1", CREATED, MODEL, "text", "length", Usage(2, 16))
+    choice = {"text": "text", "index": 0, "logprobs": None, "finish_reason": "length"}
+    body = completion_of("cmpl-1", CREATED, MODEL, [choice], Usage(2, 16))
     assert body == {
         "id": "cmpl-1", "object": "text_completion", "created": CREATED, "model": MODEL,
         "choices": [{"text": "text", "index": 0, "logprobs": None, "finish_reason": "length"}],
         "usage": {"prompt_tokens": 2, "completion_tokens": 16, "total_tokens": 18},
     }
     Completion.model_validate(body)
-    middle = completion_chunk("cmpl-1", CREATED, MODEL, "te", include_usage=True)
-    last = completion_chunk("cmpl-1", CREATED, MODEL, "", "stop")
+    middle = completion_chunk_of("cmpl-1", CREATED, MODEL, [{**choice, "text": "te", "finish_reason": None}],
+                                 include_usage=True)
+    last = completion_chunk_of("cmpl-1", CREATED, MODEL, [{**choice, "text": "", "finish_reason": "stop"}])
     assert middle["usage"] is None and "usage" not in last
-    assert middle["choices"] == [{"text": "te", "index": 0, "logprobs": None, "finish_reason": None}]
-    assert last["choices"][0]["finish_reason"] == "stop"
     usage_chunk = completion_chunk_usage("cmpl-1", CREATED, MODEL, Usage(2, 2))
     assert usage_chunk["choices"] == [] and usage_chunk["usage"]["total_tokens"] == 4
     # The client's Completion type insists on a finish_reason, yet OpenAI streams

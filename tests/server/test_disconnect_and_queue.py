@@ -103,8 +103,8 @@ async def test_a_full_queue_answers_429_at_once_and_health_stays_up(tiny_model: 
     assert (error["type"], error["code"]) == ("rate_limit_error", "queue_full")
     assert int(refused.headers["retry-after"]) >= 1
     assert health.status == 200
-    assert {key: health.json()[key] for key in ("status", "busy", "queued", "active")} == {
-        "status": "ok", "busy": True, "queued": 1, "active": 1,
+    assert {key: health.json()[key] for key in ("status", "busy", "queued", "active", "batch")} == {
+        "status": "ok", "busy": True, "queued": 1, "active": 1, "batch": 1,
     }
     assert [response.status for response in served] == [200, 200]
     assert served[1].json()["usage"]["completion_tokens"] == 3

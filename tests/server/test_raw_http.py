@@ -73,7 +73,7 @@ async def test_health_shape(tiny_model: Model) -> None:
     body = response.json()
     assert {"status", "model", "busy", "queued", "active"} <= set(body)
     assert (body["status"], body["model"]) == ("ok", tiny_model.name)
-    assert (body["busy"], body["queued"], body["active"]) == (False, 0, 0)
+    assert (body["busy"], body["queued"], body["active"], body["batch"]) == (False, 0, 0, 0)
 
 
 async def test_metrics_exposes_engine_gauges_and_counters(tiny_model: Model) -> None:

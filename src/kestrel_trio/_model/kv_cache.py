@@ -3,7 +3,10 @@
 Each request owns one. Storage is preallocated per layer as
 [n_kv, capacity, head_dim] so that one head's keys are contiguous for the
 attention matmul, and grows by whole blocks (never per token), so appending a
-decode step's key is a slice assignment, not a concatenation.
+decode step's key is a slice assignment, not a concatenation. Growth is by a
+quarter of the capacity at least, so that copies stay linear in the length,
+while the memory held stays within a quarter (plus a block) of what is used:
+on a board, KV bytes are the budget that limits context and the prefix cache.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import numpy as np
 
 __all__ = ["KVCache"]
 
-BLOCK_TOKENS = 256
+BLOCK_TOKENS = 64
 
 
 class KVCache:
@@ -45,8 +48,7 @@ class KVCache:
         needed = self.length + new_tokens
         if needed <= self.capacity:
             return
-        blocks = -(-needed // self.block_tokens)
-        capacity = max(blocks * self.block_tokens, 2 * self.capacity)
+        capacity = self._round_up(max(needed, self.capacity + self.capacity // 4))
         shape = (self.num_kv_heads, capacity, self.head_dim)
         for store in (self.keys, self.values):
             for layer in range(self.num_layers):
@@ -57,6 +59,9 @@ class KVCache:
                 else:
                     store.append(grown)
         self.capacity = capacity
+
+    def _round_up(self, tokens: int) -> int:
+        return -(-tokens // self.block_tokens) * self.block_tokens
 
     def write(self, layer: int, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Store one layer's new ``k``, ``v`` [T, n_kv, head_dim] after the committed tokens.

@@ -316,6 +316,7 @@ class Engine:
             prompt_tokens=generation.prompt_tokens,
             completion_tokens=generation.completion_tokens,
             cached_tokens=generation.cached_tokens,
+            logprobs=result.logprobs,
         )
         job.results.send_nowait(delta)  # never blocks: capacity exceeds the job's possible results
         if result.finish_reason is not None:

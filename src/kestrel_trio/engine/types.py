@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import attrs
 
-from kestrel_trio.text.sampling import SamplingParams
+from kestrel_trio.text.sampling import SamplingParams, TokenLogprobs
 
 __all__ = ["EngineLimits", "GenerationRequest", "Delta"]
 
@@ -25,7 +25,7 @@ class EngineLimits:
     max_queued: int = attrs.field(default=16, validator=attrs.validators.ge(1))
     max_batch: int = attrs.field(default=4, validator=attrs.validators.ge(1))
     prefill_chunk: int = attrs.field(default=256, validator=attrs.validators.ge(1))
-    prefix_cache_bytes: int = attrs.field(default=256 * 2**20, validator=attrs.validators.ge(0))
+    prefix_cache_bytes: int = attrs.field(default=512 * 2**20, validator=attrs.validators.ge(0))
     stall_factor: float = 50.0
     stall_floor: float = 60.0
 
@@ -56,6 +56,8 @@ class Delta:
         prompt_tokens: tokens in the prompt.
         completion_tokens: tokens generated so far, this one included.
         cached_tokens: prompt tokens whose KV came from the prefix cache.
+        logprobs: the token's logprobs when the request asked for them (None
+            otherwise, and for the EOS / stop token id that ended the generation).
     """
 
     text: str
@@ -64,3 +66,4 @@ class Delta:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int = 0
+    logprobs: TokenLogprobs | None = None

@@ -3,7 +3,9 @@
 Imports neither trio nor numpy.
 """
 
+from kestrel_trio.openai.choices import ChatChoice, CompletionChoice
 from kestrel_trio.openai.errors import error_body, error_body_for, error_object
+from kestrel_trio.openai.logprobs import LogprobToken, TokenLogprob
 from kestrel_trio.openai.reasoning import ReasoningSplitter, split_reasoning
 from kestrel_trio.openai.requests import (
     ChatRequest,
@@ -18,13 +20,11 @@ from kestrel_trio.openai.requests import (
 )
 from kestrel_trio.openai.responses import (
     Usage,
-    chat_chunk_delta,
-    chat_chunk_finish,
-    chat_chunk_role,
+    chat_chunk,
     chat_chunk_usage,
-    chat_completion,
-    completion,
-    completion_chunk,
+    chat_completion_of,
+    completion_chunk_of,
+    completion_of,
     completion_chunk_usage,
     model_card,
     models_list,
@@ -33,8 +33,21 @@ from kestrel_trio.openai.responses import (
     usage_dict,
 )
 from kestrel_trio.openai.sse import SSE_DONE, SSEFormatError, parse_sse, sse_error, sse_event
+from kestrel_trio.openai.tool_calls import ToolCall, ToolCallParser, forced_tool_prefix, parse_tool_calls
 
 __all__ = [
+    "ChatChoice",
+    "CompletionChoice",
+    "LogprobToken",
+    "TokenLogprob",
+    "ToolCall",
+    "ToolCallParser",
+    "forced_tool_prefix",
+    "parse_tool_calls",
+    "chat_chunk",
+    "chat_completion_of",
+    "completion_of",
+    "completion_chunk_of",
     "error_object",
     "error_body",
     "error_body_for",
@@ -53,13 +66,7 @@ __all__ = [
     "usage_dict",
     "new_id",
     "to_json_bytes",
-    "chat_completion",
-    "chat_chunk_role",
-    "chat_chunk_delta",
-    "chat_chunk_finish",
     "chat_chunk_usage",
-    "completion",
-    "completion_chunk",
     "completion_chunk_usage",
     "model_card",
     "models_list",

@@ -25,6 +25,9 @@ from kestrel_trio.openai._fields import (
 __all__ = ["SamplingFields", "parse_sampling_fields"]
 
 MAX_STOP_SEQUENCES = 4
+MAX_N = 8  # choices per request; each is a full generation, so keep it small
+MAX_TOP_LOGPROBS_CHAT = 20  # OpenAI's bounds
+MAX_LOGPROBS_COMPLETIONS = 5
 _TOKEN_ID_KEY = re.compile(r"[0-9]+")
 
 
@@ -43,7 +46,10 @@ class SamplingFields:
         stop: stop strings (at most 4, none empty).
         stop_token_ids: vLLM extension; token ids that end generation.
         logit_bias: ``(token_id, bias)`` pairs in request order.
-        n: number of choices (only 1 is supported for now).
+        n: number of choices, 1 to :data:`MAX_N`.
+        logprobs: report logprobs with this many alternatives per token (chat:
+            ``top_logprobs`` when ``logprobs`` is true; completions: the
+            integer ``logprobs``); None when not asked for.
         stream: answer with server-sent events.
         include_usage: ``stream_options.include_usage``.
         ignore_eos: vLLM extension; keep generating past end-of-sequence tokens.
@@ -65,6 +71,7 @@ class SamplingFields:
     stream: bool = False
     include_usage: bool = False
     ignore_eos: bool = False
+    logprobs: int | None = None
 
     def as_dict(self) -> dict:
         """The fields the request set, by name, for merging over model defaults.
@@ -107,6 +114,7 @@ def parse_sampling_fields(body: dict, *, chat: bool) -> SamplingFields:
         stream=stream,
         include_usage=_include_usage(body, stream),
         ignore_eos=bool(get_bool(body, "ignore_eos")),
+        logprobs=_chat_logprobs(body) if chat else _completion_logprobs(body),
     )
 
 
@@ -132,9 +140,31 @@ def _n(body: dict) -> int:
         return 1
     if n < 1:
         raise BadRequestError(f"'n' must be at least 1, got {n}", param="n")
-    if n > 1:
-        raise BadRequestError("n > 1 is not supported yet", param="n")
+    if n > MAX_N:
+        raise BadRequestError(f"'n' must be at most {MAX_N}, got {n}", param="n")
     return n
+
+
+def _chat_logprobs(body: dict) -> int | None:
+    wanted = get_bool(body, "logprobs")
+    top = get_int(body, "top_logprobs")
+    if top is not None:
+        if not wanted:
+            raise BadRequestError("'top_logprobs' needs 'logprobs' set to true", param="top_logprobs")
+        if not 0 <= top <= MAX_TOP_LOGPROBS_CHAT:
+            raise BadRequestError(f"'top_logprobs' must be in [0, {MAX_TOP_LOGPROBS_CHAT}], got {top}",
+                                  param="top_logprobs")
+    return (top or 0) if wanted else None
+
+
+def _completion_logprobs(body: dict) -> int | None:
+    value = body.get("logprobs")
+    if value is None or value is False:  # some clients send false for "off"
+        return None
+    count = get_int(body, "logprobs")
+    if not 0 <= count <= MAX_LOGPROBS_COMPLETIONS:
+        raise BadRequestError(f"'logprobs' must be in [0, {MAX_LOGPROBS_COMPLETIONS}], got {count}", param="logprobs")
+    return count
 
 
 def _stop(body: dict) -> tuple[str, ...]:

@@ -32,9 +32,10 @@ def step_generations(
     Returns:
         One :class:`StepResult` per generation, in order.
     """
-    if prefix_cache is not None:
-        for g in generations:
-            if g.fresh:
+    for g in generations:
+        if g.fresh:
+            g.cache.reserve(len(g.prompt_ids))  # the whole prompt at once: no regrowth copies while prefilling
+            if prefix_cache is not None:
                 g.reuse_prefix(prefix_cache.restore(g.prompt_ids, g.cache))
     prefilling = [g.phase is Phase.PREFILL for g in generations]
     results = _forward_and_advance(decoder, generations)

@@ -26,7 +26,7 @@ import numpy as np
 from kestrel_trio._model import KVCache
 from kestrel_trio.errors import ContextLengthError
 from kestrel_trio.text.detokenizer import IncrementalDetokenizer
-from kestrel_trio.text.sampling import Sampler, SamplingParams
+from kestrel_trio.text.sampling import Sampler, SamplingParams, TokenLogprobs
 from kestrel_trio.text.stops import StopStringMatcher
 from kestrel_trio.text.tokenizer import Tokenizer
 
@@ -47,11 +47,15 @@ class StepResult:
         text: newly completed text (may be empty: held back for UTF-8 or a possible stop string).
         token_id: the token sampled by this step, or None for a prefill chunk.
         finish_reason: "stop" or "length" once finished, else None.
+        logprobs: the sampled token's logprobs when ``params.logprobs`` is set;
+            None for an EOS / stop token id that ended the generation (its text
+            is never emitted, so it is not reported, as OpenAI does not).
     """
 
     text: str = ""
     token_id: int | None = None
     finish_reason: str | None = None
+    logprobs: TokenLogprobs | None = None
 
 
 def check_context(prompt_tokens: int, max_tokens: int | None, context_length: int, *, param: str) -> int:
@@ -170,18 +174,20 @@ class Generation:
         if self._usable_vocab < logits.shape[-1]:
             logits = logits.copy()  # [vocab]
             logits[self._usable_vocab :] = -np.inf  # padding rows of the embedding are not tokens
-        token = self._sampler.sample(logits, self.generated_ids, self.prompt_ids)
+        token, scored = self._sampler.sample_scored(logits, self.generated_ids, self.prompt_ids)
         self.generated_ids.append(token)
         if token in self._stop_ids:
-            return self._finish("stop", token, "", self._detokenizer.flush())
+            return self._finish("stop", token, "", self._detokenizer.flush(), None)
         text, stopped = self._stops.push(self._detokenizer.push(token))
         if stopped:
-            return self._finish("stop", token, text, None)
+            return self._finish("stop", token, text, None, scored)
         if len(self.generated_ids) >= self._max_tokens:
-            return self._finish("length", token, text, self._detokenizer.flush())
-        return StepResult(text=text, token_id=token)
+            return self._finish("length", token, text, self._detokenizer.flush(), scored)
+        return StepResult(text=text, token_id=token, logprobs=scored)
 
-    def _finish(self, reason: str, token: int, emitted: str, held: str | None) -> StepResult:
+    def _finish(
+        self, reason: str, token: int, emitted: str, held: str | None, scored: TokenLogprobs | None
+    ) -> StepResult:
         """End the generation; ``held`` is text the detokenizer still held (None: a stop string matched)."""
         if held is not None:
             # Text still held back can no longer grow into a stop string, unless it completes one now.
@@ -193,4 +199,4 @@ class Generation:
             reason = "stop" if stopped else reason
         self.finish_reason = reason
         self.phase = Phase.DONE
-        return StepResult(text=emitted, token_id=token, finish_reason=reason)
+        return StepResult(text=emitted, token_id=token, finish_reason=reason, logprobs=scored)

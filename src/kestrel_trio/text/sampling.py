@@ -17,6 +17,15 @@ transformers):
 8. and one token is drawn from the renormalised softmax of what is left.
 
 Steps 1-3 are :func:`apply_penalties`, steps 4-7 :func:`candidate_probabilities`.
+
+Logprobs (``SamplingParams.logprobs``) are reported from the log-softmax of
+the logits after steps 1-3 and before temperature and truncation: the
+distribution the request's ``logit_bias`` and penalties define, unaffected by
+how it is then sampled. OpenAI documents that logit_bias changes what is
+likely and reports logprobs that do not change with temperature; vLLM's V1
+default (``logprobs_mode="raw_logprobs"``) differs in one point: it reports
+the raw model distribution, before bias and penalties too. Padding rows past
+the tokenizer's vocabulary are -inf, so they never appear as alternatives.
 """
 
 from __future__ import annotations
@@ -30,7 +39,9 @@ import numpy as np
 
 from kestrel_trio.errors import BadRequestError
 
-__all__ = ["SamplingParams", "Sampler", "apply_penalties", "candidate_probabilities"]
+__all__ = ["SamplingParams", "Sampler", "TokenLogprobs", "token_logprobs", "apply_penalties", "candidate_probabilities"]
+
+MAX_LOGPROBS = 20  # the most alternatives per token any endpoint may ask for (chat top_logprobs)
 
 # Fields whose default may come from a checkpoint's generation_config.json.
 _CHECKPOINT_DEFAULTED = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
@@ -113,6 +124,11 @@ def _check_bool(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
         raise BadRequestError(f"{attribute.name} must be a boolean, got {value!r}", param=attribute.name)
 
 
+def _check_logprobs(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if value is not None and not 0 <= _integer("logprobs", value) <= MAX_LOGPROBS:
+        raise BadRequestError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {value!r}", param="logprobs")
+
+
 def _to_tuple(value: Any) -> tuple:
     """A str stays one item (OpenAI's ``stop`` may be a single string)."""
     if value is None:
@@ -156,6 +172,8 @@ class SamplingParams:
         stop: strings that end the generation (never emitted).
         stop_token_ids: ids that end the generation besides the EOS ids.
         ignore_eos: keep generating past EOS tokens.
+        logprobs: report each chosen token's logprob and this many most likely
+            alternatives (0 to 20); ``None`` reports none.
 
     Raises:
         BadRequestError: a value is out of range; ``param`` names the field.
@@ -176,6 +194,7 @@ class SamplingParams:
     stop: tuple[str, ...] = attrs.field(default=(), converter=_to_tuple, validator=_check_stop)
     stop_token_ids: tuple[int, ...] = attrs.field(default=(), converter=_to_tuple, validator=_check_stop_token_ids)
     ignore_eos: bool = attrs.field(default=False, validator=_check_bool)
+    logprobs: int | None = attrs.field(default=None, validator=_check_logprobs)
 
     @classmethod
     def with_defaults(cls, request_fields: Mapping[str, Any], generation_defaults: Mapping[str, Any]) -> SamplingParams:
@@ -298,6 +317,42 @@ def candidate_probabilities(logits: np.ndarray, params: SamplingParams) -> tuple
     return ids.astype(np.int64), probs / probs.sum()
 
 
+@attrs.frozen
+class TokenLogprobs:
+    """The logprob of one chosen token and the most likely alternatives (natural log).
+
+    Attributes:
+        token_id: the chosen token.
+        logprob: its log-probability (<= 0).
+        top: ``(token_id, logprob)`` of the most likely tokens, most likely
+            first (ties: lower id first); as many as requested.
+    """
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+def token_logprobs(processed: np.ndarray, token_id: int, top_n: int) -> TokenLogprobs:
+    """Logprobs of ``token_id`` and the ``top_n`` most likely tokens under ``processed``.
+
+    Args:
+        processed: [vocab] logits after :func:`apply_penalties` (-inf rows allowed).
+        token_id: the token that was chosen.
+        top_n: alternatives to report (0 for none).
+    """
+    logits = processed.astype(np.float64)  # [vocab]
+    peak = logits.max()
+    log_total = peak + np.log(np.exp(logits - peak).sum())
+    top: tuple[tuple[int, float], ...] = ()
+    if top_n > 0:
+        count = min(top_n, logits.size)
+        head = np.argpartition(-logits, count - 1)[:count]  # [count]
+        head = head[np.lexsort((head, -logits[head]))]  # [count] most likely first
+        top = tuple((int(i), float(logits[i] - log_total)) for i in head)
+    return TokenLogprobs(int(token_id), float(logits[token_id] - log_total), top)
+
+
 class Sampler:
     """Draws next tokens for one generation; see the module docstring for the order.
 
@@ -329,12 +384,26 @@ class Sampler:
         Returns:
             The chosen token id.
         """
+        return self.sample_scored(logits, generated_ids, prompt_ids)[0]
+
+    def sample_scored(
+        self, logits: np.ndarray, generated_ids: Sequence[int], prompt_ids: Sequence[int]
+    ) -> tuple[int, TokenLogprobs | None]:
+        """Like :meth:`sample`, plus the token's logprobs when ``params.logprobs`` is set.
+
+        Returns:
+            (token id, its :class:`TokenLogprobs` or None).
+        """
         if logits.shape != (self.vocab_size,):
             raise ValueError(f"expected logits of shape ({self.vocab_size},), got {logits.shape}")
-        processed = apply_penalties(logits, self.params, generated_ids, prompt_ids)
+        processed = apply_penalties(logits, self.params, generated_ids, prompt_ids)  # [vocab]
         ids, probs = candidate_probabilities(processed, self.params)
         if ids.size == 1:
-            return int(ids[0])
-        cdf = np.cumsum(probs)
-        pick = int(np.searchsorted(cdf, self._rng.random() * cdf[-1], side="right"))
-        return int(ids[min(pick, ids.size - 1)])
+            token = int(ids[0])
+        else:
+            cdf = np.cumsum(probs)
+            pick = int(np.searchsorted(cdf, self._rng.random() * cdf[-1], side="right"))
+            token = int(ids[min(pick, ids.size - 1)])
+        if self.params.logprobs is None:
+            return token, None
+        return token, token_logprobs(processed, token, self.params.logprobs)

@@ -1,0 +1,199 @@
+"""One chat choice, assembled from generated text deltas: reasoning, content, tool calls, logprobs.
+
+Theory of operation (sans-IO; the route feeds it each engine delta in order):
+
+* Text goes through the :class:`ReasoningSplitter` (when the model can
+  reason), then its content part through the :class:`ToolCallParser` (when
+  tool calls are parsed). :meth:`ChatChoice.push` returns the streaming
+  ``choices[i]`` items that became final; :meth:`ChatChoice.finish` flushes
+  both machines and returns the rest, ending with the ``finish_reason`` item.
+* Every item is also accumulated, so :meth:`ChatChoice.message_choice` (the
+  non-streaming ``choices[i]``) is exactly the sum of the streamed items: the
+  two paths cannot disagree.
+* A tool call is streamed as OpenAI does: a first item with ``index``, ``id``,
+  ``type``, ``function.name`` and ``arguments: ""``, then the argument text.
+* Logprobs of tokens whose text is still held back wait for the next item
+  that is sent (at the latest, the finish item), so none is lost or repeated.
+  They cover every generated token, reasoning and tool-call tokens included
+  (as vLLM reports them), except the EOS / stop token that ended the answer.
+* ``finish_reason`` becomes ``"tool_calls"`` when the output held at least
+  one valid call and ended naturally (``"stop"``); ``"length"`` stays.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from kestrel_trio.openai.logprobs import CompletionLogprobs, TokenLogprob, chat_logprobs
+from kestrel_trio.openai.reasoning import ReasoningSplitter
+from kestrel_trio.openai.tool_calls import ToolCall, ToolCallParser, new_call_id
+
+__all__ = ["ChatChoice", "CompletionChoice"]
+
+
+@attrs.define
+class ChatChoice:
+    """The assembly of one chat choice (see module doc).
+
+    Args:
+        index: the choice's ``index``.
+        reasoning: split ``<think>`` blocks into ``reasoning_content``.
+        starts_in_reasoning: the prompt left a ``<think>`` block open.
+        parse_tools: turn ``<tool_call>`` blocks into ``tool_calls``.
+        forced_prefix: output text the prompt already holds (a forced tool-call
+            opening); the parser reads it first, it is never sent as content.
+        logprobs: report logprobs (``logprobs: true``).
+        make_id: the tool-call id generator.
+    """
+
+    index: int = 0
+    reasoning: bool = False
+    starts_in_reasoning: bool = False
+    parse_tools: bool = False
+    forced_prefix: str = ""
+    logprobs: bool = False
+    make_id: object = new_call_id
+    _splitter: ReasoningSplitter | None = attrs.field(init=False, default=None)
+    _parser: ToolCallParser | None = attrs.field(init=False, default=None)
+    _pending: list = attrs.field(init=False, factory=list)
+    _content: list = attrs.field(init=False, factory=list)
+    _reasoning: list = attrs.field(init=False, factory=list)
+    _calls: list = attrs.field(init=False, factory=list)
+    _entries: list = attrs.field(init=False, factory=list)
+    finish_reason: str | None = attrs.field(init=False, default=None)
+
+    def __attrs_post_init__(self) -> None:
+        if self.reasoning:
+            self._splitter = ReasoningSplitter(self.starts_in_reasoning)
+        if self.parse_tools:
+            self._parser = ToolCallParser(self.make_id)
+            self._parser.push(self.forced_prefix)
+
+    def start(self) -> list[dict]:
+        """The first streaming item: ``delta`` ``{"role": "assistant", "content": ""}``."""
+        return [{"index": self.index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                 "finish_reason": None}]
+
+    def push(self, text: str, entries: list[TokenLogprob] = ()) -> list[dict]:
+        """Feed one delta's text and its tokens' logprobs; returns streaming ``choices`` items."""
+        self._pending.extend(entries)
+        self._entries.extend(entries)
+        if not text:
+            return []
+        reasoning, content = self._splitter.push(text) if self._splitter else ("", text)
+        return self._items(reasoning, content, self._parser.push(content) if self._parser and content else None)
+
+    def finish(self, finish_reason: str) -> list[dict]:
+        """End of output: the remaining items, the last one carrying the finish_reason."""
+        reasoning, content = self._splitter.flush() if self._splitter else ("", "")
+        pieces = None
+        if self._parser is not None:
+            pieces = (self._parser.push(content) if content else []) + self._parser.flush()
+        items = self._items(reasoning, content, pieces)
+        self.finish_reason = "tool_calls" if self._calls and finish_reason == "stop" else finish_reason
+        items.append(self._item({}, self.finish_reason))
+        return items
+
+    def message_choice(self) -> dict:
+        """The non-streaming ``choices[i]``, after :meth:`finish`."""
+        content = "".join(self._content)
+        message: dict = {"role": "assistant", "content": None if (self._calls and not content) else content}
+        if self._reasoning:
+            message["reasoning_content"] = "".join(self._reasoning)
+        if self._calls:
+            message["tool_calls"] = [call.as_openai() for call in self._calls]
+        logprobs = chat_logprobs(self._entries) if self.logprobs else None
+        return {"index": self.index, "message": message, "logprobs": logprobs, "finish_reason": self.finish_reason}
+
+    def _items(self, reasoning: str, content: str, pieces: list | None) -> list[dict]:
+        if pieces is None:
+            pieces = [content] if content else []
+        items: list[dict] = []
+        delta: dict = {}
+        if reasoning:
+            self._reasoning.append(reasoning)
+            delta["reasoning_content"] = reasoning
+        for piece in pieces:
+            if isinstance(piece, str):
+                self._content.append(piece)
+                delta["content"] = delta.get("content", "") + piece
+                continue
+            if delta:
+                items.append(self._item(delta))
+                delta = {}
+            items.extend(self._call_items(piece))
+        if delta:
+            items.append(self._item(delta))
+        return items
+
+    def _call_items(self, call: ToolCall) -> list[dict]:
+        index = len(self._calls)
+        self._calls.append(call)
+        opening = {"index": index, "id": call.id, "type": "function", "function": {"name": call.name, "arguments": ""}}
+        arguments = {"index": index, "function": {"arguments": call.arguments}}
+        return [self._item({"tool_calls": [opening]}), self._item({"tool_calls": [arguments]})]
+
+    def _item(self, delta: dict, finish_reason: str | None = None) -> dict:
+        logprobs = None
+        if self.logprobs and self._pending:
+            logprobs = chat_logprobs(self._pending)
+            self._pending = []
+        return {"index": self.index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+
+
+@attrs.define
+class CompletionChoice:
+    """The assembly of one legacy completions choice; same contract as :class:`ChatChoice`.
+
+    With ``echo``, the prompt's own tokens get no logprobs (OpenAI's legacy
+    API would score them too); ``text_offset`` counts from the start of the
+    echoed text, so the first generated token's offset is ``len(echo)``.
+
+    Args:
+        index: the choice's ``index``.
+        echo: the prompt text to prepend (``echo: true``), or ``""``.
+        logprobs: report logprobs (``logprobs`` was an integer).
+    """
+
+    index: int = 0
+    echo: str = ""
+    logprobs: bool = False
+    _builder: CompletionLogprobs = attrs.field(init=False)
+    _pending: list = attrs.field(init=False, factory=list)
+    _entries: list = attrs.field(init=False, factory=list)
+    _text: list = attrs.field(init=False, factory=list)
+    finish_reason: str | None = attrs.field(init=False, default=None)
+
+    def __attrs_post_init__(self) -> None:
+        self._builder = CompletionLogprobs(len(self.echo))
+
+    def start(self) -> list[dict]:
+        """The first streaming items: the echoed prompt, if any."""
+        return [self._item(self.echo)] if self.echo else []
+
+    def push(self, text: str, entries: list[TokenLogprob] = ()) -> list[dict]:
+        """Feed one delta; returns streaming ``choices`` items (none while text is held back)."""
+        self._pending.extend(entries)
+        self._entries.extend(entries)
+        if not text:
+            return []
+        self._text.append(text)
+        return [self._item(text)]
+
+    def finish(self, finish_reason: str) -> list[dict]:
+        """The last streaming item, carrying the finish_reason."""
+        self.finish_reason = finish_reason
+        return [self._item("", finish_reason)]
+
+    def full_choice(self) -> dict:
+        """The non-streaming ``choices[i]``, after :meth:`finish`."""
+        logprobs = CompletionLogprobs(len(self.echo)).build(self._entries) if self.logprobs else None
+        return {"text": self.echo + "".join(self._text), "index": self.index, "logprobs": logprobs,
+                "finish_reason": self.finish_reason}
+
+    def _item(self, text: str, finish_reason: str | None = None) -> dict:
+        logprobs = None
+        if self.logprobs:
+            logprobs = self._builder.build(self._pending)
+            self._pending = []
+        return {"text": text, "index": self.index, "logprobs": logprobs, "finish_reason": finish_reason}
