@@ -1,0 +1,494 @@
+"""Qwen3-VL: config, checked weights, 3-D (M-RoPE) positions and the forward pass.
+
+Theory of operation: the language model of Qwen3-VL is a Qwen3 decoder; only
+three things differ when a prompt holds images:
+
+1. each ``<|image_pad|>`` row's input embedding is replaced by the vision
+   tower's output for that image token;
+2. rotary angles come from 3-D positions (temporal, row, column). Text tokens
+   have all three equal to a running counter; an image's tokens share the
+   counter's value for T and add their row / column for H / W; after an
+   image the counter resumes at ``max(position) + 1``. Frequencies are
+   interleaved: T, H, W, T, H, W, ... (``mrope_section`` says how many of each);
+3. after decoder layers 0, 1, ... the deepstack features are added to the
+   image rows.
+
+Text rows whose three positions are equal rotate exactly as 1-D RoPE does, so
+every forward without image rows -- text-only prompts and every decode step --
+runs through the plain Qwen3 :func:`forward` with position ``p + rope_delta``,
+where ``rope_delta`` (<= 0) is how far the prompt's 3-D counter lags its
+length. Only prefill chunks holding image rows take :func:`_forward_with_images`,
+a copy of the decoder loop with the three hooks.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+import attrs
+import numpy as np
+
+from kestrel_trio._model.config import ModelConfig, config_from_dict
+from kestrel_trio._model.forward import Decoder, forward
+from kestrel_trio._model.kv_cache import KVCache
+from kestrel_trio._model.layers import causal_attention, dense_mlp, linear, rms_norm
+from kestrel_trio._model.rope import Rope, apply_rope
+from kestrel_trio._model.safetensors import SafetensorsCheckpoint
+from kestrel_trio._model.vision import (
+    ImageFeatures,
+    VisionConfig,
+    VisionWeights,
+    assemble_vision,
+    encode_images,
+    vision_shapes,
+)
+from kestrel_trio._model.weights import Attention, assemble_weights, expected_shapes
+from kestrel_trio.errors import BadRequestError, ModelLoadError
+
+__all__ = [
+    "ARCHITECTURE", "Qwen3VLConfig", "Qwen3VL", "VLPrompt", "is_qwen3_vl", "read_vl_config", "vl_config_from_dict",
+    "expected_vl_shapes", "load_qwen3_vl", "rope_index", "mrope_cos_sin",
+]
+
+ARCHITECTURE = "Qwen3VLForConditionalGeneration"
+_TEXT_PREFIX = "model.language_model."
+_VISION_PREFIX = "model.visual."
+_DEFAULT_TEXT_THETA = 500000.0  # Qwen3VLTextConfig's default when config.json names none
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+@attrs.frozen
+class Qwen3VLConfig:
+    """A Qwen3-VL config.json.
+
+    Attributes:
+        text: the language model, as the equivalent Qwen3ForCausalLM config.
+        vision: the vision tower.
+        mrope_section: rotary frequencies given to (T, H, W); they sum to head_dim / 2.
+        mrope_interleaved: as written in the file. transformers' Qwen3-VL always
+            interleaves, and so does this module.
+        image_token_id: ``<|image_pad|>``.
+        video_token_id: ``<|video_pad|>``.
+        vision_start_token_id: ``<|vision_start|>``.
+        vision_end_token_id: ``<|vision_end|>``.
+    """
+
+    text: ModelConfig
+    vision: VisionConfig
+    mrope_section: tuple[int, int, int] = (24, 20, 20)
+    mrope_interleaved: bool = True
+    image_token_id: int = 151655
+    video_token_id: int = 151656
+    vision_start_token_id: int = 151652
+    vision_end_token_id: int = 151653
+
+
+# --------------------------------------------------------------------------- config
+
+
+def is_qwen3_vl(raw: dict[str, Any]) -> bool:
+    """Whether a parsed config.json describes a Qwen3-VL checkpoint."""
+    return ARCHITECTURE in (raw.get("architectures") or ())
+
+
+def read_vl_config(folder: Path) -> Qwen3VLConfig:
+    """Read and validate ``folder/config.json`` of a Qwen3-VL checkpoint.
+
+    Raises:
+        ModelLoadError: the file is missing or unreadable, or a field is wrong.
+    """
+    path = Path(folder) / "config.json"
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ModelLoadError(f"{path}: no config.json in the checkpoint folder") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ModelLoadError(f"{path}: cannot read config.json: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ModelLoadError(f"{path}: config.json is not a JSON object")
+    return vl_config_from_dict(raw, source=str(path))
+
+
+def vl_config_from_dict(raw: dict[str, Any], *, source: str = "config.json") -> Qwen3VLConfig:
+    """Build a :class:`Qwen3VLConfig` from config.json (transformers 4 or 5 style)."""
+    if not is_qwen3_vl(raw):
+        raise ModelLoadError(f"{source}: architectures {raw.get('architectures')!r} does not name {ARCHITECTURE}")
+    text_raw = _section(raw, "text_config", source)
+    vision_raw = _section(raw, "vision_config", source)
+    text_dict, section, interleaved = _text_as_qwen3(raw, text_raw, source)
+    text = config_from_dict(text_dict, source=f"{source} text_config")
+    if len(section) != 3 or sum(section) != text.head_dim // 2:
+        raise ModelLoadError(
+            f"{source}: text_config mrope_section {list(section)} must be 3 numbers summing to head_dim/2 "
+            f"({text.head_dim // 2})"
+        )
+    ids = {name: _int(raw, name, default, source) for name, default in (
+        ("image_token_id", 151655), ("video_token_id", 151656),
+        ("vision_start_token_id", 151652), ("vision_end_token_id", 151653))}
+    return Qwen3VLConfig(
+        text=text, vision=_vision_config(vision_raw, text.hidden_size, source),
+        mrope_section=section, mrope_interleaved=interleaved, **ids,
+    )
+
+
+def _section(raw: dict[str, Any], name: str, source: str) -> dict[str, Any]:
+    value = raw.get(name)
+    if not isinstance(value, dict):
+        raise ModelLoadError(f"{source}: field {name!r} is missing or not an object")
+    return value
+
+
+def _int(raw: dict[str, Any], name: str, default: int, source: str) -> int:
+    value = raw.get(name, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ModelLoadError(f"{source}: field {name!r} must be a non-negative integer, got {value!r}")
+    return value
+
+
+def _text_as_qwen3(raw: dict[str, Any], text: dict[str, Any], source: str) -> tuple[dict[str, Any], tuple[int, ...], bool]:
+    """text_config rewritten as a Qwen3ForCausalLM config.json, plus the M-RoPE fields taken out of it."""
+    out = dict(text)
+    section: Any = None
+    interleaved: Any = True
+    # transformers 5 keeps M-RoPE fields in rope_parameters, transformers 4 in rope_scaling.
+    for key in ("rope_scaling", "rope_parameters"):
+        block = out.get(key)
+        if block is None:
+            continue
+        if not isinstance(block, dict):
+            raise ModelLoadError(f"{source}: text_config field {key!r} must be an object or null")
+        block = dict(block)
+        section = block.pop("mrope_section", section)
+        interleaved = block.pop("mrope_interleaved", interleaved)
+        for name in ("rope_type", "type"):
+            if block.get(name) == "mrope":  # Qwen2-VL-era spelling of plain rotary frequencies
+                block[name] = "default"
+        out[key] = block
+    if not any("rope_theta" in (out.get(k) or {}) for k in ("rope_scaling", "rope_parameters")):
+        out.setdefault("rope_theta", _DEFAULT_TEXT_THETA)
+    section = (24, 20, 20) if section is None else section
+    if not isinstance(section, (list, tuple)) or not all(isinstance(s, int) and s >= 0 for s in section):
+        raise ModelLoadError(f"{source}: text_config mrope_section must be a list of integers, got {section!r}")
+    out["architectures"] = ["Qwen3ForCausalLM"]
+    out.setdefault("max_position_embeddings", 128000)
+    # transformers ties by the top-level flag (default false); text_config's copy is not read.
+    out["tie_word_embeddings"] = raw.get("tie_word_embeddings", False)
+    return out, tuple(section), bool(interleaved)
+
+
+def _vision_config(raw: dict[str, Any], text_hidden: int, source: str) -> VisionConfig:
+    defaults = VisionConfig()
+    where = f"{source} vision_config"
+
+    def number(name: str, default: int) -> int:
+        value = raw.get(name, default)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ModelLoadError(f"{where}: field {name!r} must be a positive integer, got {value!r}")
+        return value
+
+    fields = {name: number(name, getattr(defaults, name)) for name in (
+        "depth", "hidden_size", "intermediate_size", "num_heads", "in_channels", "patch_size",
+        "temporal_patch_size", "spatial_merge_size", "out_hidden_size", "num_position_embeddings")}
+    act = raw.get("hidden_act", defaults.hidden_act)
+    if act not in ("gelu_pytorch_tanh", "gelu"):
+        raise ModelLoadError(f"{where}: hidden_act {act!r} is not supported (only 'gelu_pytorch_tanh' and 'gelu')")
+    indexes = raw.get("deepstack_visual_indexes", list(defaults.deepstack_visual_indexes))
+    if not isinstance(indexes, list) or not all(isinstance(i, int) and 0 <= i < fields["depth"] for i in indexes):
+        raise ModelLoadError(f"{where}: deepstack_visual_indexes {indexes!r} must be block indices below depth")
+    rope = raw.get("rope_parameters") or {}
+    theta = rope.get("rope_theta", raw.get("rope_theta", defaults.rope_theta)) if isinstance(rope, dict) else None
+    if not isinstance(theta, (int, float)) or isinstance(theta, bool) or theta <= 0:
+        raise ModelLoadError(f"{where}: rope_theta must be a positive number, got {theta!r}")
+    config = VisionConfig(**fields, hidden_act=act, deepstack_visual_indexes=tuple(indexes), rope_theta=float(theta))
+    if config.hidden_size % config.num_heads or config.head_dim % 4:
+        raise ModelLoadError(f"{where}: hidden_size / num_heads must be a multiple of 4 (2-D rotary halves)")
+    if config.grid_side**2 != config.num_position_embeddings:
+        raise ModelLoadError(f"{where}: num_position_embeddings {config.num_position_embeddings} is not a square")
+    if config.out_hidden_size != text_hidden:
+        raise ModelLoadError(
+            f"{where}: out_hidden_size {config.out_hidden_size} differs from text_config hidden_size {text_hidden}"
+        )
+    return config
+
+
+# --------------------------------------------------------------------------- weights
+
+
+def _text_name(name: str) -> str:
+    """A Qwen3 tensor name as the Qwen3-VL checkpoint spells it."""
+    return _TEXT_PREFIX + name[len("model."):] if name.startswith("model.") else name
+
+
+def expected_vl_shapes(config: Qwen3VLConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor name of the checkpoint (``model.visual.*``, ``model.language_model.*``, ``lm_head.weight``)."""
+    shapes = {_text_name(name): shape for name, shape in expected_shapes(config.text).items()}
+    shapes.update(vision_shapes(config.vision, _VISION_PREFIX))
+    return shapes
+
+
+def check_vl_tensors(checkpoint: SafetensorsCheckpoint, config: Qwen3VLConfig) -> None:
+    """Raise ModelLoadError naming the first missing, unexpected or misshapen tensor."""
+    present = set(checkpoint.tensors)
+    expected = expected_vl_shapes(config)
+    missing = sorted(set(expected) - present)
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise ModelLoadError(f"{checkpoint.folder}: tensor {missing[0]!r} is missing from the checkpoint{more}")
+    tied_copy = {"lm_head.weight"} if config.text.tie_word_embeddings else set()
+    unexpected = sorted(n for n in present - set(expected) - tied_copy if not n.endswith(_IGNORED_SUFFIXES))
+    if unexpected:
+        more = f" (and {len(unexpected) - 1} more)" if len(unexpected) > 1 else ""
+        raise ModelLoadError(
+            f"{checkpoint.tensors[unexpected[0]].path.name}: unexpected tensor {unexpected[0]!r} "
+            f"for {ARCHITECTURE} with this config{more}"
+        )
+    for name, shape in expected.items():
+        got = checkpoint.tensors[name].shape
+        if got != shape:
+            raise ModelLoadError(
+                f"{checkpoint.tensors[name].path.name}: tensor {name!r} has shape {list(got)}, "
+                f"config.json implies {list(shape)}"
+            )
+
+
+# --------------------------------------------------------------------------- positions
+
+
+def rope_index(token_ids: np.ndarray, image_grid_thw: np.ndarray | None, *, image_token_id: int,
+               spatial_merge_size: int) -> tuple[np.ndarray, int]:
+    """3-D rotary positions of a prompt whose ``<|image_pad|>`` runs are already expanded.
+
+    Args:
+        token_ids: int [T].
+        image_grid_thw: int [n_images, 3] in prompt order, or None.
+        image_token_id: the ``<|image_pad|>`` id.
+        spatial_merge_size: patches per side of one image token.
+
+    Returns:
+        ``positions`` int64 [3, T] (rows T, H, W) and ``rope_delta``, the
+        offset that continues them: the token at sequence index ``i >= T``
+        has all three positions equal to ``i + rope_delta``.
+
+    Raises:
+        BadRequestError: the pad runs and the grids do not match.
+    """
+    ids = np.asarray(token_ids, dtype=np.int64)  # [T]
+    grids = [] if image_grid_thw is None else np.asarray(image_grid_thw, dtype=np.int64).reshape(-1, 3).tolist()
+    positions = np.empty((3, ids.size), dtype=np.int64)  # [3, T]
+    is_pad = ids == image_token_id  # [T]
+    pads = np.append(np.flatnonzero(is_pad), ids.size)  # [n_pads + 1], ends every text run
+    counter, index, image = 0, 0, 0
+    while index < ids.size:
+        if not is_pad[index]:
+            end = int(pads[np.searchsorted(pads, index)])
+            positions[:, index:end] = counter + np.arange(end - index)  # [3, run]
+            counter += end - index
+            index = end
+            continue
+        if image >= len(grids):
+            raise BadRequestError(f"the prompt has more <|image_pad|> runs than images ({len(grids)})", param="messages")
+        t, h, w = grids[image]
+        gh, gw = h // spatial_merge_size, w // spatial_merge_size
+        count = t * gh * gw
+        if index + count > ids.size or not is_pad[index : index + count].all():
+            raise BadRequestError(f"image {image} needs {count} <|image_pad|> tokens in a row", param="messages")
+        tt, hh, ww = np.meshgrid(np.arange(t), np.arange(gh), np.arange(gw), indexing="ij")  # [t, gh, gw] each
+        positions[:, index : index + count] = np.stack([tt.ravel(), hh.ravel(), ww.ravel()]) + counter  # [3, count]
+        counter += max(h, w) // spatial_merge_size
+        index += count
+        image += 1
+    if image != len(grids):
+        raise BadRequestError(f"{len(grids)} images but {image} <|image_pad|> runs in the prompt", param="messages")
+    last = int(positions.max()) + 1 if ids.size else 0
+    return positions, last - int(ids.size)
+
+
+def mrope_cos_sin(rope: Rope, positions: np.ndarray, section: tuple[int, int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """Interleaved M-RoPE cos and sin, each float32 [T, head_dim/2], for ``positions`` [3, T].
+
+    Frequency j rotates by the T position, except j = 1, 4, 7, ... (the first
+    ``section[1]`` of them) by H and j = 2, 5, 8, ... (``section[2]``) by W.
+    """
+    angles = positions.astype(np.float32)[:, :, None] * rope.inv_freq[None, None, :]  # [3, T, head_dim/2]
+    mixed = angles[0].copy()  # [T, head_dim/2]
+    for axis, offset in ((1, 1), (2, 2)):
+        picked = slice(offset, section[axis] * 3, 3)
+        mixed[:, picked] = angles[axis][:, picked]
+    cos, sin = np.cos(mixed), np.sin(mixed)  # [T, head_dim/2] each
+    if rope.attention_scaling != 1.0:
+        cos *= np.float32(rope.attention_scaling)
+        sin *= np.float32(rope.attention_scaling)
+    return cos, sin
+
+
+# --------------------------------------------------------------------------- model
+
+
+@attrs.frozen
+class VLPrompt:
+    """A prompt ready for prefill: expanded token ids, 3-D positions and image features.
+
+    Attributes:
+        token_ids: int64 [T], each image's pad run already expanded.
+        positions: int64 [3, T].
+        rope_delta: decode positions are ``cache.length + rope_delta``.
+        image_rows: int64 [n_tokens], the rows of ``token_ids`` that are image tokens.
+        features: the vision tower's output for those rows (None without images).
+    """
+
+    token_ids: np.ndarray
+    positions: np.ndarray
+    rope_delta: int
+    image_rows: np.ndarray
+    features: ImageFeatures | None
+
+
+@attrs.frozen
+class Qwen3VL:
+    """A loaded Qwen3-VL: the Qwen3 decoder of its language model plus the vision tower."""
+
+    config: Qwen3VLConfig
+    decoder: Decoder
+    vision: VisionWeights
+
+    def new_cache(self) -> KVCache:
+        """An empty KV cache for one sequence."""
+        return self.decoder.new_cache()
+
+    def encode_images(self, pixel_values: np.ndarray, image_grid_thw: np.ndarray) -> ImageFeatures:
+        """The vision tower over ``pixel_values`` [n_patches, C*T*P*P] of images ``image_grid_thw`` [n, 3].
+
+        Raises:
+            BadRequestError: the shapes disagree with each other or the config.
+        """
+        v = self.config.vision
+        grids = np.asarray(image_grid_thw, dtype=np.int64).reshape(-1, 3)  # [n_images, 3]
+        pixels = np.asarray(pixel_values, dtype=np.float32)  # [n_patches, C*T*P*P]
+        if (grids < 1).any() or (grids[:, 1:] % v.spatial_merge_size).any():
+            raise BadRequestError(f"image grids must be positive multiples of {v.spatial_merge_size}", param="messages")
+        if pixels.ndim != 2 or pixels.shape != (int(grids.prod(axis=1).sum()), v.patch_dim):
+            raise BadRequestError(
+                f"pixel_values has shape {list(pixels.shape)}, the grids imply "
+                f"[{int(grids.prod(axis=1).sum())}, {v.patch_dim}]", param="messages")
+        return encode_images(v, self.vision, pixels, grids)
+
+    def prepare(self, token_ids: np.ndarray, pixel_values: np.ndarray | None = None,
+                image_grid_thw: np.ndarray | None = None) -> VLPrompt:
+        """Encode the images of a prompt and lay out its positions.
+
+        Args:
+            token_ids: int [T], pad runs expanded (see kestrel_trio.text.images).
+            pixel_values: float32 [n_patches, C*T*P*P] of every image, in prompt order.
+            image_grid_thw: int [n_images, 3].
+        """
+        c = self.config
+        ids = np.asarray(token_ids, dtype=np.int64)  # [T]
+        positions, delta = rope_index(ids, image_grid_thw, image_token_id=c.image_token_id,
+                                      spatial_merge_size=c.vision.spatial_merge_size)
+        rows = np.flatnonzero(ids == c.image_token_id)  # [n_tokens]
+        features = None
+        if image_grid_thw is not None and len(image_grid_thw):
+            if pixel_values is None:
+                raise BadRequestError("image grids were given without pixel_values", param="messages")
+            features = self.encode_images(pixel_values, image_grid_thw)
+        return VLPrompt(token_ids=ids, positions=positions, rope_delta=delta, image_rows=rows, features=features)
+
+    def prefill(self, cache: KVCache, prompt: VLPrompt, start: int = 0, end: int | None = None, *,
+                all_logits: bool = False) -> np.ndarray:
+        """Feed prompt rows ``start:end`` (the cache must hold exactly ``start`` tokens).
+
+        Returns:
+            float32 logits, [end - start, vocab] if ``all_logits`` else [vocab].
+        """
+        end = prompt.token_ids.size if end is None else end
+        ids = prompt.token_ids[start:end]  # [n]
+        positions = prompt.positions[:, start:end]  # [3, n]
+        lo, hi = np.searchsorted(prompt.image_rows, [start, end])
+        if hi == lo and (positions == positions[:1]).all():
+            logits = forward(self.decoder, ids, positions[0], [cache], [ids.size], all_logits=all_logits)
+        else:
+            assert prompt.features is not None
+            image = ImageFeatures(
+                embeds=prompt.features.embeds[lo:hi],
+                deepstack=tuple(d[lo:hi] for d in prompt.features.deepstack),
+            )
+            logits = _forward_with_images(self, ids, positions, cache, prompt.image_rows[lo:hi] - start, image,
+                                          all_logits)
+        return logits if all_logits else logits[-1]
+
+    def step(self, cache: KVCache, token_ids: np.ndarray, rope_delta: int, *, all_logits: bool = False) -> np.ndarray:
+        """New text tokens after the prompt (decode), at positions ``cache.length + rope_delta``."""
+        ids = np.asarray(token_ids, dtype=np.int64)  # [n]
+        positions = np.arange(cache.length, cache.length + ids.size, dtype=np.int64) + rope_delta  # [n]
+        logits = forward(self.decoder, ids, positions, [cache], [ids.size], all_logits=all_logits)
+        return logits if all_logits else logits[0]
+
+
+def load_qwen3_vl(folder: Path, progress: Callable[[float], None] | None = None) -> Qwen3VL:
+    """Read config.json and every weight of the Qwen3-VL checkpoint in ``folder``.
+
+    Raises:
+        ModelLoadError: naming the file, field or tensor at fault.
+    """
+    config = read_vl_config(folder)
+    checkpoint = SafetensorsCheckpoint(folder)
+    check_vl_tensors(checkpoint, config)
+    total = sum(info.nbytes for info in checkpoint.tensors.values()) or 1
+    done = 0
+
+    def read(name: str) -> np.ndarray:
+        nonlocal done
+        array = checkpoint.read(name)
+        done += checkpoint.tensors[name].nbytes
+        if progress is not None:
+            progress(min(1.0, done / total))
+        return array
+
+    text_names = {name for name in checkpoint.tensors if name.startswith(_TEXT_PREFIX)}
+    weights = assemble_weights(config.text, lambda name: read(_text_name(name)),
+                               {"model." + n[len(_TEXT_PREFIX):] for n in text_names})
+    vision = assemble_vision(config.vision, read, _VISION_PREFIX)
+    return Qwen3VL(config=config, decoder=Decoder.build(config.text, weights), vision=vision)
+
+
+# --------------------------------------------------------------------------- forward with images
+
+
+def _forward_with_images(model: Qwen3VL, ids: np.ndarray, positions: np.ndarray, cache: KVCache,
+                         image_rows: np.ndarray, image: ImageFeatures, all_logits: bool) -> np.ndarray:
+    # forward()'s loop for one segment, plus the three Qwen3-VL hooks (embeds, M-RoPE, deepstack).
+    c = model.config.text
+    w = model.decoder.weights
+    x = w.embed_tokens[ids]  # [n, hidden] (a copy: fancy indexing)
+    x[image_rows] = image.embeds  # [n_img, hidden]
+    cos, sin = mrope_cos_sin(model.decoder.rope, positions, model.config.mrope_section)  # [n, head_dim/2] each
+    cache.reserve(ids.size)
+    for index, layer in enumerate(w.layers):
+        h = rms_norm(x, layer.input_layernorm, c.rms_norm_eps)  # [n, hidden]
+        x = x + _attention(c, layer.attn, index, h, cos, sin, cache)  # [n, hidden]
+        h = rms_norm(x, layer.post_attention_layernorm, c.rms_norm_eps)  # [n, hidden]
+        x = x + dense_mlp(h, layer.mlp)  # [n, hidden]
+        if index < len(image.deepstack):
+            x[image_rows] += image.deepstack[index]  # [n_img, hidden]
+    cache.commit(ids.size)
+    if not all_logits:
+        x = x[-1:]  # [1, hidden]
+    x = rms_norm(x, w.norm, c.rms_norm_eps)  # [rows, hidden]
+    return linear(x, w.lm_head)  # [rows, vocab]
+
+
+def _attention(c: ModelConfig, a: Attention, index: int, h: np.ndarray, cos: np.ndarray, sin: np.ndarray,
+               cache: KVCache) -> np.ndarray:
+    n = h.shape[0]
+    q = linear(h, a.q_proj, a.q_bias).reshape(n, c.num_attention_heads, c.head_dim)  # [n, n_heads, head_dim]
+    k = linear(h, a.k_proj, a.k_bias).reshape(n, c.num_key_value_heads, c.head_dim)  # [n, n_kv, head_dim]
+    v = linear(h, a.v_proj, a.v_bias).reshape(n, c.num_key_value_heads, c.head_dim)  # [n, n_kv, head_dim]
+    q = apply_rope(rms_norm(q, a.q_norm, c.rms_norm_eps), cos, sin)  # [n, n_heads, head_dim]
+    k = apply_rope(rms_norm(k, a.k_norm, c.rms_norm_eps), cos, sin)  # [n, n_kv, head_dim]
+    keys, values = cache.write(index, k, v)  # [n_kv, past+n, head_dim] each
+    out = causal_attention(q, keys, values, cache.length, c.head_dim**-0.5)  # [n, n_heads*head_dim]
+    return linear(out, a.o_proj, a.o_bias)  # [n, hidden]
