@@ -42,6 +42,12 @@ def _port(text: str) -> int:
     return port
 
 
+def _folder(text: str) -> str:
+    if not os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a folder")
+    return text
+
+
 _COUNT = _at_least(1)
 _SECONDS = _at_least(0.0, float)
 _POSITIVE_SECONDS = _at_least(1e-3, float)
@@ -85,6 +91,14 @@ def build_parser() -> argparse.ArgumentParser:
                        help="seconds running requests get once the listener is closed on shutdown (default 10)")
     serve.add_argument("--drain-delay", type=_SECONDS, default=0.0,
                        help="seconds to keep serving after SIGTERM while /health says draining (default 0)")
+    images = serve.add_argument_group("images (Qwen3-VL models)")
+    images.add_argument("--allow-image-dir", metavar="DIR", type=_folder, default=None,
+                        help="let file:// image URLs name files under DIR (default: none; http(s) URLs are never fetched)")
+    images.add_argument("--max-image-bytes", type=_COUNT, default=10 * 2**20,
+                        help="largest encoded image in bytes (default 10 MiB)")
+    images.add_argument("--max-image-pixels", type=_COUNT, default=4096 * 4096,
+                        help="largest image width*height before resizing (default 16 Mpx, 4096x4096)")
+    images.add_argument("--max-images", type=_at_least(0), default=4, help="images per request (default 4)")
 
     generate = commands.add_parser("generate", help="stream one completion of a prompt to the terminal")
     _add_model_args(generate)
@@ -122,6 +136,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     from kestrel_trio.engine import EngineLimits
     from kestrel_trio.http import HttpLimits
+    from kestrel_trio.routes_images import ImagePolicy
     from kestrel_trio.server import serve
 
     engine_limits = EngineLimits(max_queued=args.max_queued, max_batch=args.max_batch,
@@ -133,6 +148,9 @@ def _serve(args: argparse.Namespace) -> int:
     start = functools.partial(
         serve, args.model, host=args.host, port=args.port, model_id=args.model_id, api_key=args.api_key,
         engine_limits=engine_limits, http_limits=http_limits, grace=args.grace, drain_delay=args.drain_delay,
+        image_policy=ImagePolicy(max_bytes=args.max_image_bytes, max_pixels=args.max_image_pixels,
+                                 max_images=args.max_images),
+        allow_image_dir=args.allow_image_dir,
     )
 
     async def run() -> None:

@@ -5,19 +5,23 @@ This module joins the numpy model core with the text layer; it never imports tri
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Literal, Sequence
 
 import numpy as np
 
-from kestrel_trio._model import Decoder, KVCache, ModelConfig, forward, load_decoder
+from kestrel_trio._model import Decoder, KVCache, ModelConfig, forward, read_config
+from kestrel_trio._model.weights import load_weights, resolve_residency
 from kestrel_trio._model.config import config_from_dict
 from kestrel_trio._model.random_init import random_tensors
 from kestrel_trio._model.weights import assemble_weights
+from kestrel_trio._model.qwen3_vl import Qwen3VL, is_qwen3_vl, load_qwen3_vl
+from kestrel_trio.text.images import ImageProcessorConfig, require_pillow
 from kestrel_trio.errors import BadRequestError, ContextLengthError, KestrelError, ModelLoadError
 from kestrel_trio.text import ChatTemplate, Tokenizer, missing_template_error
 
-__all__ = ["Model", "load_model", "load_demo_model", "DEMO_MODEL_ID", "DEFAULT_PREFILL_CHUNK"]
+__all__ = ["Model", "load_model", "is_qwen3_vl_folder", "set_blas_threads", "load_demo_model", "DEMO_MODEL_ID", "DEFAULT_PREFILL_CHUNK"]
 
 DEFAULT_PREFILL_CHUNK = 256  # tokens per prefill step
 DEMO_MODEL_ID = "kestrel-demo-random"
@@ -37,15 +41,24 @@ class Model:
         decoder: the numpy decoder (config, weights, rotary tables).
         name: the model id reported to clients.
         path: the checkpoint folder, if any.
+        tokenizer: the checkpoint's tokenizer, if any.
+        blas_threads: threads for numpy's BLAS (process-wide, set through
+            threadpoolctl); None leaves BLAS's own default (one per core).
     """
 
     def __init__(
-        self, decoder: Decoder, *, name: str, path: Path | None = None, tokenizer: Tokenizer | None = None
+        self, decoder: Decoder, *, name: str, path: Path | None = None, tokenizer: Tokenizer | None = None,
+        blas_threads: int | None = None,
     ) -> None:
+        if blas_threads is not None:
+            set_blas_threads(blas_threads)
         self.decoder = decoder
+        self.weights_mode = "fp32"  # "bf16" when matrices are bf16 bits upcast at use (see load_model)
         self.name = name
         self.path = path
         self.tokenizer = tokenizer
+        self.vision: Qwen3VL | None = None  # a Qwen3-VL's whole model; None for text-only checkpoints
+        self.image_config: ImageProcessorConfig | None = None  # its preprocessor_config.json
         self._template: ChatTemplate | None = None
         if tokenizer is not None and tokenizer.chat_template is not None:
             self._template = ChatTemplate(tokenizer.chat_template, special_tokens=tokenizer.special_tokens_map)
@@ -64,6 +77,17 @@ class Model:
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text`` (no special tokens added)."""
         return self.require_tokenizer().encode(text)
+
+    def encode_prompt(self, text: str, *, param: str) -> list[int]:
+        """Token ids of a prompt, or ContextLengthError (naming ``param``) when it cannot fit the context."""
+        ids, total = self.require_tokenizer().encode_bounded(text, self.context_length)
+        if ids is None or total >= self.context_length:
+            raise ContextLengthError(
+                f"The prompt is {total} tokens, but the model's context length is {self.context_length} tokens "
+                f"(at least one token must remain for the answer)",
+                param=param,
+            )
+        return ids
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of ``ids``, special tokens skipped."""
@@ -172,7 +196,28 @@ class Model:
         return out
 
 
-def load_model(path: str | Path, *, progress: Callable[[float], None] | None = None) -> Model:
+def set_blas_threads(threads: int) -> None:
+    """Limit numpy's BLAS to ``threads`` threads for the whole process (needs threadpoolctl).
+
+    Raises:
+        ModelLoadError: ``threads`` < 1, or threadpoolctl is not installed.
+    """
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ModelLoadError(f"blas_threads must be a positive integer, got {threads!r}")
+    try:
+        import threadpoolctl
+    except ImportError:
+        raise ModelLoadError("blas_threads needs the threadpoolctl package (pip install threadpoolctl)") from None
+    threadpoolctl.threadpool_limits(limits=threads, user_api="blas")
+
+
+def load_model(
+    path: str | Path,
+    *,
+    progress: Callable[[float], None] | None = None,
+    blas_threads: int | None = None,
+    weights: Literal["auto", "bf16", "fp32"] = "auto",
+) -> Model:
     """Load a Hugging Face checkpoint folder.
 
     Args:
@@ -181,21 +226,73 @@ def load_model(path: str | Path, *, progress: Callable[[float], None] | None = N
             tokenizer.json, tokenizer_config.json, generation_config.json and
             chat_template.jinja.
         progress: called with the fraction of weight bytes read (0 to 1).
+        blas_threads: threads for numpy's BLAS, process-wide (None: BLAS's default).
+        weights: how weights stay in memory. "fp32": float32 copies (fastest
+            decode). "bf16": bf16 bits memory-mapped from the checkpoint
+            (about half the memory, shared page cache, near-instant load), each
+            matrix upcast just before its product; fp32/fp16 checkpoints are
+            rounded to bf16 once, with a logged warning. "auto": bf16 only when
+            the fp32 weights would not fit the available memory with a margin.
+            The choice is ``Model.weights_mode``.
 
     Raises:
         ModelLoadError: naming the file, field or tensor at fault.
     """
+    if blas_threads is not None:
+        set_blas_threads(blas_threads)  # before reading: a bad value fails fast
     folder = Path(path)
     if not folder.is_dir():
         raise ModelLoadError(f"{folder}: not a checkpoint folder")
-    decoder = load_decoder(folder, progress)
+    if is_qwen3_vl_folder(folder):
+        return _load_qwen3_vl_model(folder, progress)
+    config = read_config(folder)
+    residency = resolve_residency(folder, weights)
+    decoder = Decoder.build(config, load_weights(folder, config, progress, residency))
     tokenizer = Tokenizer.from_folder(folder) if (folder / "tokenizer.json").is_file() else None
     if tokenizer is not None and tokenizer.vocab_size > decoder.config.vocab_size:
         raise ModelLoadError(
             f"{folder}: tokenizer.json has {tokenizer.vocab_size} tokens but config.json's vocab_size is "
             f"{decoder.config.vocab_size}"
         )
-    return Model(decoder, name=folder.resolve().name, path=folder, tokenizer=tokenizer)
+    model = Model(decoder, name=folder.resolve().name, path=folder, tokenizer=tokenizer)
+    model.weights_mode = residency
+    return model
+
+
+def is_qwen3_vl_folder(folder: Path) -> bool:
+    """Whether ``folder/config.json`` names Qwen3-VL (False when it is missing or unreadable)."""
+    try:
+        raw = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False  # read_config reports what is wrong with the file
+    return isinstance(raw, dict) and is_qwen3_vl(raw)
+
+
+def _load_qwen3_vl_model(folder: Path, progress: Callable[[float], None] | None) -> Model:
+    """A Qwen3-VL checkpoint: its language model serves text as Qwen3 does; ``vision`` adds images.
+
+    Weights are float32 copies (``weights`` modes are not applied to Qwen3-VL).
+    """
+    try:
+        require_pillow()  # now, not at the first image request
+    except KestrelError as exc:
+        raise ModelLoadError(f"{folder}: a Qwen3-VL checkpoint needs Pillow: {exc.message}") from None
+    image_config = ImageProcessorConfig.read(folder)
+    vl = load_qwen3_vl(folder, progress)
+    v = vl.config.vision
+    for name, ours, theirs in (("patch_size", image_config.patch_size, v.patch_size),
+                               ("merge_size", image_config.merge_size, v.spatial_merge_size),
+                               ("temporal_patch_size", image_config.temporal_patch_size, v.temporal_patch_size)):
+        if ours != theirs:
+            raise ModelLoadError(
+                f"{folder}: preprocessor_config.json {name} {ours} differs from config.json's {theirs}")
+    tokenizer = Tokenizer.from_folder(folder) if (folder / "tokenizer.json").is_file() else None
+    if tokenizer is not None and tokenizer.vocab_size > vl.config.text.vocab_size:
+        raise ModelLoadError(f"{folder}: tokenizer.json has {tokenizer.vocab_size} tokens but text_config's "
+                             f"vocab_size is {vl.config.text.vocab_size}")
+    model = Model(vl.decoder, name=folder.resolve().name, path=folder, tokenizer=tokenizer)
+    model.vision, model.image_config = vl, image_config
+    return model
 
 
 def load_demo_model(seed: int = 0) -> Model:

@@ -9,6 +9,7 @@ as an ``error`` event followed by ``[DONE]``.
 
 from __future__ import annotations
 
+import functools
 import hmac
 import logging
 import time
@@ -22,6 +23,8 @@ from kestrel_trio.errors import BadRequestError, EngineUnavailableError, Kestrel
 from kestrel_trio.http import Request, Response, Router, StreamingResponse
 from kestrel_trio.model import Model
 from kestrel_trio.routes_chat import ChatOptions, Job
+from kestrel_trio.routes_images import ImagePolicy, prepare_images, template_parts
+from kestrel_trio.text.images import expand_image_pads
 from kestrel_trio.stats import CONTENT_TYPE as PROMETHEUS_CONTENT_TYPE
 
 __all__ = ["ServerState", "build_router"]
@@ -43,6 +46,10 @@ class ServerState:
         engine: the running engine, or None while loading.
         api_key: if set, every route except ``open_paths`` needs ``Authorization: Bearer <key>``.
         open_paths: routes that never need the key.
+        images: what image input chat requests may carry (Qwen3-VL models only).
+        image_workers: requests whose images are being decoded at once (worker threads).
+        text_workers: requests whose prompt is being rendered and tokenized at once (worker
+            threads, so a megabyte prompt never stalls the event loop and /health).
     """
 
     model_id: str
@@ -51,6 +58,9 @@ class ServerState:
     engine: Engine | None = None
     api_key: str | None = None
     open_paths: frozenset[str] = frozenset({"/health", "/metrics"})
+    images: ImagePolicy = ImagePolicy()
+    image_workers: trio.CapacityLimiter = attrs.field(factory=lambda: trio.CapacityLimiter(1))
+    text_workers: trio.CapacityLimiter = attrs.field(factory=lambda: trio.CapacityLimiter(2))
     created: int = attrs.field(factory=lambda: int(time.time()))
     streams_ended: bool = False
     _waits: set = attrs.field(factory=set)
@@ -145,6 +155,9 @@ def _check_api_key(request: Request, api_key: str) -> None:
                                   code="invalid_api_key")
 
 
+_PARSE_IN_THREAD_FROM_BYTES = 64 * 1024  # smaller bodies parse in well under a millisecond
+
+
 class _Routes:
     def __init__(self, state: ServerState) -> None:
         self.state = state
@@ -161,6 +174,16 @@ class _Routes:
     def models(self, request: Request) -> Response:
         return _json(200, oa.models_list([self.state.model_id], self.state.created))
 
+    async def _parse(self, parse, body: bytes):
+        """``parse(body)``; a large body is parsed in a worker thread, off the event loop."""
+        if len(body) < _PARSE_IN_THREAD_FROM_BYTES:
+            return parse(body)
+        return await self._off_loop(parse, body)
+
+    async def _off_loop(self, function, *args):
+        """``function(*args)`` in a worker thread: templates and tokenizers are CPU work of any length."""
+        return await trio.to_thread.run_sync(function, *args, limiter=self.state.text_workers)
+
     def _ready(self, requested_model: str | None) -> tuple[Model, Engine]:
         state = self.state
         # "draining" still serves: a balancer needs a health-check interval to stop sending here.
@@ -172,13 +195,16 @@ class _Routes:
         return state.model, state.engine
 
     async def chat(self, request: Request) -> Response | StreamingResponse:
-        chat = oa.parse_chat_request(request.body)
+        # A text-only model refuses images just below.
+        chat = await self._parse(functools.partial(oa.parse_chat_request, allow_images=True), request.body)
         model, engine = self._ready(chat.model)
+        images = await prepare_images(model, chat.messages, self.state.images, self.state.image_workers)
         tool_choice = chat.tool_choice or ("auto" if chat.tools else "none")
         tools = list(chat.tools) if chat.tools and tool_choice != "none" else None
-        prompt = model.apply_chat_template(
-            chat.template_messages(), add_generation_prompt=True, tools=tools, **chat.chat_template_kwargs,
-        )
+        prompt = await self._off_loop(functools.partial(
+            model.apply_chat_template, template_parts(chat.template_messages()), add_generation_prompt=True,
+            tools=tools, **chat.chat_template_kwargs,
+        ))
         thinking = model.tokenizer is not None and model.tokenizer.token_to_id("<think>") is not None
         forced = oa.forced_tool_prefix(tool_choice) if tools else ""
         if forced:
@@ -187,15 +213,19 @@ class _Routes:
             prompt += forced
         options = ChatOptions(reasoning=thinking, starts_in_reasoning=thinking and prompt.rstrip().endswith("<think>"),
                               parse_tools=tools is not None, forced_prefix=forced)
-        job = Job(self.state, model, engine, chat.sampling, model.encode(prompt), "messages", chat=options,
-                  model_id=self.state.model_id)
+        ids = await self._off_loop(functools.partial(model.encode_prompt, prompt, param="messages"))
+        if images:
+            assert model.vision is not None
+            ids = expand_image_pads(ids, model.vision.config.image_token_id, [image.num_tokens for image in images])
+        job = Job(self.state, model, engine, chat.sampling, ids, "messages", chat=options,
+                  model_id=self.state.model_id, images=tuple(images))
         return await job.respond()
 
     async def completions(self, request: Request) -> Response | StreamingResponse:
-        req = oa.parse_completion_request(request.body)
+        req = await self._parse(oa.parse_completion_request, request.body)
         model, engine = self._ready(req.model)
         if isinstance(req.prompt, str):
-            ids = model.encode(req.prompt)
+            ids = await self._off_loop(functools.partial(model.encode_prompt, req.prompt, param="prompt"))
         else:
             ids = list(req.prompt)
             model.check_token_ids(ids, param="prompt")
@@ -206,19 +236,20 @@ class _Routes:
         return await job.respond()
 
     async def tokenize(self, request: Request) -> Response:
-        req = oa.parse_tokenize_request(request.body)
+        req = await self._parse(oa.parse_tokenize_request, request.body)
         model, _ = self._ready(req.model)
         if req.messages is not None:
-            text = model.apply_chat_template(
-                list(req.messages), add_generation_prompt=req.add_generation_prompt, **req.chat_template_kwargs
-            )
+            text = await self._off_loop(functools.partial(
+                model.apply_chat_template, list(req.messages), add_generation_prompt=req.add_generation_prompt,
+                **req.chat_template_kwargs,
+            ))
         else:
             text = req.prompt or ""
-        ids = model.encode(text)
+        ids = await self._off_loop(model.encode, text)
         return _json(200, {"count": len(ids), "max_model_len": model.context_length, "tokens": ids})
 
     async def detokenize(self, request: Request) -> Response:
-        req = oa.parse_detokenize_request(request.body)
+        req = await self._parse(oa.parse_detokenize_request, request.body)
         model, _ = self._ready(req.model)
         if req.tokens:
             model.check_token_ids(list(req.tokens), param="tokens")

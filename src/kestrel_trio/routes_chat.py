@@ -90,6 +90,7 @@ class Job:
         chat: chat options, or None for the completions endpoint.
         model_id: the model id to report.
         echo: the prompt text to echo (completions), or None.
+        images: the prompt's preprocessed images (``ids`` hold their expanded pad runs).
 
     Raises:
         BadRequestError: ``n`` exceeds the queue, or a sampling field is invalid.
@@ -97,7 +98,8 @@ class Job:
     """
 
     def __init__(self, state, model: Model, engine: Engine, fields: oa.SamplingFields, ids: list[int],
-                 prompt_param: str, *, chat: ChatOptions | None, model_id: str, echo: str | None = None) -> None:
+                 prompt_param: str, *, chat: ChatOptions | None, model_id: str, echo: str | None = None,
+                 images: tuple = ()) -> None:
         self.state = state
         self.model = model
         self.engine = engine
@@ -109,9 +111,10 @@ class Job:
             raise BadRequestError(f"'n' must be at most {engine.limits.max_queued} on this server (its queue size), "
                                   f"got {fields.n}", param="n")
         params = sampling_params(model, fields)
-        check_context(len(ids), params.max_tokens, model.context_length, param=prompt_param)
-        self.requests = [GenerationRequest(tuple(ids), _choice_params(params, i), prompt_param=prompt_param)
-                         for i in range(fields.n)]
+        check_context(len(ids), params.max_tokens, model.context_length, param=prompt_param,
+                      max_tokens_param=fields.max_tokens_param)
+        self.requests = [GenerationRequest(tuple(ids), _choice_params(params, i), prompt_param=prompt_param,
+                                           images=tuple(images)) for i in range(fields.n)]
         self.id = oa.new_id("cmpl" if chat is None else "chatcmpl")
         self.created = int(time.time())
         self.ident = (self.id, self.created, model_id)

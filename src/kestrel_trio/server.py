@@ -22,9 +22,11 @@ import attrs
 import trio
 
 from kestrel_trio.engine import Engine, EngineLimits, run_engine
+from kestrel_trio.errors import KestrelError
 from kestrel_trio.http import HttpLimits, HttpServer, serve_http
-from kestrel_trio.model import DEMO_MODEL_ID, Model, load_demo_model, load_model
+from kestrel_trio.model import DEMO_MODEL_ID, Model, is_qwen3_vl_folder, load_demo_model, load_model
 from kestrel_trio.routes import ServerState, build_router
+from kestrel_trio.routes_images import ImagePolicy
 
 __all__ = ["Server", "serve"]
 
@@ -73,6 +75,26 @@ def _resolve_model_id(model: Model | str | Path | None, model_id: str | None) ->
     return Path(model).resolve().name
 
 
+def _accepts_images(model: Model | str | Path | None) -> bool:
+    if isinstance(model, Model):
+        return model.vision is not None
+    return model is not None and is_qwen3_vl_folder(Path(model))
+
+
+def _image_policy(policy: ImagePolicy, allow_image_dir: str | Path | None) -> ImagePolicy:
+    if allow_image_dir is None:
+        return policy
+    if not Path(allow_image_dir).is_dir():
+        raise KestrelError(f"allow_image_dir {str(allow_image_dir)!r} is not a folder")
+    return attrs.evolve(policy, allow_dir=allow_image_dir)
+
+
+def _room_for_images(limits: HttpLimits, policy: ImagePolicy) -> HttpLimits:
+    """HTTP limits whose body bound fits ``max_images`` base64 images of ``max_bytes`` each, plus 1 MiB of text."""
+    needed = policy.max_images * (-(-policy.max_bytes // 3) * 4) + 2**20
+    return limits if limits.max_body_bytes >= needed else attrs.evolve(limits, max_body_bytes=needed)
+
+
 def _load(model: str | Path | None) -> Model:
     if model is None:
         log.warning("no --model given: serving the built-in demo model %r; its weights are random and its text "
@@ -92,6 +114,8 @@ async def serve(
     http_limits: HttpLimits = HttpLimits(),
     grace: float = 10.0,
     drain_delay: float = 0.0,
+    image_policy: ImagePolicy = ImagePolicy(),
+    allow_image_dir: str | Path | None = None,
     task_status: trio.TaskStatus = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the OpenAI-compatible API until cancelled or shut down.
@@ -110,9 +134,18 @@ async def serve(
         grace: seconds running requests may take to finish once the listener is closed.
         drain_delay: seconds between the start of a shutdown (/health turns 503 "draining")
             and the listener's close; requests arriving meanwhile are still served.
+        image_policy: image limits of chat requests (Qwen3-VL models only).
+        allow_image_dir: a folder whose files ``file://`` image URLs may name
+            (overrides ``image_policy.allow_dir``); by default none may.
+
+    A Qwen3-VL model raises ``http_limits.max_body_bytes`` when needed so that
+    a request can carry ``max_images`` base64 images of ``max_bytes`` each.
     """
-    state = ServerState(model_id=_resolve_model_id(model, model_id), api_key=api_key)
+    policy = _image_policy(image_policy, allow_image_dir)
+    state = ServerState(model_id=_resolve_model_id(model, model_id), api_key=api_key, images=policy)
     http_limits = attrs.evolve(http_limits, shutdown_grace=grace + _HTTP_GRACE_MARGIN)
+    if _accepts_images(model):
+        http_limits = _room_for_images(http_limits, policy)
     async with trio.open_nursery() as nursery:
         http_done = trio.Event()
 

@@ -20,8 +20,7 @@ import pytest
 from openai import OpenAI
 
 from deploy_kit import (
-    API_KEY, DEPLOY, HOST, Child, LoadLoop, Outcome, chat_stream, free_ports, haproxy_server_states, health,
-    require_tool, start_replica, wait_healthy, wait_until,
+    API_KEY, DEPLOY, HOST, Child, LoadLoop, Outcome, chat_stream, free_ports, haproxy_server_states, require_tool, start_replica, wait_healthy, wait_until,
 )
 
 DRAIN_DELAY = 3.0  # s: more than HAProxy's ~1.5 s to mark a replica DOWN (deploy/haproxy.cfg)

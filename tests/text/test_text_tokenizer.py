@@ -49,6 +49,16 @@ def test_encode_adds_no_bos_and_round_trips(qwen_tokenizer: Tokenizer) -> None:
     assert qwen_tokenizer.encode("Hello") == [9707]
 
 
+def test_long_texts_encode_exactly_as_short_ones(qwen_tokenizer: Tokenizer) -> None:
+    # Past a length the GIL-free batch call is used; the ids must not change with the path taken.
+    piece = "Ünïcode 文字 <|im_start|>user\n  spaces\t\ttabs 1234567 😀 "
+    text = piece * (5000 // len(piece) + 1)
+    assert len(text) >= 4096
+    backend = qwen_tokenizer._backend
+    assert qwen_tokenizer.encode(text) == backend.encode(text, add_special_tokens=False).ids
+    assert qwen_tokenizer.encode(text[:100]) == backend.encode(text[:100], add_special_tokens=False).ids
+
+
 def test_decode_skips_special_tokens_only_when_asked(qwen_tokenizer: Tokenizer) -> None:
     ids = [IM_START, *qwen_tokenizer.encode("hi"), THINK, IM_END]
     assert qwen_tokenizer.decode(ids) == "hi<think>"

@@ -17,7 +17,7 @@ import numpy as np
 
 from kestrel_trio._model.config import ModelConfig
 from kestrel_trio._model.kv_cache import KVCache
-from kestrel_trio._model.layers import causal_attention, dense_mlp, linear, rms_norm, sparse_moe
+from kestrel_trio._model.layers import causal_attention, dense_mlp, embedding, linear, rms_norm, sparse_moe
 from kestrel_trio._model.rope import Rope, apply_rope
 from kestrel_trio._model.weights import Attention, DenseMLP, Layer, Weights
 
@@ -66,7 +66,7 @@ def forward(
     """
     c = decoder.config
     w = decoder.weights
-    x = w.embed_tokens[token_ids]  # [N, hidden]
+    x = embedding(w.embed_tokens, token_ids)  # [N, hidden]
     cos, sin = decoder.rope.cos_sin(positions)  # [N, head_dim/2] each
     for cache, n in zip(caches, lengths):
         cache.reserve(n)
@@ -95,9 +95,7 @@ def _layer(decoder: Decoder, layer: Layer, index: int, x: np.ndarray, cos: np.nd
 def _attention(c: ModelConfig, a: Attention, index: int, h: np.ndarray, cos: np.ndarray, sin: np.ndarray,
                caches: Sequence[KVCache], lengths: Sequence[int]) -> np.ndarray:
     n = h.shape[0]
-    q = linear(h, a.q_proj, a.q_bias).reshape(n, c.num_attention_heads, c.head_dim)  # [N, n_heads, head_dim]
-    k = linear(h, a.k_proj, a.k_bias).reshape(n, c.num_key_value_heads, c.head_dim)  # [N, n_kv, head_dim]
-    v = linear(h, a.v_proj, a.v_bias).reshape(n, c.num_key_value_heads, c.head_dim)  # [N, n_kv, head_dim]
+    q, k, v = _qkv(c, a, h)
     if a.q_norm is not None:
         q = rms_norm(q, a.q_norm, c.rms_norm_eps)  # [N, n_heads, head_dim]
         k = rms_norm(k, a.k_norm, c.rms_norm_eps)  # [N, n_kv, head_dim]
@@ -111,3 +109,22 @@ def _attention(c: ModelConfig, a: Attention, index: int, h: np.ndarray, cos: np.
         out[rows] = causal_attention(q[rows], keys, values, cache.length, c.head_dim**-0.5)
         start += length
     return linear(out, a.o_proj, a.o_bias)  # [N, hidden]
+
+
+def _qkv(c: ModelConfig, a: Attention, h: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Queries, keys and values of ``h`` [N, hidden]: one fused matmul when the weights allow."""
+    n, hd = h.shape[0], c.head_dim
+    if a.qkv_proj is None:
+        q = linear(h, a.q_proj, a.q_bias)  # [N, n_heads*head_dim]
+        k = linear(h, a.k_proj, a.k_bias)  # [N, n_kv*head_dim]
+        v = linear(h, a.v_proj, a.v_bias)  # [N, n_kv*head_dim]
+    else:
+        qkv = linear(h, a.qkv_proj, a.qkv_bias)  # [N, (n_heads + 2*n_kv)*head_dim]
+        q_end = c.num_attention_heads * hd
+        k_end = q_end + c.num_key_value_heads * hd
+        q, k, v = qkv[:, :q_end], qkv[:, q_end:k_end], qkv[:, k_end:]  # views
+    return (
+        q.reshape(n, c.num_attention_heads, hd),  # [N, n_heads, head_dim]
+        k.reshape(n, c.num_key_value_heads, hd),  # [N, n_kv, head_dim]
+        v.reshape(n, c.num_key_value_heads, hd),  # [N, n_kv, head_dim]
+    )

@@ -1,12 +1,22 @@
-"""The numpy building blocks of a Qwen decoder layer, float32 throughout."""
+"""The numpy building blocks of a Qwen decoder layer, float32 throughout.
+
+Matrices are float32 arrays, or :class:`Bf16Matrix` bf16 bits that
+:func:`linear` upcasts (exactly) chunk by chunk just before each product.
+"""
 
 from __future__ import annotations
 
+import threading
+import time
+
 import numpy as np
 
-from kestrel_trio._model.weights import DenseMLP, SparseMoE
+from kestrel_trio._model.weights import Bf16Matrix, DenseMLP, Matrix, SparseMoE
 
-__all__ = ["rms_norm", "linear", "silu", "causal_attention", "dense_mlp", "sparse_moe"]
+__all__ = [
+    "rms_norm", "linear", "linear_bf16", "embedding", "small_batch_call", "set_small_batch_call",
+    "silu", "swiglu", "causal_attention", "dense_mlp", "sparse_moe",
+]
 
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
@@ -15,12 +25,113 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     return (x / np.sqrt(variance + np.float32(eps))) * weight  # [..., d]
 
 
-def linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
-    """``x`` [N, in] times ``weight`` [out, in] transposed, plus ``bias`` [out]."""
-    y = x @ weight.T  # [N, out]
+def linear(x: np.ndarray, weight: Matrix, bias: np.ndarray | None = None) -> np.ndarray:
+    """``x`` [N, in] times ``weight`` [out, in] transposed, plus ``bias`` [out].
+
+    A :class:`Bf16Matrix` is upcast chunk by chunk into a reused scratch
+    buffer, each chunk multiplied as it is ready (see :func:`linear_bf16`).
+    """
+    y = linear_bf16(x, weight) if isinstance(weight, Bf16Matrix) else _product(x, weight)  # [N, out]
     if bias is not None:
         y += bias
     return y
+
+
+def _product(x: np.ndarray, weight: np.ndarray) -> np.ndarray:
+    """``x`` [N, in] @ ``weight`` [out, in].T in the call shape fastest for N rows."""
+    if SMALL_BATCH_ROWS[0] <= x.shape[0] <= SMALL_BATCH_ROWS[1] and x.ndim == 2 and _weight_on_left():
+        return np.ascontiguousarray((weight @ x.T).T)  # [N, out]
+    return x @ weight.T  # [N, out]
+
+
+# float32 elements upcast per chunk: 4 MiB, well inside L3, few enough Python calls.
+UPCAST_CHUNK = 1 << 20
+_scratch = threading.local()  # one buffer per thread: forward may run in several threads
+
+
+def linear_bf16(x: np.ndarray, weight: Bf16Matrix) -> np.ndarray:
+    """``x`` [N, in] @ ``weight``.T [in, out], upcasting at most UPCAST_CHUNK weights at a time.
+
+    Rows are gathered across the matrix's parts into each chunk, so a matrix
+    that fits one chunk is one product over exactly the float32 values the
+    fp32 mode holds: the same call, bit-identical logits.
+    """
+    out_rows, width = weight.shape
+    if x.ndim != 2:
+        return linear_bf16(x.reshape(-1, width), weight).reshape(*x.shape[:-1], out_rows)  # [..., out]
+    out = np.empty((x.shape[0], out_rows), dtype=np.float32)  # [N, out]
+    chunk_rows = max(1, UPCAST_CHUNK // width)
+    buffer = _scratch_buffer(min(chunk_rows, out_rows) * width).reshape(-1, width)  # [chunk_rows, in]
+    bits = buffer.view(np.uint32)  # [chunk_rows, in] the same memory
+    filled = done = 0
+    for part in weight.parts:
+        start = 0
+        while start < part.shape[0]:
+            take = min(part.shape[0] - start, buffer.shape[0] - filled)
+            target = bits[filled : filled + take]  # [take, in]
+            np.copyto(target, part[start : start + take])  # widen; 2x faster here than a casting left_shift
+            target <<= 16
+            filled, start = filled + take, start + take
+            if filled == buffer.shape[0]:
+                out[:, done : done + filled] = _product(x, buffer)
+                done, filled = done + filled, 0
+    if filled:
+        out[:, done : done + filled] = _product(x, buffer[:filled])
+    return out
+
+
+def _scratch_buffer(size: int) -> np.ndarray:
+    """This thread's float32 scratch of at least ``size`` elements, grown never shrunk."""
+    buffer = getattr(_scratch, "buffer", None)
+    if buffer is None or buffer.size < size:
+        buffer = _scratch.buffer = np.empty(size, dtype=np.float32)  # [size]
+    return buffer[:size]
+
+
+def embedding(table: Matrix, ids: np.ndarray) -> np.ndarray:
+    """float32 rows ``ids`` [N] of an embedding ``table`` [vocab, hidden], [N, hidden]."""
+    return table.rows(ids) if isinstance(table, Bf16Matrix) else table[ids]
+
+
+# Batch sizes of a batched decode step. For these, some OpenBLAS kernels run
+# W @ x.T (weight as the left operand) 20-30% faster than x @ W.T, others
+# slower (docs/performance.md), so the call is chosen by timing both once.
+SMALL_BATCH_ROWS = (2, 32)
+_small_batch_call: list[str] = []  # "weight_left" or "weight_right" once chosen
+
+
+def small_batch_call() -> str:
+    """The call used for 2-32 rows: "weight_left" (W @ x.T) or "weight_right" (x @ W.T), timed once per process."""
+    if not _small_batch_call:
+        _small_batch_call.append(_time_small_batch_calls())
+    return _small_batch_call[0]
+
+
+def set_small_batch_call(call: str | None) -> None:
+    """Force the 2-32-row call ("weight_left" / "weight_right"), or None to time it again on next use."""
+    if call not in (None, "weight_left", "weight_right"):
+        raise ValueError(f"unknown small-batch call {call!r}")
+    _small_batch_call.clear()
+    if call is not None:
+        _small_batch_call.append(call)
+
+
+def _weight_on_left() -> bool:
+    return small_batch_call() == "weight_left"
+
+
+def _time_small_batch_calls(rounds: int = 5) -> str:
+    rng = np.random.default_rng(0)
+    weights = [rng.standard_normal((3072, 1024), dtype=np.float32) for _ in range(3)]  # 3 x [out, in]
+    x = rng.standard_normal((8, 1024), dtype=np.float32)  # [8, in]
+    best = {"weight_left": float("inf"), "weight_right": float("inf")}
+    for _ in range(rounds):
+        for call in best:
+            started = time.perf_counter()
+            for w in weights:
+                _ = (w @ x.T) if call == "weight_left" else (x @ w.T)  # [out, 8] / [8, out]
+            best[call] = min(best[call], time.perf_counter() - started)
+    return min(best, key=best.__getitem__)
 
 
 def silu(x: np.ndarray) -> np.ndarray:
@@ -61,9 +172,23 @@ def causal_attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, past: 
 
 def dense_mlp(x: np.ndarray, mlp: DenseMLP) -> np.ndarray:
     """SwiGLU: down(silu(gate(x)) * up(x)) for ``x`` [N, hidden]."""
-    gate = silu(linear(x, mlp.gate_proj))  # [N, inter]
-    gate *= linear(x, mlp.up_proj)  # [N, inter]
-    return linear(gate, mlp.down_proj)  # [N, hidden]
+    if mlp.gate_up_proj is None:
+        gate = silu(linear(x, mlp.gate_proj))  # [N, inter]
+        gate *= linear(x, mlp.up_proj)  # [N, inter]
+        return linear(gate, mlp.down_proj)  # [N, hidden]
+    inter = mlp.down_proj.shape[1]
+    gate_up = linear(x, mlp.gate_up_proj)  # [N, 2*inter]
+    return linear(swiglu(gate_up[:, :inter], gate_up[:, inter:]), mlp.down_proj)  # [N, hidden]
+
+
+def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """silu(gate) * up in one fresh array, rounding as ``silu(gate) * up`` does."""
+    out = np.negative(gate)  # [N, inter]
+    np.exp(out, out=out)
+    out += np.float32(1.0)
+    np.divide(gate, out, out=out)
+    out *= up
+    return out
 
 
 def sparse_moe(x: np.ndarray, moe: SparseMoE, top_k: int, norm_topk_prob: bool) -> np.ndarray:

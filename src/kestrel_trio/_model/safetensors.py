@@ -24,7 +24,7 @@ import numpy as np
 
 from kestrel_trio.errors import ModelLoadError
 
-__all__ = ["TensorInfo", "SafetensorsCheckpoint", "bf16_to_fp32"]
+__all__ = ["TensorInfo", "SafetensorsCheckpoint", "bf16_to_fp32", "fp32_to_bf16_bits"]
 
 _ITEMSIZE = {"F32": 4, "F16": 2, "BF16": 2}
 _MAX_HEADER_BYTES = 100 * 1024 * 1024
@@ -127,11 +127,55 @@ class SafetensorsCheckpoint:
         out.flags.writeable = False
         return out
 
+    def read_bf16(self, name: str) -> np.ndarray:
+        """Tensor ``name`` as read-only bf16 bits (uint16, its shape).
+
+        bf16 storage is memory-mapped (no copy: the pages are the shared page
+        cache); F32 and F16 storage is rounded to bf16 (nearest even) into a
+        fresh array, since it cannot be mapped as bf16.
+        """
+        info = self.tensors[name]
+        if info.dtype == "BF16":
+            array = np.frombuffer(self._map(info.path), dtype="<u2", count=info.nbytes // 2, offset=info.offset)
+            return array.reshape(info.shape)
+        bits = fp32_to_bf16_bits(self.read(name)).reshape(info.shape)
+        bits.flags.writeable = False
+        return bits
+
+    def read_into(self, name: str, out: np.ndarray) -> None:
+        """Fill ``out`` (float32, C-contiguous, the tensor's size) with tensor ``name``.
+
+        Plain file reads, never the memory map: a tensor copied into a fused
+        matrix at load would otherwise stay resident twice (mapped and copied).
+        """
+        info = self.tensors[name]
+        if out.dtype != np.float32 or not out.flags.c_contiguous or out.size != info.nbytes // _ITEMSIZE[info.dtype]:
+            raise ValueError(f"read_into({name!r}): destination must be contiguous float32 of {info.shape}")
+        if info.dtype == "F32":
+            _read_exact(info, memoryview(out.reshape(-1)).cast("B"))
+            return
+        raw = np.empty(out.size, dtype=np.uint16)  # [n] storage bits
+        _read_exact(info, memoryview(raw).cast("B"))
+        flat = out.reshape(-1)  # [n]
+        if info.dtype == "BF16":
+            wide = flat.view(np.uint32)  # [n] the destination's bits
+            np.copyto(wide, raw, casting="unsafe")
+            wide <<= 16
+        else:
+            np.copyto(flat, raw.view("<f2"), casting="unsafe")
+
     def _map(self, path: Path) -> mmap.mmap:
         if path not in self._maps:
             with open(path, "rb") as file:
                 self._maps[path] = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
         return self._maps[path]
+
+
+def _read_exact(info: TensorInfo, buffer: memoryview) -> None:
+    with open(info.path, "rb") as file:
+        file.seek(info.offset)
+        if file.readinto(buffer) != info.nbytes:
+            raise ModelLoadError(f"{info.path.name}: tensor {info.name!r} is truncated")
 
 
 def _read_header(path: Path) -> list[TensorInfo]:

@@ -18,6 +18,10 @@ Theory of operation:
   job's first step. A waiting job whose prompt starts with the prompt of a job
   still in prefill waits for that prefill to end, then reuses it (this is how
   n > 1 choices and identical concurrent requests share one prefill).
+  Prompts with images take no part in either: equal ``<|image_pad|>`` ids
+  may stand for different images, so a reuse would be silently wrong.
+* A prompt's images (Qwen3-VL) are encoded by the vision tower inside the
+  job's first step, in the same worker thread as every other step.
 * After the step it delivers each job's result on the job's own channel, whose
   capacity (max_tokens + 2) is larger than the number of results a job can
   ever produce, so delivery never blocks the inference task on a slow reader.
@@ -42,7 +46,7 @@ import trio
 from kestrel_trio._model.prefix_cache import PrefixCache
 from kestrel_trio.engine.metrics import EngineMetrics
 from kestrel_trio.engine.types import Delta, EngineLimits, GenerationRequest
-from kestrel_trio.errors import EngineUnavailableError, KestrelError, QueueFullError
+from kestrel_trio.errors import BadRequestError, EngineUnavailableError, KestrelError, QueueFullError
 from kestrel_trio.model import Model
 from kestrel_trio.text.batch import step_generations
 from kestrel_trio.text.generation import Generation, Phase, StepResult, check_context
@@ -178,6 +182,8 @@ class Engine:
 
     def _new_generation(self, request: GenerationRequest) -> Generation:
         model = self.model
+        if request.images and model.vision is None:
+            raise BadRequestError(f"model {model.name!r} does not accept images", param=request.prompt_param)
         max_tokens = check_context(
             len(request.prompt_ids), request.params.max_tokens, model.context_length, param=request.prompt_param
         )
@@ -191,6 +197,7 @@ class Engine:
             cache=model.new_cache(),
             vocab_size=model.config.vocab_size,
             prefill_chunk=self.limits.prefill_chunk,
+            images=request.images,
         )
 
     def _abandon(self, job: Job) -> None:
@@ -242,14 +249,15 @@ class Engine:
 
     def _shares_a_running_prefill(self, job: Job) -> bool:
         """Whether an active job is still prefilling this job's whole prompt but its last token."""
-        if not self.prefix_cache.enabled:
+        if not self.prefix_cache.enabled or job.generation.has_images:
             return False
         prompt = job.generation.prompt_ids
         shared = prompt[:-1]
         if len(shared) < self.prefix_cache.min_tokens:
             return False
         return any(
-            other.generation.phase is Phase.PREFILL and other.generation.prompt_ids[: len(shared)] == shared
+            other.generation.phase is Phase.PREFILL and not other.generation.has_images
+            and other.generation.prompt_ids[: len(shared)] == shared
             for other in self._active
         )
 
@@ -272,7 +280,8 @@ class Engine:
         self.batch_in_flight = len(batch)
         try:
             results = await trio.to_thread.run_sync(
-                step_generations, self.model.decoder, generations, self.prefix_cache, limiter=self._limiter
+                step_generations, self.model.decoder, generations, self.prefix_cache, self.model.vision,
+                limiter=self._limiter,
             )
         except Exception:
             log.exception("a model step failed; failing its %d generation(s)", len(batch))

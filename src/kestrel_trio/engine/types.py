@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import attrs
 
+from kestrel_trio.text.images import ProcessedImage
 from kestrel_trio.text.sampling import SamplingParams, TokenLogprobs
 
 __all__ = ["EngineLimits", "GenerationRequest", "Delta"]
@@ -38,11 +39,14 @@ class GenerationRequest:
         prompt_ids: the prompt's token ids.
         params: sampling parameters (max_tokens None: as many as the context allows).
         prompt_param: the request field that carried the prompt, for error messages.
+        images: the prompt's images in prompt order, preprocessed (Qwen3-VL only);
+            ``prompt_ids`` then hold each image's expanded ``<|image_pad|>`` run.
     """
 
     prompt_ids: tuple[int, ...]
     params: SamplingParams
     prompt_param: str = "prompt"
+    images: tuple[ProcessedImage, ...] = ()
 
 
 @attrs.frozen

@@ -48,6 +48,11 @@ _log = logging.getLogger("kestrel_trio.http")
 # Errors that end one connection and nothing more.
 _CONNECTION_ERRORS = (h11.ProtocolError, trio.BrokenResourceError, trio.ClosedResourceError, OSError)
 _TIMED_OUT = object()  # _read_body's answer when the body deadline passed
+_PROTOCOL_ERROR_MESSAGES = {
+    400: "Malformed HTTP request: a request line, header or body framing that HTTP/1.1 does not allow.",
+    431: "The request head is too large.",
+    501: "The request uses a transfer coding this server does not implement.",
+}
 
 
 class HttpConnection:
@@ -184,7 +189,8 @@ class HttpConnection:
         except h11.RemoteProtocolError as exc:
             if self._h11.trailing_data[1]:
                 return None  # the client sent EOF: nobody left to answer
-            message = f"Malformed HTTP request: {str(exc)[:200]}"
+            # A fixed message: h11's own text quotes the offending bytes, which may be a credential.
+            message = _PROTOCOL_ERROR_MESSAGES.get(exc.error_status_hint, "Malformed HTTP request.")
             await self._send_error(exchange, exc.error_status_hint, message, "malformed_request")
             return None
 

@@ -35,6 +35,11 @@ __all__ = ["HttpServer", "serve_http"]
 _log = logging.getLogger("kestrel_trio.http")
 _ACCEPT_BACKOFF = 0.1  # s, pause after accept fails (e.g. out of file descriptors)
 _BUSY_RETRY_AFTER = 1.0  # s, suggested to clients turned away at max_connections
+# A turned-away client gets its 503 with a short linger, so a reject holds its slot briefly; past this many
+# rejects in flight (times max_connections, at least _MIN_REJECTS) a flood is dropped without an answer.
+_REJECT_LINGER = 0.2  # s
+_REJECTS_PER_CONNECTION = 4
+_MIN_REJECTS = 64
 
 
 class HttpServer:
@@ -107,21 +112,21 @@ class HttpServer:
             self._dispatch(stream, nursery)
 
     def _dispatch(self, stream: trio.SocketStream, nursery: trio.Nursery) -> None:
-        transport = self._transport(stream)
         if len(self._live) >= self._limits.max_connections:
-            nursery.start_soon(self._reject, transport, peer_name(stream))
+            nursery.start_soon(self._reject, self._transport(stream, _REJECT_LINGER), peer_name(stream))
             return
+        transport = self._transport(stream)
         connection = HttpConnection(
             transport, self._handler, self._limits, self.shutting_down, self._access_log, peer_name(stream)
         )
         self._live.add(connection)  # counted from accept on
         nursery.start_soon(self._run_connection, connection)
 
-    def _transport(self, stream: trio.SocketStream) -> Transport:
+    def _transport(self, stream: trio.SocketStream, linger_timeout: float | None = None) -> Transport:
         return Transport(
             stream,
             write_timeout=self._limits.write_timeout,
-            linger_timeout=self._limits.linger_timeout,
+            linger_timeout=self._limits.linger_timeout if linger_timeout is None else linger_timeout,
             drain_limit=self._limits.max_header_bytes + self._limits.max_body_bytes,
         )
 
@@ -137,7 +142,7 @@ class HttpServer:
 
     async def _reject(self, transport: Transport, client: str) -> None:
         """Answer 503 without reading the request, then close."""
-        if self._rejecting >= self._limits.max_connections:
+        if self._rejecting >= max(_MIN_REJECTS, _REJECTS_PER_CONNECTION * self._limits.max_connections):
             await transport.abort()  # a flood: do not even answer
             return
         self._rejecting += 1

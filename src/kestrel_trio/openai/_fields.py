@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
 from kestrel_trio.errors import BadRequestError
@@ -54,7 +55,30 @@ def load_object(body: bytes) -> dict:
         raise BadRequestError(f"Request body is not valid JSON: {exc}", param=None) from None
     if not isinstance(value, dict):
         raise BadRequestError(f"Request body must be a JSON object, got {json_type_name(value)}", param=None)
+    if _SURROGATE_ESCAPE.search(body):
+        _refuse_lone_surrogates(value, "")
     return value
+
+
+# JSON may spell half of a UTF-16 surrogate pair alone ("\ud800"): valid JSON, but no Unicode text.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abcdefABCDEF]")
+
+
+def _refuse_lone_surrogates(value: Any, path: str) -> None:
+    """BadRequestError naming the first string (or key) that is not encodable Unicode text."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise BadRequestError(f"'{path or 'body'}' holds a lone UTF-16 surrogate escape; send valid Unicode text",
+                                  param=path or None) from None
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _refuse_lone_surrogates(key, path)
+            _refuse_lone_surrogates(item, join_path(path, key))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            _refuse_lone_surrogates(item, join_path(path, index))
 
 
 def _reject_constant(name: str) -> float:
@@ -109,11 +133,15 @@ def check_int(value: Any, path: str) -> int:
     return value
 
 
+_MAX_TOKEN_ID = 2**31 - 1  # far above any vocabulary; the model checks its own size later
+
+
 def check_token_id(value: Any, path: str) -> int:
-    """``value`` if it is a non-negative JSON integer."""
+    """``value`` if it is a JSON integer in 0..2**31-1."""
     token = check_int(value, path)
-    if token < 0:
-        raise BadRequestError(f"'{path}' must be a non-negative token id, got {token}", param=path)
+    if not 0 <= token <= _MAX_TOKEN_ID:
+        raise BadRequestError(f"'{path}' must be a non-negative token id (at most {_MAX_TOKEN_ID}), got {token}",
+                              param=path)
     return token
 
 

@@ -142,7 +142,7 @@ def parse_chat_request(body: bytes, *, allow_images: bool = False) -> ChatReques
         messages=messages,
         tools=tools,
         tool_choice=tool_choice,
-        chat_template_kwargs=get_object(obj, "chat_template_kwargs") or {},
+        chat_template_kwargs=_template_kwargs(obj),
         sampling=parse_sampling_fields(obj, chat=True),
     )
 
@@ -186,7 +186,7 @@ def parse_tokenize_request(body: bytes) -> TokenizeRequest:
         prompt=prompt,
         messages=validate_messages(obj["messages"]) if has_messages else None,
         add_generation_prompt=True if add_generation_prompt is None else add_generation_prompt,
-        chat_template_kwargs=get_object(obj, "chat_template_kwargs") or {},
+        chat_template_kwargs=_template_kwargs(obj),
     )
 
 
@@ -237,3 +237,18 @@ def _non_empty_text(text: str, path: str) -> str:
 
 def _token_ids(items: list, path: str) -> tuple[int, ...]:
     return tuple(check_token_id(item, join_path(path, i)) for i, item in enumerate(items))
+
+
+# Arguments the server passes to the chat template itself; a request may not set them a second time.
+_RESERVED_TEMPLATE_KWARGS = ("messages", "tools", "add_generation_prompt")
+
+
+def _template_kwargs(obj: dict) -> dict:
+    """``chat_template_kwargs``: extra template variables, none of the reserved names."""
+    kwargs = get_object(obj, "chat_template_kwargs") or {}
+    for name in _RESERVED_TEMPLATE_KWARGS:
+        if name in kwargs:
+            field = f"chat_template_kwargs.{name}"
+            raise BadRequestError(f"'{field}' cannot be set: the server passes '{name}' to the template itself",
+                                  param=field)
+    return kwargs

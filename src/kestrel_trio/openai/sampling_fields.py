@@ -38,6 +38,7 @@ class SamplingFields:
     Attributes:
         max_tokens: cap on generated tokens (``max_completion_tokens`` wins over
             ``max_tokens`` on the chat endpoint).
+        max_tokens_param: the field that set ``max_tokens``, for error messages.
         temperature, top_p, min_p: as in OpenAI / vLLM (``min_p`` is a vLLM extension).
         top_k: vLLM extension.
         presence_penalty, frequency_penalty: OpenAI additive penalties.
@@ -56,6 +57,7 @@ class SamplingFields:
     """
 
     max_tokens: int | None = None
+    max_tokens_param: str = "max_tokens"
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
@@ -97,8 +99,10 @@ def parse_sampling_fields(body: dict, *, chat: bool) -> SamplingFields:
         BadRequestError: naming the first offending field.
     """
     stream = bool(get_bool(body, "stream"))
+    max_tokens, max_tokens_param = _max_tokens(body, chat)
     return SamplingFields(
-        max_tokens=_max_tokens(body, chat),
+        max_tokens=max_tokens,
+        max_tokens_param=max_tokens_param,
         temperature=get_number(body, "temperature"),
         top_p=get_number(body, "top_p"),
         top_k=get_int(body, "top_k"),
@@ -118,13 +122,14 @@ def parse_sampling_fields(body: dict, *, chat: bool) -> SamplingFields:
     )
 
 
-def _max_tokens(body: dict, chat: bool) -> int | None:
+def _max_tokens(body: dict, chat: bool) -> tuple[int | None, str]:
+    """The cap on new tokens and the field it came from."""
     legacy = _at_least_one(body, "max_tokens")
     if chat:
         preferred = _at_least_one(body, "max_completion_tokens")
         if preferred is not None:
-            return preferred
-    return legacy
+            return preferred, "max_completion_tokens"
+    return legacy, "max_tokens"
 
 
 def _at_least_one(body: dict, key: str) -> int | None:

@@ -3,6 +3,13 @@
 The engine calls :func:`step_generations` in its worker thread: it lays every
 active generation's next input end to end, runs one forward pass over them all
 (each with its own KV cache), and hands each generation its row of logits.
+
+Generations with images (Qwen3-VL) differ in three ways: their first step
+also runs the vision tower over all their images; a prefill chunk holding
+image rows goes alone through :meth:`Qwen3VL.prefill` (it swaps in image
+features and uses 3-D positions), while every other chunk and every decode
+token joins the batched forward at shifted positions; and they never touch
+the prefix cache.
 """
 
 from __future__ import annotations
@@ -13,13 +20,15 @@ import numpy as np
 
 from kestrel_trio._model import Decoder, forward
 from kestrel_trio._model.prefix_cache import PrefixCache
+from kestrel_trio._model.qwen3_vl import Qwen3VL
 from kestrel_trio.text.generation import Generation, Phase, StepResult
 
 __all__ = ["step_generations"]
 
 
 def step_generations(
-    decoder: Decoder, generations: Sequence[Generation], prefix_cache: PrefixCache | None = None
+    decoder: Decoder, generations: Sequence[Generation], prefix_cache: PrefixCache | None = None,
+    vision: Qwen3VL | None = None,
 ) -> list[StepResult]:
     """Advance each generation by one step (a prefill chunk or one decode token).
 
@@ -28,6 +37,8 @@ def step_generations(
         generations: unfinished generations, each with its own cache.
         prefix_cache: where a new generation looks for its prompt's KV, and
             where a generation's KV is kept once its prompt is in and when it ends.
+        vision: the Qwen3-VL whose language model is ``decoder``; required
+            when a generation has images.
 
     Returns:
         One :class:`StepResult` per generation, in order.
@@ -35,22 +46,57 @@ def step_generations(
     for g in generations:
         if g.fresh:
             g.cache.reserve(len(g.prompt_ids))  # the whole prompt at once: no regrowth copies while prefilling
-            if prefix_cache is not None:
+            if g.has_images:
+                _encode_images(vision, g)
+            elif prefix_cache is not None:
                 g.reuse_prefix(prefix_cache.restore(g.prompt_ids, g.cache))
     prefilling = [g.phase is Phase.PREFILL for g in generations]
-    results = _forward_and_advance(decoder, generations)
+    results = _forward_and_advance(decoder, vision, generations)
     if prefix_cache is not None:
         for g, was_prefilling in zip(generations, prefilling):
+            if g.has_images:
+                continue
             if (was_prefilling and g.phase is not Phase.PREFILL) or g.phase is Phase.DONE:
                 prefix_cache.store(g.cached_token_ids(), g.cache)
     return results
 
 
-def _forward_and_advance(decoder: Decoder, generations: Sequence[Generation]) -> list[StepResult]:
-    inputs = [g.next_input() for g in generations]  # each [T_i]
-    lengths = [int(x.size) for x in inputs]
-    positions = np.concatenate(
-        [np.arange(g.cache.length, g.cache.length + n, dtype=np.int64) for g, n in zip(generations, lengths)]
-    )  # [N]
-    logits = forward(decoder, np.concatenate(inputs), positions, [g.cache for g in generations], lengths)  # [B, vocab]
+def _encode_images(vision: Qwen3VL | None, g: Generation) -> None:
+    """The vision tower over all of ``g``'s images (one uninterruptible piece of its first step)."""
+    if g.vl_prompt is not None:
+        return
+    if vision is None:
+        raise ValueError("a generation has images but the model has no vision tower")
+    pixels = np.concatenate([image.pixel_values for image in g.images])  # [n_patches, C*T*P*P]
+    grids = np.asarray([image.grid_thw for image in g.images], dtype=np.int64)  # [n_images, 3]
+    g.vl_prompt = vision.prepare(np.asarray(g.prompt_ids, dtype=np.int64), pixels, grids)
+    g.rope_delta = g.vl_prompt.rope_delta
+    g.images = ()  # the pixels are no longer needed
+
+
+def _has_image_rows(g: Generation) -> bool:
+    if g.phase is not Phase.PREFILL or g.vl_prompt is None:
+        return False
+    start, end = g.prefill_range()
+    lo, hi = np.searchsorted(g.vl_prompt.image_rows, [start, end])
+    return bool(hi > lo)
+
+
+def _forward_and_advance(decoder: Decoder, vision: Qwen3VL | None,
+                         generations: Sequence[Generation]) -> list[StepResult]:
+    alone = [_has_image_rows(g) for g in generations]
+    logits: list[np.ndarray | None] = [None] * len(generations)
+    for i, g in enumerate(generations):
+        if alone[i]:
+            assert vision is not None and g.vl_prompt is not None
+            logits[i] = vision.prefill(g.cache, g.vl_prompt, *g.prefill_range())  # [vocab]
+    batched = [i for i in range(len(generations)) if not alone[i]]
+    if batched:
+        group = [generations[i] for i in batched]
+        inputs = [g.next_input() for g in group]  # each [T_i]
+        positions = np.concatenate([g.next_positions() for g in group])  # [N]
+        rows = forward(decoder, np.concatenate(inputs), positions, [g.cache for g in group],
+                       [int(x.size) for x in inputs])  # [B, vocab]
+        for i, row in zip(batched, rows):
+            logits[i] = row
     return [g.advance(row) for g, row in zip(generations, logits)]

@@ -14,6 +14,11 @@ which returns a :class:`StepResult`. Phases:
 
 Because the driver owns the compute, several generations can be stepped in one
 batched forward, and a driver can stop between any two steps (cancellation).
+
+A prompt with images (Qwen3-VL) carries them as ``images``; ``prompt_ids``
+then already hold each image's expanded ``<|image_pad|>`` run. The driver
+encodes the images at the first step and keeps the result in ``vl_prompt``
+until the prompt is in; positions are then shifted by ``rope_delta``.
 """
 
 from __future__ import annotations
@@ -24,8 +29,10 @@ import attrs
 import numpy as np
 
 from kestrel_trio._model import KVCache
+from kestrel_trio._model.qwen3_vl import VLPrompt
 from kestrel_trio.errors import ContextLengthError
 from kestrel_trio.text.detokenizer import IncrementalDetokenizer
+from kestrel_trio.text.images import ProcessedImage
 from kestrel_trio.text.sampling import Sampler, SamplingParams, TokenLogprobs
 from kestrel_trio.text.stops import StopStringMatcher
 from kestrel_trio.text.tokenizer import Tokenizer
@@ -58,7 +65,9 @@ class StepResult:
     logprobs: TokenLogprobs | None = None
 
 
-def check_context(prompt_tokens: int, max_tokens: int | None, context_length: int, *, param: str) -> int:
+def check_context(
+    prompt_tokens: int, max_tokens: int | None, context_length: int, *, param: str, max_tokens_param: str = "max_tokens"
+) -> int:
     """The effective max_tokens, or ContextLengthError naming the field at fault.
 
     Args:
@@ -66,6 +75,7 @@ def check_context(prompt_tokens: int, max_tokens: int | None, context_length: in
         max_tokens: requested new tokens, None for "as many as fit".
         context_length: the model's context window (tokens).
         param: the request field that carried the prompt.
+        max_tokens_param: the request field that carried ``max_tokens``.
     """
     if prompt_tokens >= context_length:
         raise ContextLengthError(
@@ -78,9 +88,9 @@ def check_context(prompt_tokens: int, max_tokens: int | None, context_length: in
         return room
     if max_tokens > room:
         raise ContextLengthError(
-            f"The prompt ({prompt_tokens} tokens) plus max_tokens ({max_tokens}) exceeds the model's "
+            f"The prompt ({prompt_tokens} tokens) plus {max_tokens_param} ({max_tokens}) exceeds the model's "
             f"context length of {context_length} tokens",
-            param="max_tokens",
+            param=max_tokens_param,
         )
     return max_tokens
 
@@ -96,6 +106,7 @@ class Generation:
         cache: this generation's own KV cache (empty).
         vocab_size: rows of the model's logits (may exceed the tokenizer's: padding rows are never sampled).
         prefill_chunk: prompt tokens per prefill step.
+        images: the prompt's images in prompt order (Qwen3-VL), already preprocessed.
     """
 
     def __init__(
@@ -108,6 +119,7 @@ class Generation:
         cache: KVCache,
         vocab_size: int,
         prefill_chunk: int = 256,
+        images: tuple[ProcessedImage, ...] = (),
     ) -> None:
         if not prompt_ids:
             raise ValueError("prompt_ids must not be empty")
@@ -126,6 +138,10 @@ class Generation:
         self._detokenizer = IncrementalDetokenizer(tokenizer)
         self._stops = StopStringMatcher(params.stop)
         self._usable_vocab = min(vocab_size, tokenizer.vocab_size)
+        self.has_images = bool(images)  # never reuses or stores prefix KV: equal pad ids may be different images
+        self.images = tuple(images)  # dropped once encoded into vl_prompt
+        self.vl_prompt: VLPrompt | None = None  # set by the driver's first step; dropped once the prompt is in
+        self.rope_delta = 0  # position of token i is i + rope_delta once past the prompt's images
 
     @property
     def prompt_tokens(self) -> int:
@@ -150,11 +166,23 @@ class Generation:
         """The ids of the tokens whose KV the cache holds, in order."""
         return (self.prompt_ids + self.generated_ids)[: self.cache.length]
 
+    def prefill_range(self) -> tuple[int, int]:
+        """Prompt rows ``[start, end)`` that :meth:`next_input` returns while prefilling."""
+        return self._prefilled, min(self._prefilled + self._chunk, len(self.prompt_ids))
+
+    def next_positions(self) -> np.ndarray:
+        """Rotary positions of :meth:`next_input`, int64 [T] (text rows: all three M-RoPE positions equal)."""
+        if self.phase is Phase.PREFILL and self.vl_prompt is not None:
+            start, end = self.prefill_range()
+            return self.vl_prompt.positions[0, start:end]  # [T]
+        n = self.next_input().size
+        return np.arange(self.cache.length, self.cache.length + n, dtype=np.int64) + self.rope_delta  # [T]
+
     def next_input(self) -> np.ndarray:
         """The token ids to feed the model next, int64 [T]."""
         if self.phase is Phase.PREFILL:
-            end = min(self._prefilled + self._chunk, len(self.prompt_ids))
-            return np.asarray(self.prompt_ids[self._prefilled : end], dtype=np.int64)
+            start, end = self.prefill_range()
+            return np.asarray(self.prompt_ids[start:end], dtype=np.int64)
         if self.phase is Phase.DECODE:
             return np.asarray(self.generated_ids[-1:], dtype=np.int64)
         raise RuntimeError("the generation is finished")
@@ -166,6 +194,7 @@ class Generation:
             if self._prefilled < len(self.prompt_ids):
                 return StepResult()
             self.phase = Phase.DECODE
+            self.vl_prompt = None  # image features are only needed by prefill
         elif self.phase is Phase.DONE:
             raise RuntimeError("the generation is finished")
         return self._sample_and_emit(logits)

@@ -30,7 +30,6 @@ the tokenizer's vocabulary are -inf, so they never appear as alternatives.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -84,8 +83,14 @@ def _check_top_k(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
 
 def _check_repetition_penalty(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
     x = _number("repetition_penalty", value)
-    if not (0 < x < math.inf):
-        raise BadRequestError(f"repetition_penalty must be > 0, got {value!r}", param="repetition_penalty")
+    # Logits are divided or multiplied by it: outside this range float32 logits overflow or vanish.
+    if not (_REPETITION_PENALTY_RANGE[0] <= x <= _REPETITION_PENALTY_RANGE[1]):
+        low, high = _REPETITION_PENALTY_RANGE
+        raise BadRequestError(f"repetition_penalty must be from {low:g} to {high:g}, got {value!r}",
+                              param="repetition_penalty")
+
+
+_REPETITION_PENALTY_RANGE = (0.01, 100.0)
 
 
 def _check_logit_bias(instance: Any, attribute: attrs.Attribute, value: Any) -> None:

@@ -103,6 +103,9 @@ def _config_chat_template(config: Mapping[str, Any]) -> str | None:
     return template if isinstance(template, str) else None
 
 
+_GIL_FREE_FROM_CHARS = 4096
+
+
 class Tokenizer:
     """A byte-level BPE tokenizer with its checkpoint's special tokens and defaults.
 
@@ -227,8 +230,25 @@ class Tokenizer:
         return self._backend.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of ``text``; no BOS/EOS is added (Qwen uses none)."""
-        return self._backend.encode(text, add_special_tokens=False).ids
+        """Token ids of ``text``; no BOS/EOS is added (Qwen uses none).
+
+        Long texts go through the backend's batch call, which releases the GIL
+        while it works, so an encode in a worker thread never stalls the event loop.
+        """
+        return self.encode_bounded(text, None)[0]
+
+    def encode_bounded(self, text: str, limit: int | None) -> tuple[list[int] | None, int]:
+        """The token ids of ``text`` (None when there are more than ``limit``) and their count.
+
+        Building a Python list of millions of ids holds the GIL for tens of
+        milliseconds; a prompt that cannot fit the context needs only its count.
+        """
+        if len(text) >= _GIL_FREE_FROM_CHARS:
+            encoding = self._backend.encode_batch([text], add_special_tokens=False)[0]
+        else:
+            encoding = self._backend.encode(text, add_special_tokens=False)
+        total = len(encoding)
+        return (None if limit is not None and total > limit else encoding.ids), total
 
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:
         """Text of ``ids``; invalid UTF-8 becomes U+FFFD, unknown ids are dropped."""

@@ -1,0 +1,72 @@
+"""Helpers shared by the model benchmarks: process memory, the BLAS in use, memory bandwidth.
+
+Everything here runs inside one measured process; nothing imports torch.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+OPENBLAS_OVERRIDES = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+
+
+def status_bytes(field: str) -> int:
+    """A /proc/self/status memory field (VmHWM, VmRSS, ...) in bytes.
+
+    VmHWM, not ru_maxrss: Linux carries ru_maxrss over from the parent across fork + exec.
+    """
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise KeyError(field)
+
+
+def blas_description() -> str:
+    """numpy's BLAS as threadpoolctl sees it: library, version, kernel (core type), threads."""
+    import numpy  # noqa: F401  (loads the BLAS so threadpoolctl can see it)
+    import threadpoolctl
+
+    found = [i for i in threadpoolctl.threadpool_info() if i.get("user_api") == "blas"]
+    if not found:
+        return "no BLAS found by threadpoolctl"
+    i = found[0]
+    return (
+        f"{i.get('internal_api')} {i.get('version')} kernel={i.get('architecture', '?')} "
+        f"threads={i.get('num_threads')} ({os.path.basename(i.get('filepath', ''))})"
+    )
+
+
+def blas_threads() -> int:
+    """How many threads numpy's BLAS uses now."""
+    import numpy  # noqa: F401
+    import threadpoolctl
+
+    found = [i for i in threadpoolctl.threadpool_info() if i.get("user_api") == "blas"]
+    return int(found[0]["num_threads"]) if found else 1
+
+
+def read_bandwidth(gib: float = 1.0, repeats: int = 5) -> dict[str, float]:
+    """Memory read bandwidth in bytes/s, measured two ways with numpy.
+
+    ``sum``: one thread streaming through ``gib`` GiB of float32.
+    ``gemv``: the same bytes as a [rows, 1024] matrix times a vector (BLAS,
+    all its threads): the access pattern of a batch-1 decode step.
+    """
+    import numpy as np
+
+    n = int(gib * 2**30) // 4
+    data = np.ones(n, dtype=np.float32)  # [n]
+    matrix = data.reshape(-1, 1024)  # [n/1024, 1024]
+    vector = np.ones(1024, dtype=np.float32)  # [1024]
+    out = np.empty(matrix.shape[0], dtype=np.float32)  # [n/1024]
+    best = {"sum": float("inf"), "gemv": float("inf")}
+    for _ in range(repeats):
+        started = time.perf_counter()
+        data.sum()
+        best["sum"] = min(best["sum"], time.perf_counter() - started)
+        started = time.perf_counter()
+        np.matmul(matrix, vector, out=out)
+        best["gemv"] = min(best["gemv"], time.perf_counter() - started)
+    return {way: data.nbytes / seconds for way, seconds in best.items()}

@@ -1,0 +1,456 @@
+"""kestrel-trio next to transformers (PyTorch eager, fp32) on the same Qwen3-0.6B-shaped weights.
+
+Usage:
+    python benchmarks/bench_model.py [--quick] [--threads N] [--keep-openblas-env] [--gemm]
+
+Builds once (in ~/.cache/kestrel-trio-bench/) a checkpoint with Qwen3-0.6B's
+exact shapes and random weights, written by transformers in fp32 (and a bf16
+copy of the same weights for the residency comparison). Then each side runs in
+its own fresh subprocess, so peak RSS (VmHWM) is not shared, with the same
+thread count (numpy's BLAS threads = torch.set_num_threads): load time, prefill
+tok/s for 128- and 512-token prompts (best of 3), decode tok/s at batch 1, and aggregate
+decode tok/s with 4 and 8 concurrent sequences (kestrel both through the engine
+and through the bare forward; PyTorch through a batched decode loop with its KV
+cache); decode rates come from the median step time, so that bursts of load
+from other processes on a shared machine do not drag them down. It also measures the machine's memory read bandwidth with numpy and
+reports kestrel's batch-1 decode as a fraction of bandwidth / bytes of weights
+read per token.
+
+This machine may set OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE (for old OpenBLAS
+builds); the benchmark re-executes itself without them unless
+--keep-openblas-env, and prints the kernel OpenBLAS actually ran.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _bench_common import OPENBLAS_OVERRIDES, blas_description, blas_threads, read_bandwidth, status_bytes  # noqa: E402
+from bench_load import QWEN3_0_6B  # noqa: E402
+
+CACHE = Path.home() / ".cache" / "kestrel-trio-bench"
+PREFILL_LENGTHS = (128, 512)
+BATCHES = (4, 8)
+SHORT_PROMPT = 8  # tokens before a decode measurement
+
+
+# ---------------------------------------------------------------- checkpoint
+
+
+def build_checkpoint(folder: Path, dtype: str) -> None:
+    """Write the checkpoint with transformers (seeded random init) unless it is already there."""
+    if (folder / "config.json").exists():
+        return
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    started = time.perf_counter()
+    fields = {k: v for k, v in QWEN3_0_6B.items() if k not in ("architectures", "torch_dtype")}
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(Qwen3Config(**fields)).eval()
+    partial = folder.with_name(folder.name + ".partial")  # renamed when complete: a torn build is never reused
+    shutil.rmtree(partial, ignore_errors=True)
+    model.to(dtype=getattr(torch, dtype)).save_pretrained(partial)
+    shutil.rmtree(folder, ignore_errors=True)
+    partial.rename(folder)
+    print(f"built {folder} with transformers in {time.perf_counter() - started:.1f} s", flush=True)
+
+
+def weight_bytes_per_token() -> int:
+    """fp32 bytes of weights one batch-1 decode step reads: every matrix plus lm_head (not embedding lookups)."""
+    from kestrel_trio._model.config import config_from_dict
+    from kestrel_trio._model.weights import expected_shapes
+
+    config = config_from_dict(QWEN3_0_6B)
+    shapes = expected_shapes(config)
+    total = sum(math.prod(s) for name, s in shapes.items() if len(s) == 2)
+    if not config.tie_word_embeddings:
+        total -= math.prod(shapes["model.embed_tokens.weight"])  # only looked up by row
+    return 4 * total
+
+
+# ---------------------------------------------------------------- kestrel side
+
+
+def prompt(length: int, seed: int) -> list[int]:
+    """Token ids inside the real Qwen3 tokenizer's vocabulary (the engine detokenizes them)."""
+    import numpy as np
+
+    return np.random.default_rng(seed).integers(1000, 150000, size=length).tolist()
+
+
+def kestrel_side(folder: Path, args: argparse.Namespace) -> dict:
+    started = time.perf_counter()
+    import numpy as np
+
+    from kestrel_trio import load_model
+    from kestrel_trio._model import forward
+
+    model = load_model(folder, blas_threads=args.threads, weights="fp32")
+    model.logits([1, 2, 3])
+    result = {"ready_s": time.perf_counter() - started, "rss_after_load": status_bytes("VmRSS"), "blas": blas_description()}
+    for length in PREFILL_LENGTHS[: 1 if args.quick else 2]:
+        ids = prompt(length, length)
+        result[f"prefill_{length}"] = length / best_of(3, lambda: model.prefill(model.new_cache(), ids))
+    steps = 16 if args.quick else 128
+    result["decode_1"] = bare_decode(model, forward, 1, steps)
+    for batch in BATCHES:
+        result[f"bare_{batch}"] = bare_decode(model, forward, batch, 8 if args.quick else args.batch_tokens)
+        result[f"engine_{batch}"] = engine_decode(model, batch, 8 if args.quick else args.batch_tokens)
+    result["peak_rss"] = status_bytes("VmHWM")
+    return result
+
+
+def best_of(runs: int, fn) -> float:
+    """The shortest of ``runs`` timings of ``fn()``, in seconds."""
+    best = float("inf")
+    for _ in range(runs):
+        started = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - started)
+    return best
+
+
+def bare_decode(model, forward, batch: int, steps: int) -> float:
+    """Aggregate greedy decode tok/s of ``batch`` sequences stepped together through forward()."""
+    import numpy as np
+
+    caches = [model.new_cache() for _ in range(batch)]
+    tokens = np.array([int(np.argmax(model.prefill(c, prompt(SHORT_PROMPT, i)))) for i, c in enumerate(caches)])  # [B]
+    ones = [1] * batch
+    times = []
+    for _ in range(steps):
+        started = time.perf_counter()
+        positions = np.array([c.length for c in caches], dtype=np.int64)  # [B]
+        logits = forward(model.decoder, tokens, positions, caches, ones)  # [B, vocab]
+        tokens = logits.argmax(axis=-1)  # [B]
+        times.append(time.perf_counter() - started)
+    return batch / median(times)
+
+
+def median(values: list[float]) -> float:
+    """The median: a step rate that a burst of load from other processes does not drag down."""
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2]
+
+
+def engine_decode(model, batch: int, new_tokens: int) -> float:
+    """Aggregate decode tok/s of ``batch`` concurrent generations through the engine.
+
+    From the median time between two tokens of one stream once every stream
+    has its first token (all prefills done): the decode step rate alone.
+    """
+    import functools
+
+    import trio
+
+    from kestrel_trio import EngineLimits, GenerationRequest, SamplingParams, run_engine
+    from kestrel_trio.text import Tokenizer
+
+    if model.tokenizer is None:
+        model.tokenizer = Tokenizer.from_demo()  # the engine detokenizes; random weights need some vocabulary
+    params = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
+    limits = EngineLimits(max_batch=8, max_queued=16)
+    stamps: list[list[float]] = [[] for _ in range(batch)]
+
+    async def stream(engine, index: int) -> None:
+        request = GenerationRequest(prompt_ids=tuple(prompt(SHORT_PROMPT, 100 + index)), params=params)
+        async with engine.open_generation(request) as deltas:
+            async for _ in deltas:
+                stamps[index].append(time.perf_counter())
+
+    async def run() -> None:
+        async with trio.open_nursery() as nursery:
+            engine = await nursery.start(functools.partial(run_engine, model, limits=limits))
+            async with trio.open_nursery() as streams:
+                for index in range(batch):
+                    streams.start_soon(stream, engine, index)
+            nursery.cancel_scope.cancel()
+
+    trio.run(run)
+    start = max(s[0] for s in stamps)  # every prefill done: only decode steps from here
+    gaps = [b - a for a, b in zip(stamps[0], stamps[0][1:]) if a >= start]  # one engine step each
+    return batch / median(gaps)
+
+
+def residency_side(folder: Path, args: argparse.Namespace) -> dict:
+    """One weights mode on the bf16 checkpoint: RSS after load, time to ready, decode at batch 1 and 8."""
+    started = time.perf_counter()
+    from kestrel_trio import load_model
+    from kestrel_trio._model import forward
+
+    model = load_model(folder, blas_threads=args.threads, weights=args.weights)
+    model.logits([1, 2, 3])
+    result = {"ready_s": time.perf_counter() - started, "rss_after_load": status_bytes("VmRSS"),
+              "pss_after_load": pss_bytes(), "mode": model.weights_mode}
+    result["decode_1"] = bare_decode(model, forward, 1, 16 if args.quick else 64)
+    result["bare_8"] = bare_decode(model, forward, 8, 8 if args.quick else 32)
+    result["peak_rss"] = status_bytes("VmHWM")
+    return result
+
+
+def share_side(folder: Path, args: argparse.Namespace) -> dict:
+    """Load in bf16 mode, wait until the peer process has loaded too, then report RSS and PSS."""
+    from kestrel_trio import load_model
+
+    model = load_model(folder, weights="bf16")
+    model.logits([1, 2, 3])
+    (args.barrier / str(os.getpid())).touch()
+    deadline = time.monotonic() + 120
+    while len(list(args.barrier.iterdir())) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    result = {"rss": status_bytes("VmRSS"), "pss": pss_bytes()}
+    (args.barrier / f"{os.getpid()}.measured").touch()
+    while len(list(args.barrier.glob("*.measured"))) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)  # stay mapped until the peer has measured too
+    return result
+
+
+def measure_sharing(folder: Path, args: argparse.Namespace) -> None:
+    """Two bf16-mode processes on one checkpoint at once: their RSS and PSS (the mapped weights count once in PSS)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as barrier:
+        command = [sys.executable, __file__, "--side", "share", "--folder", str(folder), "--barrier", barrier]
+        children = [subprocess.Popen(command, stdout=subprocess.PIPE, text=True) for _ in range(2)]
+        results = [json.loads(child.communicate(timeout=300)[0].strip().splitlines()[-1]) for child in children]
+    rss, pss = sum(r["rss"] for r in results), sum(r["pss"] for r in results)
+    print(f"two bf16-mode processes on one checkpoint: combined RSS {rss / 2**30:.2f} GiB, combined PSS {pss / 2**30:.2f} GiB")
+
+
+def pss_bytes() -> int:
+    """Proportional set size: shared pages (the mapped checkpoint) split between the processes mapping them."""
+    with open("/proc/self/smaps_rollup") as rollup:
+        for line in rollup:
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+# ---------------------------------------------------------------- PyTorch side
+
+
+def torch_side(folder: Path, args: argparse.Namespace) -> dict:
+    started = time.perf_counter()
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(args.threads)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    with torch.inference_mode():
+        model(torch.tensor([[1, 2, 3]]))
+    result = {
+        "ready_s": time.perf_counter() - started, "rss_after_load": status_bytes("VmRSS"),
+        "blas": f"torch {torch.__version__} ({'MKL' if torch.backends.mkl.is_available() else 'no MKL'}), "
+        f"threads={torch.get_num_threads()}, attention={model.config._attn_implementation}",
+    }
+    with torch.inference_mode():
+        for length in PREFILL_LENGTHS[: 1 if args.quick else 2]:
+            ids = torch.tensor([prompt(length, length)])
+            result[f"prefill_{length}"] = length / best_of(3, lambda: model(ids, use_cache=True, logits_to_keep=1))
+        result["decode_1"] = torch_decode(model, torch, 1, 16 if args.quick else 128)
+        for batch in BATCHES:
+            result[f"bare_{batch}"] = torch_decode(model, torch, batch, 8 if args.quick else args.batch_tokens)
+    result["peak_rss"] = status_bytes("VmHWM")
+    return result
+
+
+def torch_decode(model, torch, batch: int, steps: int) -> float:
+    """Aggregate greedy decode tok/s of a batch of equal-length prompts, through the model's KV cache."""
+    ids = torch.tensor([prompt(SHORT_PROMPT, i) for i in range(batch)])  # [B, T]
+    out = model(ids, use_cache=True, logits_to_keep=1)
+    cache, tokens = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)  # [B, 1]
+    times = []
+    for _ in range(steps):
+        started = time.perf_counter()
+        out = model(tokens, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        cache, tokens = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)  # [B, 1]
+        times.append(time.perf_counter() - started)
+    return batch / median(times)
+
+
+# ---------------------------------------------------------------- GEMM shapes
+
+
+def gemm_side(folder: Path, args: argparse.Namespace) -> dict:
+    """Cost of one [rows, 1024] x [1024, 3072] product in three call shapes, cold weights (us)."""
+    import numpy as np
+    import threadpoolctl
+
+    threadpoolctl.threadpool_limits(args.threads, user_api="blas")
+    rng = np.random.default_rng(0)
+    weights = [rng.standard_normal((3072, 1024), dtype=np.float32) for _ in range(24)]  # 24 x [out, in], > L3
+    transposed = [np.ascontiguousarray(w.T) for w in weights]  # 24 x [in, out]
+    table = {"blas": blas_description()}
+    for rows in (1, 4, 8, 16):
+        x = rng.standard_normal((rows, 1024), dtype=np.float32)  # [rows, in]
+        xt = np.ascontiguousarray(x.T)  # [in, rows]
+        out, out_t = np.empty((rows, 3072), np.float32), np.empty((3072, rows), np.float32)
+        table[rows] = {
+            "x @ W.T  (W [out,in])": cold_cost(lambda w: np.matmul(x, w.T, out=out), weights),
+            "x @ Wt   (Wt [in,out])": cold_cost(lambda w: np.matmul(x, w, out=out), transposed),
+            "W @ x.T  (W [out,in])": cold_cost(lambda w: np.matmul(w, xt, out=out_t), weights),
+        }
+    return table
+
+
+def cold_cost(call, matrices, rounds: int = 6) -> float:
+    """Median-low (25th percentile) microseconds of ``call(m)`` cycling through matrices too big for the cache."""
+    import numpy as np
+
+    times = []
+    for _ in range(rounds):
+        for m in matrices:
+            started = time.perf_counter()
+            call(m)
+            times.append(time.perf_counter() - started)
+    return float(np.percentile(times, 25)) * 1e6
+
+
+# ---------------------------------------------------------------- orchestration
+
+SIDES = {"kestrel": kestrel_side, "torch": torch_side, "gemm": gemm_side, "residency": residency_side, "share": share_side}
+
+
+def run_side(side: str, folder: Path, args: argparse.Namespace, extra: list[str] = ()) -> dict:
+    command = [sys.executable, __file__, "--side", side, "--folder", str(folder), "--threads", str(args.threads),
+               "--batch-tokens", str(args.batch_tokens), *(["--quick"] if args.quick else []), *extra]
+    out = subprocess.run(command, check=True, capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+ROWS = [("ready_s", "load to ready (s)", False)] + [
+    (f"prefill_{n}", f"prefill {n} tok (tok/s)", True) for n in PREFILL_LENGTHS
+] + [("decode_1", "decode batch 1 (tok/s)", True)] + [
+    (f"{way}_{b}", f"decode {b} seqs, {label} (tok/s)", True)
+    for b in BATCHES for way, label in (("engine", "engine"), ("bare", "bare forward"))
+] + [("rss_after_load", "RSS after load (GiB)", False), ("peak_rss", "peak RSS (GiB)", False)]
+
+
+def best_figures(runs: list[dict]) -> dict:
+    """Per figure, the best of several runs: highest rate, lowest time and memory."""
+    if not runs:
+        return {}
+    best = dict(runs[0])
+    for run in runs[1:]:
+        for key, value in run.items():
+            if isinstance(value, (int, float)):
+                lower_is_better = key.endswith("_s") or "rss" in key
+                best[key] = min(best[key], value) if lower_is_better else max(best[key], value)
+    return best
+
+
+def print_table(k: dict, t: dict) -> None:
+    print(f"{'':34} {'kestrel':>10} {'PyTorch':>10} {'kestrel/PyTorch':>16}")
+    for key, label, _higher_better in ROWS:
+        if key not in k and key not in t:
+            continue
+        scale = 2**30 if "rss" in key else 1
+        a, b = k.get(key), t.get(key)
+        cell = lambda v: f"{v / scale:10.2f}" if v is not None else f"{'-':>10}"  # noqa: E731
+        ratio = f"{a / b:16.2f}" if a is not None and b is not None else f"{'':>16}"
+        print(f"{label:34} {cell(a)} {cell(b)} {ratio}")
+
+
+def print_gemm(table: dict) -> None:
+    print(f"\n[rows x 1024] @ [1024 x 3072], cold weights, us (25th percentile); {table.pop('blas')}")
+    for rows, calls in table.items():
+        print(f"  rows={rows:>2}: " + "  ".join(f"{name} {us:7.0f}" for name, us in calls.items()))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a short smoke run (fewer tokens, one prefill length)")
+    parser.add_argument("--threads", type=int, default=None, help="threads for both sides (default: numpy's BLAS threads)")
+    parser.add_argument("--batch-tokens", type=int, default=64, help="new tokens per stream in the batched runs")
+    parser.add_argument("--rounds", type=int, default=2, help="runs of each side, alternated; the best figure of each is kept")
+    parser.add_argument("--keep-openblas-env", action="store_true", help="keep OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE")
+    parser.add_argument("--gemm", action="store_true", help="also time small-batch GEMM call shapes")
+    parser.add_argument("--sides", default="kestrel,torch,residency", help="comma-separated: kestrel, torch, residency")
+    parser.add_argument("--cache", type=Path, default=CACHE)
+    parser.add_argument("--side", choices=sorted(SIDES), help=argparse.SUPPRESS)
+    parser.add_argument("--folder", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--weights", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--barrier", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.side:
+        print(json.dumps(SIDES[args.side](args.folder, args)))
+        return
+    overridden = [name for name in OPENBLAS_OVERRIDES if name in os.environ]
+    if overridden and not args.keep_openblas_env:
+        env = {k: v for k, v in os.environ.items() if k not in OPENBLAS_OVERRIDES}
+        env["KESTREL_BENCH_UNSET"] = ", ".join(f"{n}={os.environ[n]}" for n in overridden)
+        os.execve(sys.executable, [sys.executable, __file__, *sys.argv[1:]], env)
+    args.threads = args.threads or blas_threads()
+    args.rounds = 1 if args.quick else args.rounds
+    report_machine(args)
+    folder = args.cache / "qwen3-0.6b-shapes-transformers-f32"
+    build_checkpoint(folder, "float32")
+    sides = args.sides.split(",")
+    kestrel_runs, torch_runs = [], []
+    for _ in range(args.rounds):  # alternate the sides so a burst of outside load hits both alike
+        if "kestrel" in sides:
+            kestrel_runs.append(run_side("kestrel", folder, args))
+        if "torch" in sides:
+            torch_runs.append(run_side("torch", folder, args))
+    kestrel, torch = best_figures(kestrel_runs), best_figures(torch_runs)
+    for name, side in (("kestrel", kestrel), ("PyTorch", torch)):
+        if side:
+            print(f"{name} BLAS: {side.pop('blas')}")
+    if kestrel or torch:
+        print_table(kestrel, torch)
+    if kestrel:
+        report_bound(kestrel["decode_1"], args)
+    if "residency" in sides:
+        bf16_folder = args.cache / "qwen3-0.6b-shapes-transformers-bf16"
+        build_checkpoint(bf16_folder, "bfloat16")
+        runs = {"fp32": [], "bf16": []}
+        for _ in range(args.rounds):
+            for mode, found in runs.items():
+                found.append(run_side("residency", bf16_folder, args, ["--weights", mode]))
+        print_residency({mode: best_figures(found) for mode, found in runs.items()})
+        measure_sharing(bf16_folder, args)
+    if args.gemm:
+        print_gemm(run_side("gemm", folder, args))
+
+
+def print_residency(modes: dict) -> None:
+    fp32, bf16 = modes["fp32"], modes["bf16"]
+    print("\nweights residency, kestrel on the bf16 checkpoint (bare forward decode)")
+    print(f"{'':28} {'fp32':>10} {'bf16':>10} {'bf16/fp32':>10}")
+    for key, label, scale in (("rss_after_load", "RSS after load (GiB)", 2**30), ("pss_after_load", "PSS after load (GiB)", 2**30),
+                              ("peak_rss", "peak RSS (GiB)", 2**30), ("ready_s", "load to ready (s)", 1),
+                              ("decode_1", "decode batch 1 (tok/s)", 1), ("bare_8", "decode 8 seqs (tok/s)", 1)):
+        print(f"{label:28} {fp32[key] / scale:10.2f} {bf16[key] / scale:10.2f} {bf16[key] / fp32[key]:10.2f}")
+
+
+def report_machine(args: argparse.Namespace) -> None:
+    unset = os.environ.get("KESTREL_BENCH_UNSET")
+    print(f"machine: {os.cpu_count()} cpus, load average {os.getloadavg()[0]:.2f}; threads per side: {args.threads}")
+    print(f"OpenBLAS overrides: {'unset for this run (' + unset + ')' if unset else 'as in the environment'}")
+    print(f"numpy BLAS: {blas_description()}")
+    bandwidth = read_bandwidth(1.0 if not args.quick else 0.25)
+    args.bandwidth = max(bandwidth.values())
+    print("memory read bandwidth: " + ", ".join(f"{way} {bps / 1e9:.1f} GB/s" for way, bps in bandwidth.items()), flush=True)
+
+
+def report_bound(decode_1: float, args: argparse.Namespace) -> None:
+    per_token = weight_bytes_per_token()
+    bound = args.bandwidth / per_token
+    print(
+        f"batch-1 bound: {args.bandwidth / 1e9:.1f} GB/s / {per_token / 2**30:.2f} GiB of fp32 weights per token "
+        f"= {bound:.1f} tok/s; kestrel reaches {decode_1:.1f} tok/s = {decode_1 / bound:.0%} of it"
+    )
+
+
+if __name__ == "__main__":
+    main()

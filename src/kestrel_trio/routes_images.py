@@ -1,0 +1,135 @@
+"""Images of a chat request: limits, locating, reading and preprocessing, all before any engine work.
+
+Theory of operation: the chat route calls :func:`prepare_images` with the
+validated messages. A first pass on the event loop counts the images and
+classifies each URL (remote URLs and malformed data URLs are refused at once,
+nothing is decoded). A second pass, in a worker thread because it is CPU
+work, decodes base64 or reads the allowed file, decodes the image and turns it
+into patches (:func:`kestrel_trio.text.images.preprocess_image`). Every
+refusal is a :class:`BadRequestError` whose ``param`` names the image part.
+The chat template then sees each image part as ``{"type": "image"}``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import attrs
+import trio
+
+from kestrel_trio.errors import BadRequestError
+from kestrel_trio.model import Model
+from kestrel_trio.openai.image_urls import ImageRef, decode_data_url, image_parts, parse_image_url
+from kestrel_trio.text.images import ProcessedImage, preprocess_image
+
+__all__ = ["ImagePolicy", "prepare_images", "template_parts"]
+
+
+def _absolute(folder: str | Path | None) -> Path | None:
+    return None if folder is None else Path(os.path.abspath(folder))
+
+
+@attrs.frozen
+class ImagePolicy:
+    """What image input a server accepts.
+
+    Attributes:
+        max_bytes: largest encoded image (bytes).
+        max_pixels: largest decoded image, width * height (pixels), before any resize.
+        max_images: images per request.
+        allow_dir: ``file://`` URLs may name files under this folder (symlinks
+            resolved); None refuses every ``file://`` URL.
+    """
+
+    max_bytes: int = attrs.field(default=10 * 2**20, validator=attrs.validators.ge(1))
+    max_pixels: int = attrs.field(default=4096 * 4096, validator=attrs.validators.ge(1))
+    max_images: int = attrs.field(default=4, validator=attrs.validators.ge(0))
+    allow_dir: Path | None = attrs.field(default=None, converter=_absolute)
+
+
+def template_parts(messages: list[dict]) -> list[dict]:
+    """``messages`` with each ``image_url`` part replaced by ``{"type": "image"}``, as Qwen-VL templates expect."""
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, list):
+            message["content"] = [{"type": "image"} if p["type"] == "image_url" else p for p in content]
+    return messages
+
+
+async def prepare_images(model: Model, messages: tuple[dict, ...], policy: ImagePolicy,
+                         limiter: trio.CapacityLimiter) -> list[ProcessedImage]:
+    """Check, read and preprocess every image of validated chat ``messages``, in prompt order.
+
+    Args:
+        model: the served model (its ``image_config`` shapes the patches).
+        messages: validated messages (see :func:`kestrel_trio.openai.parse_chat_request`).
+        policy: the server's image limits.
+        limiter: bounds how many requests decode images at once (each decoded
+            image can take tens of MB before it is resized).
+
+    Raises:
+        BadRequestError: images sent to a text-only model, too many images,
+            a refused URL or file, bad base64, or an image that is corrupt,
+            unsupported or over a limit; ``param`` names the image part.
+    """
+    found = image_parts(messages)
+    if not found:
+        return []
+    if model.vision is None or model.image_config is None:
+        param = found[0][0]
+        raise BadRequestError(f"'{param}': model {model.name!r} does not accept images", param=param)
+    if len(found) > policy.max_images:
+        param = found[policy.max_images][0]
+        raise BadRequestError(f"'{param}': at most {policy.max_images} images per request are accepted on this "
+                              f"server, got {len(found)}", param=param, code="too_many_images")
+    refs = [parse_image_url(url, param, max_bytes=policy.max_bytes) for param, url in found]
+    for ref in refs:
+        if ref.file_path is not None:
+            _check_allowed(ref, policy)
+    return await trio.to_thread.run_sync(_preprocess_all, model, refs, policy, limiter=limiter)
+
+
+def _check_allowed(ref: ImageRef, policy: ImagePolicy) -> None:
+    # Lexical check first, so a path outside the folder is refused without touching the filesystem.
+    if policy.allow_dir is None:
+        raise BadRequestError(f"'{ref.param}': file:// image URLs are not allowed on this server "
+                              "(it can be started with --allow-image-dir DIR)", param=ref.param,
+                              code="image_url_not_allowed")
+    path = Path(os.path.normpath(ref.file_path))
+    if not (_under(path, policy.allow_dir) or _under(path, policy.allow_dir.resolve())):
+        raise BadRequestError(f"'{ref.param}': the file is outside the folder allowed for images",
+                              param=ref.param, code="image_url_not_allowed")
+
+
+def _under(path: Path, folder: Path) -> bool:
+    return path == folder or folder in path.parents
+
+
+def _preprocess_all(model: Model, refs: list[ImageRef], policy: ImagePolicy) -> list[ProcessedImage]:
+    assert model.image_config is not None
+    return [
+        preprocess_image(_image_bytes(ref, policy), model.image_config, max_bytes=policy.max_bytes,
+                         max_pixels=policy.max_pixels, param=ref.param)
+        for ref in refs
+    ]
+
+
+def _image_bytes(ref: ImageRef, policy: ImagePolicy) -> bytes:
+    if ref.data_b64 is not None:
+        return decode_data_url(ref)
+    assert ref.file_path is not None and policy.allow_dir is not None
+    try:
+        resolved = Path(ref.file_path).resolve(strict=True)
+    except (OSError, RuntimeError):
+        raise BadRequestError(f"'{ref.param}': no such image file", param=ref.param) from None
+    if not _under(resolved, policy.allow_dir.resolve()):  # a symlink pointing out of the folder
+        raise BadRequestError(f"'{ref.param}': the file is outside the folder allowed for images",
+                              param=ref.param, code="image_url_not_allowed")
+    if not resolved.is_file():  # checked before open(): a FIFO would block the thread
+        raise BadRequestError(f"'{ref.param}': not a regular file", param=ref.param)
+    try:
+        with open(resolved, "rb") as file:
+            return file.read(policy.max_bytes + 1)  # one byte over is enough for the limit's error
+    except OSError as exc:
+        raise BadRequestError(f"'{ref.param}': cannot read the image file ({exc.strerror})", param=ref.param) from None

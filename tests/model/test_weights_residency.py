@@ -1,0 +1,111 @@
+"""weights="bf16": matrices stay bf16 bits (mapped from the file) and give fp32 mode's exact logits."""
+
+from __future__ import annotations
+
+import json
+import logging
+import mmap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kestrel_trio import load_model
+from kestrel_trio._model import layers
+from kestrel_trio._model.random_init import write_random_checkpoint
+from kestrel_trio._model.safetensors import bf16_to_fp32, fp32_to_bf16_bits
+from kestrel_trio._model.weights import Bf16Matrix, resolve_residency
+from kestrel_trio.errors import ModelLoadError
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+TEXT_ARCHITECTURES = {"Qwen3ForCausalLM", "Qwen2ForCausalLM", "Qwen3MoeForCausalLM"}
+
+
+def _fixtures(storage: str) -> list[str]:
+    names = []
+    for folder in sorted(FIXTURES.iterdir()):
+        meta_path = folder / "meta.json"
+        if (folder / "golden.npz").exists() and meta_path.exists():
+            meta = json.loads(meta_path.read_text())
+            if meta["storage_dtype"] == storage and meta["architecture"] in TEXT_ARCHITECTURES:
+                names.append(folder.name)
+    return names
+
+
+BF16_FIXTURES = _fixtures("bfloat16")
+
+
+def test_there_are_bf16_fixtures_of_each_text_family():
+    assert {"qwen3_bf16_tied", "qwen3_bf16_sharded", "qwen3_moe"} <= set(BF16_FIXTURES)
+
+
+@pytest.mark.parametrize("name", BF16_FIXTURES)
+def test_bf16_mode_logits_are_bit_identical_to_fp32_mode(name):
+    golden = np.load(FIXTURES / name / "golden.npz")
+    ids = golden["input_ids"].tolist()
+    fp32 = load_model(FIXTURES / name, weights="fp32")
+    bf16 = load_model(FIXTURES / name, weights="bf16")
+    assert (fp32.weights_mode, bf16.weights_mode) == ("fp32", "bf16")
+    assert isinstance(bf16.decoder.weights.layers[0].attn.o_proj, Bf16Matrix)
+    np.testing.assert_array_equal(bf16.logits(ids), fp32.logits(ids))
+    assert bf16.greedy(golden["prompt_ids"].tolist(), 32) == golden["greedy_ids"].tolist()
+
+
+def test_bf16_matrices_are_memory_mapped_not_copied():
+    model = load_model(FIXTURES / "qwen3_bf16_tied", weights="bf16")
+    weights = model.decoder.weights
+    matrices = [weights.embed_tokens, weights.layers[0].attn.qkv_proj, weights.layers[0].mlp.down_proj]
+    for matrix in matrices:
+        for part in matrix.parts:
+            assert part.dtype == np.uint16 and not part.flags.owndata and not part.flags.writeable
+            base = part
+            while isinstance(base, np.ndarray):
+                base = base.base
+            assert isinstance(base.obj if isinstance(base, memoryview) else base, mmap.mmap)
+    assert weights.lm_head is weights.embed_tokens
+
+
+@pytest.mark.parametrize("rows", [1, 3, 9])
+def test_chunks_that_cross_parts_compute_the_same_product(monkeypatch, rows):
+    rng = np.random.default_rng(rows)
+    parts = [fp32_to_bf16_bits(rng.standard_normal((n, 8), dtype=np.float32)).reshape(n, 8) for n in (5, 3, 7)]
+    dense = np.concatenate([bf16_to_fp32(p.reshape(-1)).reshape(p.shape) for p in parts])  # [15, 8]
+    x = rng.standard_normal((rows, 8), dtype=np.float32)  # [rows, 8]
+    monkeypatch.setattr(layers, "UPCAST_CHUNK", 4 * 8)  # 4 rows a chunk: chunks straddle the parts
+    got = layers.linear(x, Bf16Matrix(tuple(parts)))
+    assert got.shape == (rows, 15)
+    np.testing.assert_allclose(got, x.astype(np.float64) @ dense.T.astype(np.float64), rtol=1e-5, atol=1e-5)
+
+
+def test_embedding_rows_are_the_exact_upcast():
+    bits = fp32_to_bf16_bits(np.linspace(-3, 3, 40, dtype=np.float32)).reshape(10, 4)
+    table = Bf16Matrix((bits,))
+    ids = np.array([7, 0, 7])
+    np.testing.assert_array_equal(layers.embedding(table, ids), bf16_to_fp32(bits.reshape(-1)).reshape(10, 4)[ids])
+
+
+def test_an_fp32_checkpoint_in_bf16_mode_is_rounded_with_a_warning(tmp_path, caplog):
+    config = {
+        "architectures": ["Qwen3ForCausalLM"], "vocab_size": 32, "hidden_size": 16, "num_hidden_layers": 1,
+        "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 8, "intermediate_size": 24,
+        "max_position_embeddings": 64, "rms_norm_eps": 1e-6, "tie_word_embeddings": True, "rope_theta": 10000.0,
+    }
+    write_random_checkpoint(tmp_path / "f32", config, seed=1, dtype="F32")
+    write_random_checkpoint(tmp_path / "bf16", config, seed=1, dtype="BF16")
+    with caplog.at_level(logging.WARNING):
+        rounded = load_model(tmp_path / "f32", weights="bf16")
+    assert "rounded to bf16" in caplog.text
+    stored = load_model(tmp_path / "bf16", weights="fp32").decoder.weights.layers[0]
+    matrix = rounded.decoder.weights.layers[0].mlp.gate_up_proj
+    assert isinstance(matrix, Bf16Matrix) and len(matrix.parts) == 2
+    identity = np.eye(16, dtype=np.float32)  # x @ W.T with x = I is W.T, exactly
+    np.testing.assert_array_equal(layers.linear(identity, matrix).T, stored.mlp.gate_up_proj)
+
+
+def test_auto_picks_bf16_only_when_fp32_would_not_fit():
+    folder = FIXTURES / "qwen3_bf16_tied"
+    assert resolve_residency(folder, "auto", available_bytes=10**12) == "fp32"
+    assert resolve_residency(folder, "auto", available_bytes=1000) == "bf16"
+    assert resolve_residency(folder, "bf16", available_bytes=10**12) == "bf16"
+    with pytest.raises(ModelLoadError, match="weights"):
+        resolve_residency(folder, "fp8")

@@ -1,0 +1,33 @@
+"""Fixtures of the reliability suites: the models (loaded once per module) and the step gate."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from step_gate import StepGate
+
+import kestrel_trio.engine.engine as engine_module
+from kestrel_trio.model import Model, load_demo_model, load_model
+
+FIXTURE_CHECKPOINT = Path(__file__).resolve().parent.parent / "fixtures" / "qwen3_bf16_tied"
+
+
+@pytest.fixture(scope="module")
+def tiny_model() -> Model:
+    """The fixture checkpoint: context 512, vocab 512, a tokenizer and the Qwen3 chat template."""
+    return load_model(FIXTURE_CHECKPOINT)
+
+
+@pytest.fixture(scope="module")
+def demo_model() -> Model:
+    """The built-in demo model: the real Qwen3 tokenizer, random weights, context 8192."""
+    return load_demo_model()
+
+
+@pytest.fixture
+def gate(monkeypatch: pytest.MonkeyPatch) -> StepGate:
+    """A :class:`StepGate` installed as the engine's model step for this test."""
+    step_gate = StepGate(engine_module.step_generations)
+    monkeypatch.setattr(engine_module, "step_generations", step_gate)
+    return step_gate
