@@ -115,3 +115,29 @@ async def test_a_text_model_engine_refuses_images(golden) -> None:
                 engine.open_generation(_request([1, 2, 3], _images(golden, "up")))
             assert engine.metrics.steps.value() == 0
             nursery.cancel_scope.cancel()
+
+
+async def test_the_vision_tower_runs_one_block_per_engine_step(vl_model: Model, golden) -> None:
+    depth = len(vl_model.vision.vision.blocks)
+    request = _request(golden["image_input_ids"], _images(golden, "up"))
+    with trio.fail_after(60):
+        results, steps = await _run(vl_model, EngineLimits(prefill_chunk=4096), [request], together=True)
+    assert results[0][0] == golden["image_greedy_ids"].tolist()
+    # One step per block, then one step that merges, prefills the whole prompt and samples token 1, then decodes.
+    assert steps == depth + 1 + (NEW_TOKENS - 1)
+
+
+async def test_an_image_request_abandoned_mid_tower_stops_between_blocks(vl_model: Model, golden) -> None:
+    request = _request(golden["image_input_ids"], _images(golden, "up"))
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            engine = await nursery.start(functools.partial(run_engine, vl_model, limits=EngineLimits()))
+            async with engine.open_generation(request):
+                while engine.metrics.steps.value() < 1:  # the first vision block has run
+                    await trio.sleep(0.001)
+            while engine.active or engine.busy:
+                await trio.sleep(0.001)
+            nursery.cancel_scope.cancel()
+    assert engine.max_steps_after_abandon <= 1
+    assert engine.metrics.steps.value() <= 2 < len(vl_model.vision.vision.blocks)
+    assert engine.metrics.generation_tokens.value() == 0

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Generator
 
 import attrs
 import numpy as np
@@ -41,7 +41,8 @@ from kestrel_trio._model.vision import (
     VisionConfig,
     VisionWeights,
     assemble_vision,
-    encode_images,
+    encode_images_steps,
+    run_to_end,
     vision_shapes,
 )
 from kestrel_trio._model.weights import Attention, assemble_weights, expected_shapes
@@ -365,6 +366,11 @@ class Qwen3VL:
         Raises:
             BadRequestError: the shapes disagree with each other or the config.
         """
+        return run_to_end(self.encode_images_steps(pixel_values, image_grid_thw))
+
+    def encode_images_steps(self, pixel_values: np.ndarray, image_grid_thw: np.ndarray
+                            ) -> Generator[None, None, ImageFeatures]:
+        """:meth:`encode_images` as a generator that yields after each vision block (shapes checked at once)."""
         v = self.config.vision
         grids = np.asarray(image_grid_thw, dtype=np.int64).reshape(-1, 3)  # [n_images, 3]
         pixels = np.asarray(pixel_values, dtype=np.float32)  # [n_patches, C*T*P*P]
@@ -374,7 +380,7 @@ class Qwen3VL:
             raise BadRequestError(
                 f"pixel_values has shape {list(pixels.shape)}, the grids imply "
                 f"[{int(grids.prod(axis=1).sum())}, {v.patch_dim}]", param="messages")
-        return encode_images(v, self.vision, pixels, grids)
+        return encode_images_steps(v, self.vision, pixels, grids)
 
     def prepare(self, token_ids: np.ndarray, pixel_values: np.ndarray | None = None,
                 image_grid_thw: np.ndarray | None = None) -> VLPrompt:
@@ -385,6 +391,11 @@ class Qwen3VL:
             pixel_values: float32 [n_patches, C*T*P*P] of every image, in prompt order.
             image_grid_thw: int [n_images, 3].
         """
+        return run_to_end(self.prepare_steps(token_ids, pixel_values, image_grid_thw))
+
+    def prepare_steps(self, token_ids: np.ndarray, pixel_values: np.ndarray | None = None,
+                      image_grid_thw: np.ndarray | None = None) -> Generator[None, None, VLPrompt]:
+        """:meth:`prepare` as a generator that yields after each vision block, so a driver can stop between them."""
         c = self.config
         ids = np.asarray(token_ids, dtype=np.int64)  # [T]
         positions, delta = rope_index(ids, image_grid_thw, image_token_id=c.image_token_id,
@@ -394,7 +405,7 @@ class Qwen3VL:
         if image_grid_thw is not None and len(image_grid_thw):
             if pixel_values is None:
                 raise BadRequestError("image grids were given without pixel_values", param="messages")
-            features = self.encode_images(pixel_values, image_grid_thw)
+            features = yield from self.encode_images_steps(pixel_values, image_grid_thw)
         return VLPrompt(token_ids=ids, positions=positions, rope_delta=delta, image_rows=rows, features=features)
 
     def prefill(self, cache: KVCache, prompt: VLPrompt, start: int = 0, end: int | None = None, *,

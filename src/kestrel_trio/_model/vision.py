@@ -15,7 +15,7 @@ the language model adds those to its hidden states after its first layers.
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import Callable, Generator, TypeVar
 
 import attrs
 import numpy as np
@@ -23,9 +23,11 @@ import numpy as np
 from kestrel_trio._model.layers import linear
 from kestrel_trio._model.rope import apply_rope
 
+T = TypeVar("T")
+
 __all__ = [
     "VisionConfig", "VisionBlock", "PatchMerger", "VisionWeights", "ImageFeatures",
-    "vision_shapes", "assemble_vision", "encode_images", "gelu_erf", "gelu_tanh",
+    "vision_shapes", "assemble_vision", "encode_images", "encode_images_steps", "run_to_end", "gelu_erf", "gelu_tanh",
 ]
 
 _LAYER_NORM_EPS = 1e-6  # fixed in the reference, not in config.json
@@ -344,7 +346,7 @@ def merge_patches(merger: PatchMerger, x: np.ndarray, merged_size: int) -> np.nd
 
 
 def _encode_one(config: VisionConfig, weights: VisionWeights, pixels: np.ndarray, t: int, h: int, w: int
-                ) -> tuple[np.ndarray, list[np.ndarray]]:
+                ) -> Generator[None, None, tuple[np.ndarray, list[np.ndarray]]]:
     x = linear(pixels, weights.patch_weight, weights.patch_bias)  # [t*h*w, hidden]
     x += position_embedding(config, weights.pos_embed, t, h, w)  # [t*h*w, hidden]
     cos, sin = rotary_cos_sin(config, t, h, w)  # [t*h*w, head_dim/2] each
@@ -354,12 +356,32 @@ def _encode_one(config: VisionConfig, weights: VisionWeights, pixels: np.ndarray
         if index in config.deepstack_visual_indexes:
             merger = weights.deepstack_mergers[config.deepstack_visual_indexes.index(index)]
             deepstack.append(merge_patches(merger, x, config.merged_size))  # [t*h*w/m^2, out_hidden]
+        yield  # a caller may stop here, between two blocks
     return merge_patches(weights.merger, x, config.merged_size), deepstack
+
+
+def run_to_end(steps: Generator[None, None, T]) -> T:
+    """Drive a stepwise computation to its end and return its result."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
 
 
 def encode_images(config: VisionConfig, weights: VisionWeights, pixel_values: np.ndarray,
                   grid_thw: np.ndarray) -> ImageFeatures:
-    """Run the vision tower over the images of one prompt.
+    """Run the vision tower over the images of one prompt (see :func:`encode_images_steps`)."""
+    return run_to_end(encode_images_steps(config, weights, pixel_values, grid_thw))
+
+
+def encode_images_steps(config: VisionConfig, weights: VisionWeights, pixel_values: np.ndarray,
+                        grid_thw: np.ndarray) -> Generator[None, None, ImageFeatures]:
+    """Run the vision tower over the images of one prompt, yielding after each vision block.
+
+    A driver advances it one block per call (``next``) and may stop between
+    blocks, so an abandoned request costs at most one more block; the
+    generator's return value is the result.
 
     Images are independent (attention never crosses an image or a frame), so
     each is encoded on its own and the results are concatenated in order.
@@ -377,7 +399,7 @@ def encode_images(config: VisionConfig, weights: VisionWeights, pixel_values: np
     embeds, deepstack = [], [[] for _ in config.deepstack_visual_indexes]
     start = 0
     for t, h, w in np.asarray(grid_thw, dtype=np.int64).reshape(-1, 3).tolist():
-        one, layers = _encode_one(config, weights, pixels[start : start + t * h * w], t, h, w)
+        one, layers = yield from _encode_one(config, weights, pixels[start : start + t * h * w], t, h, w)
         embeds.append(one)
         for store, feature in zip(deepstack, layers):
             store.append(feature)

@@ -20,8 +20,10 @@ Theory of operation:
   n > 1 choices and identical concurrent requests share one prefill).
   Prompts with images take no part in either: equal ``<|image_pad|>`` ids
   may stand for different images, so a reuse would be silently wrong.
-* A prompt's images (Qwen3-VL) are encoded by the vision tower inside the
-  job's first step, in the same worker thread as every other step.
+* A prompt's images (Qwen3-VL) are encoded by the vision tower over the
+  job's first steps, one vision block per step, in the same worker thread as
+  every other step: other streams keep flowing, and a client that leaves
+  stops the encoding between two blocks.
 * After the step it delivers each job's result on the job's own channel, whose
   capacity (max_tokens + 2) is larger than the number of results a job can
   ever produce, so delivery never blocks the inference task on a slow reader.

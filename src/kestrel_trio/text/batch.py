@@ -4,8 +4,10 @@ The engine calls :func:`step_generations` in its worker thread: it lays every
 active generation's next input end to end, runs one forward pass over them all
 (each with its own KV cache), and hands each generation its row of logits.
 
-Generations with images (Qwen3-VL) differ in three ways: their first step
-also runs the vision tower over all their images; a prefill chunk holding
+Generations with images (Qwen3-VL) differ in three ways: their first steps
+run the vision tower over their images, one vision block per step (so other
+streams keep stepping and a cancelled request stops between blocks, the last
+block's step going on to the first prefill chunk); a prefill chunk holding
 image rows goes alone through :meth:`Qwen3VL.prefill` (it swaps in image
 features and uses 3-D positions), while every other chunk and every decode
 token joins the batched forward at shifted positions; and they never touch
@@ -43,35 +45,46 @@ def step_generations(
     Returns:
         One :class:`StepResult` per generation, in order.
     """
+    ready = []
     for g in generations:
         if g.fresh:
             g.cache.reserve(len(g.prompt_ids))  # the whole prompt at once: no regrowth copies while prefilling
-            if g.has_images:
-                _encode_images(vision, g)
-            elif prefix_cache is not None:
+            if not g.has_images and prefix_cache is not None:
                 g.reuse_prefix(prefix_cache.restore(g.prompt_ids, g.cache))
-    prefilling = [g.phase is Phase.PREFILL for g in generations]
-    results = _forward_and_advance(decoder, vision, generations)
+        if g.has_images and g.vl_prompt is None and g.phase is Phase.PREFILL and not _advance_vision(vision, g):
+            continue  # this step ran one vision block for it instead
+        ready.append(g)
+    prefilling = [g.phase is Phase.PREFILL for g in ready]
+    results = dict(zip(map(id, ready), _forward_and_advance(decoder, vision, ready)))
     if prefix_cache is not None:
-        for g, was_prefilling in zip(generations, prefilling):
+        for g, was_prefilling in zip(ready, prefilling):
             if g.has_images:
                 continue
             if (was_prefilling and g.phase is not Phase.PREFILL) or g.phase is Phase.DONE:
                 prefix_cache.store(g.cached_token_ids(), g.cache)
-    return results
+    return [results.get(id(g), StepResult()) for g in generations]
 
 
-def _encode_images(vision: Qwen3VL | None, g: Generation) -> None:
-    """The vision tower over all of ``g``'s images (one uninterruptible piece of its first step)."""
-    if g.vl_prompt is not None:
-        return
+def _advance_vision(vision: Qwen3VL | None, g: Generation) -> bool:
+    """Run the next vision block of ``g``'s images; True once they are all encoded (``g.vl_prompt`` set).
+
+    One block per step keeps every step short, so other streams keep flowing
+    and an abandoned request is dropped between two blocks.
+    """
     if vision is None:
         raise ValueError("a generation has images but the model has no vision tower")
-    pixels = np.concatenate([image.pixel_values for image in g.images])  # [n_patches, C*T*P*P]
-    grids = np.asarray([image.grid_thw for image in g.images], dtype=np.int64)  # [n_images, 3]
-    g.vl_prompt = vision.prepare(np.asarray(g.prompt_ids, dtype=np.int64), pixels, grids)
-    g.rope_delta = g.vl_prompt.rope_delta
-    g.images = ()  # the pixels are no longer needed
+    if g.vision_steps is None:
+        pixels = np.concatenate([image.pixel_values for image in g.images])  # [n_patches, C*T*P*P]
+        grids = np.asarray([image.grid_thw for image in g.images], dtype=np.int64)  # [n_images, 3]
+        g.vision_steps = vision.prepare_steps(np.asarray(g.prompt_ids, dtype=np.int64), pixels, grids)
+        g.images = ()  # the pixels now live in the running encoder
+    try:
+        next(g.vision_steps)
+        return False
+    except StopIteration as done:
+        g.vl_prompt, g.vision_steps = done.value, None
+        g.rope_delta = g.vl_prompt.rope_delta
+        return True
 
 
 def _has_image_rows(g: Generation) -> bool:

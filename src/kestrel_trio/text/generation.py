@@ -17,13 +17,15 @@ batched forward, and a driver can stop between any two steps (cancellation).
 
 A prompt with images (Qwen3-VL) carries them as ``images``; ``prompt_ids``
 then already hold each image's expanded ``<|image_pad|>`` run. The driver
-encodes the images at the first step and keeps the result in ``vl_prompt``
+encodes the images over its first steps (``vision_steps``, one vision block
+per step) and keeps the result in ``vl_prompt``
 until the prompt is in; positions are then shifted by ``rope_delta``.
 """
 
 from __future__ import annotations
 
 import enum
+from typing import Iterator
 
 import attrs
 import numpy as np
@@ -141,6 +143,7 @@ class Generation:
         self.has_images = bool(images)  # never reuses or stores prefix KV: equal pad ids may be different images
         self.images = tuple(images)  # dropped once encoded into vl_prompt
         self.vl_prompt: VLPrompt | None = None  # set by the driver's first step; dropped once the prompt is in
+        self.vision_steps: Iterator[None] | None = None  # the vision tower mid-way, advanced a block per step
         self.rope_delta = 0  # position of token i is i + rope_delta once past the prompt's images
 
     @property
