@@ -80,7 +80,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-batch", type=_COUNT, default=4, help="generations stepped together (default 4)")
     serve.add_argument("--prefix-cache-mb", type=_SECONDS, default=512.0,
                        help="MiB of prompt KV kept for reuse by prompts with the same beginning (default 512; 0: off)")
-    serve.add_argument("--max-connections", type=_COUNT, default=128, help="open connections; more get 503")
+    serve.add_argument("--max-connections", type=_COUNT, default=1000,
+                       help="open connections; more get 503 (default 1000; the open-files limit is raised to fit)")
+    serve.add_argument("--open-path", action="append", dest="open_paths", metavar="PATH", default=None,
+                       help="a path that needs no API key (repeatable; default /health and /metrics)")
     serve.add_argument("--api-key", default=os.environ.get("KESTREL_API_KEY"),
                        help="require 'Authorization: Bearer KEY' (default: $KESTREL_API_KEY; /health stays open)")
     serve.add_argument("--header-timeout", type=_POSITIVE_SECONDS, default=10.0, help="seconds to receive a request head")
@@ -145,9 +148,11 @@ def _serve(args: argparse.Namespace) -> int:
         header_timeout=args.header_timeout, body_timeout=args.body_timeout, keepalive_timeout=args.keepalive_timeout,
         write_timeout=args.write_timeout, max_connections=args.max_connections,
     )
+    _raise_open_files_limit(args.max_connections + _SPARE_FILES)
+    open_paths = args.open_paths if args.open_paths is not None else ("/health", "/metrics")
     start = functools.partial(
         serve, args.model, host=args.host, port=args.port, model_id=args.model_id, api_key=args.api_key,
-        engine_limits=engine_limits, http_limits=http_limits, grace=args.grace, drain_delay=args.drain_delay,
+        open_paths=open_paths, engine_limits=engine_limits, http_limits=http_limits, grace=args.grace, drain_delay=args.drain_delay,
         image_policy=ImagePolicy(max_bytes=args.max_image_bytes, max_pixels=args.max_image_pixels,
                                  max_images=args.max_images),
         allow_image_dir=args.allow_image_dir,
@@ -167,6 +172,26 @@ def _serve(args: argparse.Namespace) -> int:
 
     trio.run(run)
     return 0
+
+
+_SPARE_FILES = 64  # descriptors beyond the connections: listeners, checkpoint files, logs, worker threads
+
+
+def _raise_open_files_limit(wanted: int) -> None:
+    """Raise the soft open-files limit toward ``wanted`` (never past the hard limit), warning if it stays short."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= wanted:
+        return
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ValueError, OSError):
+        target = soft
+    if target < wanted:
+        log.warning("the open-files limit is %d, below --max-connections + %d; connections past it fail at accept",
+                    target, _SPARE_FILES)
 
 
 async def _watch_signals(signals, server, scope) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import logging
 from pathlib import Path
+from typing import Iterable
 
 import attrs
 import trio
@@ -110,6 +111,7 @@ async def serve(
     port: int = 8000,
     model_id: str | None = None,
     api_key: str | None = None,
+    open_paths: Iterable[str] = ("/health", "/metrics"),
     engine_limits: EngineLimits = EngineLimits(),
     http_limits: HttpLimits = HttpLimits(),
     grace: float = 10.0,
@@ -128,7 +130,8 @@ async def serve(
         host: the address to bind (loopback by default).
         port: the TCP port; 0 picks a free one (see ``Server.port``).
         model_id: the id clients use; defaults to the checkpoint folder's name.
-        api_key: require ``Authorization: Bearer <api_key>`` on every route but /health and /metrics.
+        api_key: require ``Authorization: Bearer <api_key>`` on every route but ``open_paths``.
+        open_paths: the exact paths that never need the API key (probes for balancers and Prometheus).
         engine_limits: queue and batch bounds.
         http_limits: HTTP deadlines (seconds) and size limits (bytes).
         grace: seconds running requests may take to finish once the listener is closed.
@@ -142,7 +145,8 @@ async def serve(
     a request can carry ``max_images`` base64 images of ``max_bytes`` each.
     """
     policy = _image_policy(image_policy, allow_image_dir)
-    state = ServerState(model_id=_resolve_model_id(model, model_id), api_key=api_key, images=policy)
+    state = ServerState(model_id=_resolve_model_id(model, model_id), api_key=api_key, images=policy,
+                        open_paths=frozenset(open_paths))
     http_limits = attrs.evolve(http_limits, shutdown_grace=grace + _HTTP_GRACE_MARGIN)
     if _accepts_images(model):
         http_limits = _room_for_images(http_limits, policy)

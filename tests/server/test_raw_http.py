@@ -117,3 +117,12 @@ async def test_api_key_accepted_and_health_open(tiny_model: Model) -> None:
     assert models.status == 200 and models.json()["data"][0]["id"] == tiny_model.name
     assert chat.status == 200 and chat.json()["choices"][0]["finish_reason"] in ("stop", "length")
     assert health.status == 200 and health.json()["status"] == "ok"
+
+
+async def test_open_paths_are_configurable(tiny_model: Model) -> None:
+    with trio.fail_after(30):
+        async with running_server(tiny_model, api_key="sesame", open_paths=("/health", "/v1/models")) as server:
+            models = await fetch(server.port, "GET", "/v1/models")
+            metrics = await fetch(server.port, "GET", "/metrics")
+            health = await fetch(server.port, "GET", "/health")
+    assert (models.status, metrics.status, health.status) == (200, 401, 200)

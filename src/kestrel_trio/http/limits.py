@@ -24,7 +24,8 @@ class HttpLimits:
         max_header_bytes: largest request head, in bytes. Exceeded -> 431.
         max_body_bytes: largest request body, in bytes. Exceeded -> 413.
         max_connections: most connections served at once; one more gets 503
-            with ``Retry-After`` and ``Connection: close``.
+            with ``Retry-After`` and ``Connection: close``. Each costs a file
+            descriptor: the process's open-files limit must be above it.
         shutdown_grace: seconds in-flight requests get after
             :meth:`HttpServer.begin_shutdown` before they are cancelled.
         linger_timeout: seconds spent draining a connection after the server
@@ -38,6 +39,6 @@ class HttpLimits:
     write_timeout: float = 30.0
     max_header_bytes: int = 16 * 1024
     max_body_bytes: int = 4 * 1024 * 1024
-    max_connections: int = 128
+    max_connections: int = 1000
     shutdown_grace: float = 10.0
     linger_timeout: float = 1.0
