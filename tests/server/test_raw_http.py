@@ -126,3 +126,20 @@ async def test_open_paths_are_configurable(tiny_model: Model) -> None:
             metrics = await fetch(server.port, "GET", "/metrics")
             health = await fetch(server.port, "GET", "/health")
     assert (models.status, metrics.status, health.status) == (200, 401, 200)
+
+
+async def test_expect_100_continue_is_refused_before_the_body_without_the_api_key(tiny_model: Model) -> None:
+    body = json.dumps(CHAT).encode()
+    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nExpect: 100-continue\r\n").encode()
+    with trio.fail_after(20):
+        async with running_server(tiny_model, api_key=KEY) as server:
+            async with await trio.open_tcp_stream("127.0.0.1", server.port) as stream:
+                await stream.send_all(head + b"\r\n")
+                refused = await stream.receive_some(65536)
+            async with await trio.open_tcp_stream("127.0.0.1", server.port) as stream:
+                await stream.send_all(head + f"Authorization: Bearer {KEY}\r\n\r\n".encode())
+                interim = await stream.receive_some(65536)
+    assert refused.startswith(b"HTTP/1.1 401 ") and b"100 Continue" not in refused
+    assert b"connection: close" in refused.lower()
+    assert interim.startswith(b"HTTP/1.1 100 ")

@@ -208,6 +208,12 @@ class HttpConnection:
             await self._send_body_too_large(exchange)
             return False
         if self._h11.they_are_waiting_for_100_continue:
+            # Whatever can be refused from the head alone (a missing API key, an unknown path) is refused
+            # now, before the client sends a body nobody will read.
+            refusal = self._answer_now(to_request(event, b"", self.client))
+            if refusal is not None and refusal.status >= 400:
+                await self._writer.send_response(refusal, exchange.method, exchange, close=True)
+                return False
             await self._writer.send_event(h11.InformationalResponse(status_code=100, headers=[]))
         return True
 
