@@ -3,42 +3,20 @@
 from __future__ import annotations
 
 import functools
-from pathlib import Path
 
 import pytest
 import trio
 
-import kestrel_trio.engine.engine as engine_module
 from kestrel_trio.engine import EngineLimits, GenerationRequest, run_engine
 from kestrel_trio.errors import ContextLengthError, EngineUnavailableError, QueueFullError
-from kestrel_trio.model import Model, load_demo_model, load_model
+from kestrel_trio.model import Model
 from kestrel_trio.text import SamplingParams
 
 from engine_kit import StepGate, greedy_tokens, running_engine, wait_until
 
-FIXTURE_CHECKPOINT = Path(__file__).resolve().parent.parent / "fixtures" / "qwen3_bf16_tied"
-
-
-@pytest.fixture(scope="module")
-def tiny_model() -> Model:
-    return load_model(FIXTURE_CHECKPOINT)
-
-
-@pytest.fixture(scope="module")
-def demo_model() -> Model:
-    return load_demo_model()
-
-
 @pytest.fixture(scope="module", params=["tiny_model", "demo_model"])
 def model(request: pytest.FixtureRequest) -> Model:
     return request.getfixturevalue(request.param)
-
-
-@pytest.fixture
-def gate(monkeypatch: pytest.MonkeyPatch) -> StepGate:
-    step_gate = StepGate(engine_module.step_generations)
-    monkeypatch.setattr(engine_module, "step_generations", step_gate)
-    return step_gate
 
 
 def greedy_request(prompt_ids, max_tokens: int) -> GenerationRequest:

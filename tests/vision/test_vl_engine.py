@@ -127,17 +127,17 @@ async def test_the_vision_tower_runs_one_block_per_engine_step(vl_model: Model, 
     assert steps == depth + 1 + (NEW_TOKENS - 1)
 
 
-async def test_an_image_request_abandoned_mid_tower_stops_between_blocks(vl_model: Model, golden) -> None:
+async def test_an_image_request_abandoned_mid_tower_stops_between_blocks(vl_model: Model, golden, gate) -> None:
     request = _request(golden["image_input_ids"], _images(golden, "up"))
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:
             engine = await nursery.start(functools.partial(run_engine, vl_model, limits=EngineLimits()))
-            async with engine.open_generation(request):
-                while engine.metrics.steps.value() < 1:  # the first vision block has run
-                    await trio.sleep(0.001)
+            with gate.held(after=1):  # the first vision block runs; the second step waits in the worker
+                async with engine.open_generation(request):
+                    await gate.until_blocked()
             while engine.active or engine.busy:
                 await trio.sleep(0.001)
             nursery.cancel_scope.cancel()
     assert engine.max_steps_after_abandon <= 1
-    assert engine.metrics.steps.value() <= 2 < len(vl_model.vision.vision.blocks)
+    assert engine.metrics.steps.value() == 2 < len(vl_model.vision.vision.blocks)
     assert engine.metrics.generation_tokens.value() == 0

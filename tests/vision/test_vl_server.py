@@ -20,7 +20,7 @@ from kestrel_trio.model import Model, load_model
 from kestrel_trio.routes_images import ImagePolicy
 from kestrel_trio.server import Server
 
-from server.server_kit import (  # tests/server, as a namespace package
+from server_kit import (
     assert_envelope, connected, event_count, fetch, greedy_tokens, running_server, wait_until,
 )
 

@@ -1,17 +1,16 @@
-"""Fixtures of the server suites: the two models (loaded once per module) and the step gate."""
+"""Fixtures shared by the engine, server and reliability suites: the two models and the step gate."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+from step_gate import StepGate
 
 import kestrel_trio.engine.engine as engine_module
 from kestrel_trio.model import Model, load_demo_model, load_model
 
-from server_kit import StepGate
-
-FIXTURE_CHECKPOINT = Path(__file__).resolve().parent.parent / "fixtures" / "qwen3_bf16_tied"
+FIXTURE_CHECKPOINT = Path(__file__).resolve().parent / "fixtures" / "qwen3_bf16_tied"
 
 
 @pytest.fixture(scope="module")
