@@ -106,6 +106,16 @@ def read_config(folder: Path) -> ModelConfig:
         ModelLoadError: the file is missing or unreadable, a field is missing or
             of the wrong type, or the architecture is not supported.
     """
+    raw, path = read_config_json(folder)
+    return config_from_dict(raw, source=str(path))
+
+
+def read_config_json(folder: str | Path) -> tuple[dict[str, Any], Path]:
+    """The parsed ``folder/config.json`` object and its path.
+
+    Raises:
+        ModelLoadError: the file is missing, unreadable, not JSON or not an object.
+    """
     path = Path(folder) / "config.json"
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
@@ -115,7 +125,7 @@ def read_config(folder: Path) -> ModelConfig:
         raise ModelLoadError(f"{path}: cannot read config.json: {exc}") from None
     if not isinstance(raw, dict):
         raise ModelLoadError(f"{path}: config.json is not a JSON object")
-    return config_from_dict(raw, source=str(path))
+    return raw, path
 
 
 def config_from_dict(raw: dict[str, Any], *, source: str = "config.json") -> ModelConfig:

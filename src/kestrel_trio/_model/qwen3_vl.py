@@ -23,14 +23,13 @@ a copy of the decoder loop with the three hooks.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Callable, Generator
 
 import attrs
 import numpy as np
 
-from kestrel_trio._model.config import ModelConfig, config_from_dict
+from kestrel_trio._model.config import ModelConfig, config_from_dict, read_config_json
 from kestrel_trio._model.forward import Decoder, forward
 from kestrel_trio._model.kv_cache import KVCache
 from kestrel_trio._model.layers import causal_attention, dense_mlp, linear, rms_norm
@@ -100,15 +99,7 @@ def read_vl_config(folder: Path) -> Qwen3VLConfig:
     Raises:
         ModelLoadError: the file is missing or unreadable, or a field is wrong.
     """
-    path = Path(folder) / "config.json"
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ModelLoadError(f"{path}: no config.json in the checkpoint folder") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ModelLoadError(f"{path}: cannot read config.json: {exc}") from None
-    if not isinstance(raw, dict):
-        raise ModelLoadError(f"{path}: config.json is not a JSON object")
+    raw, path = read_config_json(folder)
     return vl_config_from_dict(raw, source=str(path))
 
 
