@@ -1,20 +1,23 @@
 """kestrel-trio next to transformers (PyTorch eager, fp32) on the same Qwen3-0.6B-shaped weights.
 
 Usage:
-    python benchmarks/bench_model.py [--quick] [--threads N] [--keep-openblas-env] [--gemm]
+    python benchmarks/bench_model.py [--quick] [--threads N] [--rounds N] [--keep-openblas-env] [--gemm]
 
 Builds once (in ~/.cache/kestrel-trio-bench/) a checkpoint with Qwen3-0.6B's
 exact shapes and random weights, written by transformers in fp32 (and a bf16
 copy of the same weights for the residency comparison). Then each side runs in
 its own fresh subprocess, so peak RSS (VmHWM) is not shared, with the same
-thread count (numpy's BLAS threads = torch.set_num_threads): load time, prefill
-tok/s for 128- and 512-token prompts (best of 3), decode tok/s at batch 1, and aggregate
-decode tok/s with 4 and 8 concurrent sequences (kestrel both through the engine
-and through the bare forward; PyTorch through a batched decode loop with its KV
-cache); decode rates come from the median step time, so that bursts of load
-from other processes on a shared machine do not drag them down. It also measures the machine's memory read bandwidth with numpy and
-reports kestrel's batch-1 decode as a fraction of bandwidth / bytes of weights
-read per token.
+thread count (numpy's BLAS threads = torch.set_num_threads): load time,
+prefill tok/s for 128- and 512-token prompts (best of 3), decode tok/s at
+batch 1, and aggregate decode tok/s with 4 and 8 concurrent sequences (kestrel
+both through the engine and through the bare forward; PyTorch through a
+batched decode loop with its KV cache). Decode rates come from the median step
+time, and the sides alternate for --rounds rounds keeping each figure's best,
+so that bursts of load from other processes on a shared machine do not decide
+the result. It also measures the machine's memory read bandwidth with numpy
+and reports kestrel's batch-1 decode as a fraction of bandwidth / bytes of
+weights read per token, and (bf16 checkpoint) kestrel's two weight residencies
+side by side.
 
 This machine may set OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE (for old OpenBLAS
 builds); the benchmark re-executes itself without them unless
@@ -90,8 +93,6 @@ def prompt(length: int, seed: int) -> list[int]:
 
 def kestrel_side(folder: Path, args: argparse.Namespace) -> dict:
     started = time.perf_counter()
-    import numpy as np
-
     from kestrel_trio import load_model
     from kestrel_trio._model import forward
 
@@ -107,6 +108,7 @@ def kestrel_side(folder: Path, args: argparse.Namespace) -> dict:
         result[f"bare_{batch}"] = bare_decode(model, forward, batch, 8 if args.quick else args.batch_tokens)
         result[f"engine_{batch}"] = engine_decode(model, batch, 8 if args.quick else args.batch_tokens)
     result["peak_rss"] = status_bytes("VmHWM")
+    result["bandwidth"] = max(read_bandwidth(0.5).values())  # again, next to the decode runs (after the peak RSS)
     return result
 
 
@@ -409,6 +411,7 @@ def main() -> None:
     if kestrel or torch:
         print_table(kestrel, torch)
     if kestrel:
+        args.bandwidth = max(args.bandwidth, kestrel.pop("bandwidth"))
         report_bound(kestrel["decode_1"], args)
     if "residency" in sides:
         bf16_folder = args.cache / "qwen3-0.6b-shapes-transformers-bf16"
@@ -438,12 +441,13 @@ def report_machine(args: argparse.Namespace) -> None:
     print(f"machine: {os.cpu_count()} cpus, load average {os.getloadavg()[0]:.2f}; threads per side: {args.threads}")
     print(f"OpenBLAS overrides: {'unset for this run (' + unset + ')' if unset else 'as in the environment'}")
     print(f"numpy BLAS: {blas_description()}")
-    bandwidth = read_bandwidth(1.0 if not args.quick else 0.25)
+    bandwidth = read_bandwidth(1.0 if not args.quick else 0.25, repeats=10)
     args.bandwidth = max(bandwidth.values())
     print("memory read bandwidth: " + ", ".join(f"{way} {bps / 1e9:.1f} GB/s" for way, bps in bandwidth.items()), flush=True)
 
 
 def report_bound(decode_1: float, args: argparse.Namespace) -> None:
+    """Batch-1 decode against bandwidth / weight bytes per token (best bandwidth seen, here and in the kestrel runs)."""
     per_token = weight_bytes_per_token()
     bound = args.bandwidth / per_token
     print(

@@ -6,6 +6,8 @@ sequence's own KV cache. Every projection runs once over all N rows; only
 attention is per segment, against that segment's cache. A prefill chunk is a
 segment of many tokens, a decode step a segment of one, and several sequences
 stepping together are several segments: batching changes shapes, not code.
+Weights fused at load make q/k/v one product and gate/up another; lm_head runs
+only on the rows whose logits are returned.
 """
 
 from __future__ import annotations

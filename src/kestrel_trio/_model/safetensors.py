@@ -9,6 +9,8 @@ so a truncated file is reported by name before any tensor is read. fp32 tensors
 are memory-mapped read-only (no copy; the page cache is shared by every process
 that maps the file); bf16 and fp16 tensors are read with plain file reads and
 upcast into fresh float32 arrays, so peak memory stays near the fp32 total.
+``read_into`` fills a caller's buffer (a slice of a fused matrix) by plain file
+reads, and ``read_bf16`` hands bf16 storage back as mapped bits, uncopied.
 """
 
 from __future__ import annotations
@@ -149,7 +151,8 @@ class SafetensorsCheckpoint:
         matrix at load would otherwise stay resident twice (mapped and copied).
         """
         info = self.tensors[name]
-        if out.dtype != np.float32 or not out.flags.c_contiguous or out.size != info.nbytes // _ITEMSIZE[info.dtype]:
+        wanted = info.nbytes // _ITEMSIZE[info.dtype]
+        if out.dtype != np.float32 or not out.flags.c_contiguous or out.size != wanted:
             raise ValueError(f"read_into({name!r}): destination must be contiguous float32 of {info.shape}")
         if info.dtype == "F32":
             _read_exact(info, memoryview(out.reshape(-1)).cast("B"))

@@ -29,7 +29,10 @@ from kestrel_trio.errors import ModelLoadError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Bf16Matrix", "Matrix", "RESIDENCIES", "resolve_residency", "Attention", "DenseMLP", "SparseMoE", "Layer", "Weights", "expected_shapes", "check_tensors", "load_weights", "assemble_weights"]
+__all__ = [
+    "Bf16Matrix", "Matrix", "RESIDENCIES", "resolve_residency", "Attention", "DenseMLP", "SparseMoE", "Layer",
+    "Weights", "expected_shapes", "check_tensors", "load_weights", "assemble_weights",
+]
 
 RESIDENCIES = ("fp32", "bf16")  # how matrices are held: float32 arrays, or bf16 bits upcast at use
 # Buffers some exporters write that carry no learned weights.
