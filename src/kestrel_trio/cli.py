@@ -56,6 +56,12 @@ _POSITIVE_SECONDS = _at_least(1e-3, float)
 def _add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", metavar="DIR", default=None,
                         help="Hugging Face checkpoint folder (default: the built-in random demo model)")
+    parser.add_argument("--weights", choices=["auto", "bf16", "fp32"], default="auto",
+                        help="weights in memory: fp32 copies (fastest decode), bf16 mapped from the checkpoint "
+                             "(half the memory, shared between processes), or auto: bf16 only when fp32 would "
+                             "not fit (default auto)")
+    parser.add_argument("--blas-threads", type=_COUNT, default=None,
+                        help="threads numpy's BLAS may use (default: one per core)")
 
 
 def _add_sampling_args(parser: argparse.ArgumentParser) -> None:
@@ -125,7 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _serve(args)
         from kestrel_trio.cli_text import chat_loop, generate_once, load_with_progress
 
-        model = load_with_progress(args.model)
+        model = load_with_progress(args.model, weights=args.weights, blas_threads=args.blas_threads)
         if args.command == "generate":
             return generate_once(model, args)
         return chat_loop(model, args)
@@ -152,7 +158,7 @@ def _serve(args: argparse.Namespace) -> int:
     open_paths = args.open_paths if args.open_paths is not None else ("/health", "/metrics")
     start = functools.partial(
         serve, args.model, host=args.host, port=args.port, model_id=args.model_id, api_key=args.api_key,
-        open_paths=open_paths, engine_limits=engine_limits, http_limits=http_limits, grace=args.grace, drain_delay=args.drain_delay,
+        open_paths=open_paths, weights=args.weights, blas_threads=args.blas_threads, engine_limits=engine_limits, http_limits=http_limits, grace=args.grace, drain_delay=args.drain_delay,
         image_policy=ImagePolicy(max_bytes=args.max_image_bytes, max_pixels=args.max_image_pixels,
                                  max_images=args.max_images),
         allow_image_dir=args.allow_image_dir,

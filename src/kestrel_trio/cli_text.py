@@ -10,7 +10,7 @@ import argparse
 import sys
 from typing import TextIO
 
-from kestrel_trio.model import DEMO_MODEL_ID, Model, load_demo_model, load_model
+from kestrel_trio.model import DEMO_MODEL_ID, Model, load_demo_model, load_model, set_blas_threads
 from kestrel_trio.text import SamplingParams
 from kestrel_trio.text.generation import Generation, check_context
 
@@ -38,8 +38,10 @@ class ProgressBar:
         self.stream.flush()
 
 
-def load_with_progress(path: str | None) -> Model:
+def load_with_progress(path: str | None, *, weights: str = "auto", blas_threads: int | None = None) -> Model:
     """Load a checkpoint (or the demo model) showing a progress bar on stderr."""
+    if blas_threads is not None:
+        set_blas_threads(blas_threads)
     if path is None:
         print(f"kestrel-trio: no --model given, using the built-in demo model {DEMO_MODEL_ID!r}: its weights are "
               "random, so its text is meaningless.", file=sys.stderr)
@@ -48,7 +50,7 @@ def load_with_progress(path: str | None) -> Model:
         model = load_demo_model()
         bar(1.0)
         return model
-    return load_model(path, progress=ProgressBar("loading weights"))
+    return load_model(path, progress=ProgressBar("loading weights"), weights=weights)
 
 
 def _params(args: argparse.Namespace, model: Model, prompt_tokens: int) -> SamplingParams:

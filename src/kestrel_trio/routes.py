@@ -93,6 +93,8 @@ class ServerState:
             elif engine.stalled():
                 status = "stalled"
         body: dict = {"status": status, "model": self.model_id}
+        if self.model is not None:
+            body["weights"] = self.model.weights_mode
         if engine is not None:
             body.update(busy=engine.busy, queued=engine.queued, active=engine.active, batch=engine.batch_in_flight,
                         max_queued=engine.limits.max_queued, max_batch=engine.limits.max_batch)

@@ -25,7 +25,9 @@ import trio
 from kestrel_trio.engine import Engine, EngineLimits, run_engine
 from kestrel_trio.errors import KestrelError
 from kestrel_trio.http import HttpLimits, HttpServer, serve_http
-from kestrel_trio.model import DEMO_MODEL_ID, Model, is_qwen3_vl_folder, load_demo_model, load_model
+from kestrel_trio.model import (
+    DEMO_MODEL_ID, Model, is_qwen3_vl_folder, load_demo_model, load_model, set_blas_threads,
+)
 from kestrel_trio.routes import ServerState, build_router
 from kestrel_trio.routes_images import ImagePolicy
 
@@ -96,12 +98,14 @@ def _room_for_images(limits: HttpLimits, policy: ImagePolicy) -> HttpLimits:
     return limits if limits.max_body_bytes >= needed else attrs.evolve(limits, max_body_bytes=needed)
 
 
-def _load(model: str | Path | None) -> Model:
+def _load(model: str | Path | None, weights: str) -> Model:
     if model is None:
         log.warning("no --model given: serving the built-in demo model %r; its weights are random and its text "
                     "is meaningless", DEMO_MODEL_ID)
         return load_demo_model()
-    return load_model(model)
+    loaded = load_model(model, weights=weights)
+    log.info("weights in memory as %s (asked for %s)", loaded.weights_mode, weights)
+    return loaded
 
 
 async def serve(
@@ -112,6 +116,8 @@ async def serve(
     model_id: str | None = None,
     api_key: str | None = None,
     open_paths: Iterable[str] = ("/health", "/metrics"),
+    weights: str = "auto",
+    blas_threads: int | None = None,
     engine_limits: EngineLimits = EngineLimits(),
     http_limits: HttpLimits = HttpLimits(),
     grace: float = 10.0,
@@ -132,6 +138,8 @@ async def serve(
         model_id: the id clients use; defaults to the checkpoint folder's name.
         api_key: require ``Authorization: Bearer <api_key>`` on every route but ``open_paths``.
         open_paths: the exact paths that never need the API key (probes for balancers and Prometheus).
+        weights: "auto", "bf16" or "fp32": how a checkpoint folder's weights stay in memory (see load_model).
+        blas_threads: threads numpy's BLAS may use, process-wide (None: one per core).
         engine_limits: queue and batch bounds.
         http_limits: HTTP deadlines (seconds) and size limits (bytes).
         grace: seconds running requests may take to finish once the listener is closed.
@@ -161,7 +169,9 @@ async def serve(
 
         http: HttpServer = await nursery.start(run_http)
         log.info("listening on http://%s:%d (model %s loading)", http.host, http.port, state.model_id)
-        loaded = model if isinstance(model, Model) else await trio.to_thread.run_sync(_load, model)
+        if blas_threads is not None:
+            set_blas_threads(blas_threads)
+        loaded = model if isinstance(model, Model) else await trio.to_thread.run_sync(_load, model, weights)
         engine: Engine = await nursery.start(functools.partial(run_engine, loaded, limits=engine_limits))
         state.model, state.engine, state.status = loaded, engine, "ok"
         server = Server(host=http.host, port=http.port, state=state, engine=engine, http=http)

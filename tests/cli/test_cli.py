@@ -44,6 +44,15 @@ def test_generate_on_a_checkpoint_folder_shows_loading_progress():
     assert "loading weights" in result.stderr and "100%" in result.stderr
 
 
+def test_bf16_weights_and_one_blas_thread_give_the_same_greedy_text():
+    common = ["--log-level", "WARNING", "generate", "hi", "--model", str(FIXTURE), "--max-tokens", "6",
+              "--temperature", "0", "--no-think"]
+    fp32 = _run(common + ["--weights", "fp32"])
+    bf16 = _run(common + ["--weights", "bf16", "--blas-threads", "1"])
+    assert fp32.returncode == bf16.returncode == 0, bf16.stderr
+    assert fp32.stdout == bf16.stdout and fp32.stdout.strip()
+
+
 def test_a_bad_model_folder_is_a_clear_cli_error(tmp_path):
     result = _run(["generate", "hi", "--model", str(tmp_path)])
     assert result.returncode == 2

@@ -143,3 +143,16 @@ async def test_expect_100_continue_is_refused_before_the_body_without_the_api_ke
     assert refused.startswith(b"HTTP/1.1 401 ") and b"100 Continue" not in refused
     assert b"connection: close" in refused.lower()
     assert interim.startswith(b"HTTP/1.1 100 ")
+
+
+async def test_health_reports_the_weight_residency_chosen_at_load() -> None:
+    from conftest import FIXTURE_CHECKPOINT
+
+    with trio.fail_after(60):
+        async with running_server(FIXTURE_CHECKPOINT, weights="bf16") as server:
+            mapped = (await fetch(server.port, "GET", "/health")).json()
+            completion = await fetch(server.port, "POST", "/v1/completions", {"prompt": "hi", "max_tokens": 2})
+        async with running_server(FIXTURE_CHECKPOINT, weights="fp32") as server:
+            copied = (await fetch(server.port, "GET", "/health")).json()
+    assert (mapped["weights"], copied["weights"]) == ("bf16", "fp32")
+    assert completion.status == 200 and completion.json()["usage"]["completion_tokens"] == 2
