@@ -16,6 +16,7 @@ its own float32 copy. Both processes are this script's own and are ended by PID.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import signal
@@ -65,16 +66,24 @@ def main() -> None:
     if not (args.model / "config.json").exists():
         raise SystemExit(f"{args.model}: no checkpoint; run benchmarks/bench_load.py first or pass --model")
     print("load average at start: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()))
-    procs = []
+    procs, ports = [], []
     try:
         for _ in range(2):
             port = free_port()
+            ports.append(port)
             argv = [sys.executable, "-m", "kestrel_trio.cli", "--log-level", "WARNING", "serve", "--model",
                     str(args.model), "--port", str(port), "--weights", args.weights]
             proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             procs.append(proc)
             ready = wait_healthy(port, proc, timeout=300)
             print(f"  server {len(procs)} (pid {proc.pid}, --weights {args.weights}) ready in {ready:.2f} s")
+        for port in ports:  # touch every weight page: a mapped page counts only once it is read
+            body = json.dumps({"prompt": "warm up", "max_tokens": 2}).encode()
+            request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body,
+                                             headers={"content-type": "application/json"})
+            with urllib.request.urlopen(request, timeout=300) as response:
+                response.read()
+        print("  after one 2-token completion on each server:")
         rows = [memory(proc.pid) for proc in procs]
         gib = 2**30
         for i, row in enumerate(rows, 1):
