@@ -103,6 +103,7 @@ async def test_a_disconnect_storm_leaves_nothing_behind(tiny_model: Model) -> No
             metrics = engine.metrics
             cancelled = {phase: metrics.cancelled.value(phase=phase) for phase in ("queued", "prefill", "decode")}
             finished = metrics.finished.value(finished_reason="length") - 1  # the request before the storm
+            accepted = metrics.accepted.value() - 1
             leftover_jobs = len(engine._waiting) + len(engine._active)
             leftover_queue = engine._queue_recv.statistics().current_buffer_used
             leaked_caches = live_caches(engine) - caches_before
@@ -113,7 +114,7 @@ async def test_a_disconnect_storm_leaves_nothing_behind(tiny_model: Model) -> No
     print(f"disconnect storm: cancelled {cancelled}, finished {finished}, outcomes "
           f"{ {key: outcomes.count(key) for key in sorted(set(outcomes))} }")
     assert len(outcomes) == CLIENTS
-    assert sum(cancelled.values()) + finished == CLIENTS  # each generation ended exactly once
+    assert sum(cancelled.values()) + finished == CLIENTS == accepted  # each generation ended exactly once
     assert cancelled["queued"] >= 1 and cancelled["prefill"] >= 1 and cancelled["decode"] >= 1
     assert engine.max_steps_after_abandon <= 1
     assert leftover_jobs == 0 and leftover_queue == 0

@@ -180,6 +180,7 @@ class Engine:
             self.metrics.rejected.inc(reason="queue_full")
             raise QueueFullError("the request queue is full; retry later", retry_after=self.retry_after()) from None
         self._live_queued += 1
+        self.metrics.accepted.inc()
         return job
 
     def _new_generation(self, request: GenerationRequest) -> Generation:

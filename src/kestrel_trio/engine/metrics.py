@@ -27,6 +27,7 @@ class EngineMetrics:
         self.generation_tokens = Counter("kestrel:generation_tokens_total", "Tokens generated.")
         self.steps = Counter("kestrel:model_steps_total", "Batched model steps run in the worker thread.")
         self.finished = Counter("kestrel:request_success_total", "Generations finished.", ["finished_reason"])
+        self.accepted = Counter("kestrel:request_accepted_total", "Generations accepted into the queue.")
         self.rejected = Counter("kestrel:request_rejected_total", "Requests refused before queuing.", ["reason"])
         self.cancelled = Counter("kestrel:request_cancelled_total", "Generations whose client left.", ["phase"])
         self.failed = Counter("kestrel:request_failed_total", "Generations ended by an engine error.")

@@ -10,7 +10,8 @@ request cycles until one of them says to stop:
    deadline, a kept-alive one for ``keepalive_timeout``. Timeout, EOF and
    shutdown (which cancels the idle scope) end the connection quietly.
 2. HEAD - read until h11 yields the request head, before ``header_timeout``
-   counted from accept (first request) or from the first byte; events
+   counted from accept (first request) or from the first byte, each
+   connection's read deadlines stretched by its own 0-5 %; events
    already buffered are taken without a wait (no cancel scope). Malformed
    input -> 400 (or h11's hint), too big -> 431, late -> 408, other HTTP
    versions -> 505; each of these closes the connection.
@@ -30,6 +31,7 @@ request cycles until one of them says to stop:
 from __future__ import annotations
 
 import logging
+import random
 
 import h11
 import trio
@@ -48,6 +50,7 @@ _log = logging.getLogger("kestrel_trio.http")
 # Errors that end one connection and nothing more.
 _CONNECTION_ERRORS = (h11.ProtocolError, trio.BrokenResourceError, trio.ClosedResourceError, OSError)
 _TIMED_OUT = object()  # _read_body's answer when the body deadline passed
+_DEADLINE_SPREAD = 0.05  # fraction by which a connection's read deadlines may be stretched (see __init__)
 _PROTOCOL_ERROR_MESSAGES = {
     400: "Malformed HTTP request: a request line, header or body framing that HTTP/1.1 does not allow.",
     431: "The request head is too large.",
@@ -92,6 +95,12 @@ class HttpConnection:
         self._broken = False  # the last response was cut short
         self._ended_idle = False  # closed between requests: nothing left to deliver
         self._read_ahead_budget = 0
+        # Each connection's read deadlines are stretched by its own 0-5 %: connections opened in one burst
+        # (a slowloris attack) then expire spread over a moment instead of all in one event-loop turn,
+        # which would delay every other request. No client is ever cut before its configured deadline.
+        stretch = 1.0 + _DEADLINE_SPREAD * random.random()
+        self._header_timeout = limits.header_timeout * stretch
+        self._body_timeout = limits.body_timeout * stretch
 
     def close_if_idle(self) -> None:
         """End the connection now if it is waiting for a next request."""
@@ -142,7 +151,7 @@ class HttpConnection:
             self._mark_head_start()
             return True
         if self._served == 0:
-            deadline = self._accepted_at + self._limits.header_timeout
+            deadline = self._accepted_at + self._header_timeout
         else:
             deadline = trio.current_time() + self._limits.keepalive_timeout
         with trio.CancelScope(deadline=deadline) as idle:
@@ -168,7 +177,7 @@ class HttpConnection:
     async def _read_request(self, exchange: Exchange) -> Request | None:
         """Receive one request; None if the connection must close (any error answered)."""
         try:
-            event = await self._event_before(self._head_started + self._limits.header_timeout)
+            event = await self._event_before(self._head_started + self._header_timeout)
             if event is None:
                 await self._send_error(exchange, 408, "Timed out while receiving the request head.", "header_timeout")
                 return None
@@ -178,7 +187,7 @@ class HttpConnection:
             exchange.path = event.target.decode("latin-1").partition("?")[0]
             if not await self._accept_head(event, exchange):
                 return None
-            body = await self._read_body(trio.current_time() + self._limits.body_timeout)
+            body = await self._read_body(trio.current_time() + self._body_timeout)
             if body is _TIMED_OUT:
                 await self._send_error(exchange, 408, "Timed out while receiving the request body.", "body_timeout")
                 return None
