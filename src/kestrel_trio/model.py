@@ -12,6 +12,7 @@ from typing import Callable, Literal, Sequence
 import numpy as np
 
 from kestrel_trio._model import Decoder, KVCache, ModelConfig, forward, read_config
+from kestrel_trio._model.layers import set_upcast_workers
 from kestrel_trio._model.weights import load_weights, resolve_residency
 from kestrel_trio._model.config import config_from_dict
 from kestrel_trio._model.random_init import random_tensors
@@ -226,7 +227,8 @@ def load_model(
             tokenizer.json, tokenizer_config.json, generation_config.json and
             chat_template.jinja.
         progress: called with the fraction of weight bytes read (0 to 1).
-        blas_threads: threads for numpy's BLAS, process-wide (None: BLAS's default).
+        blas_threads: threads for numpy's BLAS, process-wide (None: BLAS's default). In bf16
+            mode these threads share each product's upcast instead, and BLAS runs one thread per call.
         weights: how weights stay in memory. "fp32": float32 copies (fastest
             decode). "bf16": bf16 bits memory-mapped from the checkpoint
             (about half the memory, shared page cache, near-instant load), each
@@ -256,7 +258,23 @@ def load_model(
         )
     model = Model(decoder, name=folder.resolve().name, path=folder, tokenizer=tokenizer)
     model.weights_mode = residency
+    if residency == "bf16":
+        _share_upcast_among_blas_threads()
     return model
+
+
+def _share_upcast_among_blas_threads() -> None:
+    """bf16 products: the cores upcast chunks in parallel, each multiplying its own with one-thread BLAS.
+
+    Measured on 2 cores (Qwen3-0.6B shapes): a batch-1 decode step took 282 ms with 2 BLAS threads
+    and the upcast on one core, 75 ms with the upcast shared by 2 threads and 1 BLAS thread each.
+    """
+    import threadpoolctl
+
+    threads = max((pool["num_threads"] for pool in threadpoolctl.threadpool_info() if pool["user_api"] == "blas"),
+                  default=1)
+    set_upcast_workers(threads)
+    set_blas_threads(1)
 
 
 def is_qwen3_vl_folder(folder: Path) -> bool:

@@ -109,3 +109,27 @@ def test_auto_picks_bf16_only_when_fp32_would_not_fit():
     assert resolve_residency(folder, "bf16", available_bytes=10**12) == "bf16"
     with pytest.raises(ModelLoadError, match="weights"):
         resolve_residency(folder, "fp8")
+
+
+def test_bf16_products_shared_among_threads_equal_the_single_thread_ones() -> None:
+    from kestrel_trio._model.layers import UPCAST_CHUNK, linear_bf16, set_upcast_workers
+    from kestrel_trio._model.safetensors import fp32_to_bf16_bits
+    from kestrel_trio._model.weights import Bf16Matrix
+
+    rng = np.random.default_rng(3)
+    width = 256
+    rows = 5 * (UPCAST_CHUNK // width) + 17  # several chunks and a partial one, over two parts
+    bits = fp32_to_bf16_bits(rng.standard_normal((rows, width)).astype(np.float32))  # [rows, width]
+    matrix = Bf16Matrix((bits[:1000], bits[1000:]))
+    exact = (bits.astype(np.uint32) << 16).view(np.float32)  # [rows, width]
+    for n in (1, 5):
+        x = rng.standard_normal((n, width)).astype(np.float32)  # [n, width]
+        try:
+            set_upcast_workers(1)
+            alone = linear_bf16(x, matrix)  # [n, rows]
+            set_upcast_workers(3)
+            shared = linear_bf16(x, matrix)  # [n, rows]
+        finally:
+            set_upcast_workers(1)
+        assert np.array_equal(alone, shared)
+        np.testing.assert_allclose(shared, x @ exact.T, rtol=1e-5, atol=1e-4)

@@ -6,6 +6,7 @@ Matrices are float32 arrays, or :class:`Bf16Matrix` bf16 bits that
 
 from __future__ import annotations
 
+import concurrent.futures
 import threading
 import time
 
@@ -14,7 +15,7 @@ import numpy as np
 from kestrel_trio._model.weights import Bf16Matrix, DenseMLP, Matrix, SparseMoE
 
 __all__ = [
-    "rms_norm", "linear", "linear_bf16", "embedding", "small_batch_call", "set_small_batch_call",
+    "rms_norm", "linear", "linear_bf16", "set_upcast_workers", "embedding", "small_batch_call", "set_small_batch_call",
     "silu", "swiglu", "causal_attention", "dense_mlp", "sparse_moe",
 ]
 
@@ -54,30 +55,87 @@ def linear_bf16(x: np.ndarray, weight: Bf16Matrix) -> np.ndarray:
 
     Rows are gathered across the matrix's parts into each chunk, so a matrix
     that fits one chunk is one product over exactly the float32 values the
-    fp32 mode holds: the same call, bit-identical logits.
+    fp32 mode holds: the same call, bit-identical logits. With upcast workers
+    (:func:`set_upcast_workers`), the chunks are shared among the calling
+    thread and the workers, each upcasting into its own scratch buffer and
+    writing its own columns of the result.
     """
     out_rows, width = weight.shape
     if x.ndim != 2:
         return linear_bf16(x.reshape(-1, width), weight).reshape(*x.shape[:-1], out_rows)  # [..., out]
     out = np.empty((x.shape[0], out_rows), dtype=np.float32)  # [N, out]
-    chunk_rows = max(1, UPCAST_CHUNK // width)
-    buffer = _scratch_buffer(min(chunk_rows, out_rows) * width).reshape(-1, width)  # [chunk_rows, in]
-    bits = buffer.view(np.uint32)  # [chunk_rows, in] the same memory
-    filled = done = 0
+    chunks = _chunk_plan(weight, max(1, UPCAST_CHUNK // width))
+    pool, helpers = _upcast_pool, _upcast_helpers
+    if pool is None or len(chunks) == 1:
+        _run_chunks(x, chunks, out)
+        return out
+    share = len(chunks) // (helpers + 1) or 1  # contiguous shares: each thread streams its own stretch of the file
+    futures = [pool.submit(_run_chunks, x, chunks[(k + 1) * share : (k + 2) * share if k + 1 < helpers else None], out)
+               for k in range(helpers)]
+    _run_chunks(x, chunks[:share], out)
+    for future in futures:
+        future.result()
+    return out
+
+
+# One chunk: the result columns it fills and the (part, first row, rows) runs that make it.
+_Chunk = tuple[int, tuple[tuple[np.ndarray, int, int], ...]]
+
+
+def _chunk_plan(weight: Bf16Matrix, chunk_rows: int) -> list[_Chunk]:
+    chunks, runs, filled, done = [], [], 0, 0
     for part in weight.parts:
         start = 0
         while start < part.shape[0]:
-            take = min(part.shape[0] - start, buffer.shape[0] - filled)
+            take = min(part.shape[0] - start, chunk_rows - filled)
+            runs.append((part, start, take))
+            filled, start = filled + take, start + take
+            if filled == chunk_rows:
+                chunks.append((done, tuple(runs)))
+                runs, done, filled = [], done + filled, 0
+    if filled:
+        chunks.append((done, tuple(runs)))
+    return chunks
+
+
+def _run_chunks(x: np.ndarray, chunks: list[_Chunk], out: np.ndarray) -> None:
+    """Upcast and multiply ``chunks`` in this thread's scratch buffer, into their columns of ``out``."""
+    if not chunks:
+        return
+    width = x.shape[1]
+    rows = max(sum(take for _, _, take in runs) for _, runs in chunks)
+    buffer = _scratch_buffer(rows * width).reshape(rows, width)  # [rows, in]
+    bits = buffer.view(np.uint32)  # [rows, in] the same memory
+    for done, runs in chunks:
+        filled = 0
+        for part, start, take in runs:
             target = bits[filled : filled + take]  # [take, in]
             np.copyto(target, part[start : start + take])  # widen; 2x faster here than a casting left_shift
             target <<= 16
-            filled, start = filled + take, start + take
-            if filled == buffer.shape[0]:
-                out[:, done : done + filled] = _product(x, buffer)
-                done, filled = done + filled, 0
-    if filled:
+            filled += take
         out[:, done : done + filled] = _product(x, buffer[:filled])
-    return out
+
+
+_upcast_pool: concurrent.futures.ThreadPoolExecutor | None = None
+_upcast_helpers = 0
+
+
+def set_upcast_workers(threads: int) -> None:
+    """Share each bf16 product's upcast and multiply among ``threads`` threads (1: the caller alone).
+
+    numpy's upcast ufuncs and BLAS both release the GIL, so the threads run on
+    separate cores; BLAS itself should then run one thread per call (the
+    caller arranges that), or its own threads compete with these.
+    """
+    global _upcast_pool, _upcast_helpers
+    if threads < 1:
+        raise ValueError(f"threads must be >= 1, got {threads}")
+    old, _upcast_pool, _upcast_helpers = _upcast_pool, None, 0
+    if old is not None:
+        old.shutdown(wait=True)
+    if threads > 1:
+        _upcast_pool = concurrent.futures.ThreadPoolExecutor(threads - 1, thread_name_prefix="kestrel-upcast")
+        _upcast_helpers = threads - 1
 
 
 def _scratch_buffer(size: int) -> np.ndarray:

@@ -44,7 +44,7 @@ from kestrel_trio._model.vision import (
     run_to_end,
     vision_shapes,
 )
-from kestrel_trio._model.weights import Attention, assemble_weights, expected_shapes
+from kestrel_trio._model.weights import Attention, assemble_weights, check_tensor_set, expected_shapes
 from kestrel_trio.errors import BadRequestError, ModelLoadError
 
 __all__ = [
@@ -224,27 +224,9 @@ def expected_vl_shapes(config: Qwen3VLConfig) -> dict[str, tuple[int, ...]]:
 
 def check_vl_tensors(checkpoint: SafetensorsCheckpoint, config: Qwen3VLConfig) -> None:
     """Raise ModelLoadError naming the first missing, unexpected or misshapen tensor."""
-    present = set(checkpoint.tensors)
-    expected = expected_vl_shapes(config)
-    missing = sorted(set(expected) - present)
-    if missing:
-        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-        raise ModelLoadError(f"{checkpoint.folder}: tensor {missing[0]!r} is missing from the checkpoint{more}")
     tied_copy = {"lm_head.weight"} if config.text.tie_word_embeddings else set()
-    unexpected = sorted(n for n in present - set(expected) - tied_copy if not n.endswith(_IGNORED_SUFFIXES))
-    if unexpected:
-        more = f" (and {len(unexpected) - 1} more)" if len(unexpected) > 1 else ""
-        raise ModelLoadError(
-            f"{checkpoint.tensors[unexpected[0]].path.name}: unexpected tensor {unexpected[0]!r} "
-            f"for {ARCHITECTURE} with this config{more}"
-        )
-    for name, shape in expected.items():
-        got = checkpoint.tensors[name].shape
-        if got != shape:
-            raise ModelLoadError(
-                f"{checkpoint.tensors[name].path.name}: tensor {name!r} has shape {list(got)}, "
-                f"config.json implies {list(shape)}"
-            )
+    check_tensor_set(checkpoint, expected_vl_shapes(config),
+                     lambda name: name in tied_copy or name.endswith(_IGNORED_SUFFIXES), ARCHITECTURE)
 
 
 # --------------------------------------------------------------------------- positions

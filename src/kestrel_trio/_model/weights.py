@@ -190,16 +190,31 @@ def check_tensors(checkpoint: SafetensorsCheckpoint, config: ModelConfig) -> Non
     """Raise ModelLoadError naming the first missing, unexpected or misshapen tensor."""
     present = set(checkpoint.tensors)
     expected = expected_shapes(config, present)
+    check_tensor_set(checkpoint, expected, lambda name: _ignorable(name, config), config.architecture)
+
+
+def check_tensor_set(
+    checkpoint: SafetensorsCheckpoint,
+    expected: dict[str, tuple[int, ...]],
+    ignorable: Callable[[str], bool],
+    architecture: str,
+) -> None:
+    """Every expected tensor present with its shape, nothing else but ``ignorable`` names.
+
+    Raises:
+        ModelLoadError: naming the first missing, unexpected or misshapen tensor, and its file.
+    """
+    present = set(checkpoint.tensors)
     missing = sorted(set(expected) - present)
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
         raise ModelLoadError(f"{checkpoint.folder}: tensor {missing[0]!r} is missing from the checkpoint{more}")
-    unexpected = sorted(n for n in present - set(expected) if not _ignorable(n, config))
+    unexpected = sorted(n for n in present - set(expected) if not ignorable(n))
     if unexpected:
         more = f" (and {len(unexpected) - 1} more)" if len(unexpected) > 1 else ""
         raise ModelLoadError(
             f"{checkpoint.tensors[unexpected[0]].path.name}: unexpected tensor {unexpected[0]!r} "
-            f"for {config.architecture} with this config{more}"
+            f"for {architecture} with this config{more}"
         )
     for name, shape in expected.items():
         got = checkpoint.tensors[name].shape
