@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import trio
@@ -91,6 +92,7 @@ async def test_metrics_exposes_engine_gauges_and_counters(tiny_model: Model) -> 
 
 
 KEY = "sk-test-7f3a"
+FIXTURE_CHECKPOINT = Path(__file__).resolve().parents[1] / "fixtures" / "qwen3_bf16_tied"
 
 
 @pytest.mark.parametrize("authorization", [None, "Bearer wrong-key", f"Basic {KEY}", f"Bearer {KEY}x"])
@@ -146,8 +148,6 @@ async def test_expect_100_continue_is_refused_before_the_body_without_the_api_ke
 
 
 async def test_health_reports_the_weight_residency_chosen_at_load() -> None:
-    from conftest import FIXTURE_CHECKPOINT
-
     with trio.fail_after(60):
         async with running_server(FIXTURE_CHECKPOINT, weights="bf16") as server:
             mapped = (await fetch(server.port, "GET", "/health")).json()
