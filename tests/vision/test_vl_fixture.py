@@ -97,7 +97,7 @@ def test_the_image_changes_the_answer(loaded):
 
 
 def test_image_loop_without_images_equals_the_text_path(loaded):
-    # The duplicated decoder loop in qwen3_vl.py must stay in step with forward.py.
+    # With no image rows, the overrides (M-RoPE angles from equal positions) change nothing.
     model, golden = loaded
     ids = golden["text_input_ids"]
     positions = np.broadcast_to(np.arange(ids.size), (3, ids.size))

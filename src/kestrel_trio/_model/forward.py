@@ -23,7 +23,7 @@ from kestrel_trio._model.layers import causal_attention, dense_mlp, embedding, l
 from kestrel_trio._model.rope import Rope, apply_rope
 from kestrel_trio._model.weights import Attention, DenseMLP, Layer, Weights
 
-__all__ = ["Decoder", "forward"]
+__all__ = ["Decoder", "RowOverrides", "forward"]
 
 
 @attrs.frozen
@@ -44,6 +44,24 @@ class Decoder:
         return KVCache(c.num_hidden_layers, c.num_key_value_heads, c.head_dim)
 
 
+@attrs.frozen
+class RowOverrides:
+    """What Qwen3-VL changes in a forward pass over one segment holding image rows.
+
+    Attributes:
+        rows: int [n_img], the segment's rows that are image tokens.
+        embeds: [n_img, hidden], used instead of those rows' token embeddings.
+        deepstack: each [n_img, hidden], added to those rows after decoder layer i.
+        cos_sin: the rotary angles' cos and sin, each [N, head_dim/2] (3-D M-RoPE),
+            used instead of those of ``positions``.
+    """
+
+    rows: np.ndarray
+    embeds: np.ndarray
+    deepstack: tuple[np.ndarray, ...]
+    cos_sin: tuple[np.ndarray, np.ndarray]
+
+
 def forward(
     decoder: Decoder,
     token_ids: np.ndarray,
@@ -52,6 +70,7 @@ def forward(
     lengths: Sequence[int],
     *,
     all_logits: bool = False,
+    overrides: RowOverrides | None = None,
 ) -> np.ndarray:
     """Run the decoder over new tokens of one or more sequences, extending their caches.
 
@@ -62,18 +81,25 @@ def forward(
         caches: one KV cache per segment; each is extended by its segment.
         lengths: tokens per segment; they sum to N.
         all_logits: logits for every row (True) or only each segment's last row.
+        overrides: image rows of a single segment (Qwen3-VL); None for text.
 
     Returns:
         float32 logits, [N, vocab] if ``all_logits`` else [len(lengths), vocab].
     """
     c = decoder.config
     w = decoder.weights
-    x = embedding(w.embed_tokens, token_ids)  # [N, hidden]
-    cos, sin = decoder.rope.cos_sin(positions)  # [N, head_dim/2] each
+    x = embedding(w.embed_tokens, token_ids)  # [N, hidden] (a new array)
+    if overrides is None:
+        cos, sin = decoder.rope.cos_sin(positions)  # [N, head_dim/2] each
+    else:
+        x[overrides.rows] = overrides.embeds  # [n_img, hidden]
+        cos, sin = overrides.cos_sin  # [N, head_dim/2] each
     for cache, n in zip(caches, lengths):
         cache.reserve(n)
     for index, layer in enumerate(w.layers):
         x = _layer(decoder, layer, index, x, cos, sin, caches, lengths)
+        if overrides is not None and index < len(overrides.deepstack):
+            x[overrides.rows] += overrides.deepstack[index]  # [n_img, hidden]
     for cache, n in zip(caches, lengths):
         cache.commit(n)
     if not all_logits:

@@ -17,8 +17,8 @@ Text rows whose three positions are equal rotate exactly as 1-D RoPE does, so
 every forward without image rows -- text-only prompts and every decode step --
 runs through the plain Qwen3 :func:`forward` with position ``p + rope_delta``,
 where ``rope_delta`` (<= 0) is how far the prompt's 3-D counter lags its
-length. Only prefill chunks holding image rows take :func:`_forward_with_images`,
-a copy of the decoder loop with the three hooks.
+length. Only prefill chunks holding image rows pass the three changes to
+:func:`forward` as :class:`RowOverrides`.
 """
 
 from __future__ import annotations
@@ -30,10 +30,9 @@ import attrs
 import numpy as np
 
 from kestrel_trio._model.config import ModelConfig, config_from_dict, read_config_json
-from kestrel_trio._model.forward import Decoder, forward
+from kestrel_trio._model.forward import Decoder, RowOverrides, forward
 from kestrel_trio._model.kv_cache import KVCache
-from kestrel_trio._model.layers import causal_attention, dense_mlp, linear, rms_norm
-from kestrel_trio._model.rope import Rope, apply_rope
+from kestrel_trio._model.rope import Rope
 from kestrel_trio._model.safetensors import SafetensorsCheckpoint
 from kestrel_trio._model.vision import (
     ImageFeatures,
@@ -44,7 +43,7 @@ from kestrel_trio._model.vision import (
     run_to_end,
     vision_shapes,
 )
-from kestrel_trio._model.weights import Attention, assemble_weights, check_tensor_set, expected_shapes
+from kestrel_trio._model.weights import assemble_weights, check_tensor_set, expected_shapes
 from kestrel_trio.errors import BadRequestError, ModelLoadError
 
 __all__ = [
@@ -444,35 +443,8 @@ def load_qwen3_vl(folder: Path, progress: Callable[[float], None] | None = None)
 
 def _forward_with_images(model: Qwen3VL, ids: np.ndarray, positions: np.ndarray, cache: KVCache,
                          image_rows: np.ndarray, image: ImageFeatures, all_logits: bool) -> np.ndarray:
-    # forward()'s loop for one segment, plus the three Qwen3-VL hooks (embeds, M-RoPE, deepstack).
-    c = model.config.text
-    w = model.decoder.weights
-    x = w.embed_tokens[ids]  # [n, hidden] (a copy: fancy indexing)
-    x[image_rows] = image.embeds  # [n_img, hidden]
-    cos, sin = mrope_cos_sin(model.decoder.rope, positions, model.config.mrope_section)  # [n, head_dim/2] each
-    cache.reserve(ids.size)
-    for index, layer in enumerate(w.layers):
-        h = rms_norm(x, layer.input_layernorm, c.rms_norm_eps)  # [n, hidden]
-        x = x + _attention(c, layer.attn, index, h, cos, sin, cache)  # [n, hidden]
-        h = rms_norm(x, layer.post_attention_layernorm, c.rms_norm_eps)  # [n, hidden]
-        x = x + dense_mlp(h, layer.mlp)  # [n, hidden]
-        if index < len(image.deepstack):
-            x[image_rows] += image.deepstack[index]  # [n_img, hidden]
-    cache.commit(ids.size)
-    if not all_logits:
-        x = x[-1:]  # [1, hidden]
-    x = rms_norm(x, w.norm, c.rms_norm_eps)  # [rows, hidden]
-    return linear(x, w.lm_head)  # [rows, vocab]
-
-
-def _attention(c: ModelConfig, a: Attention, index: int, h: np.ndarray, cos: np.ndarray, sin: np.ndarray,
-               cache: KVCache) -> np.ndarray:
-    n = h.shape[0]
-    q = linear(h, a.q_proj, a.q_bias).reshape(n, c.num_attention_heads, c.head_dim)  # [n, n_heads, head_dim]
-    k = linear(h, a.k_proj, a.k_bias).reshape(n, c.num_key_value_heads, c.head_dim)  # [n, n_kv, head_dim]
-    v = linear(h, a.v_proj, a.v_bias).reshape(n, c.num_key_value_heads, c.head_dim)  # [n, n_kv, head_dim]
-    q = apply_rope(rms_norm(q, a.q_norm, c.rms_norm_eps), cos, sin)  # [n, n_heads, head_dim]
-    k = apply_rope(rms_norm(k, a.k_norm, c.rms_norm_eps), cos, sin)  # [n, n_kv, head_dim]
-    keys, values = cache.write(index, k, v)  # [n_kv, past+n, head_dim] each
-    out = causal_attention(q, keys, values, cache.length, c.head_dim**-0.5)  # [n, n_heads*head_dim]
-    return linear(out, a.o_proj, a.o_bias)  # [n, hidden]
+    """forward() over one segment with its image rows: image embeddings, 3-D M-RoPE angles, deepstack."""
+    cos_sin = mrope_cos_sin(model.decoder.rope, positions, model.config.mrope_section)  # [n, head_dim/2] each
+    overrides = RowOverrides(rows=image_rows, embeds=image.embeds, deepstack=image.deepstack, cos_sin=cos_sin)
+    return forward(model.decoder, ids, positions[0], [cache], [ids.size], all_logits=all_logits,
+                   overrides=overrides)  # [rows, vocab]
