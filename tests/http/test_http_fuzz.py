@@ -14,6 +14,8 @@ import trio.testing
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from fuzz_kit import mutated
+
 from http_kit import RawClient, build_request, start_server
 from kestrel_trio.http import HttpLimits
 
@@ -34,29 +36,9 @@ VALID = build_request("POST", "/echo", b"hello") + build_request("GET", "/hello?
 PIECES = [b"GET ", b"/ ", b"HTTP/1.1", b"\r\n", b"Host: x", b": ", b"0\r\n", b"a" * 600]
 
 
-@st.composite
-def mutated_requests(draw) -> bytes:
-    data = bytearray(VALID)
-    for _ in range(draw(st.integers(1, 6))):
-        position = draw(st.integers(0, len(data)))
-        operation = draw(st.sampled_from(["insert", "replace", "delete", "truncate", "duplicate"]))
-        byte = draw(st.sampled_from([0, 9, 10, 13, 32, 58, 127, 255]) | st.integers(0, 255))
-        if operation == "insert":
-            data.insert(position, byte)
-        elif operation == "replace" and position < len(data):
-            data[position] = byte
-        elif operation == "delete" and position < len(data):
-            del data[position]
-        elif operation == "truncate":
-            del data[position:]
-        elif operation == "duplicate":
-            data[position:position] = data[position : position + draw(st.integers(1, 600))]
-    return bytes(data)
-
-
 payloads = st.one_of(
     st.binary(max_size=700),
-    mutated_requests(),
+    mutated(VALID, max_edits=6, bytes_tried=(0, 9, 10, 13, 32, 58, 127, 255), max_duplicate=600),
     st.lists(st.sampled_from(PIECES), max_size=12).map(b"".join),
 )
 

@@ -23,6 +23,8 @@ import pytest
 import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+from fuzz_kit import mutated
 from rel_kit import HOST, RawResponse, fetch, running_server
 
 from kestrel_trio.http import HttpLimits
@@ -52,27 +54,9 @@ PIECES = [b"POST ", b"GET ", b"/v1/completions ", b"/health ", b"HTTP/1.1", b"HT
           b'{"prompt": "a", "max_tokens": 1}', b"\x00", b"a" * 3000]
 
 
-@st.composite
-def mutated_requests(draw) -> bytes:
-    data = bytearray(VALID_BYTES)
-    for _ in range(draw(st.integers(1, 5))):
-        position = draw(st.integers(0, len(data)))
-        operation = draw(st.sampled_from(["insert", "replace", "delete", "truncate", "duplicate"]))
-        byte = draw(st.sampled_from([0, 9, 10, 13, 32, 34, 58, 123, 125, 255]) | st.integers(0, 255))
-        if operation == "insert":
-            data.insert(position, byte)
-        elif operation == "replace" and position < len(data):
-            data[position] = byte
-        elif operation == "delete" and position < len(data):
-            del data[position]
-        elif operation == "truncate":
-            del data[position:]
-        elif operation == "duplicate":
-            data[position:position] = data[position:position + draw(st.integers(1, 300))]
-    return bytes(data)
-
-
-raw_payloads = st.one_of(mutated_requests(), st.binary(max_size=600),
+raw_payloads = st.one_of(mutated(VALID_BYTES, max_edits=5, bytes_tried=(0, 9, 10, 13, 32, 34, 58, 123, 125, 255),
+                                 max_duplicate=300),
+                         st.binary(max_size=600),
                          st.lists(st.sampled_from(PIECES), max_size=10).map(b"".join))
 
 

@@ -117,15 +117,24 @@ def read_config_json(folder: str | Path) -> tuple[dict[str, Any], Path]:
         ModelLoadError: the file is missing, unreadable, not JSON or not an object.
     """
     path = Path(folder) / "config.json"
+    return read_json_object(path, "no config.json in the checkpoint folder"), path
+
+
+def read_json_object(path: Path, missing: str) -> dict[str, Any]:
+    """The JSON object in ``path``.
+
+    Raises:
+        ModelLoadError: ``{path}: {missing}`` when absent; else naming what is wrong with the file.
+    """
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise ModelLoadError(f"{path}: no config.json in the checkpoint folder") from None
+        raise ModelLoadError(f"{path}: {missing}") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ModelLoadError(f"{path}: cannot read config.json: {exc}") from None
+        raise ModelLoadError(f"{path}: cannot read {path.name}: {exc}") from None
     if not isinstance(raw, dict):
-        raise ModelLoadError(f"{path}: config.json is not a JSON object")
-    return raw, path
+        raise ModelLoadError(f"{path}: {path.name} is not a JSON object")
+    return raw
 
 
 def config_from_dict(raw: dict[str, Any], *, source: str = "config.json") -> ModelConfig:

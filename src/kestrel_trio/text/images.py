@@ -19,7 +19,6 @@ extra, and text-only servers never need it.
 from __future__ import annotations
 
 import io
-import json
 import math
 import warnings
 from pathlib import Path
@@ -28,6 +27,7 @@ from typing import Any, Sequence
 import attrs
 import numpy as np
 
+from kestrel_trio._model.config import read_json_object
 from kestrel_trio.errors import BadRequestError, KestrelError, ModelLoadError
 
 __all__ = [
@@ -117,14 +117,7 @@ class ImageProcessorConfig:
             ModelLoadError: the file is missing, unreadable or wrong.
         """
         path = Path(folder) / "preprocessor_config.json"
-        try:
-            raw = json.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise ModelLoadError(f"{path}: a vision checkpoint needs preprocessor_config.json") from None
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ModelLoadError(f"{path}: cannot read preprocessor_config.json: {exc}") from None
-        if not isinstance(raw, dict):
-            raise ModelLoadError(f"{path}: preprocessor_config.json is not a JSON object")
+        raw = read_json_object(path, "a vision checkpoint needs preprocessor_config.json")
         return cls.from_dict(raw, source=str(path))
 
 
