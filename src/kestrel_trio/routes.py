@@ -20,7 +20,7 @@ import trio
 from kestrel_trio import openai as oa
 from kestrel_trio.engine import Engine, GenerationHandle
 from kestrel_trio.errors import BadRequestError, EngineUnavailableError, KestrelError
-from kestrel_trio.http import Request, Response, Router, StreamingResponse
+from kestrel_trio.http import HttpServer, Request, Response, Router, StreamingResponse
 from kestrel_trio.model import Model
 from kestrel_trio.routes_chat import ChatOptions, Job
 from kestrel_trio.routes_images import ImagePolicy, prepare_images, template_parts
@@ -44,6 +44,7 @@ class ServerState:
         status: "loading", "ok", "draining" or "broken".
         model: the loaded model, or None while loading.
         engine: the running engine, or None while loading.
+        http: the HTTP server, once its socket is bound (its metrics are on /metrics).
         api_key: if set, every route except ``open_paths`` needs ``Authorization: Bearer <key>``.
         open_paths: routes that never need the key.
         images: what image input chat requests may carry (Qwen3-VL models only).
@@ -56,6 +57,7 @@ class ServerState:
     status: str = "loading"
     model: Model | None = None
     engine: Engine | None = None
+    http: HttpServer | None = None
     api_key: str | None = None
     open_paths: frozenset[str] = frozenset({"/health", "/metrics"})
     images: ImagePolicy = ImagePolicy()
@@ -169,9 +171,9 @@ class _Routes:
         return _json(status, body)
 
     def metrics(self, request: Request) -> Response:
-        engine = self.state.engine
-        text = engine.metrics.render() if engine is not None else ""
-        return Response(status=200, body=text.encode(), content_type=PROMETHEUS_CONTENT_TYPE)
+        state = self.state
+        parts = [source.metrics.render() for source in (state.engine, state.http) if source is not None]
+        return Response(status=200, body="".join(parts).encode(), content_type=PROMETHEUS_CONTENT_TYPE)
 
     def models(self, request: Request) -> Response:
         return _json(200, oa.models_list([self.state.model_id], self.state.created))

@@ -168,6 +168,7 @@ async def serve(
                 http_done.set()
 
         http: HttpServer = await nursery.start(run_http)
+        state.http = http
         log.info("listening on http://%s:%d (model %s loading)", http.host, http.port, state.model_id)
         if blas_threads is not None:
             set_blas_threads(blas_threads)

@@ -156,3 +156,17 @@ async def test_health_reports_the_weight_residency_chosen_at_load() -> None:
             copied = (await fetch(server.port, "GET", "/health")).json()
     assert (mapped["weights"], copied["weights"]) == ("bf16", "fp32")
     assert completion.status == 200 and completion.json()["usage"]["completion_tokens"] == 2
+
+
+async def test_metrics_count_connections_and_the_requests_the_http_layer_refused(tiny_model: Model) -> None:
+    with trio.fail_after(30):
+        async with running_server(tiny_model) as server:
+            async with await trio.open_tcp_stream("127.0.0.1", server.port) as stream:
+                await stream.send_all(b"NOT HTTP AT ALL\r\n\r\n")
+                refused = await stream.receive_some(65536)
+            text = (await fetch(server.port, "GET", "/metrics")).body.decode()
+    assert refused.startswith(b"HTTP/1.1 400 ")
+    assert 'kestrel:http_requests_refused_total{code="malformed_request"} 1' in text
+    assert "kestrel:http_connections_total 2" in text  # the malformed one and this /metrics request
+    assert "kestrel:http_connections_open 1" in text
+    assert "kestrel:num_requests_running 0" in text  # the engine's metrics are still there

@@ -38,6 +38,7 @@ import trio
 
 from kestrel_trio.http.exchange import CLIENT_CLOSED, Exchange
 from kestrel_trio.http.limits import HttpLimits
+from kestrel_trio.http.metrics import HttpMetrics
 from kestrel_trio.http.responses import error_response, internal_error_response, response_for_exception
 from kestrel_trio.http.transport import Transport
 from kestrel_trio.http.types import Handler, Request, Response, StreamingResponse
@@ -68,6 +69,7 @@ class HttpConnection:
         shutting_down: set when the server begins its shutdown.
         access_log: receives one INFO line per request.
         client: the peer as ``"host:port"``.
+        metrics: counts the requests this layer refuses itself (by error code).
     """
 
     def __init__(
@@ -78,8 +80,10 @@ class HttpConnection:
         shutting_down: trio.Event,
         access_log: logging.Logger,
         client: str,
+        metrics: HttpMetrics | None = None,
     ) -> None:
         self._transport = transport
+        self._metrics = metrics
         self._handler = handler
         self._limits = limits
         self._shutting_down = shutting_down
@@ -322,6 +326,8 @@ class HttpConnection:
 
     async def _send_error(self, exchange: Exchange, status: int, message: str, code: str) -> None:
         """Answer with an error envelope and Connection: close, if h11 still allows a response."""
+        if self._metrics is not None:
+            self._metrics.refused.inc(code=code)
         if self._h11.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
             self._broken = True
             return

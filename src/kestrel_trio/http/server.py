@@ -25,6 +25,7 @@ import trio
 
 from kestrel_trio.http.connection import HttpConnection
 from kestrel_trio.http.limits import HttpLimits
+from kestrel_trio.http.metrics import HttpMetrics
 from kestrel_trio.http.responses import error_response, retry_after_header
 from kestrel_trio.http.transport import Transport, peer_name
 from kestrel_trio.http.types import Handler
@@ -69,6 +70,7 @@ class HttpServer:
         self._limits = limits
         self._access_log = access_log
         self._live: set[HttpConnection] = set()
+        self.metrics = HttpMetrics(open_connections=lambda: len(self._live))
         self._rejecting = 0
         self._accept_scope = trio.CancelScope()
         self._connection_closed = trio.Event()
@@ -112,12 +114,14 @@ class HttpServer:
             self._dispatch(stream, nursery)
 
     def _dispatch(self, stream: trio.SocketStream, nursery: trio.Nursery) -> None:
+        self.metrics.accepted.inc()
         if len(self._live) >= self._limits.max_connections:
             nursery.start_soon(self._reject, self._transport(stream, _REJECT_LINGER), peer_name(stream))
             return
         transport = self._transport(stream)
         connection = HttpConnection(
-            transport, self._handler, self._limits, self.shutting_down, self._access_log, peer_name(stream)
+            transport, self._handler, self._limits, self.shutting_down, self._access_log, peer_name(stream),
+            self.metrics,
         )
         self._live.add(connection)  # counted from accept on
         nursery.start_soon(self._run_connection, connection)
@@ -143,8 +147,10 @@ class HttpServer:
     async def _reject(self, transport: Transport, client: str) -> None:
         """Answer 503 without reading the request, then close."""
         if self._rejecting >= max(_MIN_REJECTS, _REJECTS_PER_CONNECTION * self._limits.max_connections):
+            self.metrics.turned_away.inc(answer="dropped")
             await transport.abort()  # a flood: do not even answer
             return
+        self.metrics.turned_away.inc(answer="503")
         self._rejecting += 1
         try:
             await transport.send(_busy_response_bytes())
