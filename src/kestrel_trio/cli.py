@@ -92,6 +92,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help="a path that needs no API key (repeatable; default /health and /metrics)")
     serve.add_argument("--api-key", default=os.environ.get("KESTREL_API_KEY"),
                        help="require 'Authorization: Bearer KEY' (default: $KESTREL_API_KEY; /health stays open)")
+    serve.add_argument("--max-header-bytes", type=_COUNT, default=16 * 1024,
+                       help="largest request head in bytes; more gets 431 (default 16384)")
+    serve.add_argument("--max-body-bytes", type=_COUNT, default=4 * 2**20,
+                       help="largest request body in bytes; more gets 413 (default 4 MiB)")
+    serve.add_argument("--prefill-chunk", type=_COUNT, default=256,
+                       help="prompt tokens per model step: bounds how long running streams wait (default 256)")
     serve.add_argument("--header-timeout", type=_POSITIVE_SECONDS, default=10.0, help="seconds to receive a request head")
     serve.add_argument("--body-timeout", type=_POSITIVE_SECONDS, default=30.0, help="seconds to receive a request body")
     serve.add_argument("--keepalive-timeout", type=_POSITIVE_SECONDS, default=5.0, help="idle seconds on a keep-alive connection")
@@ -149,10 +155,11 @@ def _serve(args: argparse.Namespace) -> int:
     from kestrel_trio.server import serve
 
     engine_limits = EngineLimits(max_queued=args.max_queued, max_batch=args.max_batch,
-                                 prefix_cache_bytes=int(args.prefix_cache_mb * 2**20))
+                                 prefill_chunk=args.prefill_chunk, prefix_cache_bytes=int(args.prefix_cache_mb * 2**20))
     http_limits = HttpLimits(
         header_timeout=args.header_timeout, body_timeout=args.body_timeout, keepalive_timeout=args.keepalive_timeout,
         write_timeout=args.write_timeout, max_connections=args.max_connections,
+        max_header_bytes=args.max_header_bytes, max_body_bytes=args.max_body_bytes,
     )
     _raise_open_files_limit(args.max_connections + _SPARE_FILES)
     open_paths = args.open_paths if args.open_paths is not None else ("/health", "/metrics")

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -81,8 +82,9 @@ def test_chat_keeps_history_resets_and_exits_on_eof():
     assert answers[0].strip() == answers[1].strip()
 
 
-def test_serve_answers_health_and_exits_zero_on_sigterm():
-    process = subprocess.Popen(CLI + ["serve", "--port", "0", "--grace", "1"], stderr=subprocess.PIPE, text=True)
+def test_serve_answers_health_applies_its_flags_and_exits_zero_on_sigterm():
+    flags = ["--max-body-bytes", "100", "--max-header-bytes", "2048", "--prefill-chunk", "8"]
+    process = subprocess.Popen(CLI + ["serve", "--port", "0", "--grace", "1", *flags], stderr=subprocess.PIPE, text=True)
     try:
         url = None
         deadline = time.monotonic() + 60
@@ -93,6 +95,12 @@ def test_serve_answers_health_and_exits_zero_on_sigterm():
         assert url, "the server never said where it listens"
         with urllib.request.urlopen(url + "/health", timeout=10) as response:
             assert response.status == 200
+        too_big = urllib.request.Request(url + "/v1/completions", data=b"{" + b" " * 200 + b"}",
+                                         headers={"content-type": "application/json"})
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(too_big, timeout=10)
+        assert refused.value.code == 413
+        refused.value.close()
         process.send_signal(signal.SIGTERM)
         code = process.wait(timeout=30)
         assert code == 0, process.stderr.read()[-2000:]
