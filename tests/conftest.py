@@ -25,6 +25,12 @@ def demo_model() -> Model:
     return load_demo_model()
 
 
+@pytest.fixture(scope="module", params=["tiny_model", "demo_model"])
+def model(request: pytest.FixtureRequest) -> Model:
+    """Each of the two models in turn."""
+    return request.getfixturevalue(request.param)
+
+
 @pytest.fixture
 def gate(monkeypatch: pytest.MonkeyPatch) -> StepGate:
     """A :class:`StepGate` installed as the engine's model step for this test."""

@@ -9,6 +9,7 @@ from typing import AsyncIterator, Callable
 
 import attrs
 import h11
+import openai
 import trio
 
 from kestrel_trio.model import Model
@@ -151,3 +152,8 @@ def assert_envelope(response: RawResponse, status: int) -> dict:
     assert set(error) == {"message", "type", "param", "code"}
     assert isinstance(error["message"], str) and error["message"]
     return error
+
+
+def client_for(server: Server) -> openai.OpenAI:
+    """The official openai client pointed at ``server`` (no retries, so a refusal shows as is)."""
+    return openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=30)

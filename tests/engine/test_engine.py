@@ -14,11 +14,6 @@ from kestrel_trio.text import SamplingParams
 
 from engine_kit import StepGate, greedy_tokens, running_engine, wait_until
 
-@pytest.fixture(scope="module", params=["tiny_model", "demo_model"])
-def model(request: pytest.FixtureRequest) -> Model:
-    return request.getfixturevalue(request.param)
-
-
 def greedy_request(prompt_ids, max_tokens: int) -> GenerationRequest:
     """A greedy request that generates exactly ``max_tokens`` tokens (EOS ignored)."""
     return GenerationRequest(tuple(prompt_ids), SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True))

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 
 import numpy as np
-import openai
 import pytest
 import trio
 
@@ -18,20 +17,13 @@ from kestrel_trio.model import Model
 from kestrel_trio.openai import parse_sse
 from kestrel_trio.server import Server
 
-from server_kit import StepGate, assert_envelope, connected, fetch, greedy_tokens, running_server, wait_until
+from server_kit import (
+    StepGate, assert_envelope, client_for, connected, fetch, greedy_tokens, running_server, wait_until,
+)
 
 MESSAGES = [{"role": "user", "content": "Name three rivers."}]
 PROMPT = "The three longest rivers are"
 MAX_TOKENS = 6
-
-
-@pytest.fixture(scope="module", params=["tiny_model", "demo_model"])
-def model(request: pytest.FixtureRequest) -> Model:
-    return request.getfixturevalue(request.param)
-
-
-def client_for(server: Server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=30)
 
 
 async def with_client(server: Server, work):

@@ -11,22 +11,12 @@ import pytest
 import trio
 
 from kestrel_trio.model import Model
-from kestrel_trio.server import Server
 
-from server_kit import assert_envelope, fetch, greedy_tokens, running_server
+from server_kit import assert_envelope, client_for, fetch, greedy_tokens, running_server
 
 MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name three rivers."}]
 PROMPT = "The three longest rivers are"
 MAX_TOKENS = 12
-
-
-@pytest.fixture(scope="module", params=["tiny_model", "demo_model"])
-def model(request: pytest.FixtureRequest) -> Model:
-    return request.getfixturevalue(request.param)
-
-
-def client_for(server: Server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=30)
 
 
 def greedy_oracle(model: Model, prompt_ids: list[int], max_tokens: int) -> tuple[str, str, int]:

@@ -24,7 +24,7 @@ from kestrel_trio.openai import parse_chat_request
 from kestrel_trio.server import Server
 from kestrel_trio.text.generation import Generation
 
-from server_kit import fetch, running_server
+from server_kit import client_for, fetch, running_server
 
 # Small enough that a tool prompt plus the call fit the fixture's 512-token context.
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
@@ -85,18 +85,9 @@ class ScriptedModel:
         return self
 
 
-@pytest.fixture(scope="module", params=["tiny_model", "demo_model"])
-def model(request: pytest.FixtureRequest) -> Model:
-    return request.getfixturevalue(request.param)
-
-
 @pytest.fixture
 def scripted(model: Model, monkeypatch: pytest.MonkeyPatch) -> ScriptedModel:
     return ScriptedModel(model).install(monkeypatch)
-
-
-def client_for(server: Server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=30)
 
 
 async def in_thread(server: Server, work: Callable[[openai.OpenAI, str], object]):

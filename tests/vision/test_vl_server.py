@@ -21,7 +21,7 @@ from kestrel_trio.routes_images import ImagePolicy
 from kestrel_trio.server import Server
 
 from server_kit import (
-    assert_envelope, connected, event_count, fetch, greedy_tokens, running_server, wait_until,
+    assert_envelope, client_for, connected, event_count, fetch, greedy_tokens, running_server, wait_until,
 )
 
 PIL_Image = pytest.importorskip("PIL.Image")
@@ -59,10 +59,6 @@ def messages(*urls: str) -> list[dict]:
     parts = [{"type": "text", "text": "Look: "}, *map(image_part, urls),
              {"type": "text", "text": "What is the weather today?"}]
     return [{"role": "system", "content": "You are a helpful assistant."}, {"role": "user", "content": parts}]
-
-
-def client_for(server: Server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=30)
 
 
 def chat(server: Server, msgs: list[dict], *, stream: bool):
