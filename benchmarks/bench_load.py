@@ -34,7 +34,7 @@ def build(folder: Path, dtype: str) -> int:
     """Write the checkpoint unless it is there; return its parameter count."""
     from kestrel_trio._model.config import config_from_dict
     from kestrel_trio._model.random_init import write_random_checkpoint
-    from kestrel_trio._model.weights import expected_shapes
+    from kestrel_trio._model.shapes import expected_shapes
 
     shapes = expected_shapes(config_from_dict(QWEN3_0_6B))
     params = sum(math.prod(shape) for shape in shapes.values())

@@ -43,7 +43,8 @@ from kestrel_trio._model.vision import (
     run_to_end,
     vision_shapes,
 )
-from kestrel_trio._model.weights import assemble_weights, check_tensor_set, expected_shapes
+from kestrel_trio._model.shapes import IGNORED_SUFFIXES, check_tensor_set, expected_shapes
+from kestrel_trio._model.weights import assemble_weights
 from kestrel_trio.errors import BadRequestError, ModelLoadError
 
 __all__ = [
@@ -55,7 +56,6 @@ ARCHITECTURE = "Qwen3VLForConditionalGeneration"
 _TEXT_PREFIX = "model.language_model."
 _VISION_PREFIX = "model.visual."
 _DEFAULT_TEXT_THETA = 500000.0  # Qwen3VLTextConfig's default when config.json names none
-_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
 @attrs.frozen
@@ -225,7 +225,7 @@ def check_vl_tensors(checkpoint: SafetensorsCheckpoint, config: Qwen3VLConfig) -
     """Raise ModelLoadError naming the first missing, unexpected or misshapen tensor."""
     tied_copy = {"lm_head.weight"} if config.text.tie_word_embeddings else set()
     check_tensor_set(checkpoint, expected_vl_shapes(config),
-                     lambda name: name in tied_copy or name.endswith(_IGNORED_SUFFIXES), ARCHITECTURE)
+                     lambda name: name in tied_copy or name.endswith(IGNORED_SUFFIXES), ARCHITECTURE)
 
 
 # --------------------------------------------------------------------------- positions

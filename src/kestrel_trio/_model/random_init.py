@@ -14,7 +14,7 @@ import numpy as np
 
 from kestrel_trio._model.config import ModelConfig, config_from_dict
 from kestrel_trio._model.safetensors import save_safetensors
-from kestrel_trio._model.weights import expected_shapes
+from kestrel_trio._model.shapes import expected_shapes
 
 __all__ = ["random_tensors", "write_random_checkpoint"]
 
