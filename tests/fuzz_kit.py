@@ -1,9 +1,10 @@
-"""Hypothesis strategies shared by the HTTP fuzzers: real requests with a few byte-level edits."""
+"""Shared by the HTTP fuzzers: real requests with a few byte-level edits, and a strict reader of the answers."""
 
 from __future__ import annotations
 
 from typing import Sequence
 
+import h11
 from hypothesis import strategies as st
 
 
@@ -37,3 +38,22 @@ def mutated(valid: bytes, *, max_edits: int, bytes_tried: Sequence[int], max_dup
         return bytes(data)
 
     return strategy()
+
+
+def parse_responses(data: bytes) -> list[int]:
+    """Statuses of the complete, well-formed responses that make up ``data`` exactly (raises otherwise)."""
+    statuses = []
+    while data:
+        parser = h11.Connection(h11.CLIENT)
+        parser.send(h11.Request(method="GET", target="/", headers=[("host", "x")]))
+        parser.send(h11.EndOfMessage())
+        parser.receive_data(data)
+        parser.receive_data(b"")  # what we got is all there is
+        while True:
+            event = parser.next_event()  # raises on malformed or truncated responses
+            if isinstance(event, h11.Response):
+                statuses.append(event.status_code)
+            if isinstance(event, h11.EndOfMessage):
+                break
+        data = parser.trailing_data[0]
+    return statuses

@@ -14,7 +14,7 @@ import trio.testing
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from fuzz_kit import mutated
+from fuzz_kit import mutated, parse_responses
 
 from http_kit import RawClient, build_request, start_server
 from kestrel_trio.http import HttpLimits
@@ -42,24 +42,6 @@ payloads = st.one_of(
     st.lists(st.sampled_from(PIECES), max_size=12).map(b"".join),
 )
 
-
-def parse_responses(data: bytes) -> list[int]:
-    """Statuses of the complete, well-formed responses that make up ``data`` exactly."""
-    statuses = []
-    while data:
-        parser = h11.Connection(h11.CLIENT)
-        parser.send(h11.Request(method="GET", target="/", headers=[("host", "x")]))
-        parser.send(h11.EndOfMessage())
-        parser.receive_data(data)
-        parser.receive_data(b"")  # what we got is all there is
-        while True:
-            event = parser.next_event()  # raises on malformed or truncated responses
-            if isinstance(event, h11.Response):
-                statuses.append(event.status_code)
-            if isinstance(event, h11.EndOfMessage):
-                break
-        data = parser.trailing_data[0]
-    return statuses
 
 
 async def throw_bytes(payload: bytes, half_close: bool) -> None:

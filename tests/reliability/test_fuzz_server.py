@@ -18,13 +18,12 @@ import logging
 import os
 import re
 
-import h11
 import pytest
 import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fuzz_kit import mutated
+from fuzz_kit import mutated, parse_responses
 from rel_kit import HOST, RawResponse, fetch, running_server
 
 from kestrel_trio.http import HttpLimits
@@ -59,24 +58,6 @@ raw_payloads = st.one_of(mutated(VALID_BYTES, max_edits=5, bytes_tried=(0, 9, 10
                          st.binary(max_size=600),
                          st.lists(st.sampled_from(PIECES), max_size=10).map(b"".join))
 
-
-def parse_responses(data: bytes) -> list[int]:
-    """Statuses of the complete, well-formed responses ``data`` consists of (raises otherwise)."""
-    statuses = []
-    while data:
-        parser = h11.Connection(h11.CLIENT)
-        parser.send(h11.Request(method="POST", target="/", headers=[("host", "x"), ("content-length", "0")]))
-        parser.send(h11.EndOfMessage())
-        parser.receive_data(data)
-        parser.receive_data(b"")
-        while True:
-            event = parser.next_event()
-            if isinstance(event, h11.Response):
-                statuses.append(event.status_code)
-            if isinstance(event, h11.EndOfMessage):
-                break
-        data = parser.trailing_data[0]
-    return statuses
 
 
 async def throw_bytes(model: Model, payload: bytes) -> list[int]:
