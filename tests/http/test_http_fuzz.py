@@ -43,7 +43,6 @@ payloads = st.one_of(
 )
 
 
-
 async def throw_bytes(payload: bytes, half_close: bool) -> None:
     async with trio.open_nursery() as nursery:
         running = await start_server(nursery, LIMITS)

@@ -59,7 +59,6 @@ raw_payloads = st.one_of(mutated(VALID_BYTES, max_edits=5, bytes_tried=(0, 9, 10
                          st.lists(st.sampled_from(PIECES), max_size=10).map(b"".join))
 
 
-
 async def throw_bytes(model: Model, payload: bytes) -> list[int]:
     async with running_server(model, http_limits=LIMITS) as server:
         stream = await trio.open_tcp_stream(HOST, server.port)
