@@ -157,3 +157,11 @@ def assert_envelope(response: RawResponse, status: int) -> dict:
 def client_for(server: Server) -> openai.OpenAI:
     """The official openai client pointed at ``server`` (no retries, so a refusal shows as is)."""
     return openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=30)
+
+
+async def assert_left_in_decode_and_stopped(engine) -> None:
+    """After a client left mid-stream: its generation was cancelled in decode within one step, none finished."""
+    await wait_until(lambda: engine.metrics.cancelled.value(phase="decode") == 1)
+    await wait_until(lambda: engine.active == 0)
+    assert engine.max_steps_after_abandon <= 1
+    assert engine.metrics.finished.value(finished_reason="length") == 0

@@ -17,7 +17,8 @@ from kestrel_trio.openai import parse_sse
 from kestrel_trio.server import serve
 
 from server_kit import (
-    HOST, StepGate, assert_envelope, connected, event_count, fetch, running_server, wait_until,
+    HOST, StepGate, assert_envelope, assert_left_in_decode_and_stopped,
+    connected, event_count, fetch, running_server, wait_until,
 )
 
 
@@ -43,10 +44,7 @@ async def test_a_stream_whose_client_leaves_stops_within_one_step(demo_model: Mo
                 await client.read_body(enough=lambda body: event_count(body) >= 3)
             # The socket is closed: the client has left mid-stream.
 
-            await wait_until(lambda: engine.metrics.cancelled.value(phase="decode") == 1)
-            await wait_until(lambda: engine.active == 0)
-            assert engine.max_steps_after_abandon <= 1
-            assert engine.metrics.finished.value(finished_reason="length") == 0
+            await assert_left_in_decode_and_stopped(engine)
             steps_before = engine.metrics.steps.value()
             assert 3 <= steps_before < long_run
 
