@@ -5,14 +5,15 @@ This module joins the numpy model core with the text layer; it never imports tri
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
-from typing import Callable, Literal, Sequence
+from typing import Any, Callable, Literal, Sequence
 
 import numpy as np
 
 from kestrel_trio._model import Decoder, KVCache, ModelConfig, forward, read_config
-from kestrel_trio._model.layers import set_upcast_workers
+from kestrel_trio._model.matmul import product_threads, set_product_threads
 from kestrel_trio._model.weights import load_weights, resolve_residency
 from kestrel_trio._model.config import config_from_dict
 from kestrel_trio._model.random_init import random_tensors
@@ -43,8 +44,9 @@ class Model:
         name: the model id reported to clients.
         path: the checkpoint folder, if any.
         tokenizer: the checkpoint's tokenizer, if any.
-        blas_threads: threads for numpy's BLAS (process-wide, set through
-            threadpoolctl); None leaves BLAS's own default (one per core).
+        blas_threads: threads that share each weight product, process-wide
+            (see :func:`set_blas_threads`); None keeps the count already set,
+            or at first BLAS's own default (one per core).
     """
 
     def __init__(
@@ -53,6 +55,8 @@ class Model:
     ) -> None:
         if blas_threads is not None:
             set_blas_threads(blas_threads)
+        elif product_threads() is None:
+            set_blas_threads(_blas_at_start()[1])
         self.decoder = decoder
         self.weights_mode = "fp32"  # "bf16" when matrices are bf16 bits upcast at use (see load_model)
         self.name = name
@@ -198,18 +202,41 @@ class Model:
 
 
 def set_blas_threads(threads: int) -> None:
-    """Limit numpy's BLAS to ``threads`` threads for the whole process (needs threadpoolctl).
+    """Run numpy's BLAS, and kestrel's own product threads, on ``threads`` threads, process-wide.
+
+    BLAS's threads compute single-row (decode) and many-row (prefill)
+    products. A batched decode step's products are instead shared among
+    kestrel's threads, each multiplying its own stretch of a weight with
+    BLAS set to one thread meanwhile (kestrel_trio._model.matmul), which
+    avoids the packing OpenBLAS does for a few rows. Needs threadpoolctl.
 
     Raises:
         ModelLoadError: ``threads`` < 1, or threadpoolctl is not installed.
     """
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
         raise ModelLoadError(f"blas_threads must be a positive integer, got {threads!r}")
+    blas, _ = _blas_at_start()
+    set_product_threads(threads, blas.set_num_threads if blas is not None else None)
+    _threadpoolctl().threadpool_limits(limits=threads, user_api="blas")
+
+
+def _threadpoolctl():
     try:
         import threadpoolctl
     except ImportError:
         raise ModelLoadError("blas_threads needs the threadpoolctl package (pip install threadpoolctl)") from None
-    threadpoolctl.threadpool_limits(limits=threads, user_api="blas")
+    return threadpoolctl
+
+
+@functools.cache
+def _blas_at_start() -> tuple[Any, int]:
+    """threadpoolctl's controller of numpy's BLAS (None unless exactly one), and its thread count, read once.
+
+    Read before kestrel first changes the count, so the count is BLAS's own
+    default: one per core unless the environment says otherwise.
+    """
+    blas = [lib for lib in _threadpoolctl().ThreadpoolController().lib_controllers if lib.user_api == "blas"]
+    return (blas[0] if len(blas) == 1 else None), max((lib.num_threads for lib in blas), default=1)
 
 
 def load_model(
@@ -227,8 +254,8 @@ def load_model(
             tokenizer.json, tokenizer_config.json, generation_config.json and
             chat_template.jinja.
         progress: called with the fraction of weight bytes read (0 to 1).
-        blas_threads: threads for numpy's BLAS, process-wide (None: BLAS's default). In bf16
-            mode these threads share each product's upcast instead, and BLAS runs one thread per call.
+        blas_threads: threads that share each weight product, process-wide (None: the count
+            already set, at first one per core); numpy's BLAS then runs one thread per call.
         weights: how weights stay in memory. "fp32": float32 copies (fastest
             decode). "bf16": bf16 bits memory-mapped from the checkpoint
             (about half the memory, shared page cache, near-instant load), each
@@ -258,23 +285,7 @@ def load_model(
         )
     model = Model(decoder, name=folder.resolve().name, path=folder, tokenizer=tokenizer)
     model.weights_mode = residency
-    if residency == "bf16":
-        _share_upcast_among_blas_threads()
     return model
-
-
-def _share_upcast_among_blas_threads() -> None:
-    """bf16 products: the cores upcast chunks in parallel, each multiplying its own with one-thread BLAS.
-
-    Measured on 2 cores (Qwen3-0.6B shapes): a batch-1 decode step took 282 ms with 2 BLAS threads
-    and the upcast on one core, 75 ms with the upcast shared by 2 threads and 1 BLAS thread each.
-    """
-    import threadpoolctl
-
-    threads = max((pool["num_threads"] for pool in threadpoolctl.threadpool_info() if pool["user_api"] == "blas"),
-                  default=1)
-    set_upcast_workers(threads)
-    set_blas_threads(1)
 
 
 def is_qwen3_vl_folder(folder: Path) -> bool:

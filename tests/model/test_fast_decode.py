@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from kestrel_trio import load_model
-from kestrel_trio._model import forward
-from kestrel_trio._model.layers import linear, set_small_batch_call, small_batch_call
+from kestrel_trio.model import set_blas_threads
+from kestrel_trio._model import forward, matmul
+from kestrel_trio._model.matmul import SMALL_BATCH_CALLS, linear, set_small_batch_call, small_batch_call
 from kestrel_trio._model.random_init import write_random_checkpoint
 from kestrel_trio._model.safetensors import SafetensorsCheckpoint
 from kestrel_trio._model.weights import Attention, DenseMLP, SparseMoE
@@ -80,18 +81,19 @@ def test_read_into_equals_read(tmp_path, dtype):
         checkpoint.read_into(name, np.empty((16, 23), dtype=np.float32))
 
 
-@pytest.mark.parametrize("rows", [1, 2, 8, 32, 40])
-def test_both_small_batch_calls_compute_the_same_product(rows):
+@pytest.mark.parametrize("rows", [1, 2, 8, 17, 32, 40])
+@pytest.mark.parametrize("out_rows", [48, 300])  # 300: whole blocks of every size and a remainder
+def test_every_small_batch_call_computes_the_same_product(rows, out_rows):
     rng = np.random.default_rng(rows)
     x = rng.standard_normal((rows, 64), dtype=np.float32)  # [rows, in]
-    w = rng.standard_normal((48, 64), dtype=np.float32)  # [out, in]
-    bias = rng.standard_normal(48, dtype=np.float32)  # [out]
+    w = rng.standard_normal((out_rows, 64), dtype=np.float32)  # [out, in]
+    bias = rng.standard_normal(out_rows, dtype=np.float32)  # [out]
     expected = x.astype(np.float64) @ w.T.astype(np.float64) + bias  # [rows, out]
     try:
-        for call in ("weight_left", "weight_right"):
+        for call in SMALL_BATCH_CALLS:
             set_small_batch_call(call)
             y = linear(x, w, bias)
-            assert y.shape == (rows, 48) and y.flags.c_contiguous
+            assert y.shape == (rows, out_rows) and y.flags.c_contiguous
             np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-4)
     finally:
         set_small_batch_call(None)
@@ -99,7 +101,7 @@ def test_both_small_batch_calls_compute_the_same_product(rows):
 
 def test_the_small_batch_call_is_timed_once_and_can_be_forced():
     set_small_batch_call(None)
-    assert small_batch_call() in ("weight_left", "weight_right")
+    assert small_batch_call() in SMALL_BATCH_CALLS
     set_small_batch_call("weight_right")
     assert small_batch_call() == "weight_right"
     with pytest.raises(ValueError):
@@ -107,15 +109,55 @@ def test_the_small_batch_call_is_timed_once_and_can_be_forced():
     set_small_batch_call(None)
 
 
+@pytest.mark.parametrize("rows", [1, 5, 8, 40])
+def test_products_shared_among_threads_equal_the_single_thread_ones(monkeypatch, rows):
+    monkeypatch.setattr(matmul, "SHARE_MIN_ELEMENTS", 0)
+    rng = np.random.default_rng(rows)
+    x = rng.standard_normal((rows, 32), dtype=np.float32)  # [rows, in]
+    w = rng.standard_normal((1000, 32), dtype=np.float32)  # [out, in]: shares of 384, 384 and 232 rows
+    before = matmul.product_threads() or 1
+    try:
+        for call in SMALL_BATCH_CALLS:
+            set_small_batch_call(call)
+            matmul.set_product_threads(1)
+            alone = linear(x, w)  # [rows, out]
+            matmul.set_product_threads(3)
+            shared = linear(x, w)  # [rows, out]
+            # BLAS may sum in another order for another width: equal to float32 rounding, not bit for bit
+            np.testing.assert_allclose(shared, alone, rtol=1e-6, atol=1e-5)
+            np.testing.assert_allclose(shared, x.astype(np.float64) @ w.T.astype(np.float64), rtol=1e-5, atol=1e-4)
+    finally:
+        matmul.set_product_threads(before)
+        set_small_batch_call(None)
+
+
+def test_an_error_in_a_product_thread_reaches_the_caller_and_the_threads_go_on():
+    threads = matmul._ProductThreads(3)
+    ran = []
+    try:
+        with pytest.raises(ZeroDivisionError):
+            threads.run([lambda: ran.append(0), lambda: 1 / 0, lambda: ran.append(2)])
+        assert sorted(ran) == [0, 2]
+        threads.run([lambda: ran.append(3), lambda: ran.append(4), lambda: ran.append(5)])
+        assert sorted(ran) == [0, 2, 3, 4, 5]
+    finally:
+        threads.stop()
+
+
 def test_blas_threads_is_applied_process_wide_and_validated(tmp_path):
     threadpoolctl = pytest.importorskip("threadpoolctl")
     write_random_checkpoint(tmp_path, TINY, seed=5)
     blas = lambda: [i["num_threads"] for i in threadpoolctl.threadpool_info() if i["user_api"] == "blas"]  # noqa: E731
-    before = blas()
+    before = matmul.product_threads() or max(blas())
     try:
-        load_model(tmp_path, blas_threads=1)
-        assert blas() and set(blas()) == {1}
+        load_model(tmp_path, blas_threads=3)
+        assert blas() and set(blas()) == {3}
+        assert matmul.product_threads() == 3
+        seen = []  # while the 3 product threads share a product, each calls one-thread BLAS
+        matmul._threads.run([lambda: seen.append(set(blas()))] * 3)
+        assert seen == [{1}] * 3 and set(blas()) == {3}
         with pytest.raises(ModelLoadError, match="blas_threads"):
             load_model(tmp_path, blas_threads=0)
+        assert matmul.product_threads() == 3
     finally:
-        threadpoolctl.threadpool_limits(limits=max(before), user_api="blas")
+        set_blas_threads(before)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from kestrel_trio import load_model
-from kestrel_trio._model import layers
+from kestrel_trio._model import layers, matmul
 from kestrel_trio._model.random_init import write_random_checkpoint
 from kestrel_trio._model.safetensors import bf16_to_fp32, fp32_to_bf16_bits
 from kestrel_trio._model.weights import Bf16Matrix, resolve_residency
@@ -71,7 +71,7 @@ def test_chunks_that_cross_parts_compute_the_same_product(monkeypatch, rows):
     parts = [fp32_to_bf16_bits(rng.standard_normal((n, 8), dtype=np.float32)).reshape(n, 8) for n in (5, 3, 7)]
     dense = np.concatenate([bf16_to_fp32(p.reshape(-1)).reshape(p.shape) for p in parts])  # [15, 8]
     x = rng.standard_normal((rows, 8), dtype=np.float32)  # [rows, 8]
-    monkeypatch.setattr(layers, "UPCAST_CHUNK", 4 * 8)  # 4 rows a chunk: chunks straddle the parts
+    monkeypatch.setattr(matmul, "UPCAST_CHUNK", 4 * 8)  # 4 rows a chunk: chunks straddle the parts
     got = layers.linear(x, Bf16Matrix(tuple(parts)))
     assert got.shape == (rows, 15)
     np.testing.assert_allclose(got, x.astype(np.float64) @ dense.T.astype(np.float64), rtol=1e-5, atol=1e-5)
@@ -112,7 +112,7 @@ def test_auto_picks_bf16_only_when_fp32_would_not_fit():
 
 
 def test_bf16_products_shared_among_threads_equal_the_single_thread_ones() -> None:
-    from kestrel_trio._model.layers import UPCAST_CHUNK, linear_bf16, set_upcast_workers
+    from kestrel_trio._model.matmul import UPCAST_CHUNK, linear_bf16, set_product_threads
     from kestrel_trio._model.safetensors import fp32_to_bf16_bits
     from kestrel_trio._model.weights import Bf16Matrix
 
@@ -125,11 +125,11 @@ def test_bf16_products_shared_among_threads_equal_the_single_thread_ones() -> No
     for n in (1, 5):
         x = rng.standard_normal((n, width)).astype(np.float32)  # [n, width]
         try:
-            set_upcast_workers(1)
+            set_product_threads(1)
             alone = linear_bf16(x, matrix)  # [n, rows]
-            set_upcast_workers(3)
+            set_product_threads(3)
             shared = linear_bf16(x, matrix)  # [n, rows]
         finally:
-            set_upcast_workers(1)
+            set_product_threads(1)
         assert np.array_equal(alone, shared)
         np.testing.assert_allclose(shared, x @ exact.T, rtol=1e-5, atol=1e-4)

@@ -1,0 +1,327 @@
+"""Weight products ``x [N, in] @ W[out, in].T``: where a decoder step spends its time.
+
+Theory of operation: a decode step reads every weight once, so its cost is
+the time to stream the weights from memory, whatever the batch, as long as
+the product itself costs no more than the read. By rows:
+
+* 1 row (batch-1 decode) and more than 32 (prefill): one BLAS call on BLAS's
+  own threads, which hand work off in about a microsecond.
+* 2-32 rows (a batched decode step): OpenBLAS packs a large weight before a
+  small-M GEMM, which costs 2-3x the read itself. Instead the product threads
+  (:func:`set_product_threads`) each take a contiguous stretch of W's rows
+  (the result's columns) and multiply it with one-thread BLAS (BLAS is set to
+  one thread while they run) in the small-batch call, timed once per process:
+  "row_blocks" views the stretch as [rows/nb, nb, in] blocks and runs one
+  small GEMM per block, which OpenBLAS computes without packing. Measured on
+  2 cores, SkylakeX kernel: 8 rows of Qwen3-0.6B's products cost 1.2-2x one
+  row, against 2.5-4x for one GEMM.
+* A :class:`Bf16Matrix` at any row count: the product threads share its
+  chunks, each upcasting its own into a scratch buffer and multiplying it as
+  it is ready, since the upcast, not the read, is then the cost.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import numpy as np
+
+from kestrel_trio._model.weights import Bf16Matrix, Matrix
+
+__all__ = [
+    "linear", "linear_bf16", "set_product_threads", "product_threads", "small_batch_call", "set_small_batch_call",
+    "SMALL_BATCH_CALLS",
+]
+
+
+def linear(x: np.ndarray, weight: Matrix, bias: np.ndarray | None = None) -> np.ndarray:
+    """``x`` [N, in] times ``weight`` [out, in] transposed, plus ``bias`` [out]."""
+    if x.ndim != 2:
+        y = linear(x.reshape(-1, x.shape[-1]), weight, bias)  # [prod(...), out]
+        return y.reshape(*x.shape[:-1], weight.shape[0])  # [..., out]
+    y = linear_bf16(x, weight) if isinstance(weight, Bf16Matrix) else _shared_product(x, weight)  # [N, out]
+    if bias is not None:
+        y += bias
+    return y
+
+
+# Below this many weights a product is not worth a thread hand-off (tens of microseconds).
+SHARE_MIN_ELEMENTS = 1 << 18
+# Shares start on a multiple of this many weight rows, a multiple of every block size.
+SHARE_ALIGN = 128
+
+
+def _shared_product(x: np.ndarray, weight: np.ndarray) -> np.ndarray:
+    out = np.empty((x.shape[0], weight.shape[0]), dtype=np.float32)  # [N, out]
+    threads = _threads
+    if threads is None or weight.size < SHARE_MIN_ELEMENTS or not _is_small_batch(x.shape[0]):
+        _product_into(x, weight, out)
+        return out
+    bounds = _share_bounds(weight.shape[0], threads.count)
+    threads.run([(lambda a=a, b=b: _product_into(x, weight[a:b], out[:, a:b])) for a, b in bounds])
+    return out
+
+
+def _is_small_batch(rows: int) -> bool:
+    return SMALL_BATCH_ROWS[0] <= rows <= SMALL_BATCH_ROWS[1]
+
+
+def _share_bounds(rows: int, shares: int) -> list[tuple[int, int]]:
+    """Contiguous [start, stop) row ranges, SHARE_ALIGN-aligned, one per share (fewer if rows are few)."""
+    step = -(-rows // shares // SHARE_ALIGN) * SHARE_ALIGN or SHARE_ALIGN
+    return [(start, min(start + step, rows)) for start in range(0, rows, step)]
+
+
+def _product_into(x: np.ndarray, weight: np.ndarray, out: np.ndarray, call: str | None = None) -> None:
+    """``out`` [N, out] = ``x`` [N, in] @ ``weight`` [out, in].T in this thread, in the call fastest for N rows."""
+    rows = x.shape[0]
+    if call is None:
+        call = small_batch_call() if _is_small_batch(rows) else "weight_right"
+    if call == "row_blocks":
+        _row_blocks_into(x, weight, out)
+    elif call == "weight_left":
+        out[...] = (weight @ x.T).T  # [N, out]
+    else:
+        np.matmul(x, weight.T, out=out)  # [N, out]
+
+
+def block_rows(rows: int) -> int:
+    """Weight rows per block of the "row_blocks" call for ``rows`` activation rows.
+
+    OpenBLAS skips packing for products of up to about 256 x ``in`` x rows
+    multiply-adds; 16-128 weight rows per block measured fastest for 2-32 rows.
+    """
+    return max(16, min(128, 1 << max(0, (256 // rows).bit_length() - 1)))
+
+
+def _row_blocks_into(x: np.ndarray, weight: np.ndarray, out: np.ndarray) -> None:
+    rows, width = x.shape
+    nb = block_rows(rows)
+    whole = weight.shape[0] // nb * nb
+    if whole:
+        blocks = np.matmul(weight[:whole].reshape(-1, nb, width), x.T)  # [whole/nb, nb, N]
+        out[:, :whole] = blocks.reshape(whole, rows).T  # [N, whole]
+    if whole < weight.shape[0]:
+        out[:, whole:] = x @ weight[whole:].T  # [N, out - whole]
+
+
+# float32 elements upcast per chunk: 4 MiB, well inside L3, few enough Python calls.
+UPCAST_CHUNK = 1 << 20
+_scratch = threading.local()  # one buffer per thread: forward may run in several threads
+
+
+def linear_bf16(x: np.ndarray, weight: Bf16Matrix) -> np.ndarray:
+    """``x`` [N, in] @ ``weight``.T [in, out], upcasting at most UPCAST_CHUNK weights at a time.
+
+    Rows are gathered across the matrix's parts into each chunk, so a matrix
+    that fits one chunk is one product over exactly the float32 values the
+    fp32 mode holds: the same call, bit-identical logits. With product
+    threads, the chunks are shared out in contiguous stretches, each thread
+    upcasting into its own scratch buffer and writing its own columns.
+    """
+    out_rows, width = weight.shape
+    if x.ndim != 2:
+        return linear_bf16(x.reshape(-1, width), weight).reshape(*x.shape[:-1], out_rows)  # [..., out]
+    out = np.empty((x.shape[0], out_rows), dtype=np.float32)  # [N, out]
+    chunks = _chunk_plan(weight, max(1, UPCAST_CHUNK // width))
+    threads = _threads
+    if threads is None or len(chunks) == 1:
+        _run_chunks(x, chunks, out)
+        return out
+    share = -(-len(chunks) // threads.count)  # contiguous shares: each thread streams its own stretch of the file
+    threads.run([(lambda part=chunks[k : k + share]: _run_chunks(x, part, out)) for k in range(0, len(chunks), share)])
+    return out
+
+
+# One chunk: the result columns it fills and the (part, first row, rows) runs that make it.
+_Chunk = tuple[int, tuple[tuple[np.ndarray, int, int], ...]]
+
+
+def _chunk_plan(weight: Bf16Matrix, chunk_rows: int) -> list[_Chunk]:
+    chunks, runs, filled, done = [], [], 0, 0
+    for part in weight.parts:
+        start = 0
+        while start < part.shape[0]:
+            take = min(part.shape[0] - start, chunk_rows - filled)
+            runs.append((part, start, take))
+            filled, start = filled + take, start + take
+            if filled == chunk_rows:
+                chunks.append((done, tuple(runs)))
+                runs, done, filled = [], done + filled, 0
+    if filled:
+        chunks.append((done, tuple(runs)))
+    return chunks
+
+
+def _run_chunks(x: np.ndarray, chunks: list[_Chunk], out: np.ndarray) -> None:
+    """Upcast and multiply ``chunks`` in this thread's scratch buffer, into their columns of ``out``."""
+    width = x.shape[1]
+    rows = max(sum(take for _, _, take in runs) for _, runs in chunks)
+    buffer = _scratch_buffer(rows * width).reshape(rows, width)  # [rows, in]
+    bits = buffer.view(np.uint32)  # [rows, in] the same memory
+    for done, runs in chunks:
+        filled = 0
+        for part, start, take in runs:
+            target = bits[filled : filled + take]  # [take, in]
+            np.copyto(target, part[start : start + take])  # widen; 2x faster here than a casting left_shift
+            target <<= 16
+            filled += take
+        _product_into(x, buffer[:filled], out[:, done : done + filled])
+
+
+def _scratch_buffer(size: int) -> np.ndarray:
+    """This thread's float32 scratch of at least ``size`` elements, grown never shrunk."""
+    buffer = getattr(_scratch, "buffer", None)
+    if buffer is None or buffer.size < size:
+        buffer = _scratch.buffer = np.empty(size, dtype=np.float32)  # [size]
+    return buffer[:size]
+
+
+class _ProductThreads:
+    """The caller plus ``count - 1`` daemon helpers; :meth:`run` runs one task on each and waits for all.
+
+    A job queue of C-implemented SimpleQueues: a hand-off costs tens of
+    microseconds (a thread wake-up), where a ThreadPoolExecutor costs more.
+    """
+
+    def __init__(self, count: int, set_blas_threads: Callable[[int], None] | None = None) -> None:
+        self.count = count
+        self._set_blas_threads = set_blas_threads
+        self._one_thread_depth = 0  # windows open (nested, or from several forward threads)
+        self._depth_lock = threading.Lock()
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        for k in range(count - 1):
+            threading.Thread(target=self._serve, name=f"kestrel-product-{k + 1}", daemon=True).start()
+
+    def _serve(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            task, done = job
+            try:
+                task()
+            except BaseException as error:  # handed to the caller, who raises it
+                done.put(error)
+            else:
+                done.put(None)
+
+    def run(self, tasks: list[Callable[[], None]]) -> None:
+        """Run ``tasks[1:]`` on the helpers and ``tasks[0]`` here, with one-thread BLAS; raise the first error."""
+        done: queue.SimpleQueue = queue.SimpleQueue()  # per call: forward may run in several threads at once
+        with self.one_thread_blas():
+            for task in tasks[1:]:
+                self._jobs.put((task, done))
+            errors = []
+            try:
+                tasks[0]()
+            except BaseException as error:
+                errors.append(error)
+            errors += [e for e in (done.get() for _ in tasks[1:]) if e is not None]
+        if errors:
+            raise errors[0]
+
+    @contextlib.contextmanager
+    def one_thread_blas(self) -> Iterator[None]:
+        """numpy's BLAS on one thread (process-wide) inside, ``count`` after: these threads are its callers."""
+        if self._set_blas_threads is None:
+            yield
+            return
+        with self._depth_lock:
+            self._one_thread_depth += 1
+            if self._one_thread_depth == 1:
+                self._set_blas_threads(1)  # a C call, about a microsecond
+        try:
+            yield
+        finally:
+            with self._depth_lock:
+                self._one_thread_depth -= 1
+                if self._one_thread_depth == 0:
+                    self._set_blas_threads(self.count)
+
+    def stop(self) -> None:
+        for _ in range(self.count - 1):
+            self._jobs.put(None)
+
+
+_threads: _ProductThreads | None = None
+_threads_lock = threading.Lock()
+
+
+def set_product_threads(count: int, set_blas_threads: Callable[[int], None] | None = None) -> None:
+    """Share each large weight product among ``count`` threads, process-wide (1: the caller alone).
+
+    numpy's BLAS and its upcast ufuncs release the GIL, so the threads run on
+    separate cores. BLAS should run ``count`` threads of its own for the
+    products not shared (1 row, prefill) and one while these threads share
+    one; ``set_blas_threads`` lets them switch it.
+
+    Args:
+        count: threads per product, the caller included.
+        set_blas_threads: sets numpy's BLAS thread count, process-wide (None:
+            BLAS is left as it is, which oversubscribes the cores unless it
+            runs one thread).
+    """
+    global _threads
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise ValueError(f"product threads must be a positive integer, got {count!r}")
+    with _threads_lock:
+        old, _threads = _threads, (_ProductThreads(count, set_blas_threads) if count > 1 else None)
+        _configured[:] = [count]
+    if old is not None:
+        old.stop()
+
+
+_configured: list[int] = []
+
+
+def product_threads() -> int | None:
+    """The count last given to :func:`set_product_threads`, or None if it was never called."""
+    return _configured[0] if _configured else None
+
+
+# Batch sizes of a batched decode step, and the calls timed for them.
+SMALL_BATCH_ROWS = (2, 32)
+SMALL_BATCH_CALLS = ("weight_left", "weight_right", "row_blocks")
+_small_batch_call: list[str] = []  # the chosen call, once chosen
+_timing_lock = threading.Lock()  # the first products may come from several threads at once
+
+
+def small_batch_call() -> str:
+    """The call used for 2-32 rows in each thread, one of SMALL_BATCH_CALLS, timed once per process.
+
+    "weight_left" is ``W @ x.T``, "weight_right" ``x @ W.T``, "row_blocks" one
+    small GEMM per block of W's rows (:func:`block_rows`).
+    """
+    if not _small_batch_call:
+        with _timing_lock:
+            if not _small_batch_call:
+                threads = _threads
+                with threads.one_thread_blas() if threads is not None else contextlib.nullcontext():
+                    _small_batch_call.append(_time_small_batch_calls())
+    return _small_batch_call[0]
+
+
+def set_small_batch_call(call: str | None) -> None:
+    """Force the 2-32-row call (one of SMALL_BATCH_CALLS), or None to time it again on next use."""
+    if call is not None and call not in SMALL_BATCH_CALLS:
+        raise ValueError(f"unknown small-batch call {call!r}")
+    _small_batch_call.clear()
+    if call is not None:
+        _small_batch_call.append(call)
+
+
+def _time_small_batch_calls(rounds: int = 3) -> str:
+    # 72 MiB of weights, more than L3, so the products run on cold weights as in a decode step.
+    weights = [np.full((3072, 1024), 0.01, dtype=np.float32) for _ in range(6)]  # 6 x [out, in]
+    x = np.full((8, 1024), 0.5, dtype=np.float32)  # [8, in]
+    out = np.empty((8, 3072), dtype=np.float32)  # [8, out]
+    best = dict.fromkeys(SMALL_BATCH_CALLS, float("inf"))
+    for _ in range(rounds):
+        for call in SMALL_BATCH_CALLS:
+            started = time.perf_counter()
+            for w in weights:
+                _product_into(x, w, out, call)
+            best[call] = min(best[call], time.perf_counter() - started)
+    return min(best, key=best.__getitem__)
