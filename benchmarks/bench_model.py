@@ -27,6 +27,7 @@ builds); the benchmark re-executes itself without them unless
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -284,23 +285,34 @@ def torch_decode(model, torch, batch: int, steps: int) -> float:
 
 
 def gemm_side(folder: Path, args: argparse.Namespace) -> dict:
-    """Cost of one [rows, 1024] x [1024, 3072] product in three call shapes, cold weights (us)."""
-    import numpy as np
-    import threadpoolctl
+    """Cost of one [rows, 1024] x [1024, 3072] product in each call shape, cold weights (us).
 
-    threadpoolctl.threadpool_limits(args.threads, user_api="blas")
+    The plain calls run on BLAS's own ``--threads`` threads; "linear" is what
+    kestrel runs (for 2-32 rows: shared among its own threads, one-thread BLAS
+    each, in the call it timed), and "row_blocks, 1 thread" is one such thread's call alone.
+    """
+    import numpy as np
+
+    from kestrel_trio._model import matmul
+    from kestrel_trio.model import set_blas_threads
+
+    set_blas_threads(args.threads)
     rng = np.random.default_rng(0)
     weights = [rng.standard_normal((3072, 1024), dtype=np.float32) for _ in range(24)]  # 24 x [out, in], > L3
     transposed = [np.ascontiguousarray(w.T) for w in weights]  # 24 x [in, out]
-    table = {"blas": blas_description()}
+    table = {"blas": blas_description(), "small_batch_call": matmul.small_batch_call()}
     for rows in (1, 4, 8, 16):
         x = rng.standard_normal((rows, 1024), dtype=np.float32)  # [rows, in]
         xt = np.ascontiguousarray(x.T)  # [in, rows]
         out, out_t = np.empty((rows, 3072), np.float32), np.empty((3072, rows), np.float32)
+        with matmul._threads.one_thread_blas() if matmul._threads else contextlib.nullcontext():
+            blocks = cold_cost(lambda w: matmul._row_blocks_into(x, w, out), weights)
         table[rows] = {
             "x @ W.T  (W [out,in])": cold_cost(lambda w: np.matmul(x, w.T, out=out), weights),
             "x @ Wt   (Wt [in,out])": cold_cost(lambda w: np.matmul(x, w, out=out), transposed),
             "W @ x.T  (W [out,in])": cold_cost(lambda w: np.matmul(w, xt, out=out_t), weights),
+            "row_blocks, 1 thread": blocks,
+            "linear": cold_cost(lambda w: matmul.linear(x, w), weights),
         }
     return table
 
@@ -364,7 +376,8 @@ def print_table(k: dict, t: dict) -> None:
 
 
 def print_gemm(table: dict) -> None:
-    print(f"\n[rows x 1024] @ [1024 x 3072], cold weights, us (25th percentile); {table.pop('blas')}")
+    print(f"\n[rows x 1024] @ [1024 x 3072], cold weights, us (25th percentile); {table.pop('blas')}; "
+          f"kestrel's small-batch call: {table.pop('small_batch_call')}")
     for rows, calls in table.items():
         print(f"  rows={rows:>2}: " + "  ".join(f"{name} {us:7.0f}" for name, us in calls.items()))
 
