@@ -10,7 +10,7 @@ import pytest
 
 from kestrel_trio import load_model
 from kestrel_trio.model import set_blas_threads
-from kestrel_trio._model import forward, matmul
+from kestrel_trio._model import forward, layers, matmul
 from kestrel_trio._model.matmul import SMALL_BATCH_CALLS, linear, set_small_batch_call, small_batch_call
 from kestrel_trio._model.random_init import write_random_checkpoint
 from kestrel_trio._model.safetensors import SafetensorsCheckpoint
@@ -161,3 +161,48 @@ def test_blas_threads_is_applied_process_wide_and_validated(tmp_path):
         assert matmul.product_threads() == 3
     finally:
         set_blas_threads(before)
+
+
+def _reference_attention(q, keys, values, past, scale):
+    """Causal grouped-query attention in float64, one head and one query at a time."""
+    t, n_heads, head_dim = q.shape
+    group = n_heads // keys.shape[0]
+    out = np.empty((t, n_heads, head_dim))
+    for i in range(t):
+        for h in range(n_heads):
+            k, v = keys[h // group, : past + i + 1].astype(np.float64), values[h // group, : past + i + 1]
+            scores = k @ q[i, h].astype(np.float64) * scale
+            weights = np.exp(scores - scores.max())
+            out[i, h] = weights @ v / weights.sum()
+    return out.reshape(t, n_heads * head_dim)
+
+
+@pytest.mark.parametrize(("t", "past"), [(1, 0), (1, 9), (6, 0), (6, 5)])
+def test_attention_shared_among_threads_equals_the_reference(monkeypatch, t, past):
+    rng = np.random.default_rng(t + past)
+    q = rng.standard_normal((t, 6, 8), dtype=np.float32)  # [T, n_heads, head_dim]
+    keys = rng.standard_normal((3, past + t, 8), dtype=np.float32)  # [n_kv, total, head_dim]: 3 kv heads, 2 threads
+    values = rng.standard_normal((3, past + t, 8), dtype=np.float32)  # [n_kv, total, head_dim]
+    expected = _reference_attention(q, keys, values, past, 8**-0.5)  # [T, n_heads*head_dim]
+    before = matmul.product_threads() or 1
+    try:
+        matmul.set_product_threads(2)
+        alone = layers.causal_attention(q, keys, values, past, 8**-0.5)
+        monkeypatch.setattr(layers, "SHARED_ATTENTION_SCORES", 0)
+        shared = layers.causal_attention(q, keys, values, past, 8**-0.5)
+    finally:
+        matmul.set_product_threads(before)
+    np.testing.assert_array_equal(shared, alone)  # each kv head is computed by the same calls either way
+    np.testing.assert_allclose(shared, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_shares_split_items_among_the_product_threads():
+    before = matmul.product_threads() or 1
+    try:
+        matmul.set_product_threads(3)
+        assert matmul.shares_of(8) == [(0, 2), (2, 5), (5, 8)]
+        assert matmul.shares_of(2) == [(0, 1), (1, 2)]
+        matmul.set_product_threads(1)
+        assert matmul.shares_of(8) == [(0, 8)]
+    finally:
+        matmul.set_product_threads(before)

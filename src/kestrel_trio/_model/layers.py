@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kestrel_trio._model.matmul import linear
+from kestrel_trio._model.matmul import linear, run_shared, shares_of
 from kestrel_trio._model.weights import Bf16Matrix, DenseMLP, Matrix, SparseMoE
 
 __all__ = ["rms_norm", "linear", "embedding", "silu", "swiglu", "causal_attention", "dense_mlp", "sparse_moe"]
@@ -46,19 +46,40 @@ def causal_attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, past: 
     t, n_heads, head_dim = q.shape
     n_kv, total, _ = keys.shape
     group = n_heads // n_kv
-    grouped = q.reshape(t, n_kv, group, head_dim).transpose(1, 2, 0, 3)  # [n_kv, group, T, head_dim]
+    scaled = q * np.float32(scale)  # [T, n_heads, head_dim]: fewer multiplies than scaling the scores
+    grouped = scaled.reshape(t, n_kv, group, head_dim).transpose(1, 2, 0, 3)  # [n_kv, group, T, head_dim]
     grouped = grouped.reshape(n_kv, group * t, head_dim)  # [n_kv, group*T, head_dim]
-    scores = grouped @ keys.transpose(0, 2, 1)  # [n_kv, group*T, total]
-    scores *= np.float32(scale)
-    if t > 1:
-        future = np.arange(total)[None, :] > (past + np.arange(t))[:, None]  # [T, total]
-        scores.reshape(n_kv, group, t, total)[:, :, future] = -np.inf
-    scores -= scores.max(axis=-1, keepdims=True)
-    np.exp(scores, out=scores)
-    scores /= scores.sum(axis=-1, keepdims=True)  # [n_kv, group*T, total] probabilities
-    out = scores @ values  # [n_kv, group*T, head_dim]
+    future = None
+    if t > 1:  # adding 0 or -inf: what a boolean-mask assignment does, 10x faster
+        hidden = np.arange(total)[None, :] > (past + np.arange(t))[:, None]  # [T, total]
+        future = np.where(hidden, np.float32(-np.inf), np.float32(0))  # [T, total]
+    out = np.empty((n_kv, group * t, head_dim), dtype=np.float32)  # [n_kv, group*T, head_dim]
+    if t * total * n_heads < SHARED_ATTENTION_SCORES:
+        _attend(grouped, keys, values, future, out)
+    else:  # a prefill chunk: the kv heads shared among the product threads, softmax passes included
+        run_shared([lambda a=a, b=b: _attend(grouped[a:b], keys[a:b], values[a:b], future, out[a:b])
+                    for a, b in shares_of(n_kv)])
     out = out.reshape(n_kv, group, t, head_dim).transpose(2, 0, 1, 3)  # [T, n_kv, group, head_dim]
     return out.reshape(t, n_heads * head_dim)  # [T, n_heads*head_dim]
+
+
+# Scores (T x total x heads) from which attention is shared among threads: 1 Mi, a few milliseconds.
+SHARED_ATTENTION_SCORES = 1 << 20
+
+
+def _attend(grouped: np.ndarray, keys: np.ndarray, values: np.ndarray, future: np.ndarray | None,
+            out: np.ndarray) -> None:
+    """Softmax attention of ``grouped`` [h, group*T, head_dim] over ``keys``, ``values`` [h, total, head_dim]."""
+    h, rows, _ = grouped.shape
+    scores = grouped @ keys.transpose(0, 2, 1)  # [h, group*T, total]
+    if future is not None:
+        by_query = scores.reshape(h, rows // future.shape[0], future.shape[0], -1)  # [h, group, T, total]
+        np.add(by_query, future, out=by_query)
+    scores -= scores.max(axis=-1, keepdims=True)
+    np.exp(scores, out=scores)
+    sums = scores.sum(axis=-1, keepdims=True)  # [h, group*T, 1]
+    np.matmul(scores, values, out=out)  # [h, group*T, head_dim]
+    out /= sums  # normalising the output: head_dim / total of the divisions
 
 
 def dense_mlp(x: np.ndarray, mlp: DenseMLP) -> np.ndarray:

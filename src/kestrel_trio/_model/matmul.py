@@ -33,8 +33,8 @@ import numpy as np
 from kestrel_trio._model.weights import Bf16Matrix, Matrix
 
 __all__ = [
-    "linear", "linear_bf16", "set_product_threads", "product_threads", "small_batch_call", "set_small_batch_call",
-    "SMALL_BATCH_CALLS",
+    "linear", "linear_bf16", "set_product_threads", "product_threads", "run_shared", "shares_of", "small_batch_call",
+    "set_small_batch_call", "SMALL_BATCH_CALLS",
 ]
 
 
@@ -64,6 +64,23 @@ def _shared_product(x: np.ndarray, weight: np.ndarray) -> np.ndarray:
     bounds = _share_bounds(weight.shape[0], threads.count)
     threads.run([(lambda a=a, b=b: _product_into(x, weight[a:b], out[:, a:b])) for a, b in bounds])
     return out
+
+
+def run_shared(tasks: list[Callable[[], None]]) -> None:
+    """Run ``tasks`` on the product threads with one-thread BLAS (one per thread), or in turn if there are none."""
+    threads = _threads
+    if threads is None:
+        for task in tasks:
+            task()
+    else:
+        threads.run(tasks)
+
+
+def shares_of(items: int) -> list[tuple[int, int]]:
+    """[start, stop) ranges splitting ``items`` among the product threads, as evenly as whole items allow."""
+    count = min(items, _threads.count if _threads is not None else 1) or 1
+    edges = [items * k // count for k in range(count + 1)]
+    return list(zip(edges[:-1], edges[1:]))
 
 
 def _is_small_batch(rows: int) -> bool:
