@@ -314,6 +314,30 @@ def gemm_side(folder: Path, args: argparse.Namespace) -> dict:
             "row_blocks, 1 thread": blocks,
             "linear": cold_cost(lambda w: matmul.linear(x, w), weights),
         }
+    del weights, transposed
+    table["step"] = step_products(folder)
+    return table
+
+
+def step_products(folder: Path) -> dict:
+    """Milliseconds for all of one decode step's weight products (every layer and lm_head), by call and rows."""
+    import numpy as np
+
+    from kestrel_trio import load_model
+    from kestrel_trio._model import matmul
+
+    w = load_model(folder, weights="fp32").decoder.weights
+    matrices = [m for layer in w.layers for m in (layer.attn.qkv_proj, layer.attn.o_proj, layer.mlp.gate_up_proj,
+                                                   layer.mlp.down_proj)] + [w.lm_head]
+    rng = np.random.default_rng(1)
+    table = {}
+    for rows in (1, 8, 16):
+        xs = {width: rng.standard_normal((rows, width), dtype=np.float32) for width in {m.shape[1] for m in matrices}}
+        table[rows] = {
+            "x @ W.T": best_of(5, lambda: [xs[m.shape[1]] @ m.T for m in matrices]) * 1e3,
+            "W @ x.T": best_of(5, lambda: [m @ xs[m.shape[1]].T for m in matrices]) * 1e3,
+            "linear": best_of(5, lambda: [matmul.linear(xs[m.shape[1]], m) for m in matrices]) * 1e3,
+        }
     return table
 
 
@@ -378,8 +402,12 @@ def print_table(k: dict, t: dict) -> None:
 def print_gemm(table: dict) -> None:
     print(f"\n[rows x 1024] @ [1024 x 3072], cold weights, us (25th percentile); {table.pop('blas')}; "
           f"kestrel's small-batch call: {table.pop('small_batch_call')}")
+    step = table.pop("step")
     for rows, calls in table.items():
         print(f"  rows={rows:>2}: " + "  ".join(f"{name} {us:7.0f}" for name, us in calls.items()))
+    print("\nall products of one decode step (28 layers + lm_head), ms, best of 5 (plain calls on BLAS's threads)")
+    for rows, calls in step.items():
+        print(f"  rows={rows:>2}: " + "  ".join(f"{name} {ms:7.1f}" for name, ms in calls.items()))
 
 
 def main() -> None:
