@@ -273,7 +273,7 @@ def load_model(
     if not folder.is_dir():
         raise ModelLoadError(f"{folder}: not a checkpoint folder")
     if is_qwen3_vl_folder(folder):
-        return _load_qwen3_vl_model(folder, progress)
+        return _load_qwen3_vl_model(folder, progress, weights)
     config = read_config(folder)
     residency = resolve_residency(folder, weights)
     decoder = Decoder.build(config, load_weights(folder, config, progress, residency))
@@ -297,17 +297,15 @@ def is_qwen3_vl_folder(folder: Path) -> bool:
     return isinstance(raw, dict) and is_qwen3_vl(raw)
 
 
-def _load_qwen3_vl_model(folder: Path, progress: Callable[[float], None] | None) -> Model:
-    """A Qwen3-VL checkpoint: its language model serves text as Qwen3 does; ``vision`` adds images.
-
-    Weights are float32 copies (``weights`` modes are not applied to Qwen3-VL).
-    """
+def _load_qwen3_vl_model(folder: Path, progress: Callable[[float], None] | None, weights: str) -> Model:
+    """A Qwen3-VL checkpoint: its language model serves text as Qwen3 does; ``vision`` adds images."""
     try:
         require_pillow()  # now, not at the first image request
     except KestrelError as exc:
         raise ModelLoadError(f"{folder}: a Qwen3-VL checkpoint needs Pillow: {exc.message}") from None
     image_config = ImageProcessorConfig.read(folder)
-    vl = load_qwen3_vl(folder, progress)
+    residency = resolve_residency(folder, weights)
+    vl = load_qwen3_vl(folder, progress, residency)
     v = vl.config.vision
     for name, ours, theirs in (("patch_size", image_config.patch_size, v.patch_size),
                                ("merge_size", image_config.merge_size, v.spatial_merge_size),
@@ -320,7 +318,7 @@ def _load_qwen3_vl_model(folder: Path, progress: Callable[[float], None] | None)
         raise ModelLoadError(f"{folder}: tokenizer.json has {tokenizer.vocab_size} tokens but text_config's "
                              f"vocab_size is {vl.config.text.vocab_size}")
     model = Model(vl.decoder, name=folder.resolve().name, path=folder, tokenizer=tokenizer)
-    model.vision, model.image_config = vl, image_config
+    model.vision, model.image_config, model.weights_mode = vl, image_config, residency
     return model
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kestrel_trio import BadRequestError, ModelLoadError
+from kestrel_trio import BadRequestError, ModelLoadError, load_model
 from kestrel_trio._model import forward
 from kestrel_trio._model.qwen3_vl import (
     _forward_with_images,
@@ -21,6 +21,7 @@ from kestrel_trio._model.qwen3_vl import (
 )
 from kestrel_trio._model.safetensors import SafetensorsCheckpoint, save_safetensors
 from kestrel_trio._model.vision import ImageFeatures
+from kestrel_trio._model.weights import Bf16Matrix
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 PROMPTS = {"text": (), "image": ("up",), "two_images": ("up", "tall")}
@@ -208,3 +209,27 @@ def test_deepstack_index_beyond_depth_is_named():
     raw["vision_config"]["deepstack_visual_indexes"] = [0, 3]
     with pytest.raises(ModelLoadError, match="deepstack_visual_indexes"):
         vl_config_from_dict(raw)
+
+
+@pytest.mark.parametrize("key", ["text", "image"])
+def test_bf16_residency_gives_fp32_modes_exact_logits(pixels, key):
+    fp32, golden = _load("qwen3_vl_bf16")
+    bf16 = load_qwen3_vl(FIXTURES / "qwen3_vl_bf16", residency="bf16")
+    assert isinstance(bf16.decoder.weights.layers[0].attn.qkv_proj, Bf16Matrix)
+    assert isinstance(bf16.vision.blocks[0].fc1_weight, Bf16Matrix)
+    assert isinstance(bf16.vision.patch_weight, Bf16Matrix)
+    expected = fp32.prefill(fp32.new_cache(), _prompt(fp32, golden, pixels, key), all_logits=True)
+    got = bf16.prefill(bf16.new_cache(), _prompt(bf16, golden, pixels, key), all_logits=True)
+    np.testing.assert_array_equal(got, expected)  # the bits are upcast exactly, into the same calls
+    assert _greedy(bf16, _prompt(bf16, golden, pixels, key), 16) == golden[f"{key}_greedy_ids"].tolist()
+
+
+def test_load_model_applies_the_weights_mode_to_qwen3_vl(tmp_path):
+    folder = tmp_path / "vl"
+    shutil.copytree(FIXTURES / "qwen3_vl_bf16", folder)
+    shutil.copy(FIXTURES / "qwen3_vl" / "preprocessor_config.json", folder)  # the same vision settings
+    model = load_model(folder, weights="bf16")
+    assert model.weights_mode == "bf16" and model.vision is not None
+    assert isinstance(model.decoder.weights.lm_head, Bf16Matrix)
+    with pytest.raises(ModelLoadError, match="weights"):
+        load_qwen3_vl(folder, residency="fp16")

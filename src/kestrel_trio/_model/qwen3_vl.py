@@ -44,7 +44,7 @@ from kestrel_trio._model.vision import (
     vision_shapes,
 )
 from kestrel_trio._model.shapes import IGNORED_SUFFIXES, check_tensor_set, expected_shapes
-from kestrel_trio._model.weights import assemble_weights
+from kestrel_trio._model.weights import RESIDENCIES, CheckpointReader, assemble_resident
 from kestrel_trio.errors import BadRequestError, ModelLoadError
 
 __all__ = [
@@ -411,30 +411,28 @@ class Qwen3VL:
         return logits if all_logits else logits[0]
 
 
-def load_qwen3_vl(folder: Path, progress: Callable[[float], None] | None = None) -> Qwen3VL:
+def load_qwen3_vl(folder: Path, progress: Callable[[float], None] | None = None, residency: str = "fp32") -> Qwen3VL:
     """Read config.json and every weight of the Qwen3-VL checkpoint in ``folder``.
 
+    Args:
+        folder: the checkpoint folder.
+        progress: called with the fraction of bytes read so far (0 to 1).
+        residency: "fp32" or "bf16", for the language model and the vision
+            tower's matrices alike (see :func:`kestrel_trio._model.weights.load_weights`).
+
     Raises:
-        ModelLoadError: naming the file, field or tensor at fault.
+        ModelLoadError: naming the file or tensor at fault.
     """
+    if residency not in RESIDENCIES:
+        raise ModelLoadError(f"weights residency must be one of {', '.join(RESIDENCIES)}, got {residency!r}")
     config = read_vl_config(folder)
     checkpoint = SafetensorsCheckpoint(folder)
     check_vl_tensors(checkpoint, config)
-    total = sum(info.nbytes for info in checkpoint.tensors.values()) or 1
-    done = 0
-
-    def read(name: str) -> np.ndarray:
-        nonlocal done
-        array = checkpoint.read(name)
-        done += checkpoint.tensors[name].nbytes
-        if progress is not None:
-            progress(min(1.0, done / total))
-        return array
-
-    text_names = {name for name in checkpoint.tensors if name.startswith(_TEXT_PREFIX)}
-    weights = assemble_weights(config.text, lambda name: read(_text_name(name)),
-                               {"model." + n[len(_TEXT_PREFIX):] for n in text_names})
-    vision = assemble_vision(config.vision, read, _VISION_PREFIX)
+    reader = CheckpointReader(checkpoint, progress)
+    text_names = {"model." + n[len(_TEXT_PREFIX):] for n in checkpoint.tensors if n.startswith(_TEXT_PREFIX)}
+    weights = assemble_resident(config.text, reader, residency, text_names, rename=_text_name)
+    vision = assemble_vision(config.vision, reader.read, _VISION_PREFIX,
+                             reader.read_bf16 if residency == "bf16" else None)
     return Qwen3VL(config=config, decoder=Decoder.build(config.text, weights), vision=vision)
 
 

@@ -21,6 +21,7 @@ import attrs
 import numpy as np
 
 from kestrel_trio._model.layers import linear
+from kestrel_trio._model.weights import Bf16Matrix, Matrix
 from kestrel_trio._model.rope import apply_rope
 
 T = TypeVar("T")
@@ -91,15 +92,15 @@ class VisionConfig:
 class VisionBlock:
     norm1_weight: np.ndarray  # [hidden]
     norm1_bias: np.ndarray  # [hidden]
-    qkv_weight: np.ndarray  # [3*hidden, hidden]
+    qkv_weight: Matrix  # [3*hidden, hidden]
     qkv_bias: np.ndarray  # [3*hidden]
-    proj_weight: np.ndarray  # [hidden, hidden]
+    proj_weight: Matrix  # [hidden, hidden]
     proj_bias: np.ndarray  # [hidden]
     norm2_weight: np.ndarray  # [hidden]
     norm2_bias: np.ndarray  # [hidden]
-    fc1_weight: np.ndarray  # [inter, hidden]
+    fc1_weight: Matrix  # [inter, hidden]
     fc1_bias: np.ndarray  # [inter]
-    fc2_weight: np.ndarray  # [hidden, inter]
+    fc2_weight: Matrix  # [hidden, inter]
     fc2_bias: np.ndarray  # [hidden]
 
 
@@ -114,15 +115,15 @@ class PatchMerger:
     postshuffle: bool
     norm_weight: np.ndarray  # [hidden*merge^2] if postshuffle else [hidden]
     norm_bias: np.ndarray  # same as norm_weight
-    fc1_weight: np.ndarray  # [hidden*merge^2, hidden*merge^2]
+    fc1_weight: Matrix  # [hidden*merge^2, hidden*merge^2]
     fc1_bias: np.ndarray  # [hidden*merge^2]
-    fc2_weight: np.ndarray  # [out_hidden, hidden*merge^2]
+    fc2_weight: Matrix  # [out_hidden, hidden*merge^2]
     fc2_bias: np.ndarray  # [out_hidden]
 
 
 @attrs.frozen
 class VisionWeights:
-    patch_weight: np.ndarray  # [hidden, C*T*P*P] (the Conv3d kernel, flattened)
+    patch_weight: Matrix  # [hidden, C*T*P*P] (the Conv3d kernel, flattened)
     patch_bias: np.ndarray  # [hidden]
     pos_embed: np.ndarray  # [num_position_embeddings, hidden]
     blocks: tuple[VisionBlock, ...]
@@ -176,30 +177,45 @@ def vision_shapes(config: VisionConfig, prefix: str = "model.visual.") -> dict[s
     return shapes
 
 
-def assemble_vision(config: VisionConfig, read: Callable[[str], np.ndarray], prefix: str = "model.visual.") -> VisionWeights:
-    """Build :class:`VisionWeights` from checked float32 tensors returned by ``read(name)``."""
+def assemble_vision(config: VisionConfig, read: Callable[[str], np.ndarray], prefix: str = "model.visual.",
+                    read_bf16: Callable[[str], np.ndarray] | None = None) -> VisionWeights:
+    """Build :class:`VisionWeights` from checked tensors.
+
+    Args:
+        config: the tower's configuration.
+        read: a tensor as float32, by checkpoint name.
+        prefix: the tower's name prefix in the checkpoint.
+        read_bf16: a tensor as bf16 bits, by name: when given, the matrices
+            stay bf16 (:class:`Bf16Matrix`, upcast at use); vectors, and the
+            position table (looked up by row), are float32 either way.
+    """
+
+    def matrix(name: str, rows: int | None = None) -> Matrix:
+        array = read_bf16(name) if read_bf16 is not None else read(name)  # [out, in] (or the Conv3d kernel)
+        if rows is not None:
+            array = array.reshape(rows, -1)  # [rows, in]
+        return Bf16Matrix((array,)) if read_bf16 is not None else array
 
     def block(i: int) -> VisionBlock:
         b = f"{prefix}blocks.{i}."
         return VisionBlock(
             norm1_weight=read(b + "norm1.weight"), norm1_bias=read(b + "norm1.bias"),
-            qkv_weight=read(b + "attn.qkv.weight"), qkv_bias=read(b + "attn.qkv.bias"),
-            proj_weight=read(b + "attn.proj.weight"), proj_bias=read(b + "attn.proj.bias"),
+            qkv_weight=matrix(b + "attn.qkv.weight"), qkv_bias=read(b + "attn.qkv.bias"),
+            proj_weight=matrix(b + "attn.proj.weight"), proj_bias=read(b + "attn.proj.bias"),
             norm2_weight=read(b + "norm2.weight"), norm2_bias=read(b + "norm2.bias"),
-            fc1_weight=read(b + "mlp.linear_fc1.weight"), fc1_bias=read(b + "mlp.linear_fc1.bias"),
-            fc2_weight=read(b + "mlp.linear_fc2.weight"), fc2_bias=read(b + "mlp.linear_fc2.bias"),
+            fc1_weight=matrix(b + "mlp.linear_fc1.weight"), fc1_bias=read(b + "mlp.linear_fc1.bias"),
+            fc2_weight=matrix(b + "mlp.linear_fc2.weight"), fc2_bias=read(b + "mlp.linear_fc2.bias"),
         )
 
     def merger(p: str, postshuffle: bool) -> PatchMerger:
         return PatchMerger(
             postshuffle=postshuffle, norm_weight=read(p + "norm.weight"), norm_bias=read(p + "norm.bias"),
-            fc1_weight=read(p + "linear_fc1.weight"), fc1_bias=read(p + "linear_fc1.bias"),
-            fc2_weight=read(p + "linear_fc2.weight"), fc2_bias=read(p + "linear_fc2.bias"),
+            fc1_weight=matrix(p + "linear_fc1.weight"), fc1_bias=read(p + "linear_fc1.bias"),
+            fc2_weight=matrix(p + "linear_fc2.weight"), fc2_bias=read(p + "linear_fc2.bias"),
         )
 
-    kernel = read(prefix + "patch_embed.proj.weight")  # [hidden, C, T, P, P]
     return VisionWeights(
-        patch_weight=kernel.reshape(config.hidden_size, config.patch_dim),  # [hidden, C*T*P*P]
+        patch_weight=matrix(prefix + "patch_embed.proj.weight", config.hidden_size),  # [hidden, C*T*P*P]
         patch_bias=read(prefix + "patch_embed.proj.bias"),  # [hidden]
         pos_embed=read(prefix + "pos_embed.weight"),  # [num_pos, hidden]
         blocks=tuple(block(i) for i in range(config.depth)),

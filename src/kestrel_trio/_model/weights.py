@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "Bf16Matrix", "Matrix", "RESIDENCIES", "resolve_residency", "Attention", "DenseMLP", "SparseMoE", "Layer",
-    "Weights", "load_weights", "assemble_weights",
+    "Weights", "load_weights", "assemble_weights", "assemble_resident", "CheckpointReader",
 ]
 
 RESIDENCIES = ("fp32", "bf16")  # how matrices are held: float32 arrays, or bf16 bits upcast at use
@@ -146,37 +146,61 @@ def load_weights(
         raise ModelLoadError(f"weights residency must be one of {', '.join(RESIDENCIES)}, got {residency!r}")
     checkpoint = SafetensorsCheckpoint(folder)
     check_tensors(checkpoint, config)
-    total = sum(info.nbytes for info in checkpoint.tensors.values()) or 1
-    done = 0
+    return assemble_resident(config, CheckpointReader(checkpoint, progress), residency, set(checkpoint.tensors))
 
-    def advance(name: str) -> None:
-        nonlocal done
-        done += checkpoint.tensors[name].nbytes
-        if progress is not None:
-            progress(min(1.0, done / total))
 
-    def read(name: str) -> np.ndarray:
-        array = checkpoint.read(name)
-        advance(name)
+class CheckpointReader:
+    """Reads a checked checkpoint's tensors by name, calling ``progress`` with the fraction of bytes read (0 to 1)."""
+
+    def __init__(self, checkpoint: SafetensorsCheckpoint, progress: Callable[[float], None] | None = None) -> None:
+        self.checkpoint = checkpoint
+        self._progress = progress
+        self._total = sum(info.nbytes for info in checkpoint.tensors.values()) or 1
+        self._done = 0
+
+    def _advance(self, name: str) -> None:
+        self._done += self.checkpoint.tensors[name].nbytes
+        if self._progress is not None:
+            self._progress(min(1.0, self._done / self._total))
+
+    def read(self, name: str) -> np.ndarray:
+        """The tensor as float32."""
+        array = self.checkpoint.read(name)
+        self._advance(name)
         return array
 
+    def read_bf16(self, name: str) -> np.ndarray:
+        """The tensor as bf16 bits (uint16), memory-mapped when stored as bf16."""
+        array = self.checkpoint.read_bf16(name)
+        self._advance(name)
+        return array
+
+    def read_into(self, name: str, out: np.ndarray) -> None:
+        """The tensor as float32, written into ``out``."""
+        self.checkpoint.read_into(name, out)
+        self._advance(name)
+
+
+def assemble_resident(config: ModelConfig, reader: CheckpointReader, residency: str, names: set[str],
+                      rename: Callable[[str], str] = lambda name: name) -> Weights:
+    """Build :class:`Weights` held as ``residency`` says from a checked checkpoint.
+
+    Args:
+        config: the decoder's configuration.
+        reader: the checkpoint.
+        residency: "fp32" or "bf16" (see :func:`load_weights`).
+        names: every decoder tensor name present, as Qwen3 spells it.
+        rename: a Qwen3 tensor name as this checkpoint spells it.
+    """
     if residency == "bf16":
-        rounded = sorted({i.dtype for i in checkpoint.tensors.values()} - {"BF16"})
+        rounded = sorted({i.dtype for i in reader.checkpoint.tensors.values()} - {"BF16"})
         if rounded:
-            log.warning("%s: %s weights are rounded to bf16 once at load (weights=bf16)", folder, "/".join(rounded))
-
-        def read_bf16(name: str) -> np.ndarray:
-            array = checkpoint.read_bf16(name)
-            advance(name)
-            return array
-
-        return _assemble(config, set(checkpoint.tensors), _Bf16Source(read, read_bf16))
-
-    def read_into(name: str, out: np.ndarray) -> None:
-        checkpoint.read_into(name, out)
-        advance(name)
-
-    return assemble_weights(config, read, set(checkpoint.tensors), read_into)
+            log.warning("%s: %s weights are rounded to bf16 once at load (weights=bf16)", reader.checkpoint.folder,
+                        "/".join(rounded))
+        return _assemble(config, names, _Bf16Source(lambda n: reader.read(rename(n)),
+                                                    lambda n: reader.read_bf16(rename(n))))
+    return assemble_weights(config, lambda n: reader.read(rename(n)), names,
+                            lambda n, out: reader.read_into(rename(n), out))
 
 
 def resolve_residency(folder: Path, requested: str, available_bytes: int | None = None) -> str:
