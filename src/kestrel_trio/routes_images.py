@@ -13,6 +13,7 @@ The chat template then sees each image part as ``{"type": "image"}``.
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 import attrs
@@ -102,6 +103,28 @@ def _check_allowed(ref: ImageRef, policy: ImagePolicy) -> None:
                               param=ref.param, code="image_url_not_allowed")
 
 
+def _open_beneath(folder: Path, path: Path) -> int:
+    """A read-only descriptor of ``path`` (symlink-free, under ``folder``), opened one component at a time.
+
+    Each component is opened relative to the one before with O_NOFOLLOW, so a
+    directory or file swapped for a symlink after ``path`` was resolved fails
+    (ELOOP / ENOTDIR) instead of leading out of the folder; O_NONBLOCK keeps a
+    FIFO from blocking the thread (the caller then refuses it by fstat).
+    """
+    parts = path.relative_to(folder).parts
+    if not parts:
+        return os.open(folder, os.O_RDONLY)  # the folder itself, which fstat then refuses
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for part in parts[:-1]:
+            next_fd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            os.close(fd)
+            fd = next_fd
+        return os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=fd)
+    finally:
+        os.close(fd)
+
+
 def _under(path: Path, folder: Path) -> bool:
     return path == folder or folder in path.parents
 
@@ -126,10 +149,14 @@ def _image_bytes(ref: ImageRef, policy: ImagePolicy) -> bytes:
     if not _under(resolved, policy.allow_dir.resolve()):  # a symlink pointing out of the folder
         raise BadRequestError(f"'{ref.param}': the file is outside the folder allowed for images",
                               param=ref.param, code="image_url_not_allowed")
-    if not resolved.is_file():  # checked before open(): a FIFO would block the thread
-        raise BadRequestError(f"'{ref.param}': not a regular file", param=ref.param)
     try:
-        with open(resolved, "rb") as file:
-            return file.read(policy.max_bytes + 1)  # one byte over is enough for the limit's error
+        fd = _open_beneath(policy.allow_dir.resolve(), resolved)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise BadRequestError(f"'{ref.param}': not a regular file", param=ref.param)
+            with open(fd, "rb", closefd=False) as file:
+                return file.read(policy.max_bytes + 1)  # one byte over is enough for the limit's error
+        finally:
+            os.close(fd)
     except OSError as exc:
         raise BadRequestError(f"'{ref.param}': cannot read the image file ({exc.strerror})", param=ref.param) from None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import os
 import json
 from pathlib import Path
 
@@ -11,7 +12,8 @@ import pytest
 from kestrel_trio import BadRequestError
 from kestrel_trio.openai import parse_chat_request
 from kestrel_trio.openai.image_urls import ImageRef, decode_data_url, image_parts, parse_image_url
-from kestrel_trio.routes_images import template_parts
+from kestrel_trio import routes_images
+from kestrel_trio.routes_images import ImagePolicy, template_parts
 from kestrel_trio.text import ChatTemplate
 
 PARAM = "messages[0].content[1].image_url"
@@ -95,3 +97,46 @@ def test_image_parts_are_found_in_prompt_order_and_shown_to_the_template_as_imag
     prompt = template.render(shown, add_generation_prompt=True)
     assert prompt.count("<|vision_start|><|image_pad|><|vision_end|>") == 3
     assert "<|vision_end|>and<|vision_start|>" in prompt
+
+
+def _allowed_tree(tmp_path):
+    allowed, outside = tmp_path / "allowed", tmp_path / "outside"
+    (allowed / "sub").mkdir(parents=True)
+    outside.mkdir()
+    (allowed / "sub" / "img.png").write_bytes(b"inside")
+    (outside / "img.png").write_bytes(b"secret")
+    return allowed, outside
+
+
+def test_a_folder_swapped_for_a_symlink_after_the_check_is_not_followed(tmp_path):
+    allowed, outside = _allowed_tree(tmp_path)
+    policy = ImagePolicy(allow_dir=allowed)
+    ref = ImageRef(PARAM, file_path=str(allowed / "sub" / "img.png"))
+    assert routes_images._image_bytes(ref, policy) == b"inside"
+    resolved = (allowed / "sub" / "img.png").resolve()
+    (allowed / "sub" / "img.png").unlink()
+    (allowed / "sub").rmdir()
+    (allowed / "sub").symlink_to(outside)  # the swap, after the path was resolved
+    with pytest.raises(OSError):
+        routes_images._open_beneath(allowed.resolve(), resolved)
+
+
+def test_a_file_swapped_for_a_symlink_after_the_check_is_not_followed(tmp_path):
+    allowed, outside = _allowed_tree(tmp_path)
+    resolved = (allowed / "sub" / "img.png").resolve()
+    (allowed / "sub" / "img.png").unlink()
+    (allowed / "sub" / "img.png").symlink_to(outside / "img.png")
+    with pytest.raises(OSError):
+        routes_images._open_beneath(allowed.resolve(), resolved)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "folder"])
+def test_an_image_path_that_is_not_a_regular_file_is_refused_without_blocking(tmp_path, kind):
+    allowed, _ = _allowed_tree(tmp_path)
+    target = allowed / "sub" / "pipe"
+    if kind == "fifo":
+        os.mkfifo(target)  # no writer: a blocking open would hang here
+    else:
+        target = allowed / "sub"
+    with pytest.raises(BadRequestError, match="not a regular file"):
+        routes_images._image_bytes(ImageRef(PARAM, file_path=str(target)), ImagePolicy(allow_dir=allowed))
