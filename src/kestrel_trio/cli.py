@@ -11,7 +11,7 @@ import logging
 import os
 import signal
 import sys
-from typing import Sequence
+from typing import NoReturn, Sequence
 
 from kestrel_trio.errors import KestrelError
 
@@ -128,7 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``kestrel-trio`` console script; returns the exit code."""
+    """Entry point of the ``kestrel-trio`` console script; returns the exit code (``serve`` exits itself)."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
@@ -146,7 +146,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
 
-def _serve(args: argparse.Namespace) -> int:
+def _serve(args: argparse.Namespace) -> NoReturn:
     import trio
 
     from kestrel_trio.engine import EngineLimits
@@ -172,6 +172,11 @@ def _serve(args: argparse.Namespace) -> int:
     )
 
     async def run() -> None:
+        # What trio restores when the receiver closes, and re-delivers any signals still queued
+        # to: a signal while trio and the interpreter wind down must not turn a clean exit into
+        # death by signal.
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, _signal_while_exiting)
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async with trio.open_nursery() as nursery:
 
@@ -184,7 +189,21 @@ def _serve(args: argparse.Namespace) -> int:
                 nursery.start_soon(_watch_signals, signals, server, nursery.cancel_scope)
 
     trio.run(run)
-    return 0
+    _exit_without_finalizing(0)
+
+
+def _exit_without_finalizing(code: int) -> NoReturn:
+    """End the process once the server has stopped, skipping the interpreter's finalization.
+
+    Finalization puts the default signal handlers back while it tears modules
+    down, so a SIGTERM then (a supervisor repeating itself) would end a clean
+    shutdown as killed by signal. Nothing is left to finalize: the server's
+    sockets, files and threads are closed; logs and stdio are flushed here.
+    """
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(code)
 
 
 _SPARE_FILES = 64  # descriptors beyond the connections: listeners, checkpoint files, logs, worker threads
@@ -205,6 +224,10 @@ def _raise_open_files_limit(wanted: int) -> None:
     if target < wanted:
         log.warning("the open-files limit is %d, below --max-connections + %d; connections past it fail at accept",
                     target, _SPARE_FILES)
+
+
+def _signal_while_exiting(signum: int, frame: object) -> None:
+    log.warning("received %s while exiting: already stopping (SIGKILL forces it)", signal.Signals(signum).name)
 
 
 async def _watch_signals(signals, server, scope) -> None:

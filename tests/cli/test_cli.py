@@ -6,6 +6,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -82,17 +83,26 @@ def test_chat_keeps_history_resets_and_exits_on_eof():
     assert answers[0].strip() == answers[1].strip()
 
 
+def _serve(*flags: str) -> tuple[subprocess.Popen, str]:
+    """A real `kestrel-trio serve` on port 0 and its base URL, once it says where it listens."""
+    process = subprocess.Popen(CLI + ["serve", "--port", "0", *flags], stderr=subprocess.PIPE, text=True)
+    url = None
+    deadline = time.monotonic() + 60
+    while url is None and time.monotonic() < deadline and process.poll() is None:
+        line = process.stderr.readline()
+        match = re.search(r"serving \S+ at (http://\S+)/v1", line)
+        url = match.group(1) if match else None
+    if url is None:
+        process.kill()
+        process.wait()
+        pytest.fail("the server never said where it listens")
+    return process, url
+
+
 def test_serve_answers_health_applies_its_flags_and_exits_zero_on_sigterm():
     flags = ["--max-body-bytes", "100", "--max-header-bytes", "2048", "--prefill-chunk", "8"]
-    process = subprocess.Popen(CLI + ["serve", "--port", "0", "--grace", "1", *flags], stderr=subprocess.PIPE, text=True)
+    process, url = _serve("--grace", "1", *flags)
     try:
-        url = None
-        deadline = time.monotonic() + 60
-        while url is None and time.monotonic() < deadline:
-            line = process.stderr.readline()
-            match = re.search(r"serving \S+ at (http://\S+)/v1", line)
-            url = match.group(1) if match else None
-        assert url, "the server never said where it listens"
         with urllib.request.urlopen(url + "/health", timeout=10) as response:
             assert response.status == 200
         too_big = urllib.request.Request(url + "/v1/completions", data=b"{" + b" " * 200 + b"}",
@@ -104,6 +114,27 @@ def test_serve_answers_health_applies_its_flags_and_exits_zero_on_sigterm():
         process.send_signal(signal.SIGTERM)
         code = process.wait(timeout=30)
         assert code == 0, process.stderr.read()[-2000:]
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        process.stderr.close()
+
+
+def test_signals_that_keep_coming_through_shutdown_still_exit_zero():
+    process, url = _serve("--grace", "1")
+    lines: list[str] = []
+    drain = threading.Thread(target=lambda: lines.extend(process.stderr), daemon=True)  # a full pipe would block it
+    drain.start()
+    try:
+        deadline = time.monotonic() + 30
+        while process.poll() is None and time.monotonic() < deadline:
+            process.send_signal(signal.SIGTERM)  # the first starts the shutdown; the rest land all through it
+            time.sleep(0.002)
+        code = process.wait(timeout=5)
+        drain.join(timeout=5)
+        assert code == 0, "".join(lines)[-2000:]
+        assert any("graceful shutdown" in line for line in lines)
     finally:
         if process.poll() is None:
             process.kill()
