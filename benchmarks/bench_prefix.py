@@ -20,12 +20,16 @@ import argparse
 import functools
 import os
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import trio
 
 from kestrel_trio import EngineLimits, GenerationRequest, SamplingParams, load_model, run_engine
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _bench_common import blas_description  # noqa: E402
 
 DEFAULT_MODEL = Path.home() / ".cache" / "kestrel-trio-bench" / "qwen3-0.6b-shapes-bf16"
 _FILLER = ("The kestrel hovers over the meadow, reading the wind, and every field note it makes is kept in "
@@ -87,6 +91,8 @@ def main() -> None:
         raise SystemExit(f"{args.model} has no tokenizer.json: run benchmarks/bench_load.py first, or pass --model")
     print("load average at start: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()))
     model = load_model(args.model)
+    print(f"model: {args.model.name}, weights {model.weights_mode}; BLAS: {blas_description()} "
+          "(the machine's OPENBLAS_* settings kept)")
     system = system_prompt(model, args.system_tokens)
     rows = [trio.run(one_round, model, system, i, args.max_tokens) for i in range(args.rounds)]
     for row in rows:

@@ -13,7 +13,7 @@ from typing import Any, Callable, Literal, Sequence
 import numpy as np
 
 from kestrel_trio._model import Decoder, KVCache, ModelConfig, forward, read_config
-from kestrel_trio._model.matmul import product_threads, set_product_threads
+from kestrel_trio._model.matmul import product_threads, set_product_threads, small_batch_call
 from kestrel_trio._model.weights import load_weights, resolve_residency
 from kestrel_trio._model.config import config_from_dict
 from kestrel_trio._model.random_init import random_tensors
@@ -169,6 +169,10 @@ class Model:
         """Full-sequence logits, float32 [len(token_ids), vocab_size], in one forward pass."""
         ids = self.check_token_ids(token_ids)
         return self.step(self.new_cache(), ids, all_logits=True)
+
+    def prepare_products(self) -> None:
+        """Choose how products of 2-32 rows run now: timed once per process (~0.1 s), else at the first such step."""
+        small_batch_call()
 
     def prefill(self, cache: KVCache, token_ids: Sequence[int], chunk: int = DEFAULT_PREFILL_CHUNK) -> np.ndarray:
         """Feed a prompt in chunks of ``chunk`` tokens; the last position's logits [vocab]."""

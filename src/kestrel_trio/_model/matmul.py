@@ -7,14 +7,16 @@ the product itself costs no more than the read. By rows:
 * 1 row (batch-1 decode) and more than 32 (prefill): one BLAS call on BLAS's
   own threads, which hand work off in about a microsecond.
 * 2-32 rows (a batched decode step): OpenBLAS packs a large weight before a
-  small-M GEMM, which costs 2-3x the read itself. Instead the product threads
+  small-M GEMM, which can cost 2-3x the read itself. The fastest of three
+  calls is timed once per process (:func:`small_batch_call`): ``x @ W.T`` or
+  ``W @ x.T`` on BLAS's threads, or "row_blocks": the product threads
   (:func:`set_product_threads`) each take a contiguous stretch of W's rows
-  (the result's columns) and multiply it with one-thread BLAS (BLAS is set to
-  one thread while they run) in the small-batch call, timed once per process:
-  "row_blocks" views the stretch as [rows/nb, nb, in] blocks and runs one
-  small GEMM per block, which OpenBLAS computes without packing. Measured on
-  2 cores, SkylakeX kernel: 8 rows of Qwen3-0.6B's products cost 1.2-2x one
-  row, against 2.5-4x for one GEMM.
+  (the result's columns), view it as [rows/nb, nb, in] blocks and run one
+  small GEMM per block with one-thread BLAS (BLAS is set to one thread while
+  they run), which OpenBLAS's SkylakeX kernels compute without packing.
+  Measured on 2 cores: 8 rows of Qwen3-0.6B's products cost 1.5x one row that
+  way, against 2.5x for the best single GEMM. Under the Haswell kernel
+  ``x @ W.T`` wins.
 * A :class:`Bf16Matrix` at any row count: the product threads share its
   chunks, each upcasting its own into a scratch buffer and multiplying it as
   it is ready, since the upcast, not the read, is then the cost.
@@ -43,7 +45,10 @@ def linear(x: np.ndarray, weight: Matrix, bias: np.ndarray | None = None) -> np.
     if x.ndim != 2:
         y = linear(x.reshape(-1, x.shape[-1]), weight, bias)  # [prod(...), out]
         return y.reshape(*x.shape[:-1], weight.shape[0])  # [..., out]
-    y = linear_bf16(x, weight) if isinstance(weight, Bf16Matrix) else _shared_product(x, weight)  # [N, out]
+    if isinstance(weight, Bf16Matrix):
+        y = linear_bf16(x, weight)  # [N, out]
+    else:
+        y = _product(x, weight, small_batch_call() if _is_small_batch(x.shape[0]) else "weight_right")  # [N, out]
     if bias is not None:
         y += bias
     return y
@@ -55,14 +60,15 @@ SHARE_MIN_ELEMENTS = 1 << 18
 SHARE_ALIGN = 128
 
 
-def _shared_product(x: np.ndarray, weight: np.ndarray) -> np.ndarray:
+def _product(x: np.ndarray, weight: np.ndarray, call: str) -> np.ndarray:
+    """``x`` [N, in] @ ``weight`` [out, in].T in ``call``: "row_blocks" shared among the product threads."""
     out = np.empty((x.shape[0], weight.shape[0]), dtype=np.float32)  # [N, out]
     threads = _threads
-    if threads is None or weight.size < SHARE_MIN_ELEMENTS or not _is_small_batch(x.shape[0]):
-        _product_into(x, weight, out)
+    if call != "row_blocks" or threads is None or weight.size < SHARE_MIN_ELEMENTS:
+        _product_into(x, weight, out, call)
         return out
     bounds = _share_bounds(weight.shape[0], threads.count)
-    threads.run([(lambda a=a, b=b: _product_into(x, weight[a:b], out[:, a:b])) for a, b in bounds])
+    threads.run([(lambda a=a, b=b: _product_into(x, weight[a:b], out[:, a:b], call)) for a, b in bounds])
     return out
 
 
@@ -94,10 +100,14 @@ def _share_bounds(rows: int, shares: int) -> list[tuple[int, int]]:
 
 
 def _product_into(x: np.ndarray, weight: np.ndarray, out: np.ndarray, call: str | None = None) -> None:
-    """``out`` [N, out] = ``x`` [N, in] @ ``weight`` [out, in].T in this thread, in the call fastest for N rows."""
-    rows = x.shape[0]
+    """``out`` [N, out] = ``x`` [N, in] @ ``weight`` [out, in].T in this thread, in ``call``.
+
+    None: the small-batch call for 2-32 rows once it is chosen (the chooser
+    times calls that share work, so it runs only at :func:`linear`'s entry,
+    never here in a product thread), else ``x @ W.T``.
+    """
     if call is None:
-        call = small_batch_call() if _is_small_batch(rows) else "weight_right"
+        call = _small_batch_call[0] if _small_batch_call and _is_small_batch(x.shape[0]) else "weight_right"
     if call == "row_blocks":
         _row_blocks_into(x, weight, out)
     elif call == "weight_left":
@@ -143,6 +153,8 @@ def linear_bf16(x: np.ndarray, weight: Bf16Matrix) -> np.ndarray:
     out_rows, width = weight.shape
     if x.ndim != 2:
         return linear_bf16(x.reshape(-1, width), weight).reshape(*x.shape[:-1], out_rows)  # [..., out]
+    if _is_small_batch(x.shape[0]):
+        small_batch_call()  # chosen here, before the chunks go to the product threads
     out = np.empty((x.shape[0], out_rows), dtype=np.float32)  # [N, out]
     chunks = _chunk_plan(weight, max(1, UPCAST_CHUNK // width))
     threads = _threads
@@ -306,17 +318,18 @@ _timing_lock = threading.Lock()  # the first products may come from several thre
 
 
 def small_batch_call() -> str:
-    """The call used for 2-32 rows in each thread, one of SMALL_BATCH_CALLS, timed once per process.
+    """How 2-32-row products run, one of SMALL_BATCH_CALLS, timed once per process at first use.
 
-    "weight_left" is ``W @ x.T``, "weight_right" ``x @ W.T``, "row_blocks" one
-    small GEMM per block of W's rows (:func:`block_rows`).
+    "weight_left" (``W @ x.T``) and "weight_right" (``x @ W.T``) are one BLAS
+    call on BLAS's own threads; "row_blocks" is one small GEMM per block of
+    W's rows (:func:`block_rows`), shared among the product threads. Each is
+    timed as :func:`linear` runs it; a bf16 chunk, already in a product
+    thread, is multiplied in the same call on one thread.
     """
     if not _small_batch_call:
         with _timing_lock:
             if not _small_batch_call:
-                threads = _threads
-                with threads.one_thread_blas() if threads is not None else contextlib.nullcontext():
-                    _small_batch_call.append(_time_small_batch_calls())
+                _small_batch_call.append(_time_small_batch_calls())
     return _small_batch_call[0]
 
 
@@ -333,12 +346,11 @@ def _time_small_batch_calls(rounds: int = 3) -> str:
     # 72 MiB of weights, more than L3, so the products run on cold weights as in a decode step.
     weights = [np.full((3072, 1024), 0.01, dtype=np.float32) for _ in range(6)]  # 6 x [out, in]
     x = np.full((8, 1024), 0.5, dtype=np.float32)  # [8, in]
-    out = np.empty((8, 3072), dtype=np.float32)  # [8, out]
     best = dict.fromkeys(SMALL_BATCH_CALLS, float("inf"))
     for _ in range(rounds):
         for call in SMALL_BATCH_CALLS:
             started = time.perf_counter()
             for w in weights:
-                _product_into(x, w, out, call)
+                _product(x, w, call)
             best[call] = min(best[call], time.perf_counter() - started)
     return min(best, key=best.__getitem__)
