@@ -79,3 +79,26 @@ async def test_identical_concurrent_prompts_share_one_prefill(model) -> None:
 
 async def _append(results: list, awaitable) -> None:
     results.append(await awaitable)
+
+
+async def test_prompts_sharing_a_prefix_while_running_together_each_get_their_own_output(model) -> None:
+    first = request(model, SYSTEM + "Question one?")
+    second = request(model, SYSTEM + "Another question entirely?", max_tokens=10)
+    third = request(model, SYSTEM + "A third, different question?", max_tokens=10)
+    with trio.fail_after(60):
+        results: dict[str, tuple[list[int], int]] = {}
+        async with trio.open_nursery() as nursery:
+            engine = await nursery.start(functools.partial(run_engine, model, limits=EngineLimits(max_batch=4)))
+            await collect(engine, first)  # its cache is now idle in the prefix cache
+
+            async def run(name: str, req: GenerationRequest) -> None:
+                results[name] = await collect(engine, req)
+
+            async with trio.open_nursery() as clients:  # one is handed first's cache, the other copies from it
+                clients.start_soon(run, "second", second)
+                clients.start_soon(run, "third", third)
+            nursery.cancel_scope.cancel()
+        expected = {"second": await solo(model, second), "third": await solo(model, third)}
+    assert {name: tokens for name, (tokens, _) in results.items()} == expected
+    assert all(cached > 50 for _, cached in results.values())
+    assert engine.prefix_cache.hits == 2

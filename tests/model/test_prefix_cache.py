@@ -104,3 +104,47 @@ def test_common_prefix_length_matches_a_plain_loop(a: list[int], b: list[int]) -
     while expected < min(len(a), len(b)) and a[expected] == b[expected]:
         expected += 1
     assert common_prefix_length(np.array(a, dtype=np.int64), np.array(b, dtype=np.int64)) == expected
+
+
+def test_an_idle_entry_is_handed_over_and_one_in_use_is_copied(model) -> None:
+    shared = prompt(20, 30)
+    first = shared + prompt(21, 10)
+    prefix_cache = PrefixCache(2**30)
+    stored = filled_cache(model, first)
+    prefix_cache.store(first, stored)  # a finished request's cache: idle
+    second = shared + prompt(22, 6)
+    own = model.new_cache()
+    cache, restored = prefix_cache.reuse(second, own)
+    assert cache is stored and restored == 30 and cache.length == 30  # no copy: the entry is cut to the prefix
+    assert own.length == 0 and own.capacity == 0  # the new request's own cache was not even allocated
+    third = shared + prompt(23, 4)
+    copy, copied = prefix_cache.reuse(third, model.new_cache())  # the entry is now in use by `second`
+    assert copy is not stored and copied == 30 and copy.capacity >= len(third)
+    for logits_of, ids, cache_used, done in ((1, second, cache, restored), (2, third, copy, copied)):
+        logits = model.step(cache_used, ids[done:])  # [1, vocab]
+        np.testing.assert_allclose(logits, model.step(model.new_cache(), ids), rtol=0, atol=2e-5)
+    prefix_cache.store(second, cache)  # `second` finished: idle again, with its own tokens
+    again, handed = prefix_cache.reuse(second + prompt(24, 3), model.new_cache())
+    assert again is stored and handed == len(second)
+
+
+def test_an_entry_released_by_its_request_can_be_handed_over(model) -> None:
+    ids = prompt(25, 24)
+    prefix_cache = PrefixCache(2**30)
+    live = filled_cache(model, ids)
+    prefix_cache.store(ids, live, in_use=True)  # stored at the end of a prefill: the request goes on
+    copy, _ = prefix_cache.reuse(ids + [1], model.new_cache())
+    assert copy is not live
+    prefix_cache.release(live)  # that request was abandoned
+    handed, restored = prefix_cache.reuse(ids + [1], model.new_cache())
+    assert handed is live and restored == 24
+
+
+def test_truncate_keeps_storage_and_never_grows() -> None:
+    cache = KVCache(1, 1, 4)
+    cache.reserve(10)
+    cache.commit(10)
+    cache.truncate(4)
+    assert (cache.length, cache.capacity) == (4, 64)
+    cache.truncate(5)
+    assert cache.length == 4

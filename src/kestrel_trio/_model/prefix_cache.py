@@ -3,13 +3,16 @@
 Theory of operation: an entry is a KV cache that a request filled, together
 with the token ids it holds; only its first ``length`` tokens count. A request
 that started stepping keeps writing its cache only past the tokens it already
-had, so an entry may point at a live request's cache (zero copy) and be
-extended in place when that request finishes. A new request looks for the
-entry sharing the longest common token prefix with its prompt and copies that
-many tokens of KV into its own, empty cache (a copy, because it will write
-after the shared part). The last prompt token is always recomputed, since its
-logits are needed to sample. Entries are evicted least recently used first,
-until their storage fits the byte budget.
+had, so an entry may point at a live request's cache (zero copy, marked in
+use) and be extended in place when that request finishes. A new request
+looks for the entry sharing the longest common token prefix with its prompt.
+If no running request uses that entry's cache, the cache itself is handed
+over (no copy, no new memory): the entry is cut to the shared prefix, since
+the new request writes after it, and is in use until that request ends.
+Otherwise the shared tokens are copied into the new request's own cache. The
+last prompt token is always recomputed, since its logits are needed to
+sample. Entries are evicted least recently used first, until their storage
+fits the byte budget.
 
 The engine calls it from its worker thread only (one step at a time), so it
 takes no lock.
@@ -39,6 +42,7 @@ def common_prefix_length(a: np.ndarray, b: np.ndarray) -> int:
 class _Entry:
     token_ids: np.ndarray  # [length] int64
     cache: KVCache  # holds at least ``length`` tokens
+    in_use: bool  # a running request may append to ``cache``: copy from it, never hand it over
 
     @property
     def length(self) -> int:
@@ -80,14 +84,47 @@ class PrefixCache:
     def __len__(self) -> int:
         return len(self._entries)
 
+    def reuse(self, prompt_ids: Sequence[int], cache: KVCache) -> tuple[KVCache, int]:
+        """The cache a new request should use for ``prompt_ids``, and how many prompt tokens it holds.
+
+        An idle entry's cache is handed over (the entry is then cut to the
+        shared tokens and in use until :meth:`store` or :meth:`release` says
+        otherwise); else the shared tokens are copied into the empty
+        ``cache``, which is first given room for the whole prompt.
+
+        Returns:
+            (the cache to use, tokens restored: 0 on a miss, always fewer than ``len(prompt_ids)``).
+        """
+        if cache.length:
+            return cache, 0
+        best, length = self._lookup(prompt_ids)
+        if best is None:
+            return cache, 0
+        if best.in_use:
+            cache.reserve(len(prompt_ids))
+            _copy_prefix(best.cache, cache, length)
+            return cache, length
+        best.cache.truncate(length)
+        best.token_ids, best.in_use = best.token_ids[:length], True
+        return best.cache, length
+
     def restore(self, prompt_ids: Sequence[int], cache: KVCache) -> int:
-        """Fill the empty ``cache`` with the longest cached prefix of ``prompt_ids``.
+        """Copy the longest cached prefix of ``prompt_ids`` into the empty ``cache``.
 
         Returns:
             Tokens restored (0 on a miss); always fewer than ``len(prompt_ids)``.
         """
-        if not self.enabled or cache.length:
+        if cache.length:
             return 0
+        best, length = self._lookup(prompt_ids)
+        if best is not None:
+            _copy_prefix(best.cache, cache, length)
+        return length
+
+    def _lookup(self, prompt_ids: Sequence[int]) -> tuple[_Entry | None, int]:
+        """The entry sharing the longest prefix with ``prompt_ids`` (counted as a hit) and that length."""
+        if not self.enabled:
+            return None, 0
         prompt = np.asarray(prompt_ids, dtype=np.int64)  # [P]
         best, best_length = None, 0
         for entry in self._entries.values():
@@ -97,19 +134,30 @@ class PrefixCache:
         best_length = min(best_length, prompt.size - 1)  # the last prompt token yields the logits
         if best is None or best_length < self.min_tokens:
             self.misses += 1
-            return 0
-        _copy_prefix(best.cache, cache, best_length)
+            return None, 0
         self._entries.move_to_end(id(best))
         self.hits += 1
         self.reused_tokens += best_length
-        return best_length
+        return best, best_length
 
-    def store(self, token_ids: Sequence[int], cache: KVCache) -> None:
+    def release(self, cache: KVCache) -> None:
+        """``cache``'s request has ended without :meth:`store` (abandoned, failed): its entry may be handed over."""
+        for entry in self._entries.values():
+            if entry.cache is cache:
+                entry.in_use = False
+
+    def store(self, token_ids: Sequence[int], cache: KVCache, *, in_use: bool = False) -> None:
         """Keep ``cache`` (which holds the KV of ``token_ids``) for later requests.
 
         The caller must not rewrite the first ``len(token_ids)`` tokens of
         ``cache`` afterwards (appending is fine). An entry whose tokens are a
         prefix of these is superseded.
+
+        Args:
+            token_ids: the tokens whose KV ``cache`` holds, in order.
+            cache: the KV, kept without a copy.
+            in_use: a running request still appends to ``cache`` (it is then
+                copied from, not handed over, until stored again or released).
         """
         if not self.enabled or len(token_ids) < self.min_tokens:
             return
@@ -119,7 +167,7 @@ class PrefixCache:
         for key, entry in list(self._entries.items()):
             if entry.cache is cache or common_prefix_length(entry.token_ids, ids) == entry.length:
                 del self._entries[key]
-        entry = _Entry(token_ids=ids, cache=cache)
+        entry = _Entry(token_ids=ids, cache=cache, in_use=in_use)
         if cache.nbytes > self.budget_bytes:
             return
         self._entries[id(entry)] = entry

@@ -215,6 +215,7 @@ class Engine:
 
     async def run(self, *, task_status: trio.TaskStatus = trio.TASK_STATUS_IGNORED) -> None:
         """The inference task: admit, step, deliver, until cancelled."""
+        await trio.to_thread.run_sync(self.model.prepare_products)  # not in the first batched request's time
         self.status = "ok"
         task_status.started(self)
         try:
@@ -274,6 +275,9 @@ class Engine:
     def _drop_abandoned(self) -> None:
         # Abandoned jobs were counted at abandon time; here they just leave, with no compute.
         self._waiting = collections.deque(j for j in self._waiting if not j.abandoned)
+        for job in self._active:
+            if job.abandoned:
+                self.prefix_cache.release(job.generation.cache)  # no step runs now: the worker is idle
         self._active = [j for j in self._active if not j.abandoned]
 
     async def _step(self) -> None:
@@ -342,6 +346,7 @@ class Engine:
         if job.done:
             return
         job.done = True
+        self.prefix_cache.release(job.generation.cache)
         if not job.abandoned:
             self.metrics.failed.inc()
             try:

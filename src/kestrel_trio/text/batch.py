@@ -48,9 +48,10 @@ def step_generations(
     ready = []
     for g in generations:
         if g.fresh:
-            g.cache.reserve(len(g.prompt_ids))  # the whole prompt at once: no regrowth copies while prefilling
             if not g.has_images and prefix_cache is not None:
-                g.reuse_prefix(prefix_cache.restore(g.prompt_ids, g.cache))
+                g.cache, restored = prefix_cache.reuse(g.prompt_ids, g.cache)
+                g.reuse_prefix(restored)
+            g.cache.reserve(len(g.prompt_ids) - g.cache.length)  # the whole prompt at once: no regrowth copies
         if g.has_images and g.vl_prompt is None and g.phase is Phase.PREFILL and not _advance_vision(vision, g):
             continue  # this step ran one vision block for it instead
         ready.append(g)
@@ -61,7 +62,7 @@ def step_generations(
             if g.has_images:
                 continue
             if (was_prefilling and g.phase is not Phase.PREFILL) or g.phase is Phase.DONE:
-                prefix_cache.store(g.cached_token_ids(), g.cache)
+                prefix_cache.store(g.cached_token_ids(), g.cache, in_use=g.phase is not Phase.DONE)
     return [results.get(id(g), StepResult()) for g in generations]
 
 
