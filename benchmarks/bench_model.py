@@ -330,13 +330,14 @@ def step_products(folder: Path) -> dict:
     matrices = [m for layer in w.layers for m in (layer.attn.qkv_proj, layer.attn.o_proj, layer.mlp.gate_up_proj,
                                                    layer.mlp.down_proj)] + [w.lm_head]
     rng = np.random.default_rng(1)
-    table = {}
+    table = {"small_batch_call": matmul.small_batch_call()}
     for rows in (1, 8, 16):
         xs = {width: rng.standard_normal((rows, width), dtype=np.float32) for width in {m.shape[1] for m in matrices}}
-        table[rows] = {
+        linear = best_of(5, lambda: [matmul.linear(xs[m.shape[1]], m) for m in matrices]) * 1e3
+        table[rows] = {  # linear first: BLAS's own threads spin for ~0.1 s after a call and slow what follows
             "x @ W.T": best_of(5, lambda: [xs[m.shape[1]] @ m.T for m in matrices]) * 1e3,
             "W @ x.T": best_of(5, lambda: [m @ xs[m.shape[1]].T for m in matrices]) * 1e3,
-            "linear": best_of(5, lambda: [matmul.linear(xs[m.shape[1]], m) for m in matrices]) * 1e3,
+            "linear": linear,
         }
     return table
 
@@ -405,7 +406,8 @@ def print_gemm(table: dict) -> None:
     step = table.pop("step")
     for rows, calls in table.items():
         print(f"  rows={rows:>2}: " + "  ".join(f"{name} {us:7.0f}" for name, us in calls.items()))
-    print("\nall products of one decode step (28 layers + lm_head), ms, best of 5 (plain calls on BLAS's threads)")
+    print("\nall products of one decode step (28 layers + lm_head), ms, best of 5 (plain calls on BLAS's threads; "
+          f"linear's small-batch call: {step.pop('small_batch_call')})")
     for rows, calls in step.items():
         print(f"  rows={rows:>2}: " + "  ".join(f"{name} {ms:7.1f}" for name, ms in calls.items()))
 

@@ -13,7 +13,7 @@ from typing import Any, Callable, Literal, Sequence
 import numpy as np
 
 from kestrel_trio._model import Decoder, KVCache, ModelConfig, forward, read_config
-from kestrel_trio._model.matmul import product_threads, set_product_threads, small_batch_call
+from kestrel_trio._model.matmul import choose_small_batch_call, product_threads, set_product_threads
 from kestrel_trio._model.weights import load_weights, resolve_residency
 from kestrel_trio._model.config import config_from_dict
 from kestrel_trio._model.random_init import random_tensors
@@ -34,6 +34,9 @@ DEMO_CONFIG = {
     "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128,
     "max_position_embeddings": 8192, "rms_norm_eps": 1e-6, "tie_word_embeddings": True, "rope_theta": 1000000.0,
 }
+
+
+_SAMPLE_LAYERS = 4  # decoder layers whose products time the small-batch calls (prepare_products)
 
 
 class Model:
@@ -171,8 +174,20 @@ class Model:
         return self.step(self.new_cache(), ids, all_logits=True)
 
     def prepare_products(self) -> None:
-        """Choose how products of 2-32 rows run now: timed once per process (~0.1 s), else at the first such step."""
-        small_batch_call()
+        """Choose how products of 2-32 rows run, now rather than in the first batched step.
+
+        Timed once per process (a few tenths of a second) on a sample of this
+        model's own float32 projections in a decode step's proportions: the
+        first four layers' and the same share of lm_head's rows.
+        """
+        w = self.decoder.weights
+        layers = w.layers[:_SAMPLE_LAYERS]
+        sample = [m for layer in layers for m in (layer.attn.qkv_proj, layer.attn.o_proj,
+                                                 getattr(layer.mlp, "gate_up_proj", None),
+                                                 getattr(layer.mlp, "down_proj", None))]
+        if isinstance(w.lm_head, np.ndarray):
+            sample.append(w.lm_head[: -(-w.lm_head.shape[0] * len(layers) // len(w.layers))])  # [rows, hidden]
+        choose_small_batch_call([m for m in sample if isinstance(m, np.ndarray)])
 
     def prefill(self, cache: KVCache, token_ids: Sequence[int], chunk: int = DEFAULT_PREFILL_CHUNK) -> np.ndarray:
         """Feed a prompt in chunks of ``chunk`` tokens; the last position's logits [vocab]."""

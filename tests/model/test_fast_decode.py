@@ -206,3 +206,14 @@ def test_shares_split_items_among_the_product_threads():
         assert matmul.shares_of(8) == [(0, 8)]
     finally:
         matmul.set_product_threads(before)
+
+
+def test_the_small_batch_call_is_chosen_on_a_sample_unless_forced():
+    sample = [np.full((256, 64), 0.5, dtype=np.float32), np.full((64, 128), 0.5, dtype=np.float32)]  # [out, in]
+    try:
+        set_small_batch_call("weight_left")
+        assert matmul.choose_small_batch_call(sample) == "weight_left"  # a forced call stays
+        set_small_batch_call(None)
+        assert matmul.choose_small_batch_call(sample) in SMALL_BATCH_CALLS
+    finally:
+        set_small_batch_call(None)

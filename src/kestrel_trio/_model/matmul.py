@@ -28,7 +28,7 @@ import contextlib
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -36,7 +36,7 @@ from kestrel_trio._model.weights import Bf16Matrix, Matrix
 
 __all__ = [
     "linear", "linear_bf16", "set_product_threads", "product_threads", "run_shared", "shares_of", "small_batch_call",
-    "set_small_batch_call", "SMALL_BATCH_CALLS",
+    "set_small_batch_call", "choose_small_batch_call", "SMALL_BATCH_CALLS",
 ]
 
 
@@ -342,15 +342,31 @@ def set_small_batch_call(call: str | None) -> None:
         _small_batch_call.append(call)
 
 
-def _time_small_batch_calls(rounds: int = 3) -> str:
-    # 72 MiB of weights, more than L3, so the products run on cold weights as in a decode step.
-    weights = [np.full((3072, 1024), 0.01, dtype=np.float32) for _ in range(6)]  # 6 x [out, in]
-    x = np.full((8, 1024), 0.5, dtype=np.float32)  # [8, in]
+def choose_small_batch_call(sample: Sequence[np.ndarray]) -> str:
+    """Time the small-batch calls on ``sample``, float32 weights [out, in] of the model itself, and keep the fastest.
+
+    Unless a call was already chosen or forced (:func:`set_small_batch_call`).
+    A sample of the model's own projections is what its decode steps multiply
+    (the best call depends on the shapes and the BLAS kernel); a few hundred
+    MiB, beyond L3, keeps the weights cold as in a step.
+    """
+    with _timing_lock:
+        if not _small_batch_call and sample:
+            _small_batch_call.append(_time_small_batch_calls(sample))
+    return small_batch_call()
+
+
+def _time_small_batch_calls(weights: Sequence[np.ndarray] | None = None, rounds: int = 3) -> str:
+    if weights is None:  # 96 MiB shaped like a decoder's larger projections, beyond L3
+        weights = [np.full((6144, 1024), 0.01, dtype=np.float32) for _ in range(4)]  # 4 x [out, in]
+    inputs = {w.shape[1]: np.full((8, w.shape[1]), 0.5, dtype=np.float32) for w in weights}  # [8, in] by width
     best = dict.fromkeys(SMALL_BATCH_CALLS, float("inf"))
+    # Interleaved, as in serving: once BLAS's own threads have run, the shared call is slower
+    # (measured 1.3-2x on 2 cores), so it is timed after them, as it mostly runs.
     for _ in range(rounds):
         for call in SMALL_BATCH_CALLS:
             started = time.perf_counter()
             for w in weights:
-                _product(x, w, call)
+                _product(inputs[w.shape[1]], w, call)
             best[call] = min(best[call], time.perf_counter() - started)
     return min(best, key=best.__getitem__)
