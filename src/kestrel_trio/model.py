@@ -304,6 +304,7 @@ def load_model(
         )
     model = Model(decoder, name=folder.resolve().name, path=folder, tokenizer=tokenizer)
     model.weights_mode = residency
+    model.prepare_products()
     return model
 
 
@@ -338,6 +339,7 @@ def _load_qwen3_vl_model(folder: Path, progress: Callable[[float], None] | None,
                              f"vocab_size is {vl.config.text.vocab_size}")
     model = Model(vl.decoder, name=folder.resolve().name, path=folder, tokenizer=tokenizer)
     model.vision, model.image_config, model.weights_mode = vl, image_config, residency
+    model.prepare_products()
     return model
 
 

@@ -217,3 +217,15 @@ def test_the_small_batch_call_is_chosen_on_a_sample_unless_forced():
         assert matmul.choose_small_batch_call(sample) in SMALL_BATCH_CALLS
     finally:
         set_small_batch_call(None)
+
+
+def test_a_sample_replaces_a_choice_timed_on_stand_in_weights():
+    sample = [np.full((256, 64), 0.5, dtype=np.float32)]  # [out, in]
+    try:
+        set_small_batch_call(None)
+        small_batch_call()  # a first small product before any model sample: stand-in weights
+        assert matmul._small_batch_call_source[0] == "synthetic"
+        matmul.choose_small_batch_call(sample)
+        assert matmul._small_batch_call_source[0] == "sample"
+    finally:
+        set_small_batch_call(None)

@@ -314,6 +314,7 @@ def product_threads() -> int | None:
 SMALL_BATCH_ROWS = (2, 32)
 SMALL_BATCH_CALLS = ("weight_left", "weight_right", "row_blocks")
 _small_batch_call: list[str] = []  # the chosen call, once chosen
+_small_batch_call_source = ["none"]  # "synthetic" (stand-in weights), "sample" (the model's) or "forced"
 _timing_lock = threading.Lock()  # the first products may come from several threads at once
 
 
@@ -330,6 +331,7 @@ def small_batch_call() -> str:
         with _timing_lock:
             if not _small_batch_call:
                 _small_batch_call.append(_time_small_batch_calls())
+                _small_batch_call_source[0] = "synthetic"
     return _small_batch_call[0]
 
 
@@ -338,6 +340,7 @@ def set_small_batch_call(call: str | None) -> None:
     if call is not None and call not in SMALL_BATCH_CALLS:
         raise ValueError(f"unknown small-batch call {call!r}")
     _small_batch_call.clear()
+    _small_batch_call_source[0] = "forced" if call is not None else "none"
     if call is not None:
         _small_batch_call.append(call)
 
@@ -345,14 +348,17 @@ def set_small_batch_call(call: str | None) -> None:
 def choose_small_batch_call(sample: Sequence[np.ndarray]) -> str:
     """Time the small-batch calls on ``sample``, float32 weights [out, in] of the model itself, and keep the fastest.
 
-    Unless a call was already chosen or forced (:func:`set_small_batch_call`).
+    Unless a call was already chosen on a sample or forced
+    (:func:`set_small_batch_call`); one timed on stand-in weights at a first
+    small product, before any sample was given, is replaced.
     A sample of the model's own projections is what its decode steps multiply
     (the best call depends on the shapes and the BLAS kernel); a few hundred
     MiB, beyond L3, keeps the weights cold as in a step.
     """
     with _timing_lock:
-        if not _small_batch_call and sample:
-            _small_batch_call.append(_time_small_batch_calls(sample))
+        if sample and (not _small_batch_call or _small_batch_call_source[0] == "synthetic"):
+            _small_batch_call[:] = [_time_small_batch_calls(sample)]
+            _small_batch_call_source[0] = "sample"
     return small_batch_call()
 
 
