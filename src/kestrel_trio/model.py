@@ -5,6 +5,7 @@ This module joins the numpy model core with the text layer; it never imports tri
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import json
 from pathlib import Path
@@ -60,6 +61,7 @@ class Model:
             set_blas_threads(blas_threads)
         elif product_threads() is None:
             set_blas_threads(_blas_at_start()[1])
+        _keep_freed_temporaries()
         self.decoder = decoder
         self.weights_mode = "fp32"  # "bf16" when matrices are bf16 bits upcast at use (see load_model)
         self.name = name
@@ -218,6 +220,28 @@ class Model:
             if len(out) < max_new_tokens:
                 logits = self.step(cache, [token])
         return out
+
+
+@functools.cache
+def _keep_freed_temporaries() -> None:
+    """Have glibc's malloc keep freed multi-MiB temporaries for reuse (process-wide, once).
+
+    A step's activations (a 256-row prefill chunk's are 1-6 MiB each) are
+    allocated and freed hundreds of times a second. By default glibc maps
+    each anew and unmaps it on free until a first large free raises its
+    threshold, so every step pays page faults: a 128-token prefill ran at
+    241 tok/s, against 295 once freed memory was reused. Elsewhere (no glibc)
+    this does nothing.
+    """
+    try:
+        mallopt = ctypes.CDLL("libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return
+    mallopt(_M_MMAP_THRESHOLD, 32 << 20)  # blocks up to 32 MiB come from the heap, and go back to it
+    mallopt(_M_TRIM_THRESHOLD, 64 << 20)  # free heap kept at the top before it is returned to the system
+
+
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
 
 
 def set_blas_threads(threads: int) -> None:
