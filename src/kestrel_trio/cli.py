@@ -102,6 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--body-timeout", type=_POSITIVE_SECONDS, default=30.0, help="seconds to receive a request body")
     serve.add_argument("--keepalive-timeout", type=_POSITIVE_SECONDS, default=5.0, help="idle seconds on a keep-alive connection")
     serve.add_argument("--write-timeout", type=_POSITIVE_SECONDS, default=30.0, help="seconds a stalled write may take")
+    serve.add_argument("--linger-timeout", type=_SECONDS, default=1.0,
+                       help="seconds spent draining a connection after the server half-closed it, so the client "
+                            "reads the last response instead of a reset (default 1)")
     serve.add_argument("--grace", type=_SECONDS, default=10.0,
                        help="seconds running requests get once the listener is closed on shutdown (default 10)")
     serve.add_argument("--drain-delay", type=_SECONDS, default=0.0,
@@ -158,7 +161,7 @@ def _serve(args: argparse.Namespace) -> NoReturn:
                                  prefill_chunk=args.prefill_chunk, prefix_cache_bytes=int(args.prefix_cache_mb * 2**20))
     http_limits = HttpLimits(
         header_timeout=args.header_timeout, body_timeout=args.body_timeout, keepalive_timeout=args.keepalive_timeout,
-        write_timeout=args.write_timeout, max_connections=args.max_connections,
+        write_timeout=args.write_timeout, linger_timeout=args.linger_timeout, max_connections=args.max_connections,
         max_header_bytes=args.max_header_bytes, max_body_bytes=args.max_body_bytes,
     )
     _raise_open_files_limit(args.max_connections + _SPARE_FILES)

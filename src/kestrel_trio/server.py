@@ -35,8 +35,9 @@ __all__ = ["Server", "serve"]
 
 log = logging.getLogger("kestrel_trio.server")
 
-# The HTTP layer's own hard stop comes this long after our grace, so streams can send their final events first.
-_HTTP_GRACE_MARGIN = 5.0
+# Seconds after ``grace`` at which the HTTP layer's own hard stop comes, so streams can send their final
+# events first. A supervisor's stop timeout must exceed drain_delay + grace + this (docs/deployment.md).
+HTTP_GRACE_MARGIN = 5.0
 
 
 @attrs.define(eq=False)
@@ -155,7 +156,7 @@ async def serve(
     policy = _image_policy(image_policy, allow_image_dir)
     state = ServerState(model_id=_resolve_model_id(model, model_id), api_key=api_key, images=policy,
                         open_paths=frozenset(open_paths))
-    http_limits = attrs.evolve(http_limits, shutdown_grace=grace + _HTTP_GRACE_MARGIN)
+    http_limits = attrs.evolve(http_limits, shutdown_grace=grace + HTTP_GRACE_MARGIN)
     if _accepts_images(model):
         http_limits = _room_for_images(http_limits, policy)
     async with trio.open_nursery() as nursery:

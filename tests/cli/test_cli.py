@@ -65,6 +65,7 @@ def test_a_bad_model_folder_is_a_clear_cli_error(tmp_path):
 @pytest.mark.parametrize(("flag", "value", "message"), [
     ("--max-batch", "0", "must be >= 1"), ("--prefix-cache-mb", "-1", "must be >= 0"),
     ("--header-timeout", "soon", "'soon' is not a number"), ("--port", "70000", "a TCP port is 0 to 65535"),
+    ("--linger-timeout", "-1", "must be >= 0"),
 ])
 def test_a_bad_serve_flag_names_itself_without_a_traceback(flag, value, message):
     result = _run(["serve", flag, value], timeout=60)
@@ -100,7 +101,7 @@ def _serve(*flags: str) -> tuple[subprocess.Popen, str]:
 
 
 def test_serve_answers_health_applies_its_flags_and_exits_zero_on_sigterm():
-    flags = ["--max-body-bytes", "100", "--max-header-bytes", "2048", "--prefill-chunk", "8"]
+    flags = ["--max-body-bytes", "100", "--max-header-bytes", "2048", "--prefill-chunk", "8", "--linger-timeout", "0.5"]
     process, url = _serve("--grace", "1", *flags)
     try:
         with urllib.request.urlopen(url + "/health", timeout=10) as response:

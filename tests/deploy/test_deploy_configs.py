@@ -16,7 +16,7 @@ from deploy_kit import (
     require_tool, wait_until,
 )
 from kestrel_trio.cli import build_parser
-from kestrel_trio.server import _HTTP_GRACE_MARGIN
+from kestrel_trio.server import HTTP_GRACE_MARGIN
 
 UNIT = DEPLOY / "kestrel-trio.service"
 MANIFEST = DEPLOY / "k8s" / "kestrel-trio.yaml"
@@ -59,7 +59,7 @@ def test_the_unit_stops_within_its_timeout_and_drains_longer_than_haproxy_needs(
     assert command[0].endswith("/kestrel-trio") and command[-1] == "$KESTREL_ARGS"
     args = _serve_flags(command[1:-1])
     assert args.host == "0.0.0.0" and args.port == 8000
-    assert float(settings["TimeoutStopSec"]) > args.drain_delay + args.grace + _HTTP_GRACE_MARGIN
+    assert float(settings["TimeoutStopSec"]) > args.drain_delay + args.grace + HTTP_GRACE_MARGIN
     assert args.drain_delay > _haproxy_drop_seconds()
     assert settings["KillSignal"] == "SIGTERM" and settings["Restart"] == "on-failure"
     assert settings["User"] not in ("", "root")
@@ -80,7 +80,7 @@ def test_the_kubernetes_example_probes_and_terminates_as_documented():
     text = MANIFEST.read_text()
     args = _serve_flags(json.loads(re.search(r"args: (\[.*?\])", text, re.S).group(1)))
     grace_period = int(re.search(r"terminationGracePeriodSeconds: (\d+)", text).group(1))
-    assert grace_period > args.drain_delay + args.grace + _HTTP_GRACE_MARGIN
+    assert grace_period > args.drain_delay + args.grace + HTTP_GRACE_MARGIN
     readiness = text[text.index("readinessProbe:"):text.index("livenessProbe:")]
     liveness = text[text.index("livenessProbe:"):text.index("resources:")]
     assert "path: /health," in readiness and "path: /metrics," in liveness
