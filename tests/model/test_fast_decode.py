@@ -219,13 +219,17 @@ def test_the_small_batch_call_is_chosen_on_a_sample_unless_forced():
         set_small_batch_call(None)
 
 
-def test_a_sample_replaces_a_choice_timed_on_stand_in_weights():
+def test_a_sample_replaces_a_choice_timed_on_stand_in_weights_or_a_smaller_sample():
     sample = [np.full((256, 64), 0.5, dtype=np.float32)]  # [out, in]
     try:
         set_small_batch_call(None)
         small_batch_call()  # a first small product before any model sample: stand-in weights
         assert matmul._small_batch_call_source[0] == "synthetic"
         matmul.choose_small_batch_call(sample)
-        assert matmul._small_batch_call_source[0] == "sample"
+        assert matmul._small_batch_call_source == ["sample", 256 * 64 * 4]
+        matmul.choose_small_batch_call(sample[:1] * 2)  # a larger model's sample: timed again
+        assert matmul._small_batch_call_source == ["sample", 2 * 256 * 64 * 4]
+        matmul.choose_small_batch_call(sample)  # a smaller one's: kept
+        assert matmul._small_batch_call_source == ["sample", 2 * 256 * 64 * 4]
     finally:
         set_small_batch_call(None)

@@ -314,7 +314,8 @@ def product_threads() -> int | None:
 SMALL_BATCH_ROWS = (2, 32)
 SMALL_BATCH_CALLS = ("weight_left", "weight_right", "row_blocks")
 _small_batch_call: list[str] = []  # the chosen call, once chosen
-_small_batch_call_source = ["none"]  # "synthetic" (stand-in weights), "sample" (the model's) or "forced"
+# How the call was chosen: "none", "synthetic" (stand-in weights), "sample" (a model's), "forced"; and sample bytes.
+_small_batch_call_source: list = ["none", 0]
 _timing_lock = threading.Lock()  # the first products may come from several threads at once
 
 
@@ -331,7 +332,7 @@ def small_batch_call() -> str:
         with _timing_lock:
             if not _small_batch_call:
                 _small_batch_call.append(_time_small_batch_calls())
-                _small_batch_call_source[0] = "synthetic"
+                _small_batch_call_source[:] = ["synthetic", 0]
     return _small_batch_call[0]
 
 
@@ -340,7 +341,7 @@ def set_small_batch_call(call: str | None) -> None:
     if call is not None and call not in SMALL_BATCH_CALLS:
         raise ValueError(f"unknown small-batch call {call!r}")
     _small_batch_call.clear()
-    _small_batch_call_source[0] = "forced" if call is not None else "none"
+    _small_batch_call_source[:] = ["forced" if call is not None else "none", 0]
     if call is not None:
         _small_batch_call.append(call)
 
@@ -348,17 +349,20 @@ def set_small_batch_call(call: str | None) -> None:
 def choose_small_batch_call(sample: Sequence[np.ndarray]) -> str:
     """Time the small-batch calls on ``sample``, float32 weights [out, in] of the model itself, and keep the fastest.
 
-    Unless a call was already chosen on a sample or forced
-    (:func:`set_small_batch_call`); one timed on stand-in weights at a first
-    small product, before any sample was given, is replaced.
-    A sample of the model's own projections is what its decode steps multiply
-    (the best call depends on the shapes and the BLAS kernel); a few hundred
-    MiB, beyond L3, keeps the weights cold as in a step.
+    Unless a call was forced (:func:`set_small_batch_call`) or chosen on a
+    sample at least as large: a choice timed on stand-in weights at a first
+    small product, or on a smaller model loaded before, is replaced (the
+    process's largest model is the one whose steps cost). A sample of the
+    model's own projections is what its decode steps multiply (the best call
+    depends on the shapes and the BLAS kernel); a few hundred MiB, beyond L3,
+    keeps the weights cold as in a step.
     """
+    nbytes = sum(w.nbytes for w in sample)
     with _timing_lock:
-        if sample and (not _small_batch_call or _small_batch_call_source[0] == "synthetic"):
+        source, timed_bytes = _small_batch_call_source
+        if sample and (not _small_batch_call or source == "synthetic" or (source == "sample" and nbytes > timed_bytes)):
             _small_batch_call[:] = [_time_small_batch_calls(sample)]
-            _small_batch_call_source[0] = "sample"
+            _small_batch_call_source[:] = ["sample", nbytes]
     return small_batch_call()
 
 
