@@ -233,3 +233,10 @@ def test_a_sample_replaces_a_choice_timed_on_stand_in_weights_or_a_smaller_sampl
         assert matmul._small_batch_call_source == ["sample", 2 * 256 * 64 * 4]
     finally:
         set_small_batch_call(None)
+
+
+def test_row_blocks_is_kept_unless_a_plain_call_is_clearly_faster_on_the_sample():
+    pick = matmul._pick_small_batch_call
+    assert pick({"weight_left": 1.0, "weight_right": 1.5, "row_blocks": 1.2}) == "row_blocks"
+    assert pick({"weight_left": 1.0, "weight_right": 0.9, "row_blocks": 1.2}) == "weight_right"
+    assert pick({"weight_left": 2.0, "weight_right": 3.0, "row_blocks": 1.0}) == "row_blocks"

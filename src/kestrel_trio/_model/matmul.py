@@ -380,4 +380,17 @@ def _time_small_batch_calls(weights: Sequence[np.ndarray] | None = None, rounds:
                 _product(inputs[w.shape[1]], w, call)
             if timed:
                 best[call] = min(best[call], time.perf_counter() - started)
-    return min(best, key=best.__getitem__)
+    return _pick_small_batch_call(best)
+
+
+def _pick_small_batch_call(seconds: dict[str, float]) -> str:
+    """The call to keep, given each call's best time on the sample."""
+    plain = min(("weight_left", "weight_right"), key=seconds.__getitem__)
+    # A sample timed once at load understates row_blocks: on Qwen3-0.6B under SkylakeX it timed 19-23 ms
+    # against 17-24 ms for W @ x.T, where a whole decode step's products take 78 against 135 ms. So it
+    # is kept unless a plain call is clearly faster (under Haswell the two are within ~10% on a step).
+    return "row_blocks" if seconds["row_blocks"] <= ROW_BLOCKS_SLACK * seconds[plain] else plain
+
+
+# How much slower than the best plain call row_blocks may time on the sample and still be chosen.
+ROW_BLOCKS_SLACK = 1.25
