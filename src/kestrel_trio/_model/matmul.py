@@ -320,7 +320,10 @@ _timing_lock = threading.Lock()  # the first products may come from several thre
 
 
 def small_batch_call() -> str:
-    """How 2-32-row products run, one of SMALL_BATCH_CALLS, timed once per process at first use.
+    """How 2-32-row products run, one of SMALL_BATCH_CALLS.
+
+    Chosen on a model's own weights when it loads (:func:`choose_small_batch_call`);
+    before that, a first small product times the calls on stand-in weights.
 
     "weight_left" (``W @ x.T``) and "weight_right" (``x @ W.T``) are one BLAS
     call on BLAS's own threads; "row_blocks" is one small GEMM per block of
