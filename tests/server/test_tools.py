@@ -98,6 +98,15 @@ async def in_thread(server: Server, work: Callable[[openai.OpenAI, str], object]
     return await trio.to_thread.run_sync(run)
 
 
+async def full_and_streamed(server: Server, **request) -> tuple[object, list]:
+    """The same chat completion asked for twice through the official client: whole, then streamed (its chunks)."""
+    def work(client, model_id):
+        full = client.chat.completions.create(model=model_id, **request)
+        return full, list(client.chat.completions.create(model=model_id, stream=True, **request))
+
+    return await in_thread(server, work)
+
+
 def streamed_calls(chunks) -> tuple[str, dict, list[str]]:
     content, calls, finishes = "", {}, []
     for chunk in chunks:
@@ -118,12 +127,7 @@ def streamed_calls(chunks) -> tuple[str, dict, list[str]]:
 async def test_a_tool_call_round_trips_streamed_and_not(scripted) -> None:
     with trio.fail_after(60):
         async with running_server(scripted.model) as server:
-            def work(client, model_id):
-                full = client.chat.completions.create(model=model_id, messages=QUESTION, tools=TOOLS)
-                chunks = list(client.chat.completions.create(model=model_id, messages=QUESTION, tools=TOOLS, stream=True))
-                return full, chunks
-
-            full, chunks = await in_thread(server, work)
+            full, chunks = await full_and_streamed(server, messages=QUESTION, tools=TOOLS)
     choice = full.choices[0]
     assert choice.finish_reason == "tool_calls"
     assert choice.message.content == "Let me check."
@@ -157,14 +161,7 @@ async def test_tool_choice_none_renders_no_tools_and_parses_nothing(scripted) ->
 async def test_required_and_named_tool_choice_force_the_call_opening(scripted, tool_choice) -> None:
     with trio.fail_after(60):
         async with running_server(scripted.model) as server:
-            def work(client, model_id):
-                full = client.chat.completions.create(model=model_id, messages=QUESTION, tools=TOOLS,
-                                                      tool_choice=tool_choice)
-                chunks = list(client.chat.completions.create(model=model_id, messages=QUESTION, tools=TOOLS,
-                                                              tool_choice=tool_choice, stream=True))
-                return full, chunks
-
-            full, chunks = await in_thread(server, work)
+            full, chunks = await full_and_streamed(server, messages=QUESTION, tools=TOOLS, tool_choice=tool_choice)
     assert full.choices[0].finish_reason == "tool_calls"
     assert full.choices[0].message.content is None
     assert [json.loads(c.function.arguments) for c in full.choices[0].message.tool_calls] == [{"city": "Oslo"}]
@@ -177,12 +174,7 @@ async def test_malformed_tool_call_output_degrades_to_content(scripted) -> None:
     question = [{"role": "user", "content": "MALFORMED please"}]
     with trio.fail_after(60):
         async with running_server(scripted.model) as server:
-            def work(client, model_id):
-                full = client.chat.completions.create(model=model_id, messages=question, tools=TOOLS)
-                chunks = list(client.chat.completions.create(model=model_id, messages=question, tools=TOOLS, stream=True))
-                return full, chunks
-
-            full, chunks = await in_thread(server, work)
+            full, chunks = await full_and_streamed(server, messages=question, tools=TOOLS)
     expected = 'Sure.\n<tool_call>\n{"name": get_weather}\n</tool_call>'
     assert full.choices[0].finish_reason == "stop" and not full.choices[0].message.tool_calls
     assert full.choices[0].message.content == expected
