@@ -22,16 +22,6 @@ NEW_TOKENS = 16
 LIMITS = {"max_bytes": 1 << 20, "max_pixels": 1 << 20}
 
 
-@pytest.fixture(scope="module")
-def vl_model() -> Model:
-    return load_model(FIXTURES / "qwen3_vl")
-
-
-@pytest.fixture(scope="module")
-def golden():
-    return np.load(FIXTURES / "qwen3_vl" / "vl_golden.npz")
-
-
 def _images(golden, *names: str) -> tuple:
     config = ImageProcessorConfig.read(FIXTURES / "qwen3_vl")
     return tuple(preprocess_image(bytes(golden[f"image_bytes_{n}"]), config, **LIMITS) for n in names)

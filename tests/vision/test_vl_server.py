@@ -11,7 +11,6 @@ import io
 import json
 from pathlib import Path
 
-import numpy as np
 import openai
 import pytest
 import trio
@@ -33,18 +32,8 @@ IMAGE_PAD = 511
 
 
 @pytest.fixture(scope="module")
-def vl_model() -> Model:
-    return load_model(FIXTURES / "qwen3_vl")
-
-
-@pytest.fixture(scope="module")
 def text_model() -> Model:
     return load_model(FIXTURES / "qwen3_bf16_tied")
-
-
-@pytest.fixture(scope="module")
-def golden():
-    return np.load(FIXTURES / "qwen3_vl" / "vl_golden.npz")
 
 
 def data_url(data: bytes, media: str = "image/png") -> str:
