@@ -3,11 +3,11 @@
 The expected strings of the tool and reasoning conversations below were
 produced once, offline, by transformers 5.23 itself and pasted here:
 
-    tok = AutoTokenizer.from_pretrained("/work/shared/qwen3-tokenizer")
+    tok = AutoTokenizer.from_pretrained("path/to/Qwen3-tokenizer-folder")  # the upstream Qwen/Qwen3-0.6B files
     tok.apply_chat_template(conversation, tools=TOOLS, tokenize=False, add_generation_prompt=True)
 
 (the reasoning conversations without tools and with add_generation_prompt=False),
-run with /work/venv-ref/bin/python and HF_HUB_OFFLINE=1.
+run with the reference venv (torch + transformers) and HF_HUB_OFFLINE=1.
 """
 
 from __future__ import annotations
