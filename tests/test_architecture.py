@@ -1,74 +1,223 @@
-"""The layering rules: which package may import what, and the public API."""
+"""The layering rules: every module has a rank, and imports only its own layer or layers ranked below.
+
+Ranks, lowest first (a layer may import its own modules and every layer of a
+lower rank; two layers of the same rank may not import each other):
+
+    0  errors, stats          the error family and metric primitives: standard library only
+    1  _model                 numpy model core
+    2  openai, http           JSON <-> values; h11 + trio HTTP (neither knows the other)
+    3  text                   tokenizer, template, sampling, generation state machine
+    4  model                  the public Model: _model joined with text
+    5  engine                 the bounded queue and the single inference task
+    6  app                    the routes: HTTP requests in, engine generations out
+    7  server                 serve(): HTTP server + engine + model as one task
+    8  cli                    argv and trio.run
+    9  kestrel_trio           the package root, which re-exports the public API
+
+Relative imports are resolved, ``from kestrel_trio import x`` counts as an
+import of ``kestrel_trio.x`` when ``x`` is a module, and of the package root
+otherwise. Third-party rules per layer are kept beside the ranks.
+"""
 
 from __future__ import annotations
 
 import ast
+import shutil
+import sys
 from pathlib import Path
+
+import pytest
 
 import kestrel_trio
 
 SRC = Path(kestrel_trio.__file__).resolve().parent
+PACKAGE = "kestrel_trio"
 
-# package (relative to kestrel_trio) -> top-level modules it must never import directly
-FORBIDDEN = {
-    "_model": {"trio", "h11", "kestrel_trio.text", "kestrel_trio.engine", "kestrel_trio.http",
-               "kestrel_trio.openai", "jinja2", "tokenizers"},
-    "text": {"trio", "h11", "kestrel_trio.engine", "kestrel_trio.http"},
-    "engine": {"h11", "json", "kestrel_trio.http", "kestrel_trio.openai"},
-    "openai": {"trio", "numpy", "h11", "kestrel_trio._model", "kestrel_trio.engine", "kestrel_trio.http"},
-    "http": {"numpy", "kestrel_trio._model", "kestrel_trio.model", "kestrel_trio.text", "kestrel_trio.engine"},
+# layer -> rank. A module's layer is the first component of its name below kestrel_trio.
+RANKS = {
+    "errors": 0, "stats": 0,
+    "_model": 1,
+    "openai": 2, "http": 2,
+    "text": 3,
+    "model": 4,
+    "engine": 5,
+    "app": 6,
+    "server": 7,
+    "cli": 8,
+    PACKAGE: 9,
+}
+# Top-level modules that belong to a layer named differently.
+LAYER_ALIASES = {"routes": "app", "routes_chat": "app", "routes_images": "app", "cli_text": "cli"}
+
+# layer -> third-party (or standard) modules it must never import.
+FORBIDDEN_EXTERNAL = {
+    "text": {"trio", "h11"},
+    "engine": {"h11", "json"},
+    "openai": {"trio", "numpy", "h11"},
+    "http": {"numpy"},
 }
 ALLOWED_THIRD_PARTY_IN_MODEL = {"numpy", "attrs"}
 
 
-def _imports(path: Path) -> set[str]:
+def module_name(path: Path, src: Path) -> str:
+    """``kestrel_trio.a.b`` for ``src/a/b.py`` (a package's ``__init__`` is the package itself)."""
+    parts = list(path.relative_to(src).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join([PACKAGE, *parts])
+
+
+def layer_of(module: str) -> str | None:
+    """The layer of an internal module name, or None if it has none."""
+    parts = module.split(".")
+    if parts == [PACKAGE]:
+        return PACKAGE
+    top = parts[1]
+    layer = LAYER_ALIASES.get(top, top)
+    return layer if layer in RANKS else None
+
+
+def _is_module(name: str, src: Path) -> bool:
+    relative = Path(*name.split(".")[1:])
+    return (src / relative).with_suffix(".py").is_file() or (src / relative / "__init__.py").is_file()
+
+
+def imports_of(path: Path, src: Path) -> set[str]:
+    """Every module ``path`` imports, relative imports resolved to absolute names."""
+    this = module_name(path, src)
+    package = this if path.name == "__init__.py" else this.rpartition(".")[0]
     names: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            if module == PACKAGE or (node.level and not node.module):
+                # ``from kestrel_trio import x`` / ``from . import x``: x may be a module or a name.
+                for alias in node.names:
+                    candidate = f"{module}.{alias.name}"
+                    names.add(candidate if _is_module(candidate, src) else module)
+            else:
+                names.add(module)
     return names
 
 
-def _violations(package: str, forbidden: set[str]) -> list[str]:
+def layer_violations(src: Path) -> list[str]:
+    """Internal imports that point up or sideways, and modules that belong to no layer."""
     found = []
-    for path in sorted((SRC / package).rglob("*.py")):
-        for name in _imports(path):
-            if any(name == f or name.startswith(f + ".") for f in forbidden):
-                found.append(f"{path.relative_to(SRC)} imports {name}")
+    for path in sorted(src.rglob("*.py")):
+        this = module_name(path, src)
+        own = layer_of(this)
+        if own is None:
+            found.append(f"{this} belongs to no layer (add it to RANKS or LAYER_ALIASES)")
+            continue
+        for name in sorted(imports_of(path, src)):
+            if name != PACKAGE and not name.startswith(PACKAGE + "."):
+                continue
+            target = layer_of(name)
+            if target is None:
+                found.append(f"{this} imports {name}, which belongs to no layer")
+            elif target != own and RANKS[target] >= RANKS[own]:
+                found.append(f"{this} ({own}, rank {RANKS[own]}) imports {name} ({target}, rank {RANKS[target]})")
+    return found
+
+
+def external_violations(src: Path) -> list[str]:
+    """Third-party imports a layer must not make; in _model, anything but numpy, attrs and the stdlib."""
+    found = []
+    for path in sorted(src.rglob("*.py")):
+        this = module_name(path, src)
+        own = layer_of(this)
+        for name in sorted(imports_of(path, src)):
+            top = name.split(".")[0]
+            if top == PACKAGE:
+                continue
+            if top in FORBIDDEN_EXTERNAL.get(own, ()):
+                found.append(f"{this} ({own}) imports {name}")
+            if own == "_model" and top not in sys.stdlib_module_names and top not in ALLOWED_THIRD_PARTY_IN_MODEL:
+                found.append(f"{this} (_model) imports {name}")
     return found
 
 
 def test_layers_import_only_downwards():
-    problems = [v for package, forbidden in FORBIDDEN.items() for v in _violations(package, forbidden)]
-    assert problems == []
+    assert layer_violations(SRC) == []
 
 
-def test_model_core_uses_only_numpy_attrs_and_the_stdlib():
-    import sys
-
-    stdlib = sys.stdlib_module_names
-    for path in sorted((SRC / "_model").rglob("*.py")):
-        for name in _imports(path):
-            top = name.split(".")[0]
-            assert top in stdlib or top in ALLOWED_THIRD_PARTY_IN_MODEL or name.startswith(
-                ("kestrel_trio._model", "kestrel_trio.errors")
-            ), f"{path.name} imports {name}"
+def test_layers_keep_their_third_party_rules():
+    assert external_violations(SRC) == []
 
 
 def test_only_the_cli_calls_trio_run_or_reads_argv():
     for path in sorted(SRC.rglob("*.py")):
-        if path.name == "cli.py":
+        if layer_of(module_name(path, SRC)) == "cli":
             continue
         text = path.read_text(encoding="utf-8")
         assert "trio.run(" not in text, path
         assert "sys.argv" not in text, path
 
 
-def test_the_checker_sees_a_violation(tmp_path, monkeypatch):
-    bad = tmp_path / "_model"
-    bad.mkdir()
-    (bad / "x.py").write_text("import trio\nfrom h11 import Connection\n")
-    monkeypatch.setattr(__import__(__name__), "SRC", tmp_path)
-    assert sorted(_violations("_model", FORBIDDEN["_model"])) == ["_model/x.py imports h11", "_model/x.py imports trio"]
+# (file in the package, line planted at its end, a fragment of the expected complaint)
+PLANTED = [
+    ("text/sampling.py", "from kestrel_trio.routes import ServerState", "imports kestrel_trio.routes"),
+    ("text/sampling.py", "from ..server import serve", "imports kestrel_trio.server"),
+    ("text/sampling.py", "from .. import server", "imports kestrel_trio.server"),
+    ("text/sampling.py", "from kestrel_trio import serve", "imports kestrel_trio (kestrel_trio, rank 9)"),
+    ("engine/engine.py", "from kestrel_trio import routes_chat", "imports kestrel_trio.routes_chat"),
+    ("engine/engine.py", "from ..server import Server", "imports kestrel_trio.server"),
+    ("http/router.py", "from kestrel_trio.routes import build_router", "imports kestrel_trio.routes"),
+    ("http/responses.py", "from ..openai.errors import error_body", "imports kestrel_trio.openai"),
+    ("http/responses.py", "from kestrel_trio.model import Model", "imports kestrel_trio.model"),
+    ("openai/sse.py", "from kestrel_trio.http import Response", "imports kestrel_trio.http"),
+    ("_model/forward.py", "from kestrel_trio.text import Tokenizer", "imports kestrel_trio.text"),
+    ("_model/forward.py", "from ..engine import Engine", "imports kestrel_trio.engine"),
+    ("errors.py", "from kestrel_trio.stats import Counter", "imports kestrel_trio.stats"),
+    ("model.py", "from kestrel_trio.engine import Engine", "imports kestrel_trio.engine"),
+    ("server.py", "from kestrel_trio.cli import main", "imports kestrel_trio.cli"),
+]
+
+
+@pytest.fixture(scope="module")
+def package_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    copy = tmp_path_factory.mktemp("pkg") / PACKAGE
+    shutil.copytree(SRC, copy, ignore=shutil.ignore_patterns("__pycache__", "_demo"))
+    return copy
+
+
+@pytest.mark.parametrize(("file", "line", "complaint"), PLANTED, ids=[f"{f}: {line}" for f, line, _ in PLANTED])
+def test_the_checker_sees_each_planted_violation(package_copy: Path, file: str, line: str, complaint: str):
+    target = package_copy / file
+    original = target.read_text(encoding="utf-8")
+    try:
+        target.write_text(original + "\n" + line + "\n", encoding="utf-8")
+        problems = layer_violations(package_copy)
+    finally:
+        target.write_text(original, encoding="utf-8")
+    assert any(complaint in p and p.startswith(module_name(target, package_copy)) for p in problems), problems
+
+
+def test_the_checker_sees_a_module_with_no_layer(package_copy: Path):
+    stray = package_copy / "stray.py"
+    stray.write_text("import os\n", encoding="utf-8")
+    try:
+        assert layer_violations(package_copy) == ["kestrel_trio.stray belongs to no layer (add it to RANKS or LAYER_ALIASES)"]
+    finally:
+        stray.unlink()
+
+
+@pytest.mark.parametrize(("file", "line"), [("_model/forward.py", "import trio"), ("_model/forward.py", "import jinja2"),
+                                            ("text/sampling.py", "import trio"), ("engine/engine.py", "import json"),
+                                            ("openai/sse.py", "import numpy as np"), ("http/router.py", "import numpy")])
+def test_the_checker_sees_a_forbidden_third_party_import(package_copy: Path, file: str, line: str):
+    target = package_copy / file
+    original = target.read_text(encoding="utf-8")
+    try:
+        target.write_text(original + "\n" + line + "\n", encoding="utf-8")
+        problems = external_violations(package_copy)
+    finally:
+        target.write_text(original, encoding="utf-8")
+    assert any(p.startswith(module_name(target, package_copy)) and line.split()[1] in p for p in problems), problems

@@ -3,11 +3,16 @@
 Every error that crosses the public API is a :class:`KestrelError`. Each class
 carries an HTTP status hint and an OpenAI error ``type`` so that the HTTP layer
 can translate any of them into an OpenAI error envelope without knowing where
-it came from. This module imports nothing but the standard library so that
-every layer (``_model`` included) may raise these.
+it came from. The OpenAI error envelope (``{"error": {"message", "type",
+"param", "code"}}``) is built here too, beside the family it renders, so the
+HTTP layer can answer in it without importing the OpenAI layer. This module
+imports nothing but the standard library so that every layer (``_model``
+included) may raise these.
 """
 
 from __future__ import annotations
+
+import json
 
 __all__ = [
     "KestrelError",
@@ -17,6 +22,9 @@ __all__ = [
     "QueueFullError",
     "EngineUnavailableError",
     "GenerationCancelled",
+    "error_object",
+    "error_body",
+    "error_body_for",
 ]
 
 
@@ -88,3 +96,18 @@ class GenerationCancelled(KestrelError):
 
     status = 499
     error_type = "cancelled"
+
+
+def error_object(message: str, error_type: str, param: str | None = None, code: str | None = None) -> dict:
+    """The OpenAI error envelope as a dict."""
+    return {"error": {"message": message, "type": error_type, "param": param, "code": code}}
+
+
+def error_body(message: str, error_type: str, param: str | None = None, code: str | None = None) -> bytes:
+    """The OpenAI error envelope as UTF-8 JSON bytes."""
+    return json.dumps(error_object(message, error_type, param, code), ensure_ascii=False).encode("utf-8")
+
+
+def error_body_for(exc: KestrelError) -> bytes:
+    """The OpenAI error envelope for a :class:`KestrelError`."""
+    return error_body(exc.message, exc.error_type, exc.param, exc.code)

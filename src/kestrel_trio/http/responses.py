@@ -5,9 +5,8 @@ from __future__ import annotations
 import logging
 import math
 
-from kestrel_trio.errors import KestrelError
+from kestrel_trio.errors import KestrelError, error_body, error_body_for
 from kestrel_trio.http.types import Response
-from kestrel_trio.openai.errors import error_body, error_body_for
 
 __all__ = ["error_response", "retry_after_header", "response_for_exception", "internal_error_response"]
 

@@ -3,8 +3,8 @@
 Imports neither trio nor numpy.
 """
 
+from kestrel_trio.errors import error_body, error_body_for, error_object
 from kestrel_trio.openai.choices import ChatChoice, CompletionChoice
-from kestrel_trio.openai.errors import error_body, error_body_for, error_object
 from kestrel_trio.openai.logprobs import LogprobToken, TokenLogprob
 from kestrel_trio.openai.reasoning import ReasoningSplitter, split_reasoning
 from kestrel_trio.openai.requests import (
