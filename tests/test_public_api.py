@@ -25,7 +25,7 @@ EXPECTED = {
     "ContextLengthError",
     "QueueFullError",
     "EngineUnavailableError",
-    "GenerationCancelled",
+    "ImagePolicy",
 }
 
 

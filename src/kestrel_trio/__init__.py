@@ -7,7 +7,6 @@ from kestrel_trio.errors import (
     BadRequestError,
     ContextLengthError,
     EngineUnavailableError,
-    GenerationCancelled,
     KestrelError,
     ModelLoadError,
     QueueFullError,
@@ -15,6 +14,7 @@ from kestrel_trio.errors import (
 from kestrel_trio.engine import Delta, Engine, EngineLimits, GenerationHandle, GenerationRequest, run_engine
 from kestrel_trio.http import HttpLimits
 from kestrel_trio.model import Model, load_demo_model, load_model
+from kestrel_trio.routes_images import ImagePolicy
 from kestrel_trio.server import Server, serve
 from kestrel_trio.text import SamplingParams
 
@@ -41,5 +41,5 @@ __all__ = [
     "ContextLengthError",
     "QueueFullError",
     "EngineUnavailableError",
-    "GenerationCancelled",
+    "ImagePolicy",
 ]

@@ -21,7 +21,6 @@ __all__ = [
     "ContextLengthError",
     "QueueFullError",
     "EngineUnavailableError",
-    "GenerationCancelled",
     "error_object",
     "error_body",
     "error_body_for",
@@ -89,13 +88,6 @@ class EngineUnavailableError(KestrelError):
     def __init__(self, message: str, *, retry_after: float | None = None, code: str | None = "unavailable") -> None:
         super().__init__(message, code=code)
         self.retry_after = retry_after
-
-
-class GenerationCancelled(KestrelError):
-    """A generation was cancelled before it finished (client gone, shutdown)."""
-
-    status = 499
-    error_type = "cancelled"
 
 
 def error_object(message: str, error_type: str, param: str | None = None, code: str | None = None) -> dict:

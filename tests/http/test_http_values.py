@@ -9,7 +9,7 @@ import h11
 import pytest
 import trio
 
-from kestrel_trio.errors import BadRequestError, EngineUnavailableError, GenerationCancelled, QueueFullError
+from kestrel_trio.errors import BadRequestError, EngineUnavailableError, KestrelError, QueueFullError
 from kestrel_trio.http import Request, Response, Router, error_response
 from kestrel_trio.http.responses import response_for_exception
 from kestrel_trio.http.wire import declared_length, head_size, response_head, to_request
@@ -91,7 +91,11 @@ def test_kestrel_errors_keep_status_type_param_and_code():
     response = response_for_exception(BadRequestError("bad n", param="n"))
     assert response.status == 400 and response.headers == ()
     assert envelope(response) == {"message": "bad n", "type": "invalid_request_error", "param": "n", "code": None}
-    assert response_for_exception(GenerationCancelled("gone")).status == 499
+
+    class Conflict(KestrelError):
+        status = 409
+
+    assert response_for_exception(Conflict("taken")).status == 409
 
 
 @pytest.mark.parametrize(("retry_after", "header"), [(1.2, "2"), (3.0, "3"), (0.01, "1"), (0, "0")])

@@ -8,10 +8,4 @@ from kestrel_trio._model.forward import Decoder, forward
 from kestrel_trio._model.kv_cache import KVCache
 from kestrel_trio._model.weights import load_weights
 
-__all__ = ["ModelConfig", "read_config", "Decoder", "forward", "KVCache", "load_weights", "load_decoder"]
-
-
-def load_decoder(folder, progress=None) -> Decoder:
-    """Read config.json and every weight of the checkpoint in ``folder``; ``progress(fraction)`` as it reads."""
-    config = read_config(folder)
-    return Decoder.build(config, load_weights(folder, config, progress))
+__all__ = ["ModelConfig", "read_config", "Decoder", "forward", "KVCache", "load_weights"]
