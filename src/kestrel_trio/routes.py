@@ -13,6 +13,7 @@ import functools
 import hmac
 import logging
 import time
+import urllib.parse
 
 import attrs
 import trio
@@ -109,6 +110,10 @@ def _json(status: int, obj: object, headers: tuple[tuple[str, str], ...] = ()) -
     return Response(status=status, body=oa.to_json_bytes(obj), headers=headers)
 
 
+JSON_MEDIA_TYPES = ("application/json",)
+_MODELS_PREFIX = "/v1/models/"
+
+
 def build_router(state: ServerState) -> "_AuthorizingHandler":
     """The request handler: the routes, behind the API-key check."""
     router = Router()
@@ -116,10 +121,12 @@ def build_router(state: ServerState) -> "_AuthorizingHandler":
     router.add_immediate("GET", "/health", routes.health)
     router.add_immediate("GET", "/metrics", routes.metrics)
     router.add_immediate("GET", "/v1/models", routes.models)
-    router.add("POST", "/v1/chat/completions", routes.chat)
-    router.add("POST", "/v1/completions", routes.completions)
-    router.add("POST", "/tokenize", routes.tokenize)
-    router.add("POST", "/detokenize", routes.detokenize)
+    # Model ids may hold "/" (Qwen/Qwen3-0.6B), sent raw or percent-encoded: every longer path is an id.
+    router.add_immediate("GET", _MODELS_PREFIX, routes.model, prefix=True)
+    # A body must say it is JSON: a browser's cross-site "simple" POST (text/plain, form data) starts nothing.
+    for path, handler in (("/v1/chat/completions", routes.chat), ("/v1/completions", routes.completions),
+                          ("/tokenize", routes.tokenize), ("/detokenize", routes.detokenize)):
+        router.add("POST", path, handler, media_types=JSON_MEDIA_TYPES)
 
     return _AuthorizingHandler(state, router)
 
@@ -177,6 +184,14 @@ class _Routes:
 
     def models(self, request: Request) -> Response:
         return _json(200, oa.models_list([self.state.model_id], self.state.created))
+
+    def model(self, request: Request) -> Response:
+        """``GET /v1/models/{id}``: the model object of the served id, else 404."""
+        requested = urllib.parse.unquote(request.path[len(_MODELS_PREFIX):])
+        if requested != self.state.model_id:
+            raise ModelNotFoundError(f"The model {requested!r} does not exist; this server serves "
+                                     f"{self.state.model_id!r}", param="model", code="model_not_found")
+        return _json(200, oa.model_card(self.state.model_id, self.state.created))
 
     async def _parse(self, parse, body: bytes):
         """``parse(body)``; a large body is parsed in a worker thread, off the event loop."""
