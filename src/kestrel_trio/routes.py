@@ -217,6 +217,7 @@ class _Routes:
         # A text-only model refuses images just below.
         chat = await self._parse(functools.partial(oa.parse_chat_request, allow_images=True), request.body)
         model, engine = self._ready(chat.model)
+        model.check_chat_template_kwargs(list(chat.chat_template_kwargs))
         images = await prepare_images(model, chat.messages, self.state.images, self.state.image_workers)
         tool_choice = chat.tool_choice or ("auto" if chat.tools else "none")
         tools = list(chat.tools) if chat.tools and tool_choice != "none" else None
@@ -231,7 +232,8 @@ class _Routes:
                 prompt += _NO_THINKING  # a forced call skips reasoning, as enable_thinking=False renders it
             prompt += forced
         options = ChatOptions(reasoning=thinking, starts_in_reasoning=thinking and prompt.rstrip().endswith("<think>"),
-                              parse_tools=tools is not None, forced_prefix=forced)
+                              parse_tools=tools is not None, forced_prefix=forced,
+                              parallel_tool_calls=chat.parallel_tool_calls)
         ids = await self._off_loop(functools.partial(model.encode_prompt, prompt, param="messages"))
         if images:
             assert model.vision is not None
@@ -257,6 +259,7 @@ class _Routes:
     async def tokenize(self, request: Request) -> Response:
         req = await self._parse(oa.parse_tokenize_request, request.body)
         model, _ = self._ready(req.model)
+        model.check_chat_template_kwargs(list(req.chat_template_kwargs))
         if req.messages is not None:
             text = await self._off_loop(functools.partial(
                 model.apply_chat_template, list(req.messages), add_generation_prompt=req.add_generation_prompt,

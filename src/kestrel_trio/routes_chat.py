@@ -55,12 +55,14 @@ class ChatOptions:
         starts_in_reasoning: the prompt left a ``<think>`` block open.
         parse_tools: turn ``<tool_call>`` blocks into ``tool_calls``.
         forced_prefix: tool-call opening appended to the prompt by ``tool_choice``.
+        parallel_tool_calls: False: return at most one tool call per choice.
     """
 
     reasoning: bool = False
     starts_in_reasoning: bool = False
     parse_tools: bool = False
     forced_prefix: str = ""
+    parallel_tool_calls: bool = True
 
 
 def sampling_params(model: Model, fields: oa.SamplingFields) -> SamplingParams:
@@ -125,7 +127,8 @@ class Job:
         if self.chat is None:
             return [oa.CompletionChoice(i, self.echo, wants_logprobs) for i in range(self.fields.n)]
         c = self.chat
-        return [oa.ChatChoice(i, c.reasoning, c.starts_in_reasoning, c.parse_tools, c.forced_prefix, wants_logprobs)
+        return [oa.ChatChoice(i, c.reasoning, c.starts_in_reasoning, c.parse_tools, c.forced_prefix, wants_logprobs,
+                              parallel_tool_calls=c.parallel_tool_calls)
                 for i in range(self.fields.n)]
 
     def open_all(self) -> list[GenerationHandle]:

@@ -69,10 +69,12 @@ def test_prompt_is_required():
 
 
 def test_completion_fields():
-    request = parse_completion_request(raw(prompt="x", echo=True, suffix=None, best_of=1, max_tokens=3, max_completion_tokens=99))
+    request = parse_completion_request(raw(prompt="x", echo=True, suffix=None, best_of=1, max_tokens=3))
     assert request.echo is True
-    # max_completion_tokens belongs to the chat endpoint only.
     assert request.sampling.max_tokens == 3
+    # max_completion_tokens belongs to the chat endpoint only: here it would be ignored, so it is refused.
+    rejected(parse_completion_request, raw(prompt="x", max_completion_tokens=99), "max_completion_tokens",
+             "Unrecognized")
     rejected(parse_completion_request, raw(prompt="x", suffix="end"), "suffix", "not supported")
     rejected(parse_completion_request, raw(prompt="x", best_of=2), "best_of", "not supported")
     rejected(parse_completion_request, raw(prompt="x", echo="yes"), "echo", "boolean")
@@ -103,7 +105,16 @@ def test_tokenize_errors():
     rejected(parse_tokenize_request, raw(prompt="a", messages=[{"role": "user", "content": "x"}]), "prompt", "Exactly one")
     rejected(parse_tokenize_request, raw(prompt=3), "prompt", "string")
     rejected(parse_tokenize_request, raw(messages=[{"role": "user"}]), "messages[0].content", "required")
-    rejected(parse_tokenize_request, raw(prompt="a", add_generation_prompt="no"), "add_generation_prompt", "boolean")
+    rejected(parse_tokenize_request, raw(messages=[{"role": "user", "content": "x"}], add_generation_prompt="no"),
+             "add_generation_prompt", "boolean")
+    # Template fields beside a prompt would be ignored, so they are refused.
+    rejected(parse_tokenize_request, raw(prompt="a", add_generation_prompt=False), "add_generation_prompt",
+             "only with 'messages'")
+    rejected(parse_tokenize_request, raw(prompt="a", chat_template_kwargs={"enable_thinking": False}),
+             "chat_template_kwargs", "only with 'messages'")
+    rejected(parse_tokenize_request, raw(prompt="a", add_special_tokens=True), "add_special_tokens", "Unrecognized")
+    rejected(parse_detokenize_request, raw(tokens=[1], skip_special_tokens=True), "skip_special_tokens",
+             "Unrecognized")
 
 
 def test_detokenize():
