@@ -48,6 +48,8 @@ class ServerState:
         http: the HTTP server, once its socket is bound (its metrics are on /metrics).
         api_key: if set, every route except ``open_paths`` needs ``Authorization: Bearer <key>``.
         open_paths: routes that never need the key.
+        default_max_tokens: the server-wide cap on new tokens for requests that set no
+            ``max_tokens`` (see :func:`kestrel_trio.openai.default_max_tokens`); None: OpenAI's defaults.
         images: what image input chat requests may carry (Qwen3-VL models only).
         image_workers: requests whose images are being decoded at once (worker threads).
         text_workers: requests whose prompt is being rendered and tokenized at once (worker
@@ -61,6 +63,7 @@ class ServerState:
     http: HttpServer | None = None
     api_key: str | None = None
     open_paths: frozenset[str] = frozenset({"/health", "/metrics"})
+    default_max_tokens: int | None = None
     images: ImagePolicy = ImagePolicy()
     image_workers: trio.CapacityLimiter = attrs.field(factory=lambda: trio.CapacityLimiter(1))
     text_workers: trio.CapacityLimiter = attrs.field(factory=lambda: trio.CapacityLimiter(2))

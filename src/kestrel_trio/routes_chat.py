@@ -113,6 +113,10 @@ class Job:
             raise BadRequestError(f"'n' must be at most {engine.limits.max_queued} on this server (its queue size), "
                                   f"got {fields.n}", param="n")
         params = sampling_params(model, fields)
+        if fields.max_tokens is None:
+            default = oa.default_max_tokens(chat=chat is not None, server_cap=state.default_max_tokens)
+            if default is not None:  # a default the request did not ask for shrinks to the room left
+                params = attrs.evolve(params, max_tokens=max(1, min(default, model.context_length - len(ids))))
         check_context(len(ids), params.max_tokens, model.context_length, param=prompt_param,
                       max_tokens_param=fields.max_tokens_param)
         self.requests = [GenerationRequest(tuple(ids), _choice_params(params, i), prompt_param=prompt_param,

@@ -124,3 +124,14 @@ def test_detokenize():
     rejected(parse_detokenize_request, raw(tokens="1 2"), "tokens", "array")
     rejected(parse_detokenize_request, raw(tokens=[1, "2"]), "tokens[1]", "integer")
     rejected(parse_detokenize_request, raw(tokens=[-1]), "tokens[0]", "non-negative")
+
+
+def test_default_max_tokens_follows_openai_under_the_server_cap():
+    from kestrel_trio.openai import COMPLETIONS_DEFAULT_MAX_TOKENS, default_max_tokens
+
+    assert COMPLETIONS_DEFAULT_MAX_TOKENS == 16
+    assert default_max_tokens(chat=True, server_cap=None) is None  # up to the context
+    assert default_max_tokens(chat=False, server_cap=None) == 16
+    assert default_max_tokens(chat=True, server_cap=300) == 300
+    assert default_max_tokens(chat=False, server_cap=300) == 16  # the cap never raises OpenAI's 16
+    assert default_max_tokens(chat=False, server_cap=4) == 4
