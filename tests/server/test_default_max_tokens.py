@@ -110,3 +110,11 @@ def test_serve_default_max_tokens_flag_caps_a_real_server(tmp_path: Path) -> Non
         process.wait(timeout=60)
         log.close()
     assert answer["usage"]["completion_tokens"] == 3 and answer["choices"][0]["finish_reason"] == "length"
+
+
+async def test_a_cap_below_one_token_is_refused_before_anything_starts(tiny_model: Model) -> None:
+    from kestrel_trio.errors import KestrelError
+    from kestrel_trio.server import serve
+
+    with pytest.raises(KestrelError, match="default_max_tokens must be at least 1"):
+        await serve(tiny_model, port=0, default_max_tokens=0)
