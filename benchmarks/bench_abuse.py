@@ -170,7 +170,8 @@ async def bench_slowloris(args: argparse.Namespace) -> None:
     held = [0, 0]
     served = 0
     head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 8000
-    body_head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 8000\r\n\r\n"
+    body_head = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: 8000\r\n\r\n")
     async with trio.open_nursery() as attack:
         for index in range(args.connections):
             prefix, payload = (b"", head) if index % 2 else (body_head, b" " * 8000)

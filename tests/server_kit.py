@@ -18,6 +18,9 @@ from kestrel_trio.openai import parse_sse
 from kestrel_trio.server import Server, serve
 
 HOST = "127.0.0.1"
+JSON = "application/json"
+
+
 @contextlib.asynccontextmanager
 async def running_server(model: Model, **options) -> AsyncIterator[Server]:
     """``serve(model, port=0, **options)`` for the duration of the block."""
@@ -65,12 +68,19 @@ class RawClient:
     async def connect(cls, port: int) -> "RawClient":
         return cls(await trio.open_tcp_stream(HOST, port))
 
-    async def send_request(self, method: str, path: str, body: bytes = b"", headers: tuple = ()) -> None:
-        """Send one request; the previous exchange must be complete."""
+    async def send_request(self, method: str, path: str, body: bytes = b"", headers: tuple = (),
+                           content_type: str | None = JSON) -> None:
+        """Send one request; the previous exchange must be complete.
+
+        A POST says ``Content-Type: content_type`` (JSON, as the official clients send) unless
+        ``headers`` carry one or ``content_type`` is None.
+        """
         if self._h11.our_state is h11.DONE and self._h11.their_state is h11.DONE:
             self._h11.start_next_cycle()
         self._raw.clear()
         head = [("host", HOST), *headers]
+        if method == "POST" and content_type is not None and not any(k.lower() == "content-type" for k, _ in headers):
+            head.append(("content-type", content_type))
         if method != "GET" or body:
             head.append(("content-length", str(len(body))))
         data = self._h11.send(h11.Request(method=method, target=path, headers=head))
@@ -114,8 +124,9 @@ class RawClient:
         headers = {name.decode(): value.decode("latin-1") for name, value in head.headers}
         return RawResponse(head.status_code, headers, body, bytes(self._raw))
 
-    async def request(self, method: str, path: str, body: bytes = b"", headers: tuple = ()) -> RawResponse:
-        await self.send_request(method, path, body, headers)
+    async def request(self, method: str, path: str, body: bytes = b"", headers: tuple = (),
+                      content_type: str | None = JSON) -> RawResponse:
+        await self.send_request(method, path, body, headers, content_type)
         return await self.read_response()
 
     async def aclose(self) -> None:
@@ -132,11 +143,12 @@ async def connected(port: int) -> AsyncIterator[RawClient]:
         await client.aclose()
 
 
-async def fetch(port: int, method: str, path: str, obj: object = None, headers: tuple = ()) -> RawResponse:
-    """One request on a fresh connection; ``obj`` is sent as JSON."""
+async def fetch(port: int, method: str, path: str, obj: object = None, headers: tuple = (),
+                content_type: str | None = JSON) -> RawResponse:
+    """One request on a fresh connection; ``obj`` is sent as JSON (see :meth:`RawClient.send_request`)."""
     body = b"" if obj is None else json.dumps(obj).encode()
     async with connected(port) as client:
-        return await client.request(method, path, body, headers)
+        return await client.request(method, path, body, headers, content_type)
 
 
 def event_count(body: bytes) -> int:

@@ -96,6 +96,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="largest request head in bytes; more gets 431 (default 16384)")
     serve.add_argument("--max-body-bytes", type=_COUNT, default=4 * 2**20,
                        help="largest request body in bytes; more gets 413 (default 4 MiB)")
+    serve.add_argument("--default-max-tokens", type=_COUNT, default=None, metavar="N",
+                       help="most new tokens for a request that sets no max_tokens: chat stops there instead of at "
+                            "the end of the context, completions keep OpenAI's 16 unless N is lower (default: none; "
+                            "256 on the demo model)")
     serve.add_argument("--prefill-chunk", type=_COUNT, default=256,
                        help="prompt tokens per model step: bounds how long running streams wait (default 256)")
     serve.add_argument("--header-timeout", type=_POSITIVE_SECONDS, default=10.0, help="seconds to receive a request head")
@@ -171,7 +175,7 @@ def _serve(args: argparse.Namespace) -> NoReturn:
         open_paths=open_paths, weights=args.weights, blas_threads=args.blas_threads, engine_limits=engine_limits, http_limits=http_limits, grace=args.grace, drain_delay=args.drain_delay,
         image_policy=ImagePolicy(max_bytes=args.max_image_bytes, max_pixels=args.max_image_pixels,
                                  max_images=args.max_images),
-        allow_image_dir=args.allow_image_dir,
+        allow_image_dir=args.allow_image_dir, default_max_tokens=args.default_max_tokens,
     )
 
     async def run() -> None:

@@ -107,6 +107,17 @@ class Model:
     def has_chat_template(self) -> bool:
         return self._template is not None
 
+    def check_chat_template_kwargs(self, names: Sequence[str], param: str = "chat_template_kwargs") -> None:
+        """Refuse extra template variables the chat template never reads (BadRequestError naming the first).
+
+        Raises:
+            BadRequestError: no template, or a variable it does not read.
+        """
+        if names:
+            if self._template is None:
+                raise missing_template_error()
+            self._template.check_kwargs(names, param)
+
     def apply_chat_template(
         self, messages: Sequence[dict], *, add_generation_prompt: bool = True, tools: Sequence[dict] | None = None,
         **template_kwargs: object,

@@ -13,6 +13,7 @@ import functools
 import hmac
 import logging
 import time
+import urllib.parse
 
 import attrs
 import trio
@@ -47,6 +48,8 @@ class ServerState:
         http: the HTTP server, once its socket is bound (its metrics are on /metrics).
         api_key: if set, every route except ``open_paths`` needs ``Authorization: Bearer <key>``.
         open_paths: routes that never need the key.
+        default_max_tokens: the server-wide cap on new tokens for requests that set no
+            ``max_tokens`` (see :func:`kestrel_trio.openai.default_max_tokens`); None: OpenAI's defaults.
         images: what image input chat requests may carry (Qwen3-VL models only).
         image_workers: requests whose images are being decoded at once (worker threads).
         text_workers: requests whose prompt is being rendered and tokenized at once (worker
@@ -60,6 +63,7 @@ class ServerState:
     http: HttpServer | None = None
     api_key: str | None = None
     open_paths: frozenset[str] = frozenset({"/health", "/metrics"})
+    default_max_tokens: int | None = None
     images: ImagePolicy = ImagePolicy()
     image_workers: trio.CapacityLimiter = attrs.field(factory=lambda: trio.CapacityLimiter(1))
     text_workers: trio.CapacityLimiter = attrs.field(factory=lambda: trio.CapacityLimiter(2))
@@ -109,6 +113,10 @@ def _json(status: int, obj: object, headers: tuple[tuple[str, str], ...] = ()) -
     return Response(status=status, body=oa.to_json_bytes(obj), headers=headers)
 
 
+JSON_MEDIA_TYPES = ("application/json",)
+_MODELS_PREFIX = "/v1/models/"
+
+
 def build_router(state: ServerState) -> "_AuthorizingHandler":
     """The request handler: the routes, behind the API-key check."""
     router = Router()
@@ -116,10 +124,12 @@ def build_router(state: ServerState) -> "_AuthorizingHandler":
     router.add_immediate("GET", "/health", routes.health)
     router.add_immediate("GET", "/metrics", routes.metrics)
     router.add_immediate("GET", "/v1/models", routes.models)
-    router.add("POST", "/v1/chat/completions", routes.chat)
-    router.add("POST", "/v1/completions", routes.completions)
-    router.add("POST", "/tokenize", routes.tokenize)
-    router.add("POST", "/detokenize", routes.detokenize)
+    # Model ids may hold "/" (Qwen/Qwen3-0.6B), sent raw or percent-encoded: every longer path is an id.
+    router.add_immediate("GET", _MODELS_PREFIX, routes.model, prefix=True)
+    # A body must say it is JSON: a browser's cross-site "simple" POST (text/plain, form data) starts nothing.
+    for path, handler in (("/v1/chat/completions", routes.chat), ("/v1/completions", routes.completions),
+                          ("/tokenize", routes.tokenize), ("/detokenize", routes.detokenize)):
+        router.add("POST", path, handler, media_types=JSON_MEDIA_TYPES)
 
     return _AuthorizingHandler(state, router)
 
@@ -178,6 +188,14 @@ class _Routes:
     def models(self, request: Request) -> Response:
         return _json(200, oa.models_list([self.state.model_id], self.state.created))
 
+    def model(self, request: Request) -> Response:
+        """``GET /v1/models/{id}``: the model object of the served id, else 404."""
+        requested = urllib.parse.unquote(request.path[len(_MODELS_PREFIX):])
+        if requested != self.state.model_id:
+            raise ModelNotFoundError(f"The model {requested!r} does not exist; this server serves "
+                                     f"{self.state.model_id!r}", param="model", code="model_not_found")
+        return _json(200, oa.model_card(self.state.model_id, self.state.created))
+
     async def _parse(self, parse, body: bytes):
         """``parse(body)``; a large body is parsed in a worker thread, off the event loop."""
         if len(body) < _PARSE_IN_THREAD_FROM_BYTES:
@@ -202,6 +220,7 @@ class _Routes:
         # A text-only model refuses images just below.
         chat = await self._parse(functools.partial(oa.parse_chat_request, allow_images=True), request.body)
         model, engine = self._ready(chat.model)
+        model.check_chat_template_kwargs(list(chat.chat_template_kwargs))
         images = await prepare_images(model, chat.messages, self.state.images, self.state.image_workers)
         tool_choice = chat.tool_choice or ("auto" if chat.tools else "none")
         tools = list(chat.tools) if chat.tools and tool_choice != "none" else None
@@ -216,7 +235,8 @@ class _Routes:
                 prompt += _NO_THINKING  # a forced call skips reasoning, as enable_thinking=False renders it
             prompt += forced
         options = ChatOptions(reasoning=thinking, starts_in_reasoning=thinking and prompt.rstrip().endswith("<think>"),
-                              parse_tools=tools is not None, forced_prefix=forced)
+                              parse_tools=tools is not None, forced_prefix=forced,
+                              parallel_tool_calls=chat.parallel_tool_calls)
         ids = await self._off_loop(functools.partial(model.encode_prompt, prompt, param="messages"))
         if images:
             assert model.vision is not None
@@ -242,6 +262,7 @@ class _Routes:
     async def tokenize(self, request: Request) -> Response:
         req = await self._parse(oa.parse_tokenize_request, request.body)
         model, _ = self._ready(req.model)
+        model.check_chat_template_kwargs(list(req.chat_template_kwargs))
         if req.messages is not None:
             text = await self._off_loop(functools.partial(
                 model.apply_chat_template, list(req.messages), add_generation_prompt=req.add_generation_prompt,

@@ -55,12 +55,14 @@ class ChatOptions:
         starts_in_reasoning: the prompt left a ``<think>`` block open.
         parse_tools: turn ``<tool_call>`` blocks into ``tool_calls``.
         forced_prefix: tool-call opening appended to the prompt by ``tool_choice``.
+        parallel_tool_calls: False: return at most one tool call per choice.
     """
 
     reasoning: bool = False
     starts_in_reasoning: bool = False
     parse_tools: bool = False
     forced_prefix: str = ""
+    parallel_tool_calls: bool = True
 
 
 def sampling_params(model: Model, fields: oa.SamplingFields) -> SamplingParams:
@@ -111,6 +113,10 @@ class Job:
             raise BadRequestError(f"'n' must be at most {engine.limits.max_queued} on this server (its queue size), "
                                   f"got {fields.n}", param="n")
         params = sampling_params(model, fields)
+        if fields.max_tokens is None:
+            default = oa.default_max_tokens(chat=chat is not None, server_cap=state.default_max_tokens)
+            if default is not None:  # a default the request did not ask for shrinks to the room left
+                params = attrs.evolve(params, max_tokens=max(1, min(default, model.context_length - len(ids))))
         check_context(len(ids), params.max_tokens, model.context_length, param=prompt_param,
                       max_tokens_param=fields.max_tokens_param)
         self.requests = [GenerationRequest(tuple(ids), _choice_params(params, i), prompt_param=prompt_param,
@@ -125,7 +131,8 @@ class Job:
         if self.chat is None:
             return [oa.CompletionChoice(i, self.echo, wants_logprobs) for i in range(self.fields.n)]
         c = self.chat
-        return [oa.ChatChoice(i, c.reasoning, c.starts_in_reasoning, c.parse_tools, c.forced_prefix, wants_logprobs)
+        return [oa.ChatChoice(i, c.reasoning, c.starts_in_reasoning, c.parse_tools, c.forced_prefix, wants_logprobs,
+                              parallel_tool_calls=c.parallel_tool_calls)
                 for i in range(self.fields.n)]
 
     def open_all(self) -> list[GenerationHandle]:

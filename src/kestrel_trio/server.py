@@ -35,6 +35,10 @@ __all__ = ["Server", "serve"]
 
 log = logging.getLogger("kestrel_trio.server")
 
+# The demo model's random weights never emit an end token: without a cap, a chat request that sets no
+# max_tokens would run to the end of its 8,192-token context (minutes). A few hundred tokens take seconds.
+DEMO_DEFAULT_MAX_TOKENS = 256
+
 # Seconds after ``grace`` at which the HTTP layer's own hard stop comes, so streams can send their final
 # events first. A supervisor's stop timeout must exceed drain_delay + grace + this (docs/deployment.md).
 HTTP_GRACE_MARGIN = 5.0
@@ -77,6 +81,10 @@ def _resolve_model_id(model: Model | str | Path | None, model_id: str | None) ->
     if model is None:
         return DEMO_MODEL_ID
     return Path(model).resolve().name
+
+
+def _is_demo(model: Model | str | Path | None) -> bool:
+    return model is None or (isinstance(model, Model) and model.is_demo)
 
 
 def _accepts_images(model: Model | str | Path | None) -> bool:
@@ -125,6 +133,7 @@ async def serve(
     drain_delay: float = 0.0,
     image_policy: ImagePolicy = ImagePolicy(),
     allow_image_dir: str | Path | None = None,
+    default_max_tokens: int | None = None,
     task_status: trio.TaskStatus = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the OpenAI-compatible API until cancelled or shut down.
@@ -149,13 +158,21 @@ async def serve(
         image_policy: image limits of chat requests (Qwen3-VL models only).
         allow_image_dir: a folder whose files ``file://`` image URLs may name
             (overrides ``image_policy.allow_dir``); by default none may.
+        default_max_tokens: the most new tokens of a request that sets no ``max_tokens`` (like
+            llama.cpp's ``-n``): chat generates up to it instead of up to the context; completions
+            keep OpenAI's 16 unless it is lower. None: OpenAI's defaults, except on the demo model,
+            which gets :data:`DEMO_DEFAULT_MAX_TOKENS`.
 
     A Qwen3-VL model raises ``http_limits.max_body_bytes`` when needed so that
     a request can carry ``max_images`` base64 images of ``max_bytes`` each.
     """
     policy = _image_policy(image_policy, allow_image_dir)
+    if default_max_tokens is not None and default_max_tokens < 1:
+        raise KestrelError(f"default_max_tokens must be at least 1, got {default_max_tokens}")
+    if default_max_tokens is None and _is_demo(model):
+        default_max_tokens = DEMO_DEFAULT_MAX_TOKENS
     state = ServerState(model_id=_resolve_model_id(model, model_id), api_key=api_key, images=policy,
-                        open_paths=frozenset(open_paths))
+                        open_paths=frozenset(open_paths), default_max_tokens=default_max_tokens)
     http_limits = attrs.evolve(http_limits, shutdown_grace=grace + HTTP_GRACE_MARGIN)
     if _accepts_images(model):
         http_limits = _room_for_images(http_limits, policy)

@@ -128,10 +128,28 @@ async def test_wrong_method_is_405_with_allow(nursery):
         got = await client.request("DELETE", "/echo")
         assert_envelope(got, 405, "method_not_allowed")
         assert got.headers["allow"] == "POST"
-        head = await client.request("HEAD", "/hello")
-        assert head.status == 405 and head.body == b""
-        assert head.headers["allow"] == "GET"
+        wrong = await client.request("DELETE", "/hello")
+        assert_envelope(wrong, 405, "method_not_allowed")
+        assert wrong.headers["allow"] == "GET, HEAD"
+        head = await client.request("HEAD", "/echo")
+        assert head.status == 405 and head.body == b"" and head.headers["allow"] == "POST"
         # the connection survives handler-level errors
+        assert (await client.request("GET", "/hello")).status == 200
+
+
+async def test_head_is_served_wherever_get_is_with_the_get_head_and_no_body(nursery):
+    with trio.fail_after(BUDGET):
+        running = await start_server(nursery)
+        client = await RawClient.connect(running.port)
+        for path in ("/hello", "/now", "/finite", "/kestrel"):
+            got = await client.request("GET", path)
+            head = await client.request("HEAD", path)
+            assert head.status == got.status and head.body == b""
+            assert {k: v for k, v in head.headers.items() if k != "date"} == {
+                k: v for k, v in got.headers.items() if k != "date"}
+        # The Content-Length of a HEAD answer is the GET body's; the connection stayed in step throughout.
+        assert head.headers["content-length"] == str(len(got.body))
+        assert running.app.stream.chunks_made == 3  # /finite's HEAD made no chunk: only its GET ran
         assert (await client.request("GET", "/hello")).status == 200
 
 

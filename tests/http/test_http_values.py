@@ -131,8 +131,63 @@ async def test_router_dispatches_on_method_and_exact_path():
     missing = await router(make_request("GET", "/v1/models/"))
     assert missing.status == 404 and envelope(missing)["code"] == "unknown_url"
     wrong = await router(make_request("DELETE", "/v1/models"))
-    assert wrong.status == 405 and dict(wrong.headers)["allow"] == "GET, POST"
-    assert (await router(make_request("HEAD", "/v1/models"))).status == 405
+    assert wrong.status == 405 and dict(wrong.headers)["allow"] == "GET, HEAD, POST"
+    assert (await router(make_request("HEAD", "/v1/models"))).body == b"HEAD"  # GET's handler serves HEAD
+
+
+async def test_head_is_derived_from_get_only():
+    router = Router()
+    router.add("POST", "/post-only", ok)
+    router.add_immediate("GET", "/now", lambda request: Response(200, b"now"))
+    assert router.answer_now(make_request("HEAD", "/now")).body == b"now"  # the server drops the body
+    refused = await router(make_request("HEAD", "/post-only"))
+    assert refused.status == 405 and dict(refused.headers)["allow"] == "POST"
+    with pytest.raises(ValueError, match="already registered"):
+        router.add("HEAD", "/now", ok)
+
+
+async def test_prefix_routes_match_longer_paths_and_exact_routes_win():
+    router = Router()
+    router.add("GET", "/v1/models", ok)
+    router.add_immediate("GET", "/v1/models/", lambda request: Response(200, request.path.encode()), prefix=True)
+    router.add("POST", "/v1/models/special", ok)
+    assert router.answer_now(make_request("GET", "/v1/models/Qwen/Qwen3-0.6B")).body == b"/v1/models/Qwen/Qwen3-0.6B"
+    assert router.answer_now(make_request("HEAD", "/v1/models/a%2Fb")).body == b"/v1/models/a%2Fb"
+    assert (await router(make_request("GET", "/v1/models"))).body == b"GET"
+    assert (await router(make_request("POST", "/v1/models/special"))).body == b"POST"
+    missing = router.answer_now(make_request("GET", "/v1/models/"))  # the prefix alone names no model
+    assert missing.status == 404 and envelope(missing)["code"] == "unknown_url"
+    wrong = router.answer_now(make_request("DELETE", "/v1/models/x"))
+    assert wrong.status == 405 and dict(wrong.headers)["allow"] == "GET, HEAD"
+
+
+@pytest.mark.parametrize("content_type", ["application/json", "Application/JSON", "application/json; charset=utf-8",
+                                          " application/json ;charset=UTF-8"])
+async def test_a_json_route_accepts_json_whatever_its_case_and_parameters(content_type):
+    router = Router()
+    router.add("POST", "/json", ok, media_types=("application/json",))
+    request = make_request("POST", "/json", headers=(("content-type", content_type),))
+    assert router.answer_now(request) is None
+    assert (await router(request)).body == b"POST"
+
+
+@pytest.mark.parametrize("content_type", [None, "text/plain", "application/x-www-form-urlencoded",
+                                          "multipart/form-data; boundary=x", "application/jsonx", "", "json"])
+async def test_a_json_route_refuses_other_bodies_with_415_before_its_handler(content_type):
+    ran = []
+
+    async def handler(request: Request) -> Response:
+        ran.append(request)
+        return Response(200)
+
+    router = Router()
+    router.add("POST", "/json", handler, media_types=("application/json",))
+    headers = () if content_type is None else (("content-type", content_type),)
+    request = make_request("POST", "/json", headers=headers)
+    for refusal in (router.answer_now(request), await router(request)):
+        assert refusal.status == 415 and envelope(refusal)["code"] == "unsupported_media_type"
+        assert "application/json" in envelope(refusal)["message"]
+    assert ran == []
 
 
 async def test_router_answers_immediate_routes_and_refusals_now_and_defers_the_rest():

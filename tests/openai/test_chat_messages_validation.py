@@ -59,7 +59,7 @@ def test_messages_presence_and_shape():
 
 @pytest.mark.parametrize("role", ["system", "developer", "user", "tool"])
 def test_content_is_required_except_for_assistant_tool_calls(role):
-    message = {"role": role, "content": None, "tool_call_id": "c"}
+    message = {"role": role, "content": None, **({"tool_call_id": "c"} if role == "tool" else {})}
     rejected([USER, message], "messages[1].content", "required")
 
 
@@ -155,10 +155,10 @@ def test_tool_messages_need_a_tool_call_id():
 
 
 def test_tools_are_validated_and_normalized():
-    tool = {"type": "function", "function": {"name": "f", "description": "d", "parameters": {}, "strict": True, "x": 1}, "y": 2}
-    assert parse([USER], tools=[tool]).tools == (
-        {"type": "function", "function": {"name": "f", "description": "d", "parameters": {}, "strict": True}},
-    )
+    tool = {"type": "function", "function": {"name": "f", "description": "d", "parameters": {}, "strict": True}}
+    assert parse([USER], tools=[tool]).tools == (tool,)
+    rejected([USER], "tools[0].y", "Unrecognized", tools=[{**tool, "y": 2}])
+    rejected([USER], "tools[0].function.x", "Unrecognized", tools=[{**tool, "function": {**tool["function"], "x": 1}}])
     rejected([USER], "tools", "at least one", tools=[])
     rejected([USER], "tools", "must be an array", tools={"type": "function"})
     rejected([USER], "tools[0].type", "'function'", tools=[{"type": "code_interpreter"}])

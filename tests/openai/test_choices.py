@@ -95,6 +95,24 @@ def test_only_calls_means_null_content_and_a_cut_call_keeps_length():
     assert replay(items)["content"] == message["content"]
 
 
+TWO_CALLS = RECORDED[7:] + ["\n<tool_call>\n", '{"name": "get_time", "arguments": {}}', "\n</tool_call>"]
+
+
+@pytest.mark.parametrize("parallel", [True, False])
+def test_parallel_tool_calls_false_keeps_only_the_first_call(parallel):
+    streamed = ChatChoice(parse_tools=True, make_id=ids(), parallel_tool_calls=parallel, logprobs=True)
+    items = stream(streamed, TWO_CALLS, with_logprobs=True)
+    whole = ChatChoice(parse_tools=True, make_id=ids(), parallel_tool_calls=parallel)
+    whole.push("".join(TWO_CALLS))
+    whole.finish("stop")
+    names = [call["function"]["name"] for call in whole.message_choice()["message"]["tool_calls"]]
+    assert names == (["get_weather", "get_time"] if parallel else ["get_weather"])
+    seen = replay(items)
+    assert [call["name"] for call in seen["calls"].values()] == names
+    assert seen["finish"] == "tool_calls" and seen["content"] == ""
+    assert len(seen["logprobs"]) == len(TWO_CALLS)  # a dropped call's tokens still count in logprobs
+
+
 def test_without_tool_parsing_the_tags_are_plain_content():
     choice = ChatChoice(parse_tools=False)
     items = stream(choice, RECORDED[7:])

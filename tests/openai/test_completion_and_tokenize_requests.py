@@ -69,10 +69,12 @@ def test_prompt_is_required():
 
 
 def test_completion_fields():
-    request = parse_completion_request(raw(prompt="x", echo=True, suffix=None, best_of=1, max_tokens=3, max_completion_tokens=99))
+    request = parse_completion_request(raw(prompt="x", echo=True, suffix=None, best_of=1, max_tokens=3))
     assert request.echo is True
-    # max_completion_tokens belongs to the chat endpoint only.
     assert request.sampling.max_tokens == 3
+    # max_completion_tokens belongs to the chat endpoint only: here it would be ignored, so it is refused.
+    rejected(parse_completion_request, raw(prompt="x", max_completion_tokens=99), "max_completion_tokens",
+             "Unrecognized")
     rejected(parse_completion_request, raw(prompt="x", suffix="end"), "suffix", "not supported")
     rejected(parse_completion_request, raw(prompt="x", best_of=2), "best_of", "not supported")
     rejected(parse_completion_request, raw(prompt="x", echo="yes"), "echo", "boolean")
@@ -103,7 +105,16 @@ def test_tokenize_errors():
     rejected(parse_tokenize_request, raw(prompt="a", messages=[{"role": "user", "content": "x"}]), "prompt", "Exactly one")
     rejected(parse_tokenize_request, raw(prompt=3), "prompt", "string")
     rejected(parse_tokenize_request, raw(messages=[{"role": "user"}]), "messages[0].content", "required")
-    rejected(parse_tokenize_request, raw(prompt="a", add_generation_prompt="no"), "add_generation_prompt", "boolean")
+    rejected(parse_tokenize_request, raw(messages=[{"role": "user", "content": "x"}], add_generation_prompt="no"),
+             "add_generation_prompt", "boolean")
+    # Template fields beside a prompt would be ignored, so they are refused.
+    rejected(parse_tokenize_request, raw(prompt="a", add_generation_prompt=False), "add_generation_prompt",
+             "only with 'messages'")
+    rejected(parse_tokenize_request, raw(prompt="a", chat_template_kwargs={"enable_thinking": False}),
+             "chat_template_kwargs", "only with 'messages'")
+    rejected(parse_tokenize_request, raw(prompt="a", add_special_tokens=True), "add_special_tokens", "Unrecognized")
+    rejected(parse_detokenize_request, raw(tokens=[1], skip_special_tokens=True), "skip_special_tokens",
+             "Unrecognized")
 
 
 def test_detokenize():
@@ -113,3 +124,14 @@ def test_detokenize():
     rejected(parse_detokenize_request, raw(tokens="1 2"), "tokens", "array")
     rejected(parse_detokenize_request, raw(tokens=[1, "2"]), "tokens[1]", "integer")
     rejected(parse_detokenize_request, raw(tokens=[-1]), "tokens[0]", "non-negative")
+
+
+def test_default_max_tokens_follows_openai_under_the_server_cap():
+    from kestrel_trio.openai import COMPLETIONS_DEFAULT_MAX_TOKENS, default_max_tokens
+
+    assert COMPLETIONS_DEFAULT_MAX_TOKENS == 16
+    assert default_max_tokens(chat=True, server_cap=None) is None  # up to the context
+    assert default_max_tokens(chat=False, server_cap=None) == 16
+    assert default_max_tokens(chat=True, server_cap=300) == 300
+    assert default_max_tokens(chat=False, server_cap=300) == 16  # the cap never raises OpenAI's 16
+    assert default_max_tokens(chat=False, server_cap=4) == 4

@@ -45,6 +45,8 @@ def script(prompt: str) -> str:
         return '{"city": "Oslo"}}\n</tool_call>'
     if prompt.endswith("<tool_call>\n"):  # tool_choice "required"
         return CALL[len("<tool_call>\n"):]
+    if "TWICE" in prompt:
+        return CALL + "\n" + CALL.replace("Oslo", "Bergen")
     if "MALFORMED" in prompt:
         return 'Sure.\n<tool_call>\n{"name": get_weather}\n</tool_call>'
     return "Let me check.\n\n" + CALL
@@ -168,6 +170,22 @@ async def test_required_and_named_tool_choice_force_the_call_opening(scripted, t
     content, calls, finishes = streamed_calls(chunks)
     assert (content, finishes) == ("", ["tool_calls"])
     assert [c["name"] for c in calls.values()] == ["get_weather"]
+
+
+@pytest.mark.parametrize("parallel", [None, True, False])
+async def test_parallel_tool_calls_false_returns_only_the_first_call(demo_model: Model, monkeypatch, parallel) -> None:
+    """On the demo model only: two calls after a tool prompt do not fit the fixture's 512-token context."""
+    scripted = ScriptedModel(demo_model).install(monkeypatch)
+    question = [{"role": "user", "content": "Weather in Oslo and Bergen? TWICE"}]
+    extra = {} if parallel is None else {"parallel_tool_calls": parallel}
+    with trio.fail_after(60):
+        async with running_server(scripted.model) as server:
+            full, chunks = await full_and_streamed(server, messages=question, tools=TOOLS, **extra)
+    expected = [{"city": "Oslo"}] if parallel is False else [{"city": "Oslo"}, {"city": "Bergen"}]
+    assert [json.loads(c.function.arguments) for c in full.choices[0].message.tool_calls] == expected
+    content, calls, finishes = streamed_calls(chunks)
+    assert [json.loads(c["arguments"]) for c in calls.values()] == expected
+    assert full.choices[0].finish_reason == "tool_calls" and finishes == ["tool_calls"]
 
 
 async def test_malformed_tool_call_output_degrades_to_content(scripted) -> None:

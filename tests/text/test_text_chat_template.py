@@ -255,3 +255,13 @@ def test_missing_template_error() -> None:
     error = missing_template_error()
     assert isinstance(error, BadRequestError)
     assert error.status == 400 and "chat template" in error.message
+
+
+def test_check_kwargs_refuses_a_variable_the_template_never_reads() -> None:
+    template = ChatTemplate("{% macro m() %}{{ documents }}{% endmacro %}{% if enable_thinking is defined %}x{% endif %}"
+                            "{{ m() }}{{ eos_token }}", special_tokens={"eos_token": "<E>"})
+    template.check_kwargs(["enable_thinking", "documents", "eos_token"], "chat_template_kwargs")  # all read
+    with pytest.raises(BadRequestError) as info:
+        template.check_kwargs(["enable_thinking", "enable_thinkin"], "chat_template_kwargs")
+    assert info.value.param == "chat_template_kwargs.enable_thinkin"
+    assert "reads: documents, enable_thinking" in info.value.message

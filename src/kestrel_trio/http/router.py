@@ -1,44 +1,78 @@
-"""A minimal exact-path router usable as a :data:`Handler`."""
+"""A minimal router usable as a :data:`Handler`: exact paths, path prefixes, HEAD from GET, body media types."""
 
 from __future__ import annotations
+
+import attrs
 
 from kestrel_trio.http.responses import error_response
 from kestrel_trio.http.types import Handler, ImmediateAnswer, Request, Response, StreamingResponse
 
-__all__ = ["Router"]
+__all__ = ["Router", "media_type"]
+
+
+@attrs.frozen
+class _Route:
+    handler: Handler
+    media_types: frozenset[str] | None  # the body's accepted media types (lower case); None: any
 
 
 class Router:
-    """Dispatch requests on ``(method, exact path)``.
+    """Dispatch requests on ``(method, path)``.
 
-    An unknown path gets a 404 envelope; a known path with another method gets
-    a 405 envelope with an ``Allow`` header. HEAD is not derived from GET.
-    Routes added with :meth:`add_immediate` and the 404/405 answers are also
-    given by :meth:`answer_now`, which the server tries first.
+    A path is matched exactly, or else by the longest registered prefix (for
+    routes added with ``prefix=True``, e.g. ``/v1/models/`` for
+    ``/v1/models/{id}``). An unknown path gets a 404 envelope; a known path
+    with another method gets a 405 envelope with an ``Allow`` header. Every
+    GET route also answers HEAD (the same status and headers; the server
+    sends no body). A route given ``media_types`` refuses a request whose
+    ``Content-Type`` is missing or another media type with 415, before its
+    handler runs. Routes added with :meth:`add_immediate`, and every refusal,
+    are also given by :meth:`answer_now`, which the server tries first (for
+    a client waiting on ``Expect: 100-continue`` it is tried before the body
+    is sent).
     """
 
     def __init__(self) -> None:
-        self._routes: dict[str, dict[str, Handler]] = {}
+        self._routes: dict[str, dict[str, _Route]] = {}
+        self._prefixes: list[str] = []  # longest first
         self._immediate: dict[tuple[str, str], ImmediateAnswer] = {}
 
-    def add(self, method: str, path: str, handler: Handler) -> None:
+    def add(self, method: str, path: str, handler: Handler, *, prefix: bool = False,
+            media_types: tuple[str, ...] | None = None) -> None:
         """Route ``method path`` to ``handler``.
 
         Args:
-            method: the HTTP method (case-insensitive).
-            path: the exact request path, without query string.
+            method: the HTTP method (case-insensitive). GET also serves HEAD.
+            path: the exact request path, without query string; with
+                ``prefix``, the start of every path routed here.
             handler: the async function answering matching requests.
+            prefix: match every longer path that starts with ``path``.
+            media_types: the request body's accepted media types, compared
+                case-insensitively and without parameters (``; charset=...``);
+                None accepts any body.
 
         Raises:
             ValueError: the route is already taken.
         """
-        methods = self._routes.setdefault(path, {})
+        methods = self._routes.setdefault(self._key(path, prefix), {})
         method = method.upper()
-        if method in methods:
+        if method in methods or (method == "GET" and "HEAD" in methods):
             raise ValueError(f"route {method} {path} is already registered")
-        methods[method] = handler
+        accepted = None if media_types is None else frozenset(media.lower() for media in media_types)
+        methods[method] = _Route(handler, accepted)
+        if method == "GET":
+            methods["HEAD"] = methods[method]
 
-    def add_immediate(self, method: str, path: str, answer: ImmediateAnswer) -> None:
+    def _key(self, path: str, prefix: bool) -> str:
+        if not prefix:
+            return path
+        key = "\0" + path  # never a request path, so an exact route and a prefix route cannot collide
+        if path not in self._prefixes:
+            self._prefixes.append(path)
+            self._prefixes.sort(key=len, reverse=True)
+        return key
+
+    def add_immediate(self, method: str, path: str, answer: ImmediateAnswer, *, prefix: bool = False) -> None:
         """Route ``method path`` to a synchronous ``answer`` that never waits (e.g. a health probe).
 
         Raises:
@@ -48,21 +82,35 @@ class Router:
         async def handler(request: Request) -> Response:
             return answer(request)
 
-        self.add(method, path, handler)
-        self._immediate[(method.upper(), path)] = answer
+        self.add(method, path, handler, prefix=prefix)
+        key = self._key(path, prefix)
+        self._immediate[(method.upper(), key)] = answer
+        if method.upper() == "GET":
+            self._immediate[("HEAD", key)] = answer
+
+    def _lookup(self, path: str) -> str | None:
+        """The route key serving ``path``, or None."""
+        if path in self._routes:
+            return path
+        for start in self._prefixes:
+            if path.startswith(start) and len(path) > len(start):
+                return "\0" + start
+        return None
 
     def answer_now(self, request: Request) -> Response | None:
-        """The response of an immediate route, a 404 or a 405; None for the other routes."""
-        answer = self._immediate.get((request.method, request.path))
+        """The response of an immediate route, or a refusal (404, 405, 415); None for the other routes."""
+        key = self._lookup(request.path)
+        answer = None if key is None else self._immediate.get((request.method, key))
         if answer is not None:
             return answer(request)
-        return self._refusal(request)
+        return self._refusal(request, key)
 
-    def _refusal(self, request: Request) -> Response | None:
-        methods = self._routes.get(request.path)
-        if methods is None:
+    def _refusal(self, request: Request, key: str | None) -> Response | None:
+        if key is None:
             return error_response(404, f"Unknown path: {request.path}", code="unknown_url")
-        if request.method not in methods:
+        methods = self._routes[key]
+        route = methods.get(request.method)
+        if route is None:
             allow = ", ".join(sorted(methods))
             return error_response(
                 405,
@@ -70,10 +118,31 @@ class Router:
                 code="method_not_allowed",
                 headers=(("allow", allow),),
             )
+        if route.media_types is not None:
+            content_type = request.header("content-type")
+            if content_type is None or media_type(content_type) not in route.media_types:
+                return _unsupported_media_type(content_type, route.media_types)
         return None
 
     async def __call__(self, request: Request) -> Response | StreamingResponse:
-        refusal = self._refusal(request)
+        key = self._lookup(request.path)
+        refusal = self._refusal(request, key)
         if refusal is not None:
             return refusal
-        return await self._routes[request.path][request.method](request)
+        assert key is not None
+        return await self._routes[key][request.method].handler(request)
+
+
+def media_type(content_type: str) -> str:
+    """The media type of a ``Content-Type`` value, lower case, without parameters (``Application/JSON; charset=utf-8`` -> ``application/json``)."""
+    return content_type.partition(";")[0].strip().lower()
+
+
+def _unsupported_media_type(content_type: str | None, accepted: frozenset[str]) -> Response:
+    wanted = " or ".join(sorted(accepted))
+    got = "no Content-Type" if content_type is None else f"Content-Type {content_type!r}"
+    return error_response(
+        415,
+        f"The request body must be sent as {wanted} (got {got}); e.g. curl -H 'Content-Type: {min(accepted)}'",
+        code="unsupported_media_type",
+    )

@@ -32,6 +32,7 @@ from kestrel_trio.openai.responses import (
     to_json_bytes,
     usage_dict,
 )
+from kestrel_trio.openai.sampling_fields import COMPLETIONS_DEFAULT_MAX_TOKENS, default_max_tokens
 from kestrel_trio.openai.sse import SSE_DONE, SSEFormatError, parse_sse, sse_error, sse_event
 from kestrel_trio.openai.tool_calls import ToolCall, ToolCallParser, forced_tool_prefix, parse_tool_calls
 
@@ -54,6 +55,8 @@ __all__ = [
     "ReasoningSplitter",
     "split_reasoning",
     "SamplingFields",
+    "COMPLETIONS_DEFAULT_MAX_TOKENS",
+    "default_max_tokens",
     "ChatRequest",
     "CompletionRequest",
     "TokenizeRequest",

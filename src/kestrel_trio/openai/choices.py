@@ -18,6 +18,9 @@ Theory of operation (sans-IO; the route feeds it each engine delta in order):
   (as vLLM reports them), except the EOS / stop token that ended the answer.
 * ``finish_reason`` becomes ``"tool_calls"`` when the output held at least
   one valid call and ended naturally (``"stop"``); ``"length"`` stays.
+* With ``parallel_tool_calls`` false (the request's ``parallel_tool_calls:
+  false``) only the first valid call is returned; later ones the model writes
+  are dropped, from the stream and the message alike.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ class ChatChoice:
             opening); the parser reads it first, it is never sent as content.
         logprobs: report logprobs (``logprobs: true``).
         make_id: the tool-call id generator.
+        parallel_tool_calls: False: return only the first tool call.
     """
 
     index: int = 0
@@ -53,6 +57,7 @@ class ChatChoice:
     forced_prefix: str = ""
     logprobs: bool = False
     make_id: object = new_call_id
+    parallel_tool_calls: bool = True
     _splitter: ReasoningSplitter | None = attrs.field(init=False, default=None)
     _parser: ToolCallParser | None = attrs.field(init=False, default=None)
     _pending: list = attrs.field(init=False, factory=list)
@@ -118,6 +123,8 @@ class ChatChoice:
                 self._content.append(piece)
                 delta["content"] = delta.get("content", "") + piece
                 continue
+            if self._calls and not self.parallel_tool_calls:
+                continue  # one call was asked for: the model's later calls are dropped
             if delta:
                 items.append(self._item(delta))
                 delta = {}

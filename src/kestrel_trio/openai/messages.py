@@ -2,7 +2,9 @@
 
 Messages come out normalized for a chat template: ``developer`` becomes
 ``system``; text content parts are joined with ``"\\n"`` (as vLLM does) into a
-plain string; unknown keys are dropped. Assistant ``tool_calls`` keep their
+plain string. A key that is neither read here nor a documented no-op
+(:data:`kestrel_trio.openai.accepted_fields.NO_OP_FIELDS`) is refused with a
+400 naming it. Assistant ``tool_calls`` keep their
 ``arguments`` exactly as sent (a JSON string); :func:`template_messages` makes
 the copy a template wants, with ``arguments`` parsed into a mapping.
 """
@@ -14,6 +16,7 @@ import json
 from typing import Any
 
 from kestrel_trio.errors import BadRequestError
+from kestrel_trio.openai.accepted_fields import CHAT, check_keys
 from kestrel_trio.openai._fields import (
     check_object,
     check_str,
@@ -29,9 +32,18 @@ __all__ = ["validate_messages", "validate_tools", "validate_tool_choice", "templ
 
 _ROLES = ("system", "developer", "user", "assistant", "tool")
 _TOOL_CHOICE_MODES = ("none", "auto", "required")
+# The keys each role's message may carry (``name``, a documented no-op, is accepted on every role).
+_MESSAGE_KEYS = {
+    "system": ("role", "content"),
+    "developer": ("role", "content"),
+    "user": ("role", "content"),
+    "assistant": ("role", "content", "tool_calls", "reasoning_content"),
+    "tool": ("role", "content", "tool_call_id"),
+}
 
 
-def validate_messages(value: Any, path: str = "messages", *, allow_images: bool = False) -> tuple[dict, ...]:
+def validate_messages(value: Any, path: str = "messages", *, allow_images: bool = False,
+                      endpoint: str = CHAT) -> tuple[dict, ...]:
     """Validate and normalize a ``messages`` array.
 
     Args:
@@ -39,6 +51,7 @@ def validate_messages(value: Any, path: str = "messages", *, allow_images: bool 
         path: its dotted path, for error messages.
         allow_images: accept ``image_url`` parts in user messages (they are
             then kept as a list of parts instead of being joined to a string).
+        endpoint: the endpoint whose no-op fields apply (see ``accepted_fields``).
 
     Returns:
         One normalized dict per message.
@@ -50,33 +63,36 @@ def validate_messages(value: Any, path: str = "messages", *, allow_images: bool 
         raise fail(path, "an array", value)
     if not value:
         raise BadRequestError(f"'{path}' must contain at least one message", param=path)
-    return tuple(_message(item, join_path(path, i), allow_images) for i, item in enumerate(value))
+    generic = f"{path}[]"
+    return tuple(_message(item, join_path(path, i), generic, allow_images, endpoint) for i, item in enumerate(value))
 
 
-def _message(value: Any, path: str, allow_images: bool) -> dict:
+def _message(value: Any, path: str, generic: str, allow_images: bool, endpoint: str) -> dict:
     message = check_object(value, path)
     role = check_str(require(message, "role", path), join_path(path, "role"))
     if role not in _ROLES:
         field = join_path(path, "role")
         raise BadRequestError(f"'{field}' must be one of {', '.join(_ROLES)}; got {role!r}", param=field)
+    check_keys(message, _MESSAGE_KEYS[role], endpoint=endpoint, path=path, generic=generic)
     out: dict = {"role": "system" if role == "developer" else role}
     name = get_str(message, "name", path)
     if name is not None:
         out["name"] = name
     if role == "assistant":
-        _assistant_fields(message, path, out)
+        _assistant_fields(message, path, generic, out)
     else:
         images_ok = allow_images and role == "user"
-        out["content"] = _content(require(message, "content", path), join_path(path, "content"), images_ok)
+        out["content"] = _content(require(message, "content", path), join_path(path, "content"), generic, images_ok)
     if role == "tool":
         out["tool_call_id"] = check_str(require(message, "tool_call_id", path), join_path(path, "tool_call_id"))
     return out
 
 
-def _assistant_fields(message: dict, path: str, out: dict) -> None:
+def _assistant_fields(message: dict, path: str, generic: str, out: dict) -> None:
     tool_calls = get_array(message, "tool_calls", path)
     if tool_calls is not None:
-        out["tool_calls"] = [_tool_call(item, join_path(join_path(path, "tool_calls"), i)) for i, item in enumerate(tool_calls)]
+        calls_path, calls_generic = join_path(path, "tool_calls"), join_path(generic, "tool_calls[]")
+        out["tool_calls"] = [_tool_call(item, join_path(calls_path, i), calls_generic) for i, item in enumerate(tool_calls)]
     content = message.get("content")
     if content is None:
         if not tool_calls:
@@ -84,32 +100,37 @@ def _assistant_fields(message: dict, path: str, out: dict) -> None:
             raise BadRequestError(f"'{field}' is required unless the assistant message has tool_calls", param=field)
         out["content"] = None
     else:
-        out["content"] = _content(content, join_path(path, "content"), images_ok=False)
+        out["content"] = _content(content, join_path(path, "content"), generic, images_ok=False)
     # vLLM extension: earlier reasoning, which Qwen's template can render back.
     reasoning = get_str(message, "reasoning_content", path)
     if reasoning is not None:
         out["reasoning_content"] = reasoning
 
 
-def _content(value: Any, path: str, images_ok: bool) -> str | list:
+def _content(value: Any, path: str, message_generic: str, images_ok: bool) -> str | list:
     if isinstance(value, str):
         return value
     if not isinstance(value, list):
         raise fail(path, "a string or an array of content parts", value)
-    parts = [_content_part(item, join_path(path, j), images_ok) for j, item in enumerate(value)]
+    generic = join_path(message_generic, "content[]")
+    parts = [_content_part(item, join_path(path, j), generic, images_ok) for j, item in enumerate(value)]
     if all(part["type"] == "text" for part in parts):
         return "\n".join(part["text"] for part in parts)
     return parts
 
 
-def _content_part(value: Any, path: str, images_ok: bool) -> dict:
+def _content_part(value: Any, path: str, generic: str, images_ok: bool) -> dict:
     part = check_object(value, path)
     kind = check_str(require(part, "type", path), join_path(path, "type"))
     if kind == "text":
+        check_keys(part, ("type", "text"), endpoint=CHAT, path=path, generic=generic)
         return {"type": "text", "text": check_str(require(part, "text", path), join_path(path, "text"))}
     if kind == "image_url":
+        check_keys(part, ("type", "image_url"), endpoint=CHAT, path=path, generic=generic)
         image = check_object(require(part, "image_url", path), join_path(path, "image_url"))
         url = check_str(require(image, "url", join_path(path, "image_url")), join_path(path, "image_url.url"))
+        check_keys(image, ("url",), endpoint=CHAT, path=join_path(path, "image_url"),
+                   generic=join_path(generic, "image_url"))
         if not images_ok:
             raise BadRequestError(f"'{path}': images are not supported by this model", param=path)
         return {"type": "image_url", "image_url": {"url": url}}
@@ -117,12 +138,14 @@ def _content_part(value: Any, path: str, images_ok: bool) -> dict:
     raise BadRequestError(f"'{field}' must be 'text' or 'image_url'; got {kind!r}", param=field)
 
 
-def _tool_call(value: Any, path: str) -> dict:
+def _tool_call(value: Any, path: str, generic: str) -> dict:
     call = check_object(value, path)
+    check_keys(call, ("id", "type", "function"), endpoint=CHAT, path=path, generic=generic)
     call_id = check_str(require(call, "id", path), join_path(path, "id"))
     _expect_function_type(call, path)
     function_path = join_path(path, "function")
     function = check_object(require(call, "function", path), function_path)
+    check_keys(function, ("name", "arguments"), endpoint=CHAT, path=function_path, generic=join_path(generic, "function"))
     name = check_str(require(function, "name", function_path), join_path(function_path, "name"))
     arguments_path = join_path(function_path, "arguments")
     arguments = check_str(require(function, "arguments", function_path), arguments_path)
@@ -151,20 +174,26 @@ def validate_tools(value: Any, path: str = "tools") -> tuple[dict, ...]:
     """Validate a ``tools`` array: ``[{"type": "function", "function": {"name", "description"?, "parameters"?}}]``.
 
     Returns:
-        One normalized dict per tool (unknown keys dropped, ``strict`` kept).
+        One normalized dict per tool (``strict``, a documented no-op, kept for the template).
+
+    Raises:
+        BadRequestError: naming the first offending field, unknown keys included.
     """
     if not isinstance(value, list):
         raise fail(path, "an array", value)
     if not value:
         raise BadRequestError(f"'{path}' must contain at least one tool", param=path)
-    return tuple(_tool(item, join_path(path, i)) for i, item in enumerate(value))
+    return tuple(_tool(item, join_path(path, i), f"{path}[]") for i, item in enumerate(value))
 
 
-def _tool(value: Any, path: str) -> dict:
+def _tool(value: Any, path: str, generic: str) -> dict:
     tool = check_object(value, path)
+    check_keys(tool, ("type", "function"), endpoint=CHAT, path=path, generic=generic)
     _expect_function_type(tool, path)
     function_path = join_path(path, "function")
     function = check_object(require(tool, "function", path), function_path)
+    check_keys(function, ("name", "description", "parameters"), endpoint=CHAT, path=function_path,
+               generic=join_path(generic, "function"))
     out: dict = {"name": check_str(require(function, "name", function_path), join_path(function_path, "name"))}
     description = get_str(function, "description", function_path)
     if description is not None:
@@ -195,9 +224,11 @@ def validate_tool_choice(value: Any, tools: tuple[dict, ...] | None, path: str =
     if not isinstance(value, dict):
         raise fail(path, "a string or an object", value)
     choice = value
+    check_keys(choice, ("type", "function"), endpoint=CHAT, path=path, generic=path)
     _expect_function_type(choice, path)
     function_path = join_path(path, "function")
     function = check_object(require(choice, "function", path), function_path)
+    check_keys(function, ("name",), endpoint=CHAT, path=function_path, generic=function_path)
     name_path = join_path(function_path, "name")
     name = check_str(require(function, "name", function_path), name_path)
     if name not in {tool["function"]["name"] for tool in tools or ()}:

@@ -1,8 +1,10 @@
 """Request bodies -> validated frozen values.
 
-Exactly as permissive as OpenAI: unknown fields are ignored, ``null`` for an
-optional field means unset. Every rejection is a :class:`BadRequestError`
-whose ``param`` names the offending field (dotted path for nested fields).
+No field is silently ignored: each key either acts, is a documented no-op, or
+is refused (see :mod:`kestrel_trio.openai.accepted_fields`, and docs/api.md);
+``null`` for a known optional field means unset. Every rejection is a
+:class:`BadRequestError` whose ``param`` names the offending field (dotted path
+for nested fields).
 """
 
 from __future__ import annotations
@@ -12,8 +14,8 @@ from typing import Any, NoReturn
 import attrs
 
 from kestrel_trio.errors import BadRequestError
+from kestrel_trio.openai.accepted_fields import CHAT, COMPLETIONS, DETOKENIZE, TOKENIZE, check_keys
 from kestrel_trio.openai._fields import (
-    check_int,
     check_token_id,
     fail,
     get_array,
@@ -29,7 +31,12 @@ from kestrel_trio.openai.messages import (
     validate_tool_choice,
     validate_tools,
 )
-from kestrel_trio.openai.sampling_fields import SamplingFields, parse_sampling_fields
+from kestrel_trio.openai.sampling_fields import (
+    SAMPLING_KEYS_CHAT,
+    SAMPLING_KEYS_COMPLETIONS,
+    SamplingFields,
+    parse_sampling_fields,
+)
 
 __all__ = [
     "SamplingFields",
@@ -55,6 +62,7 @@ class ChatRequest:
         tool_choice: ``"none"``/``"auto"``/``"required"``, a named function, or None.
         chat_template_kwargs: extra template variables, e.g. ``{"enable_thinking": False}``.
         sampling: the sampling fields.
+        parallel_tool_calls: False: return at most one tool call per choice (OpenAI's default: True).
     """
 
     model: str | None
@@ -63,6 +71,7 @@ class ChatRequest:
     tool_choice: str | dict | None
     chat_template_kwargs: dict
     sampling: SamplingFields
+    parallel_tool_calls: bool = True
 
     def template_messages(self) -> list[dict]:
         """A fresh copy of ``messages`` for the chat template (tool-call arguments parsed to mappings)."""
@@ -131,12 +140,14 @@ def parse_chat_request(body: bytes, *, allow_images: bool = False) -> ChatReques
         BadRequestError: malformed JSON or an invalid field (``param`` names it).
     """
     obj = load_object(body)
+    check_keys(obj, _CHAT_KEYS, endpoint=CHAT)
     model = get_str(obj, "model")
     if obj.get("messages") is None:
         _missing("messages")
     messages = validate_messages(obj["messages"], allow_images=allow_images)
     tools = None if obj.get("tools") is None else validate_tools(obj["tools"])
     tool_choice = None if obj.get("tool_choice") is None else validate_tool_choice(obj["tool_choice"], tools)
+    parallel = get_bool(obj, "parallel_tool_calls")
     return ChatRequest(
         model=model,
         messages=messages,
@@ -144,6 +155,7 @@ def parse_chat_request(body: bytes, *, allow_images: bool = False) -> ChatReques
         tool_choice=tool_choice,
         chat_template_kwargs=_template_kwargs(obj),
         sampling=parse_sampling_fields(obj, chat=True),
+        parallel_tool_calls=True if parallel is None else parallel,
     )
 
 
@@ -155,14 +167,10 @@ def parse_completion_request(body: bytes) -> CompletionRequest:
             non-null ``suffix``, ``best_of`` other than 1, or an invalid field.
     """
     obj = load_object(body)
+    check_keys(obj, _COMPLETION_KEYS, endpoint=COMPLETIONS)
     model = get_str(obj, "model")
     prompt = _prompt(obj.get("prompt"))
     echo = bool(get_bool(obj, "echo"))
-    if obj.get("suffix") is not None:
-        raise BadRequestError("'suffix' is not supported", param="suffix")
-    best_of = obj.get("best_of")
-    if best_of is not None and check_int(best_of, "best_of") != 1:
-        raise BadRequestError("'best_of' other than 1 is not supported", param="best_of")
     return CompletionRequest(
         model=model, prompt=prompt, echo=echo, suffix=None, sampling=parse_sampling_fields(obj, chat=False)
     )
@@ -172,19 +180,26 @@ def parse_tokenize_request(body: bytes) -> TokenizeRequest:
     """Parse and validate a ``/tokenize`` body: ``{"prompt": str}`` or ``{"messages": [...]}``.
 
     Raises:
-        BadRequestError: neither or both of ``prompt``/``messages``, or an invalid field.
+        BadRequestError: neither or both of ``prompt``/``messages``, a template
+            field beside ``prompt``, or an invalid field.
     """
     obj = load_object(body)
+    check_keys(obj, _TOKENIZE_KEYS, endpoint=TOKENIZE)
     model = get_str(obj, "model")
     prompt = get_str(obj, "prompt")
     has_messages = obj.get("messages") is not None
     if (prompt is None) == (not has_messages):
         raise BadRequestError("Exactly one of 'prompt' and 'messages' must be given", param="prompt")
+    if prompt is not None:
+        for field in _TEMPLATE_ONLY_KEYS:
+            if obj.get(field) is not None:
+                raise BadRequestError(f"'{field}' applies only with 'messages' (a 'prompt' is tokenized as is)",
+                                      param=field)
     add_generation_prompt = get_bool(obj, "add_generation_prompt")
     return TokenizeRequest(
         model=model,
         prompt=prompt,
-        messages=validate_messages(obj["messages"]) if has_messages else None,
+        messages=validate_messages(obj["messages"], endpoint=TOKENIZE) if has_messages else None,
         add_generation_prompt=True if add_generation_prompt is None else add_generation_prompt,
         chat_template_kwargs=_template_kwargs(obj),
     )
@@ -197,11 +212,20 @@ def parse_detokenize_request(body: bytes) -> DetokenizeRequest:
         BadRequestError: ``tokens`` missing, not an array, or holding a non-token-id.
     """
     obj = load_object(body)
+    check_keys(obj, ("model", "tokens"), endpoint=DETOKENIZE)
     model = get_str(obj, "model")
     tokens = get_array(obj, "tokens")
     if tokens is None:
         _missing("tokens")
     return DetokenizeRequest(model=model, tokens=_token_ids(tokens, "tokens"))
+
+
+# The body keys each parser reads (the acting fields); accepted_fields decides about every other key.
+_CHAT_KEYS = SAMPLING_KEYS_CHAT | {"model", "messages", "tools", "tool_choice", "parallel_tool_calls",
+                                   "chat_template_kwargs"}
+_COMPLETION_KEYS = SAMPLING_KEYS_COMPLETIONS | {"model", "prompt", "echo"}
+_TEMPLATE_ONLY_KEYS = ("add_generation_prompt", "chat_template_kwargs")
+_TOKENIZE_KEYS = frozenset({"model", "prompt", "messages", *_TEMPLATE_ONLY_KEYS})
 
 
 def _missing(field: str) -> NoReturn:

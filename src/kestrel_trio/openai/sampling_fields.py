@@ -11,6 +11,7 @@ import re
 import attrs
 
 from kestrel_trio.errors import BadRequestError
+from kestrel_trio.openai.accepted_fields import CHAT, COMPLETIONS, check_keys
 from kestrel_trio.openai._fields import (
     check_token_id,
     fail,
@@ -22,13 +23,24 @@ from kestrel_trio.openai._fields import (
     join_path,
 )
 
-__all__ = ["SamplingFields", "parse_sampling_fields"]
+__all__ = [
+    "SamplingFields", "parse_sampling_fields", "SAMPLING_KEYS_CHAT", "SAMPLING_KEYS_COMPLETIONS",
+    "COMPLETIONS_DEFAULT_MAX_TOKENS", "default_max_tokens",
+]
 
 MAX_STOP_SEQUENCES = 4
 MAX_N = 8  # choices per request; each is a full generation, so keep it small
 MAX_TOP_LOGPROBS_CHAT = 20  # OpenAI's bounds
 MAX_LOGPROBS_COMPLETIONS = 5
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's documented default for /v1/completions without max_tokens
 _TOKEN_ID_KEY = re.compile(r"[0-9]+")
+# The body keys parse_sampling_fields reads, on each endpoint.
+SAMPLING_KEYS_COMPLETIONS = frozenset({
+    "max_tokens", "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
+    "repetition_penalty", "seed", "stop", "stop_token_ids", "logit_bias", "n", "stream", "stream_options",
+    "ignore_eos", "logprobs",
+})
+SAMPLING_KEYS_CHAT = SAMPLING_KEYS_COMPLETIONS | {"max_completion_tokens", "top_logprobs"}
 
 
 @attrs.frozen
@@ -116,10 +128,32 @@ def parse_sampling_fields(body: dict, *, chat: bool) -> SamplingFields:
         logit_bias=_logit_bias(body),
         n=_n(body),
         stream=stream,
-        include_usage=_include_usage(body, stream),
+        include_usage=_include_usage(body, stream, chat),
         ignore_eos=bool(get_bool(body, "ignore_eos")),
         logprobs=_chat_logprobs(body) if chat else _completion_logprobs(body),
     )
+
+
+def default_max_tokens(*, chat: bool, server_cap: int | None) -> int | None:
+    """The most new tokens of a request that set no ``max_tokens`` (nor ``max_completion_tokens``).
+
+    OpenAI's defaults, under the server's cap (``serve --default-max-tokens``): chat generates up to
+    the context (or ``server_cap``); completions generate :data:`COMPLETIONS_DEFAULT_MAX_TOKENS`
+    tokens, or ``server_cap`` when that is lower. The cap never raises a default; a request's own
+    ``max_tokens`` is never capped by it.
+
+    Args:
+        chat: the chat endpoint (else completions).
+        server_cap: the server-wide default cap in tokens, or None.
+
+    Returns:
+        The default in tokens, or None for "as many as the context allows".
+    """
+    if chat:
+        return server_cap
+    if server_cap is None:
+        return COMPLETIONS_DEFAULT_MAX_TOKENS
+    return min(COMPLETIONS_DEFAULT_MAX_TOKENS, server_cap)
 
 
 def _max_tokens(body: dict, chat: bool) -> tuple[int | None, str]:
@@ -219,10 +253,12 @@ def _logit_bias(body: dict) -> tuple[tuple[int, float], ...]:
     return tuple(pairs.items())
 
 
-def _include_usage(body: dict, stream: bool) -> bool:
+def _include_usage(body: dict, stream: bool, chat: bool) -> bool:
     options = get_object(body, "stream_options")
     if options is None:
         return False
     if not stream:
         raise BadRequestError("'stream_options' is only allowed when 'stream' is true", param="stream_options")
+    check_keys(options, ("include_usage",), endpoint=CHAT if chat else COMPLETIONS, path="stream_options",
+               generic="stream_options")
     return bool(get_bool(options, "include_usage", "stream_options"))

@@ -20,6 +20,7 @@ from typing import Any
 
 import jinja2
 import jinja2.ext
+import jinja2.meta
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from kestrel_trio.errors import BadRequestError, ModelLoadError
@@ -113,8 +114,28 @@ class ChatTemplate:
         self._special_tokens = dict(special_tokens or {})
         try:
             self._compiled = _ENVIRONMENT.from_string(source)
+            # Every name the template reads from its context, wherever it reads it (macros included).
+            self.variables: frozenset[str] = frozenset(jinja2.meta.find_undeclared_variables(_ENVIRONMENT.parse(source)))
         except jinja2.TemplateSyntaxError as exc:
             raise ModelLoadError(f"chat template has a syntax error at line {exc.lineno}: {exc.message}") from exc
+
+    def check_kwargs(self, names: Sequence[str], param: str) -> None:
+        """Refuse template variables this template never reads: they would be ignored without a word.
+
+        Args:
+            names: the extra variables a request passes (``chat_template_kwargs``' keys).
+            param: the request field that carried them, e.g. ``"chat_template_kwargs"``.
+
+        Raises:
+            BadRequestError: naming the first unread variable (``param.name``).
+        """
+        for name in names:
+            if name not in self.variables:
+                field = f"{param}.{name}"
+                extra = sorted(self.variables - {"messages", "tools", "add_generation_prompt", "raise_exception",
+                                                 "strftime_now", *self._special_tokens})
+                raise BadRequestError(f"'{field}' is not read by this model's chat template (it reads: "
+                                      f"{', '.join(extra) or 'no extra variables'})", param=field)
 
     def render(
         self,
