@@ -25,6 +25,7 @@ from kestrel_trio.model import Model
 from kestrel_trio.routes_chat import ChatOptions, Job
 from kestrel_trio.routes_images import ImagePolicy, prepare_images, template_parts
 from kestrel_trio.text.images import expand_image_pads
+from kestrel_trio.webui import add_webui_routes
 from kestrel_trio.stats import CONTENT_TYPE as PROMETHEUS_CONTENT_TYPE
 
 __all__ = ["ServerState", "build_router"]
@@ -51,6 +52,8 @@ class ServerState:
         image_workers: requests whose images are being decoded at once (worker threads).
         text_workers: requests whose prompt is being rendered and tokenized at once (worker
             threads, so a megabyte prompt never stalls the event loop and /health).
+        accepts_images: the model takes images (Qwen3-VL); /v1/models says so.
+        webui: serve the built-in chat page at ``/``.
     """
 
     model_id: str
@@ -63,6 +66,8 @@ class ServerState:
     images: ImagePolicy = ImagePolicy()
     image_workers: trio.CapacityLimiter = attrs.field(factory=lambda: trio.CapacityLimiter(1))
     text_workers: trio.CapacityLimiter = attrs.field(factory=lambda: trio.CapacityLimiter(2))
+    accepts_images: bool = False
+    webui: bool = False
     created: int = attrs.field(factory=lambda: int(time.time()))
     streams_ended: bool = False
     _waits: set = attrs.field(factory=set)
@@ -120,6 +125,8 @@ def build_router(state: ServerState) -> "_AuthorizingHandler":
     router.add("POST", "/v1/completions", routes.completions)
     router.add("POST", "/tokenize", routes.tokenize)
     router.add("POST", "/detokenize", routes.detokenize)
+    if state.webui:
+        add_webui_routes(router)
 
     return _AuthorizingHandler(state, router)
 
@@ -176,7 +183,8 @@ class _Routes:
         return Response(status=200, body="".join(parts).encode(), content_type=PROMETHEUS_CONTENT_TYPE)
 
     def models(self, request: Request) -> Response:
-        return _json(200, oa.models_list([self.state.model_id], self.state.created))
+        modalities = ("text", "image") if self.state.accepts_images else ("text",)
+        return _json(200, oa.models_list([self.state.model_id], self.state.created, input_modalities=modalities))
 
     async def _parse(self, parse, body: bytes):
         """``parse(body)``; a large body is parsed in a worker thread, off the event loop."""
