@@ -154,6 +154,15 @@ async def test_new_chat_forgets_the_conversation(browser: Browser, demo_model: M
             first = await browser.answer_finished(1)
             await browser.click("#new-chat")
             assert await browser.answers() == 0
+            # New chat in the middle of an answer: that answer ends, and is no part of the new conversation.
+            await browser.set_setting("#max-tokens", "4000")
+            await browser.send("Write a very long story.")
+            await browser.until("""const c = document.querySelector('article.assistant .content');
+                                   return c && c.textContent.length > 5""")
+            await browser.click("#new-chat")
+            await browser.until("return document.body.dataset.busy === 'false'")
+            assert await browser.answers() == 0
+            await browser.set_setting("#max-tokens", "4")
             await browser.send("Hello there")
             again = await browser.answer_finished(1)
     assert again["prompt_tokens"] == first["prompt_tokens"]

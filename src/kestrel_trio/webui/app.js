@@ -28,6 +28,7 @@
     model: null,        // the served model's id, from /v1/models
     takesImages: false, // the model's card lists "image" in input_modalities (Qwen3-VL)
     history: [],        // the conversation as OpenAI messages (the system prompt is added per request)
+    conversation: 0,    // bumped by New chat: an answer still ending then belongs to the old one
     controller: null,   // the AbortController of the answer being streamed
     images: [],         // data: URLs of images attached to the next message
     keyPrompt: null,    // the pending API-key question, shared by concurrent requests
@@ -326,7 +327,7 @@
       return false;
     }
     for (const choice of chunk.choices || []) {
-      if (choice.index !== 0) continue;
+      if ((choice.index ?? 0) !== 0) continue; // the page asks for one choice
       const delta = choice.delta || {};
       if (typeof delta.reasoning_content === "string" && delta.reasoning_content) view.reasoning(delta.reasoning_content);
       if (typeof delta.content === "string" && delta.content) view.content(delta.content);
@@ -372,6 +373,7 @@
       ? [...images.map((url) => ({ type: "image_url", image_url: { url } })), ...(text.trim() ? [{ type: "text", text }] : [])]
       : text;
     const question = userMessage(text, images);
+    const conversation = state.conversation;
     state.history.push({ role: "user", content });
     ui.prompt.value = "";
     clearAttachments();
@@ -395,6 +397,7 @@
       setBusy(false);
     }
     view.end(outcome);
+    if (conversation !== state.conversation) return; // New chat was clicked meanwhile
     if (view.text) {
       state.history.push({ role: "assistant", content: view.text });
     } else {
@@ -413,6 +416,7 @@
 
   function newChat() {
     stop();
+    state.conversation += 1;
     state.history = [];
     for (const node of [...ui.messages.children]) if (node !== ui.empty) node.remove();
     ui.empty.hidden = false;
