@@ -17,6 +17,9 @@ FORBIDDEN = {
     "engine": {"h11", "json", "kestrel_trio.http", "kestrel_trio.openai"},
     "openai": {"trio", "numpy", "h11", "kestrel_trio._model", "kestrel_trio.engine", "kestrel_trio.http"},
     "http": {"numpy", "kestrel_trio._model", "kestrel_trio.model", "kestrel_trio.text", "kestrel_trio.engine"},
+    # The chat page's files and routes: static HTTP answers, nothing of the model or the API.
+    "webui": {"numpy", "kestrel_trio._model", "kestrel_trio.model", "kestrel_trio.text", "kestrel_trio.engine",
+              "kestrel_trio.openai", "kestrel_trio.routes", "kestrel_trio.server"},
 }
 ALLOWED_THIRD_PARTY_IN_MODEL = {"numpy", "attrs"}
 
