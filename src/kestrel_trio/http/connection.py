@@ -21,11 +21,12 @@ request cycles until one of them says to stop:
 4. RESPOND - a CORS preflight is answered by the CORS policy, before the
    handler (and so before any API-key check); every response of the exchange,
    errors included, carries the policy's headers for the request's ``Origin``
-   once its head is parsed. A handler's ``answer_now`` (requests served from memory, such as
-   /health and 404s) is sent at once. Otherwise run the handler and send its
-   answer while a watcher task keeps reading: EOF or a reset cancels the
-   handler / stream; other bytes (the next pipelined request) are fed to h11
-   for later, up to a byte budget. A small response goes out in one send.
+   once its head is parsed. A handler's ``answer_now`` (requests served from
+   memory, such as /health and 404s) is sent at once. Otherwise run the
+   handler and send its answer while a watcher task keeps reading: EOF or a
+   reset cancels the handler / stream; other bytes (the next pipelined request)
+   are fed to h11 for later, up to a byte budget. A small response goes out in
+   one send.
 5. Loop if both sides kept the connection alive, nothing broke and shutdown
    has not begun. The connection ends with a graceful close (half-close, then
    drain) after a complete exchange, or an abortive one (reset) otherwise.
