@@ -48,6 +48,15 @@ def _folder(text: str) -> str:
     return text
 
 
+def _origin(text: str) -> str:
+    from kestrel_trio.http.cors import normalize_origin
+
+    try:
+        return normalize_origin(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 _COUNT = _at_least(1)
 _SECONDS = _at_least(0.0, float)
 _POSITIVE_SECONDS = _at_least(1e-3, float)
@@ -111,6 +120,11 @@ def build_parser() -> argparse.ArgumentParser:
                             "reads the last response instead of a reset (default 1)")
     serve.add_argument("--grace", type=_SECONDS, default=10.0,
                        help="seconds running requests get once the listener is closed on shutdown (default 10)")
+    serve.add_argument("--cors-origin", action="append", dest="cors_origins", metavar="ORIGIN", type=_origin,
+                       default=[], help="let web pages from ORIGIN (scheme://host[:port], or * for any) call the API "
+                                        "from a browser (repeatable; default: none; the API key still applies)")
+    serve.add_argument("--no-webui", action="store_false", dest="webui",
+                       help="do not serve the built-in chat page at / (default: served)")
     serve.add_argument("--drain-delay", type=_SECONDS, default=0.0,
                        help="seconds to keep serving after SIGTERM while /health says draining (default 0)")
     images = serve.add_argument_group("images (Qwen3-VL models)")
@@ -176,6 +190,7 @@ def _serve(args: argparse.Namespace) -> NoReturn:
         image_policy=ImagePolicy(max_bytes=args.max_image_bytes, max_pixels=args.max_image_pixels,
                                  max_images=args.max_images),
         allow_image_dir=args.allow_image_dir, default_max_tokens=args.default_max_tokens,
+        cors_origins=args.cors_origins, webui=args.webui,
     )
 
     async def run() -> None:

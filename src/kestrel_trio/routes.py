@@ -26,6 +26,7 @@ from kestrel_trio.model import Model
 from kestrel_trio.routes_chat import ChatOptions, Job
 from kestrel_trio.routes_images import ImagePolicy, prepare_images, template_parts
 from kestrel_trio.text.images import expand_image_pads
+from kestrel_trio.webui import add_webui_routes
 from kestrel_trio.stats import CONTENT_TYPE as PROMETHEUS_CONTENT_TYPE
 
 __all__ = ["ServerState", "build_router"]
@@ -54,6 +55,8 @@ class ServerState:
         image_workers: requests whose images are being decoded at once (worker threads).
         text_workers: requests whose prompt is being rendered and tokenized at once (worker
             threads, so a megabyte prompt never stalls the event loop and /health).
+        accepts_images: the model takes images (Qwen3-VL); /v1/models says so.
+        webui: serve the built-in chat page at ``/``.
     """
 
     model_id: str
@@ -67,6 +70,8 @@ class ServerState:
     images: ImagePolicy = ImagePolicy()
     image_workers: trio.CapacityLimiter = attrs.field(factory=lambda: trio.CapacityLimiter(1))
     text_workers: trio.CapacityLimiter = attrs.field(factory=lambda: trio.CapacityLimiter(2))
+    accepts_images: bool = False
+    webui: bool = False
     created: int = attrs.field(factory=lambda: int(time.time()))
     streams_ended: bool = False
     _waits: set = attrs.field(factory=set)
@@ -130,6 +135,8 @@ def build_router(state: ServerState) -> "_AuthorizingHandler":
     for path, handler in (("/v1/chat/completions", routes.chat), ("/v1/completions", routes.completions),
                           ("/tokenize", routes.tokenize), ("/detokenize", routes.detokenize)):
         router.add("POST", path, handler, media_types=JSON_MEDIA_TYPES)
+    if state.webui:
+        add_webui_routes(router)
 
     return _AuthorizingHandler(state, router)
 
@@ -185,8 +192,12 @@ class _Routes:
         parts = [source.metrics.render() for source in (state.engine, state.http) if source is not None]
         return Response(status=200, body="".join(parts).encode(), content_type=PROMETHEUS_CONTENT_TYPE)
 
+    def _input_modalities(self) -> tuple[str, ...]:
+        return ("text", "image") if self.state.accepts_images else ("text",)
+
     def models(self, request: Request) -> Response:
-        return _json(200, oa.models_list([self.state.model_id], self.state.created))
+        return _json(200, oa.models_list([self.state.model_id], self.state.created,
+                                         input_modalities=self._input_modalities()))
 
     def model(self, request: Request) -> Response:
         """``GET /v1/models/{id}``: the model object of the served id, else 404."""
@@ -194,7 +205,8 @@ class _Routes:
         if requested != self.state.model_id:
             raise ModelNotFoundError(f"The model {requested!r} does not exist; this server serves "
                                      f"{self.state.model_id!r}", param="model", code="model_not_found")
-        return _json(200, oa.model_card(self.state.model_id, self.state.created))
+        return _json(200, oa.model_card(self.state.model_id, self.state.created,
+                                        input_modalities=self._input_modalities()))
 
     async def _parse(self, parse, body: bytes):
         """``parse(body)``; a large body is parsed in a worker thread, off the event loop."""

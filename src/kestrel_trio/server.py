@@ -24,12 +24,13 @@ import trio
 
 from kestrel_trio.engine import Engine, EngineLimits, run_engine
 from kestrel_trio.errors import KestrelError
-from kestrel_trio.http import HttpLimits, HttpServer, serve_http
+from kestrel_trio.http import CorsPolicy, HttpLimits, HttpServer, serve_http
 from kestrel_trio.model import (
     DEMO_MODEL_ID, Model, is_qwen3_vl_folder, load_demo_model, load_model, set_blas_threads,
 )
 from kestrel_trio.routes import ServerState, build_router
 from kestrel_trio.routes_images import ImagePolicy
+from kestrel_trio.webui import PATHS as WEBUI_PATHS
 
 __all__ = ["Server", "serve"]
 
@@ -101,6 +102,13 @@ def _image_policy(policy: ImagePolicy, allow_image_dir: str | Path | None) -> Im
     return attrs.evolve(policy, allow_dir=allow_image_dir)
 
 
+def _cors_policy(origins: Iterable[str]) -> CorsPolicy:
+    try:
+        return CorsPolicy(origins)
+    except (TypeError, ValueError) as exc:
+        raise KestrelError(f"cors_origins: {exc}") from None
+
+
 def _room_for_images(limits: HttpLimits, policy: ImagePolicy) -> HttpLimits:
     """HTTP limits whose body bound fits ``max_images`` base64 images of ``max_bytes`` each, plus 1 MiB of text."""
     needed = policy.max_images * (-(-policy.max_bytes // 3) * 4) + 2**20
@@ -134,6 +142,8 @@ async def serve(
     image_policy: ImagePolicy = ImagePolicy(),
     allow_image_dir: str | Path | None = None,
     default_max_tokens: int | None = None,
+    cors_origins: Iterable[str] = (),
+    webui: bool = True,
     task_status: trio.TaskStatus = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the OpenAI-compatible API until cancelled or shut down.
@@ -162,6 +172,10 @@ async def serve(
             llama.cpp's ``-n``): chat generates up to it instead of up to the context; completions
             keep OpenAI's 16 unless it is lower. None: OpenAI's defaults, except on the demo model,
             which gets :data:`DEMO_DEFAULT_MAX_TOKENS`.
+        cors_origins: origins (``scheme://host[:port]``, or ``*`` for any) whose web
+            pages may call the API from a browser; by default none. The API key
+            still applies to their requests; CORS preflights need none.
+        webui: serve the built-in chat page at ``/`` (its files need no API key).
 
     A Qwen3-VL model raises ``http_limits.max_body_bytes`` when needed so that
     a request can carry ``max_images`` base64 images of ``max_bytes`` each.
@@ -171,8 +185,11 @@ async def serve(
         raise KestrelError(f"default_max_tokens must be at least 1, got {default_max_tokens}")
     if default_max_tokens is None and _is_demo(model):
         default_max_tokens = DEMO_DEFAULT_MAX_TOKENS
+    cors = _cors_policy(cors_origins)
+    open_paths = frozenset(open_paths) | (WEBUI_PATHS if webui else frozenset())
     state = ServerState(model_id=_resolve_model_id(model, model_id), api_key=api_key, images=policy,
-                        open_paths=frozenset(open_paths), default_max_tokens=default_max_tokens)
+                        open_paths=open_paths, accepts_images=_accepts_images(model), webui=webui,
+                        default_max_tokens=default_max_tokens)
     http_limits = attrs.evolve(http_limits, shutdown_grace=grace + HTTP_GRACE_MARGIN)
     if _accepts_images(model):
         http_limits = _room_for_images(http_limits, policy)
@@ -181,7 +198,8 @@ async def serve(
 
         async def run_http(*, task_status: trio.TaskStatus) -> None:
             try:
-                await serve_http(build_router(state), host=host, port=port, limits=http_limits, task_status=task_status)
+                await serve_http(build_router(state), host=host, port=port, limits=http_limits, cors=cors,
+                                 task_status=task_status)
             finally:
                 http_done.set()
 

@@ -66,6 +66,7 @@ def test_a_bad_model_folder_is_a_clear_cli_error(tmp_path):
     ("--max-batch", "0", "must be >= 1"), ("--prefix-cache-mb", "-1", "must be >= 0"),
     ("--header-timeout", "soon", "'soon' is not a number"), ("--port", "70000", "a TCP port is 0 to 65535"),
     ("--linger-timeout", "-1", "must be >= 0"),
+    ("--cors-origin", "http://a.test/chat", "'http://a.test/chat' is not an origin"),
 ])
 def test_a_bad_serve_flag_names_itself_without_a_traceback(flag, value, message):
     result = _run(["serve", flag, value], timeout=60)
@@ -120,6 +121,33 @@ def test_serve_answers_health_applies_its_flags_and_exits_zero_on_sigterm():
             process.kill()
             process.wait()
         process.stderr.close()
+
+
+def test_serve_cors_origin_and_no_webui():
+    process, url = _serve("--grace", "0", "--no-webui", "--cors-origin", "HTTP://127.0.0.1:3000/", "--cors-origin",
+                          "https://b.test")
+    try:
+        with pytest.raises(urllib.error.HTTPError) as no_page:
+            urllib.request.urlopen(url + "/", timeout=10)
+        assert no_page.value.code == 404
+        no_page.value.close()
+        preflight = urllib.request.Request(url + "/v1/chat/completions", method="OPTIONS", headers={
+            "origin": "http://127.0.0.1:3000", "access-control-request-method": "POST"})
+        with urllib.request.urlopen(preflight, timeout=10) as answer:
+            assert answer.status == 204
+            assert answer.headers["access-control-allow-origin"] == "http://127.0.0.1:3000"
+        with urllib.request.urlopen(urllib.request.Request(url + "/health", headers={"origin": "https://b.test"}),
+                                    timeout=10) as answer:
+            assert answer.headers["access-control-allow-origin"] == "https://b.test"
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+            process.stderr.close()
 
 
 def test_signals_that_keep_coming_through_shutdown_still_exit_zero():

@@ -7,6 +7,7 @@ tells long streams that a shutdown began. This package never imports numpy
 or anything model-related.
 """
 
+from kestrel_trio.http.cors import CorsPolicy
 from kestrel_trio.http.limits import HttpLimits
 from kestrel_trio.http.responses import error_response
 from kestrel_trio.http.router import Router
@@ -14,6 +15,7 @@ from kestrel_trio.http.server import HttpServer, serve_http
 from kestrel_trio.http.types import Handler, Request, Response, StreamingResponse
 
 __all__ = [
+    "CorsPolicy",
     "HttpLimits",
     "Request",
     "Response",

@@ -18,11 +18,15 @@ request cycles until one of them says to stop:
 3. BODY - a Content-Length above ``max_body_bytes`` -> 413 at once. Otherwise
    send ``100 Continue`` if the client waits for it, then read the body within
    ``body_timeout`` (408), counting chunked bodies as they come (413).
-4. RESPOND - a handler's ``answer_now`` (requests served from memory, such as
-   /health and 404s) is sent at once. Otherwise run the handler and send its
-   answer while a watcher task keeps reading: EOF or a reset cancels the
-   handler / stream; other bytes (the next pipelined request) are fed to h11
-   for later, up to a byte budget. A small response goes out in one send.
+4. RESPOND - a CORS preflight is answered by the CORS policy, before the
+   handler (and so before any API-key check); every response of the exchange,
+   errors included, carries the policy's headers for the request's ``Origin``
+   once its head is parsed. A handler's ``answer_now`` (requests served from
+   memory, such as /health and 404s) is sent at once. Otherwise run the
+   handler and send its answer while a watcher task keeps reading: EOF or a
+   reset cancels the handler / stream; other bytes (the next pipelined request)
+   are fed to h11 for later, up to a byte budget. A small response goes out in
+   one send.
 5. Loop if both sides kept the connection alive, nothing broke and shutdown
    has not begun. The connection ends with a graceful close (half-close, then
    drain) after a complete exchange, or an abortive one (reset) otherwise.
@@ -36,6 +40,7 @@ import random
 import h11
 import trio
 
+from kestrel_trio.http.cors import CorsPolicy
 from kestrel_trio.http.exchange import CLIENT_CLOSED, Exchange
 from kestrel_trio.http.limits import HttpLimits
 from kestrel_trio.http.metrics import HttpMetrics
@@ -70,6 +75,7 @@ class HttpConnection:
         access_log: receives one INFO line per request.
         client: the peer as ``"host:port"``.
         metrics: counts the requests this layer refuses itself (by error code).
+        cors: which other origins' pages may call; None: no CORS handling at all.
     """
 
     def __init__(
@@ -81,8 +87,10 @@ class HttpConnection:
         access_log: logging.Logger,
         client: str,
         metrics: HttpMetrics | None = None,
+        cors: CorsPolicy | None = None,
     ) -> None:
         self._transport = transport
+        self._cors = cors
         self._metrics = metrics
         self._handler = handler
         self._limits = limits
@@ -132,6 +140,7 @@ class HttpConnection:
         if not await self._await_request_start():
             return False
         exchange = Exchange(self.client)
+        self._writer.extra_headers = ()  # until this request's head says where it comes from
         try:
             request = await self._read_request(exchange)
             if request is None:
@@ -189,6 +198,7 @@ class HttpConnection:
                 return None  # ConnectionClosed: the client left between requests
             exchange.method = event.method.decode("latin-1")
             exchange.path = event.target.decode("latin-1").partition("?")[0]
+            self._writer.extra_headers = self._cors_headers(event)
             if not await self._accept_head(event, exchange):
                 return None
             body = await self._read_body(trio.current_time() + self._body_timeout)
@@ -295,7 +305,17 @@ class HttpConnection:
             self._h11.receive_data(data)  # a pipelined request, served later
             self._read_ahead_budget -= len(data)
 
+    def _cors_headers(self, event: h11.Request) -> tuple[tuple[str, str], ...]:
+        if self._cors is None:
+            return ()
+        origin = next((value.decode("latin-1") for name, value in event.headers if name == b"origin"), None)
+        return self._cors.response_headers(origin)
+
     def _answer_now(self, request: Request) -> Response | None:
+        if self._cors is not None:
+            preflight = self._cors.preflight(request)
+            if preflight is not None:
+                return preflight
         answer_now = getattr(self._handler, "answer_now", None)
         if answer_now is None:
             return None

@@ -24,6 +24,7 @@ import h11
 import trio
 
 from kestrel_trio.http.connection import HttpConnection
+from kestrel_trio.http.cors import CorsPolicy
 from kestrel_trio.http.limits import HttpLimits
 from kestrel_trio.http.metrics import HttpMetrics
 from kestrel_trio.http.responses import error_response, retry_after_header
@@ -61,8 +62,10 @@ class HttpServer:
         handler: Handler,
         limits: HttpLimits,
         access_log: logging.Logger,
+        cors: CorsPolicy | None = None,
     ) -> None:
         self.host = host
+        self._cors = cors
         self.port: int = listeners[0].socket.getsockname()[1]
         self.shutting_down = trio.Event()
         self._listeners = listeners
@@ -121,7 +124,7 @@ class HttpServer:
         transport = self._transport(stream)
         connection = HttpConnection(
             transport, self._handler, self._limits, self.shutting_down, self._access_log, peer_name(stream),
-            self.metrics,
+            self.metrics, self._cors,
         )
         self._live.add(connection)  # counted from accept on
         nursery.start_soon(self._run_connection, connection)
@@ -192,6 +195,7 @@ async def serve_http(
     port: int = 8000,
     limits: HttpLimits = HttpLimits(),
     access_log: logging.Logger | None = None,
+    cors: CorsPolicy | None = None,
     task_status: trio.TaskStatus[HttpServer] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve HTTP/1.1 on ``host:port`` until cancelled or shut down.
@@ -205,6 +209,9 @@ async def serve_http(
         limits: the deadlines and size limits.
         access_log: gets one INFO line per request; default logger
             ``kestrel_trio.access``.
+        cors: which other origins' web pages may call the server (preflights,
+            ``Access-Control-Allow-Origin``); None: no CORS handling, so an
+            ``OPTIONS`` preflight reaches ``handler`` like any request.
         task_status: receives the :class:`HttpServer` once bound.
 
     Returns after :meth:`HttpServer.begin_shutdown` once every connection is
@@ -212,7 +219,7 @@ async def serve_http(
     """
     listeners = await trio.open_tcp_listeners(port, host=host)
     log = access_log if access_log is not None else logging.getLogger("kestrel_trio.access")
-    server = HttpServer(listeners, host, handler, limits, log)
+    server = HttpServer(listeners, host, handler, limits, log, cors)
     try:
         async with trio.open_nursery() as connections:
             task_status.started(server)

@@ -50,7 +50,8 @@ class Response:
         headers: extra ``(name, value)`` pairs. Framing headers
             (``Content-Length``, ``Transfer-Encoding``) are the server's and
             are dropped from here.
-        content_type: the ``Content-Type``, unless ``headers`` carries one.
+        content_type: the ``Content-Type``, unless ``headers`` carries one;
+            ``""`` for none (e.g. a 204).
     """
 
     status: int

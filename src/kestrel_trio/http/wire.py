@@ -72,7 +72,7 @@ def response_head(
     Args:
         status: the status code (200-999).
         headers: the handler's extra headers; framing ones are dropped.
-        content_type: used unless ``headers`` has a Content-Type.
+        content_type: used unless ``headers`` has a Content-Type; ``""`` sends none.
         framing: headers the server adds (Content-Length, Connection, ...).
 
     Raises:
@@ -87,7 +87,7 @@ def response_head(
             continue
         has_content_type = has_content_type or lowered == "content-type"
         encoded.append((name.encode("ascii"), value.encode("latin-1")))
-    if not has_content_type:
+    if not has_content_type and content_type:
         encoded.append((b"content-type", content_type.encode("latin-1")))
     encoded.extend((name.encode("ascii"), value.encode("latin-1")) for name, value in framing)
     return h11.Response(status_code=status, headers=encoded, reason=_reason(status))

@@ -32,6 +32,8 @@ class ResponseWriter:
 
     Attributes:
         quiet: set when the peer left; a failing stream is then not logged.
+        extra_headers: added to every response head of the current exchange
+            (the CORS headers of its request); the connection sets them per request.
     """
 
     def __init__(self, connection: h11.Connection, transport: Transport, shutting_down: trio.Event) -> None:
@@ -39,6 +41,7 @@ class ResponseWriter:
         self._transport = transport
         self._shutting_down = shutting_down
         self.quiet = False
+        self.extra_headers: _Headers = ()
 
     async def send_event(self, event: h11.Event) -> None:
         """Serialize ``event`` with h11 and send it."""
@@ -49,7 +52,8 @@ class ResponseWriter:
     async def send_response(self, response: Response, method: str, exchange: Exchange, close: bool = False) -> None:
         """Send a complete response (a 500 instead if its head is unsendable)."""
         body = response.body if response.status not in (204, 304) else b""
-        framing = (("content-length", str(len(body))),)
+        # A 204 has no body and may not say how long it is (RFC 9110 8.6).
+        framing = (("content-length", str(len(body))),) if response.status != 204 else ()
         head = self._head(response.status, response.headers, response.content_type, framing, close)
         if head is None:
             await self.send_response(internal_error_response(), method, exchange, close)
@@ -111,6 +115,7 @@ class ResponseWriter:
     ) -> h11.Response | None:
         if close or self._shutting_down.is_set():
             framing += _CLOSE
+        headers += self.extra_headers
         try:
             return response_head(status, headers, content_type, framing)
         except (h11.LocalProtocolError, UnicodeError, TypeError, ValueError) as exc:

@@ -121,17 +121,27 @@ def completion_chunk_usage(id: str, created: int, model: str, usage: Usage) -> d
     }
 
 
-def model_card(model_id: str, created: int, owned_by: str = "kestrel-trio", *, max_model_len: int | None = None) -> dict:
-    """One ``model`` object; ``max_model_len`` (a vLLM extension, tokens) only when given."""
+def model_card(model_id: str, created: int, owned_by: str = "kestrel-trio", *, max_model_len: int | None = None,
+               input_modalities: tuple[str, ...] | None = None) -> dict:
+    """One ``model`` object.
+
+    Extensions, each only when given: ``max_model_len`` (vLLM's, tokens) and
+    ``input_modalities`` (e.g. ``["text", "image"]``, as OpenRouter names it),
+    which tells a client such as the built-in chat page whether to offer images.
+    """
     card: dict = {"id": model_id, "object": "model", "created": created, "owned_by": owned_by}
     if max_model_len is not None:
         card["max_model_len"] = max_model_len
+    if input_modalities is not None:
+        card["input_modalities"] = list(input_modalities)
     return card
 
 
-def models_list(model_ids: list[str] | tuple[str, ...], created: int, owned_by: str = "kestrel-trio") -> dict:
-    """The ``GET /v1/models`` body (``created`` in Unix seconds)."""
-    return {"object": "list", "data": [model_card(model_id, created, owned_by) for model_id in model_ids]}
+def models_list(model_ids: list[str] | tuple[str, ...], created: int, owned_by: str = "kestrel-trio", *,
+                input_modalities: tuple[str, ...] | None = None) -> dict:
+    """The ``GET /v1/models`` body (``created`` in Unix seconds; ``input_modalities`` as in :func:`model_card`)."""
+    return {"object": "list", "data": [model_card(model_id, created, owned_by, input_modalities=input_modalities)
+                                       for model_id in model_ids]}
 
 
 def chat_completion_of(id: str, created: int, model: str, choices: list[dict], usage: Usage) -> dict:
