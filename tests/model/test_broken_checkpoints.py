@@ -110,8 +110,8 @@ def test_config_field_of_wrong_type_is_named(tmp_path):
 
 
 def test_unsupported_architecture_is_named(tmp_path):
-    _write(tmp_path, {}, {**CONFIG, "architectures": ["LlamaForCausalLM"]})
-    assert "architecture 'LlamaForCausalLM' is not supported" in _load_error(tmp_path)
+    _write(tmp_path, {}, {**CONFIG, "architectures": ["MistralForCausalLM"]})
+    assert "architecture 'MistralForCausalLM' is not supported" in _load_error(tmp_path)
 
 
 def test_unsupported_rope_type_is_named(tmp_path):
