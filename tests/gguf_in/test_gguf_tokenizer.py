@@ -14,21 +14,9 @@ from kestrel_trio import load_model
 from kestrel_trio.text import Tokenizer
 from kestrel_trio.text.gguf_vocab import TOKEN_CONTROL, TOKEN_NORMAL, TOKEN_UNUSED, TOKEN_USER_DEFINED
 
-GGUF_FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "gguf"
+from gguf_kit import TEXTS, assert_same_ids
 
-TEXTS = [
-    "Hello, world! How are you today?",
-    "Digits: 7 42 123 4567 89012 3.14159 1,000,000 and 2024-06-01",
-    "中文测试：你好，世界！今天天气很好。日本語のテキストも。한국어도",
-    "Emoji 🙂😀🎉 🚀🦙🦙 ❤️ 👍🏽 family: 👨‍👩‍👧‍👦 flags 🇫🇷",
-    "whitespace runs:  two   three    four\t\ttabs\n\n\nnewlines \r\n crlf   \n  trailing   ",
-    "def add(a, b):\n    return a + b  # sum\n\nif __name__ == '__main__':\n    print(add(1, 22))\n",
-    "I've been 'told he's there, 'RE you sure? 'M not sure I'll make it, 'D you like tea? We'Ve a'lL",
-    "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nYes.<|im_end|>",
-    "Ünïcödé ñ façade naïve — “quotes” … ﬁ ligature, combining é, ＦＵＬＬ ｗｉｄｔｈ",
-    "------======= ''''''```````\"\"\"\"......!!!!!!??????",
-    "",
-]
+GGUF_FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "gguf"
 
 
 def gguf_metadata_from_tokenizer_json(spec: dict, vocab_size: int, pre: str) -> dict:
@@ -51,13 +39,6 @@ def gguf_metadata_from_tokenizer_json(spec: dict, vocab_size: int, pre: str) -> 
     merges = [m if isinstance(m, str) else " ".join(m) for m in spec["model"]["merges"]]
     return {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": pre, "tokenizer.ggml.tokens": tokens,
             "tokenizer.ggml.token_type": types, "tokenizer.ggml.merges": merges}
-
-
-def assert_same_ids(ours: Tokenizer, original: tokenizers.Tokenizer) -> None:
-    for text in TEXTS:
-        want = original.encode(text, add_special_tokens=False).ids
-        assert ours.encode(text) == want, text
-        assert ours.decode(want, skip_special_tokens=False) == original.decode(want, skip_special_tokens=False)
 
 
 @pytest.fixture(scope="module")

@@ -12,8 +12,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import tokenizers
 
+from gguf_kit import TEXTS, assert_same_ids
 from kestrel_trio import load_model
+from kestrel_trio._model.gguf_reader import GgufFile
 from real_weights import smollm2_gguf
 
 GOLDEN = Path(__file__).resolve().parents[1] / "fixtures" / "smollm2"
@@ -72,3 +75,38 @@ def test_greedy_chat_answer_through_the_kv_cache(smollm2):
     assert answer == prompt["answer_ids"]
     text = smollm2.decode(answer)
     assert text == prompt["answer_text"] and "Paris" in text
+
+
+def llama_cpp_smollm_reference(metadata: dict) -> tokenizers.Tokenizer:
+    """SmolLM2's vocabulary and merges as stored, split the way llama.cpp defines ``smollm``.
+
+    llama.cpp's definition (every ``\\p{N}`` on its own, then GPT-2's pattern)
+    is written here as two regex splits, independently of the Digits and
+    ByteLevel pre-tokenizers kestrel builds from the name; SmolLM2's own
+    tokenizer.json is not reachable from here (the model hub is not).
+    """
+    gpt2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+    tokens, types = metadata["tokenizer.ggml.tokens"], metadata["tokenizer.ggml.token_type"]
+    spec = {
+        "version": "1.0", "truncation": None, "padding": None, "normalizer": None,
+        "added_tokens": [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
+                          "normalized": False, "special": True} for i, (t, kind) in enumerate(zip(tokens, types))
+                         if int(kind) == 3],
+        "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": r"\p{N}"}, "behavior": "Isolated", "invert": False},
+            {"type": "Split", "pattern": {"Regex": gpt2}, "behavior": "Isolated", "invert": False},
+            {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]},
+        "post_processor": None, "decoder": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+                                            "use_regex": False},
+        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                  "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+                  "vocab": {t: i for i, t in enumerate(tokens)},
+                  "merges": [m.split(" ") for m in metadata["tokenizer.ggml.merges"]]},
+    }
+    return tokenizers.Tokenizer.from_str(json.dumps(spec))
+
+
+def test_smollm_pre_tokenizer_splits_digits_and_matches_llama_cpp(smollm2):
+    reference = llama_cpp_smollm_reference(GgufFile(smollm2.path).metadata)
+    assert_same_ids(smollm2.tokenizer, reference)
+    assert [smollm2.decode([i]) for i in smollm2.encode("In 2024")] == ["In", " ", "2", "0", "2", "4"]
