@@ -84,7 +84,8 @@ class Model:
     def require_tokenizer(self) -> Tokenizer:
         """The tokenizer, or KestrelError when the checkpoint has none."""
         if self.tokenizer is None:
-            raise KestrelError(f"model {self.name!r} has no tokenizer.json, so it only takes token ids")
+            where = "tokenizer metadata in its GGUF file" if self.path is not None and self.path.is_file() else "tokenizer.json"
+            raise KestrelError(f"model {self.name!r} has no {where}, so it only takes token ids")
         return self.tokenizer
 
     def encode(self, text: str) -> list[int]:

@@ -11,6 +11,7 @@ import pytest
 import tokenizers
 
 from kestrel_trio import load_model
+from kestrel_trio.errors import KestrelError
 from kestrel_trio.text import Tokenizer
 from kestrel_trio.text.gguf_vocab import TOKEN_CONTROL, TOKEN_NORMAL, TOKEN_UNUSED, TOKEN_USER_DEFINED
 
@@ -88,3 +89,5 @@ def test_chat_template_bos_and_eos_come_from_the_gguf():
 def test_a_gguf_without_a_tokenizer_loads_for_token_ids():
     model = load_model(GGUF_FIXTURES / "qwen2_quant" / "qwen2_quant.gguf")
     assert model.tokenizer is None and model.logits([1, 2, 3]).shape == (3, 512)
+    with pytest.raises(KestrelError, match="has no tokenizer metadata in its GGUF file, so it only takes token ids"):
+        model.encode("hello")

@@ -20,7 +20,7 @@ from kestrel_trio._model.gguf_reader import GgufFile
 from real_weights import smollm2_gguf
 
 GOLDEN = Path(__file__).resolve().parents[1] / "fixtures" / "smollm2"
-META = json.loads((GOLDEN / "golden.json").read_text(encoding="utf-8"))
+META = json.loads((GOLDEN / "smollm2_golden.json").read_text(encoding="utf-8"))
 PROMPTS = META["prompts"]
 
 
@@ -31,7 +31,7 @@ def smollm2():
 
 @pytest.fixture(scope="module")
 def golden():
-    return np.load(GOLDEN / "golden.npz")
+    return np.load(GOLDEN / "smollm2_golden.npz")
 
 
 def test_the_file_is_read_as_smollm2(smollm2):
@@ -110,3 +110,23 @@ def test_smollm_pre_tokenizer_splits_digits_and_matches_llama_cpp(smollm2):
     reference = llama_cpp_smollm_reference(GgufFile(smollm2.path).metadata)
     assert_same_ids(smollm2.tokenizer, reference)
     assert [smollm2.decode([i]) for i in smollm2.encode("In 2024")] == ["In", " ", "2", "0", "2", "4"]
+
+
+async def test_the_official_openai_client_gets_paris_from_the_server(smollm2):
+    import trio
+
+    from server_kit import client_for, running_server
+
+    with trio.fail_after(120):
+        async with running_server(smollm2) as server:
+
+            def ask():
+                with client_for(server) as client:
+                    return client.chat.completions.create(
+                        model=server.state.model_id, temperature=0, max_tokens=META["max_new_tokens"],
+                        messages=[{"role": "user", "content": PROMPTS[0]["question"]}])
+
+            reply = await trio.to_thread.run_sync(ask)
+    assert reply.choices[0].message.content == PROMPTS[0]["answer_text"]
+    assert "Paris" in reply.choices[0].message.content and reply.choices[0].finish_reason == "stop"
+    assert reply.usage.prompt_tokens == len(PROMPTS[0]["prompt_ids"])
