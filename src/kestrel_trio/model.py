@@ -20,6 +20,9 @@ from kestrel_trio._model.config import config_from_dict
 from kestrel_trio._model.random_init import random_tensors
 from kestrel_trio._model.weights import assemble_weights
 from kestrel_trio._model.qwen3_vl import Qwen3VL, is_qwen3_vl, load_qwen3_vl
+from kestrel_trio._model.gguf_checkpoint import gguf_fp32_bytes, load_gguf_weights
+from kestrel_trio._model.gguf_config import config_from_gguf, gguf_architecture
+from kestrel_trio._model.gguf_reader import GgufFile
 from kestrel_trio.text.images import ImageProcessorConfig, require_pillow
 from kestrel_trio.errors import BadRequestError, ContextLengthError, KestrelError, ModelLoadError
 from kestrel_trio.text import ChatTemplate, Tokenizer, missing_template_error
@@ -81,7 +84,8 @@ class Model:
     def require_tokenizer(self) -> Tokenizer:
         """The tokenizer, or KestrelError when the checkpoint has none."""
         if self.tokenizer is None:
-            raise KestrelError(f"model {self.name!r} has no tokenizer.json, so it only takes token ids")
+            where = "tokenizer metadata in its GGUF file" if self.path is not None and self.path.is_file() else "tokenizer.json"
+            raise KestrelError(f"model {self.name!r} has no {where}, so it only takes token ids")
         return self.tokenizer
 
     def encode(self, text: str) -> list[int]:
@@ -300,13 +304,17 @@ def load_model(
     blas_threads: int | None = None,
     weights: Literal["auto", "bf16", "fp32"] = "auto",
 ) -> Model:
-    """Load a Hugging Face checkpoint folder.
+    """Load a Hugging Face checkpoint folder or a GGUF file.
 
     Args:
         path: a folder with config.json and safetensors weights (one file or
             shards with model.safetensors.index.json), and optionally
             tokenizer.json, tokenizer_config.json, generation_config.json and
-            chat_template.jinja.
+            chat_template.jinja; or a GGUF file (llama.cpp's format, version 3;
+            architectures llama, qwen2, qwen3, qwen3moe; tensors F32, F16, BF16,
+            Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K), whose metadata
+            carries the config, tokenizer and chat template. A GGUF's tensors
+            are expanded once at load into the residency ``weights`` names.
         progress: called with the fraction of weight bytes read (0 to 1).
         blas_threads: threads that share each weight product, process-wide (None: the count
             already set, at first one per core); numpy's BLAS then runs one thread per call.
@@ -324,8 +332,10 @@ def load_model(
     if blas_threads is not None:
         set_blas_threads(blas_threads)  # before reading: a bad value fails fast
     folder = Path(path)
+    if folder.is_file():
+        return _load_gguf_model(folder, progress, weights)
     if not folder.is_dir():
-        raise ModelLoadError(f"{folder}: not a checkpoint folder")
+        raise ModelLoadError(f"{folder}: not a checkpoint folder or GGUF file")
     if is_qwen3_vl_folder(folder):
         return _load_qwen3_vl_model(folder, progress, weights)
     config = read_config(folder)
@@ -338,6 +348,24 @@ def load_model(
             f"{decoder.config.vocab_size}"
         )
     model = Model(decoder, name=folder.resolve().name, path=folder, tokenizer=tokenizer)
+    model.weights_mode = residency
+    model.prepare_products()
+    return model
+
+
+def _load_gguf_model(path: Path, progress: Callable[[float], None] | None, weights: str) -> Model:
+    """A GGUF file: config, tokenizer and chat template from its metadata, its tensors expanded once."""
+    gguf = GgufFile(path)
+    architecture = gguf_architecture(gguf)
+    config = config_from_gguf(gguf)
+    # The tokenizer first: a file it cannot serve fails before the weights are expanded.
+    tokenizer = Tokenizer.from_gguf(gguf.metadata, path.name) if "tokenizer.ggml.tokens" in gguf.metadata else None
+    if tokenizer is not None and tokenizer.vocab_size > config.vocab_size:
+        raise ModelLoadError(f"{path.name}: the GGUF tokenizer has {tokenizer.vocab_size} tokens but the model's "
+                             f"vocabulary is {config.vocab_size}")
+    residency = resolve_residency(None, weights, fp32_bytes=gguf_fp32_bytes(gguf))
+    decoder = Decoder.build(config, load_gguf_weights(gguf, config, architecture, progress, residency))
+    model = Model(decoder, name=path.name.removesuffix(".gguf"), path=path, tokenizer=tokenizer)
     model.weights_mode = residency
     model.prepare_products()
     return model

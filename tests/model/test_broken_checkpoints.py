@@ -110,8 +110,8 @@ def test_config_field_of_wrong_type_is_named(tmp_path):
 
 
 def test_unsupported_architecture_is_named(tmp_path):
-    _write(tmp_path, {}, {**CONFIG, "architectures": ["LlamaForCausalLM"]})
-    assert "architecture 'LlamaForCausalLM' is not supported" in _load_error(tmp_path)
+    _write(tmp_path, {}, {**CONFIG, "architectures": ["MistralForCausalLM"]})
+    assert "architecture 'MistralForCausalLM' is not supported" in _load_error(tmp_path)
 
 
 def test_unsupported_rope_type_is_named(tmp_path):
@@ -184,3 +184,20 @@ def test_fixture_copy_with_a_dropped_shard_entry(tmp_path):
     shard.write_bytes(shard.read_bytes()[:-7])
     message = _load_error(target)
     assert shard.name in message and "truncated" in message
+
+
+LLAMA = {**CONFIG, "architectures": ["LlamaForCausalLM"], "mlp_bias": True}
+
+
+def test_llama_mlp_bias_tensors_are_required_and_named(tmp_path):
+    tensors = _tensors(LLAMA)
+    assert "model.layers.0.mlp.up_proj.bias" in tensors and "model.layers.0.self_attn.q_norm.weight" not in tensors
+    del tensors["model.layers.1.mlp.down_proj.bias"]
+    _write(tmp_path, tensors, LLAMA)
+    assert "tensor 'model.layers.1.mlp.down_proj.bias' is missing" in _load_error(tmp_path)
+
+
+def test_llama3_rope_scaling_needs_its_factors(tmp_path):
+    scaling = {"rope_type": "llama3", "factor": 8.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 32}
+    _write(tmp_path, {}, {**LLAMA, "rope_scaling": scaling})
+    assert "rope scaling field 'low_freq_factor' must be a positive number, got None" in _load_error(tmp_path)

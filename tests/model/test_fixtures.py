@@ -16,7 +16,8 @@ NAMES = sorted(p.name for p in FIXTURES.iterdir() if (p / "golden.npz").exists()
 
 def test_every_architecture_and_storage_is_covered():
     metas = [json.loads((FIXTURES / n / "meta.json").read_text()) for n in NAMES]
-    assert {m["architecture"] for m in metas} == {"Qwen3ForCausalLM", "Qwen2ForCausalLM", "Qwen3MoeForCausalLM"}
+    assert {m["architecture"] for m in metas} == {"Qwen3ForCausalLM", "Qwen2ForCausalLM", "Qwen3MoeForCausalLM",
+                                                "LlamaForCausalLM"}
     assert {m["storage_dtype"] for m in metas} >= {"float32", "bfloat16", "float16"}
     assert {m["config_style"] for m in metas} == {"transformers4", "transformers5"}
     assert any(m["tie_word_embeddings"] for m in metas) and not all(m["tie_word_embeddings"] for m in metas)

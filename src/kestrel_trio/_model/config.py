@@ -18,7 +18,10 @@ from kestrel_trio.errors import ModelLoadError
 
 __all__ = ["SUPPORTED_ARCHITECTURES", "RopeConfig", "ModelConfig", "read_config", "config_from_dict"]
 
-SUPPORTED_ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen2ForCausalLM", "Qwen3MoeForCausalLM")
+SUPPORTED_ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen2ForCausalLM", "Qwen3MoeForCausalLM", "LlamaForCausalLM")
+# The families that RMS-normalise each query and key head before RoPE.
+QK_NORM_ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
+ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 
 @attrs.frozen
@@ -26,14 +29,20 @@ class RopeConfig:
     """Rotary position embedding settings.
 
     Attributes:
-        rope_type: "default" or "yarn".
+        rope_type: one of ROPE_TYPES: "default", "linear" (frequencies divided
+            by ``factor``), "llama3" (Llama 3.1's per-wavelength scaling) or "yarn".
         rope_theta: the base wavelength.
-        factor: yarn's context extension factor.
-        original_max_position_embeddings: yarn's pretraining context length (tokens).
+        factor: the context extension factor (linear, llama3, yarn).
+        original_max_position_embeddings: the pretraining context length (tokens; llama3, yarn).
         beta_fast: yarn's extrapolation boundary.
         beta_slow: yarn's interpolation boundary.
         attention_factor: yarn's cos/sin scale (None: derived from factor).
         truncate: yarn's correction-range rounding.
+        low_freq_factor: llama3's long-wavelength boundary (original context / this).
+        high_freq_factor: llama3's short-wavelength boundary.
+        freq_factors: per-frequency divisors of the inverse frequencies
+            [head_dim/2] (a GGUF's ``rope_freqs.weight``, how llama.cpp's
+            converter stores llama3 scaling), or None.
     """
 
     rope_type: str = "default"
@@ -46,6 +55,9 @@ class RopeConfig:
     mscale: float | None = None
     mscale_all_dim: float | None = None
     truncate: bool = True
+    low_freq_factor: float | None = None
+    high_freq_factor: float | None = None
+    freq_factors: tuple[float, ...] | None = None
 
 
 @attrs.frozen
@@ -66,6 +78,8 @@ class ModelConfig:
     attention_bias: bool
     rope: RopeConfig
     torch_dtype: str | None = None
+    # Llama only: gate/up/down projections carry biases.
+    mlp_bias: bool = False
     # Qwen3-MoE only
     num_experts: int = 0
     num_experts_per_tok: int = 0
@@ -77,7 +91,7 @@ class ModelConfig:
     @property
     def qk_norm(self) -> bool:
         """Whether q_norm/k_norm are applied per head before RoPE (Qwen3 families)."""
-        return self.architecture != "Qwen2ForCausalLM"
+        return self.architecture in QK_NORM_ARCHITECTURES
 
     @property
     def qkv_bias(self) -> bool:
@@ -86,7 +100,7 @@ class ModelConfig:
 
     @property
     def o_bias(self) -> bool:
-        """Whether o_proj carries a bias (Qwen3's attention_bias applies to all four)."""
+        """Whether o_proj carries a bias (Qwen3's and Llama's attention_bias applies to all four)."""
         return self.architecture != "Qwen2ForCausalLM" and self.attention_bias
 
     def is_sparse_layer(self, layer_idx: int) -> bool:
@@ -147,6 +161,7 @@ def config_from_dict(raw: dict[str, Any], *, source: str = "config.json") -> Mod
     # transformers' own defaults when head_dim is absent: 128 for Qwen3 dense, hidden/heads otherwise.
     default_head_dim = 128 if architecture == "Qwen3ForCausalLM" else hidden // heads
     _reject_unsupported_attention(raw, fields, source)
+    is_llama = architecture == "LlamaForCausalLM"
     if fields.get("hidden_act", str, "silu") != "silu":
         raise ModelLoadError(f"{source}: hidden_act {raw['hidden_act']!r} is not supported (only 'silu')")
     config = ModelConfig(
@@ -164,6 +179,7 @@ def config_from_dict(raw: dict[str, Any], *, source: str = "config.json") -> Mod
         attention_bias=fields.get("attention_bias", bool, False),
         rope=_rope(raw, fields, source),
         torch_dtype=fields.get("torch_dtype", str, None) or fields.get("dtype", str, None),
+        mlp_bias=fields.get("mlp_bias", bool, False) if is_llama else False,
         # transformers 5 writes num_experts under its alias num_local_experts.
         num_experts=fields.int(fields.alias("num_experts", "num_local_experts")) if is_moe else 0,
         num_experts_per_tok=fields.int("num_experts_per_tok") if is_moe else 0,
@@ -244,11 +260,21 @@ def _rope(raw: dict[str, Any], fields: "_Fields", source: str) -> RopeConfig:
         raise ModelLoadError(f"{source}: field 'rope_theta' must be a positive number, got {theta!r}")
     if rope_type == "default":
         return RopeConfig(rope_theta=float(theta))
-    if rope_type != "yarn":
-        raise ModelLoadError(f"{source}: rope_type {rope_type!r} is not supported (only 'default' and 'yarn')")
+    if rope_type not in ROPE_TYPES:
+        raise ModelLoadError(f"{source}: rope_type {rope_type!r} is not supported "
+                             f"(supported: {', '.join(map(repr, ROPE_TYPES))})")
     original = merged.get("original_max_position_embeddings", raw.get("original_max_position_embeddings"))
     if original is None:
         original = fields.int("max_position_embeddings")
+    if rope_type == "linear":
+        return RopeConfig(rope_type="linear", rope_theta=float(theta), factor=_rope_number(merged, "factor", source))
+    if rope_type == "llama3":
+        return RopeConfig(
+            rope_type="llama3", rope_theta=float(theta), factor=_rope_number(merged, "factor", source),
+            original_max_position_embeddings=int(original),
+            low_freq_factor=_rope_number(merged, "low_freq_factor", source),
+            high_freq_factor=_rope_number(merged, "high_freq_factor", source),
+        )
     factor = merged.get("factor")
     if factor is None:
         factor = fields.int("max_position_embeddings") / original
@@ -264,6 +290,14 @@ def _rope(raw: dict[str, Any], fields: "_Fields", source: str) -> RopeConfig:
         mscale_all_dim=merged.get("mscale_all_dim"),
         truncate=bool(merged.get("truncate", True)),
     )
+
+
+def _rope_number(block: dict[str, Any], name: str, source: str) -> float:
+    """A required positive number of the rope scaling block."""
+    value = block.get(name)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ModelLoadError(f"{source}: rope scaling field {name!r} must be a positive number, got {value!r}")
+    return float(value)
 
 
 class _Fields:

@@ -90,14 +90,14 @@ def _attend(grouped: np.ndarray, keys: np.ndarray, values: np.ndarray, future: n
 
 
 def dense_mlp(x: np.ndarray, mlp: DenseMLP) -> np.ndarray:
-    """SwiGLU: down(silu(gate(x)) * up(x)) for ``x`` [N, hidden]."""
+    """SwiGLU: down(silu(gate(x)) * up(x)) for ``x`` [N, hidden], plus the biases when it has them."""
     if mlp.gate_up_proj is None:
-        gate = silu(linear(x, mlp.gate_proj))  # [N, inter]
-        gate *= linear(x, mlp.up_proj)  # [N, inter]
-        return linear(gate, mlp.down_proj)  # [N, hidden]
+        gate = silu(linear(x, mlp.gate_proj, mlp.gate_bias))  # [N, inter]
+        gate *= linear(x, mlp.up_proj, mlp.up_bias)  # [N, inter]
+        return linear(gate, mlp.down_proj, mlp.down_bias)  # [N, hidden]
     inter = mlp.down_proj.shape[1]
-    gate_up = linear(x, mlp.gate_up_proj)  # [N, 2*inter]
-    return linear(swiglu(gate_up[:, :inter], gate_up[:, inter:]), mlp.down_proj)  # [N, hidden]
+    gate_up = linear(x, mlp.gate_up_proj, mlp.gate_up_bias)  # [N, 2*inter]
+    return linear(swiglu(gate_up[:, :inter], gate_up[:, inter:]), mlp.down_proj, mlp.down_bias)  # [N, hidden]
 
 
 def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:

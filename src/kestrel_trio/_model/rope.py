@@ -1,8 +1,10 @@
-"""Rotary position embeddings: default and yarn, as Qwen applies them.
+"""Rotary position embeddings: default, linear, llama3 and yarn, as transformers applies them.
 
-Qwen rotates the two halves of each head (``rotate_half``), not interleaved
-pairs. Frequencies are computed in float32 the way the reference does, so the
-angles round identically.
+Qwen and Llama (as transformers holds them) rotate the two halves of each
+head (``rotate_half``), not interleaved pairs; a GGUF's llama q/k rows, which
+llama.cpp's converter interleaves, are put back at load
+(kestrel_trio._model.gguf_names). Frequencies are computed in float32 the way
+the reference does, so the angles round identically.
 """
 
 from __future__ import annotations
@@ -35,9 +37,15 @@ class Rope:
         exponents = np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim)  # [head_dim/2]
         pos_freqs = np.float32(rope.rope_theta) ** exponents  # [head_dim/2]
         inv_freq = (np.float32(1.0) / pos_freqs).astype(np.float32)  # [head_dim/2]
-        if rope.rope_type == "default":
-            return cls(inv_freq=inv_freq, attention_scaling=1.0)
-        return _yarn(rope, head_dim, pos_freqs)
+        if rope.freq_factors is not None:
+            inv_freq = inv_freq / np.asarray(rope.freq_factors, dtype=np.float32)  # [head_dim/2]
+        if rope.rope_type == "linear":
+            inv_freq = inv_freq / np.float32(rope.factor)  # [head_dim/2]
+        elif rope.rope_type == "llama3":
+            inv_freq = _llama3(rope, inv_freq)  # [head_dim/2]
+        elif rope.rope_type == "yarn":
+            return _yarn(rope, head_dim, pos_freqs)
+        return cls(inv_freq=inv_freq, attention_scaling=1.0)
 
     def cos_sin(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """cos and sin for integer ``positions`` [T], each float32 [T, head_dim/2], scaled."""
@@ -64,6 +72,21 @@ def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
     np.multiply(x2, c, out=second)
     second += x1 * s
     return out
+
+
+def _llama3(rope: RopeConfig, inv_freq: np.ndarray) -> np.ndarray:
+    """Llama 3.1's scaling of ``inv_freq`` [head_dim/2]: long wavelengths slowed by ``factor``, short ones
+    kept, the band between interpolated; float32 in the reference's order of operations."""
+    factor = np.float32(rope.factor)
+    low, high = np.float32(rope.low_freq_factor), np.float32(rope.high_freq_factor)
+    original = np.float32(rope.original_max_position_embeddings)
+    low_freq_wavelen, high_freq_wavelen = original / low, original / high
+    wavelen = np.float32(2 * math.pi) / inv_freq  # [head_dim/2]
+    scaled = np.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)  # [head_dim/2]
+    smooth = (original / wavelen - low) / (high - low)  # [head_dim/2]
+    smoothed = (np.float32(1) - smooth) * scaled / factor + smooth * scaled  # [head_dim/2]
+    medium = ~(wavelen < high_freq_wavelen) & ~(wavelen > low_freq_wavelen)  # [head_dim/2]
+    return np.where(medium, smoothed, scaled).astype(np.float32)  # [head_dim/2]
 
 
 def _yarn(rope: RopeConfig, head_dim: int, pos_freqs: np.ndarray) -> Rope:

@@ -60,6 +60,10 @@ def expected_shapes(config: ModelConfig, names: set[str] | None = None) -> dict[
             shapes[p + "mlp.gate_proj.weight"] = (c.intermediate_size, h)
             shapes[p + "mlp.up_proj.weight"] = (c.intermediate_size, h)
             shapes[p + "mlp.down_proj.weight"] = (h, c.intermediate_size)
+            if c.mlp_bias:
+                shapes[p + "mlp.gate_proj.bias"] = (c.intermediate_size,)
+                shapes[p + "mlp.up_proj.bias"] = (c.intermediate_size,)
+                shapes[p + "mlp.down_proj.bias"] = (h,)
     return shapes
 
 
@@ -96,23 +100,25 @@ def check_tensor_set(
         ModelLoadError: naming the first missing, unexpected or misshapen tensor, and its file.
     """
     present = set(checkpoint.tensors)
+    label = getattr(checkpoint, "tensor_label", repr)  # a GGUF names its own tensor first
+    source = getattr(checkpoint, "config_source", "config.json")
     missing = sorted(set(expected) - present)
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-        raise ModelLoadError(f"{checkpoint.folder}: tensor {missing[0]!r} is missing from the checkpoint{more}")
+        raise ModelLoadError(f"{checkpoint.folder}: tensor {label(missing[0])} is missing from the checkpoint{more}")
     unexpected = sorted(n for n in present - set(expected) if not ignorable(n))
     if unexpected:
         more = f" (and {len(unexpected) - 1} more)" if len(unexpected) > 1 else ""
         raise ModelLoadError(
-            f"{checkpoint.tensors[unexpected[0]].path.name}: unexpected tensor {unexpected[0]!r} "
+            f"{checkpoint.tensors[unexpected[0]].path.name}: unexpected tensor {label(unexpected[0])} "
             f"for {architecture} with this config{more}"
         )
     for name, shape in expected.items():
         got = checkpoint.tensors[name].shape
         if got != shape:
             raise ModelLoadError(
-                f"{checkpoint.tensors[name].path.name}: tensor {name!r} has shape {list(got)}, "
-                f"config.json implies {list(shape)}"
+                f"{checkpoint.tensors[name].path.name}: tensor {label(name)} has shape {list(got)}, "
+                f"{source} implies {list(shape)}"
             )
 
 

@@ -1,4 +1,4 @@
-"""Weights of a Qwen decoder, loaded by their checkpoint names and checked.
+"""Weights of a Qwen or Llama decoder, loaded by their checkpoint names and checked.
 
 The loader first checks the checkpoint's tensor names and shapes against the
 config (see :mod:`kestrel_trio._model.shapes`): a missing tensor, an
@@ -91,6 +91,11 @@ class DenseMLP:
     down_proj: Matrix  # [hidden, inter]
     # gate over up by rows; gate_proj/up_proj are views of it when set.
     gate_up_proj: Matrix | None = None  # [2*inter, hidden]
+    # Llama's mlp_bias: biases of gate, up (stacked like the weights, views of gate_up_bias) and down.
+    gate_bias: np.ndarray | None = None  # [inter]
+    up_bias: np.ndarray | None = None  # [inter]
+    down_bias: np.ndarray | None = None  # [hidden]
+    gate_up_bias: np.ndarray | None = None  # [2*inter]
 
     @classmethod
     def fused(cls, gate_up_proj: np.ndarray, down_proj: np.ndarray) -> "DenseMLP":
@@ -203,23 +208,26 @@ def assemble_resident(config: ModelConfig, reader: CheckpointReader, residency: 
                             lambda n, out: reader.read_into(rename(n), out))
 
 
-def resolve_residency(folder: Path, requested: str, available_bytes: int | None = None) -> str:
+def resolve_residency(folder: Path | None, requested: str, available_bytes: int | None = None,
+                      fp32_bytes: int | None = None) -> str:
     """The residency to load with: ``requested`` unless "auto".
 
     "auto" picks "bf16" when the float32 weights would take more than
     AUTO_FP32_SHARE of the memory available now (MemAvailable), else "fp32".
 
     Args:
-        folder: the checkpoint folder (only its headers are read).
+        folder: the checkpoint folder (only its headers are read), unless ``fp32_bytes`` is given.
         requested: "auto", "fp32" or "bf16".
         available_bytes: memory available (default: /proc/meminfo's MemAvailable).
+        fp32_bytes: the weights' size in float32 (default: from the folder's headers).
     """
     if requested in RESIDENCIES:
         return requested
     if requested != "auto":
         raise ModelLoadError(f"weights must be one of auto, {', '.join(RESIDENCIES)}, got {requested!r}")
-    infos = SafetensorsCheckpoint(folder).tensors.values()
-    fp32_bytes = sum(info.nbytes // _STORAGE_ITEMSIZE[info.dtype] * 4 for info in infos)
+    if fp32_bytes is None:
+        infos = SafetensorsCheckpoint(folder).tensors.values()
+        fp32_bytes = sum(info.nbytes // _STORAGE_ITEMSIZE[info.dtype] * 4 for info in infos)
     available = _mem_available() if available_bytes is None else available_bytes
     choice = "bf16" if available is not None and fp32_bytes > AUTO_FP32_SHARE * available else "fp32"
     log.info("weights=auto chose %s: fp32 weights %.2f GiB, memory available %s", choice, fp32_bytes / 2**30,
@@ -351,10 +359,15 @@ def _load_attention(source, config: ModelConfig, a: str) -> Attention:
     )
 
 
-def _load_mlp(source, p: str, inter: int, hidden: int) -> DenseMLP:
-    """A dense MLP from ``{p}gate_proj.weight`` etc., gate and up fused."""
+def _load_mlp(source, p: str, inter: int, hidden: int, bias: bool = False) -> DenseMLP:
+    """A dense MLP from ``{p}gate_proj.weight`` etc., gate and up fused; with ``bias``, their biases too."""
     gate_up, (gate, up) = source.stacked([(p + "gate_proj.weight", inter), (p + "up_proj.weight", inter)], hidden)
-    return DenseMLP(gate_proj=gate, up_proj=up, down_proj=source.matrix(p + "down_proj.weight"), gate_up_proj=gate_up)
+    mlp = DenseMLP(gate_proj=gate, up_proj=up, down_proj=source.matrix(p + "down_proj.weight"), gate_up_proj=gate_up)
+    if not bias:
+        return mlp
+    gate_up_bias, (gate_bias, up_bias) = source.stacked([(p + "gate_proj.bias", inter), (p + "up_proj.bias", inter)])
+    return attrs.evolve(mlp, gate_bias=gate_bias, up_bias=up_bias, gate_up_bias=gate_up_bias,  # [2*inter]
+                        down_bias=source.vector(p + "down_proj.bias"))  # [hidden]
 
 
 def _load_layer(source, config: ModelConfig, i: int, names: set[str]) -> Layer:
@@ -363,7 +376,7 @@ def _load_layer(source, config: ModelConfig, i: int, names: set[str]) -> Layer:
     if config.is_sparse_layer(i):
         mlp = _load_moe(source, config, p, moe_layout(config, names, i))
     else:
-        mlp = _load_mlp(source, p + "mlp.", config.intermediate_size, config.hidden_size)
+        mlp = _load_mlp(source, p + "mlp.", config.intermediate_size, config.hidden_size, config.mlp_bias)
     return Layer(
         input_layernorm=source.vector(p + "input_layernorm.weight"),  # [hidden]
         attn=_load_attention(source, config, p + "self_attn."),

@@ -195,6 +195,29 @@ class Tokenizer:
         )
 
     @classmethod
+    def from_gguf(cls, metadata: Mapping[str, Any], source: str) -> Tokenizer:
+        """The tokenizer a GGUF file's metadata describes (see kestrel_trio.text.gguf_vocab).
+
+        Args:
+            metadata: the file's key/value metadata (``tokenizer.ggml.*``,
+                ``tokenizer.chat_template``).
+            source: the file's name, for messages.
+
+        Raises:
+            ModelLoadError: naming the unsupported tokenizer model, pre-tokenizer or malformed key.
+        """
+        from kestrel_trio.text.gguf_vocab import backend_from_gguf, special_tokens_from_gguf
+
+        named, eos_ids = special_tokens_from_gguf(metadata, source)
+        template = metadata.get("tokenizer.chat_template")
+        return cls(
+            backend_from_gguf(metadata, source),
+            tokenizer_config=named,
+            generation_config={"eos_token_id": eos_ids},
+            chat_template=template if isinstance(template, str) else None,
+        )
+
+    @classmethod
     def from_demo(cls) -> Tokenizer:
         """Load the Qwen3 tokenizer packaged in ``kestrel_trio/_demo`` (see its NOTICE)."""
         demo = resources.files("kestrel_trio") / "_demo"

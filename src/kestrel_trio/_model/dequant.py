@@ -1,0 +1,208 @@
+"""Expanding ggml's storage types to float32: F32, F16, BF16, the 32-weight blocks and the K-quants.
+
+Every type stores a row as whole blocks (``block_size`` weights in
+``type_size`` bytes), and blocks never straddle rows, so any set of rows
+expands on its own: :func:`expand_rows` takes the bytes of whichever rows the
+caller picked (a contiguous range, a chunk, a permutation, one expert of a
+stacked tensor) and writes their float32 values. That is how the weights will
+be expanded just in time, chunk by chunk, once they stay quantized in memory;
+today a GGUF's tensors are expanded once at load.
+
+The arithmetic is ggml's reference dequantization, in its order of float32
+operations (``d * q``, ``d * q + m``, ``(d * scale) * q - dmin * min``), so
+the values equal llama.cpp's and ``gguf``'s bit for bit. Block layouts (byte
+offsets within one block):
+
+* Q8_0 (32 weights, 34 bytes): fp16 d; 32 int8 q. w = q * d.
+* Q4_0 (32, 18): fp16 d; 16 bytes of nibbles, low nibbles weights 0-15, high
+  nibbles 16-31. w = d * (q - 8).
+* Q4_1 (32, 20): fp16 d, fp16 m; nibbles as Q4_0. w = d * q + m.
+* Q5_0 (32, 22): fp16 d; uint32 of fifth bits (bit j for weight j); nibbles
+  as Q4_0. w = d * (q - 16).
+* Q5_1 (32, 24): fp16 d, fp16 m; fifth bits; nibbles. w = d * q + m.
+* Q4_K (256, 144): fp16 d, fp16 dmin; 12 bytes packing eight 6-bit scales and
+  eight 6-bit mins; 128 bytes of nibbles, each 32 bytes holding two
+  sub-blocks of 32 (low nibbles first). w = (d * scale) * q - dmin * min.
+* Q5_K (256, 176): as Q4_K plus 32 bytes of fifth bits before the nibbles
+  (bit j of byte l for weight l of sub-block j).
+* Q6_K (256, 210): 128 bytes of low nibbles, 64 bytes of 2-bit high parts, 16
+  int8 scales (one per 16 weights), fp16 d. w = (d * scale) * (q - 32).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import attrs
+import numpy as np
+
+__all__ = ["GgmlType", "GGML_TYPES", "GGML_TYPE_BY_NAME", "expand_rows", "dequantize_blocks"]
+
+QK_K = 256  # weights per K-quant super-block
+
+
+@attrs.frozen
+class GgmlType:
+    """One ggml storage type: its id in GGUF files, name, and block geometry (weights, bytes)."""
+
+    type_id: int
+    name: str
+    block_size: int
+    type_size: int
+
+
+def _fp16(blocks: np.ndarray, start: int) -> np.ndarray:
+    """The fp16 at byte ``start`` of each block [n, bytes], as float32 [n, 1]."""
+    return np.ascontiguousarray(blocks[:, start : start + 2]).view("<f2").astype(np.float32)  # [n, 1]
+
+
+def _nibbles(packed: np.ndarray) -> np.ndarray:
+    """Bytes [n, g, 32] (or [n, 16]) to their low nibbles then high nibbles along the last axis, uint8."""
+    return np.concatenate([packed & np.uint8(0x0F), packed >> np.uint8(4)], axis=-1)  # [..., 2*len]
+
+
+def _f32(blocks: np.ndarray) -> np.ndarray:
+    return blocks.view("<f4").copy()  # [n, 1]
+
+
+def _f16(blocks: np.ndarray) -> np.ndarray:
+    return blocks.view("<f2").astype(np.float32)  # [n, 1]
+
+
+def _bf16(blocks: np.ndarray) -> np.ndarray:
+    wide = blocks.view("<u2").astype(np.uint32)  # [n, 1]
+    wide <<= 16  # bf16 is the top half of a float32: exact
+    return wide.view(np.float32)
+
+
+def _q8_0(blocks: np.ndarray) -> np.ndarray:
+    q = blocks[:, 2:].view(np.int8).astype(np.float32)  # [n, 32]
+    return q * _fp16(blocks, 0)  # [n, 32]
+
+
+def _q4_0(blocks: np.ndarray) -> np.ndarray:
+    q = _nibbles(blocks[:, 2:18]).astype(np.float32) - np.float32(8)  # [n, 32], exact small integers
+    return _fp16(blocks, 0) * q  # [n, 32]
+
+
+def _q4_1(blocks: np.ndarray) -> np.ndarray:
+    q = _nibbles(blocks[:, 4:20]).astype(np.float32)  # [n, 32]
+    return _fp16(blocks, 0) * q + _fp16(blocks, 2)  # [n, 32]
+
+
+def _fifth_bits(blocks: np.ndarray, start: int) -> np.ndarray:
+    """Bit j of the uint32 at byte ``start``, for j = 0..31, as uint8 [n, 32] (0 or 16)."""
+    bits = np.unpackbits(np.ascontiguousarray(blocks[:, start : start + 4]), axis=-1, bitorder="little")  # [n, 32]
+    return bits << np.uint8(4)
+
+
+def _q5_0(blocks: np.ndarray) -> np.ndarray:
+    q = (_nibbles(blocks[:, 6:22]) | _fifth_bits(blocks, 2)).astype(np.float32) - np.float32(16)  # [n, 32]
+    return _fp16(blocks, 0) * q  # [n, 32]
+
+
+def _q5_1(blocks: np.ndarray) -> np.ndarray:
+    q = (_nibbles(blocks[:, 8:24]) | _fifth_bits(blocks, 4)).astype(np.float32)  # [n, 32]
+    return _fp16(blocks, 0) * q + _fp16(blocks, 2)  # [n, 32]
+
+
+def _k_scales_mins(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The eight 6-bit scales and mins of Q4_K/Q5_K from their 12 bytes [n, 12], each float32 [n, 8, 1].
+
+    Sub-blocks 0-3: scale = byte j & 63, min = byte j+4 & 63. Sub-blocks 4-7
+    (k = j-4): the low four bits come from byte k+8 (scale low nibble, min
+    high nibble), the top two from the spare bits 6-7 of bytes k (scale) and
+    k+4 (min).
+    """
+    low, mid, high = packed[:, 0:4], packed[:, 4:8], packed[:, 8:12]  # [n, 4] each
+    six = np.uint8(0x3F)
+    top = np.uint8(6)
+    scales = np.concatenate([low & six, (high & np.uint8(0x0F)) | ((low >> top) << np.uint8(4))], axis=-1)  # [n, 8]
+    mins = np.concatenate([mid & six, (high >> np.uint8(4)) | ((mid >> top) << np.uint8(4))], axis=-1)  # [n, 8]
+    return scales.astype(np.float32)[:, :, None], mins.astype(np.float32)[:, :, None]  # [n, 8, 1] each
+
+
+def _k_low_nibbles(packed: np.ndarray) -> np.ndarray:
+    """128 bytes [n, 128] to the 4-bit parts of eight sub-blocks of 32, uint8 [n, 8, 32]."""
+    groups = packed.reshape(-1, 4, 32)  # [n, 4, 32]: each 32 bytes hold two sub-blocks
+    return np.stack([groups & np.uint8(0x0F), groups >> np.uint8(4)], axis=2).reshape(-1, 8, 32)  # [n, 8, 32]
+
+
+def _k_quant_values(blocks: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """(d * scale) * q - dmin * min over eight sub-blocks; ``q`` float32 [n, 8, 32]; [n, 256]."""
+    scales, mins = _k_scales_mins(blocks[:, 4:16])  # [n, 8, 1] each
+    d = _fp16(blocks, 0)[:, :, None]  # [n, 1, 1]
+    dmin = _fp16(blocks, 2)[:, :, None]  # [n, 1, 1]
+    return ((d * scales) * q - dmin * mins).reshape(-1, QK_K)  # [n, 256]
+
+
+def _q4_k(blocks: np.ndarray) -> np.ndarray:
+    return _k_quant_values(blocks, _k_low_nibbles(blocks[:, 16:144]).astype(np.float32))  # [n, 256]
+
+
+def _q5_k(blocks: np.ndarray) -> np.ndarray:
+    high = blocks[:, 16:48]  # [n, 32]: bit j of byte l belongs to weight l of sub-block j
+    fifth = (high[:, None, :] >> np.arange(8, dtype=np.uint8)[None, :, None]) & np.uint8(1)  # [n, 8, 32]
+    q = _k_low_nibbles(blocks[:, 48:176]) | (fifth << np.uint8(4))  # [n, 8, 32]
+    return _k_quant_values(blocks, q.astype(np.float32))  # [n, 256]
+
+
+def _q6_k(blocks: np.ndarray) -> np.ndarray:
+    n = blocks.shape[0]
+    low = blocks[:, 0:128].reshape(n, 2, 64)  # [n, half, 64]
+    high = blocks[:, 128:192].reshape(n, 2, 1, 32)  # [n, half, 1, 32]
+    # In each half of 128 weights, weight e takes a nibble of low byte e % 64 (low nibble for e < 64) and
+    # bits 2*(e // 32) of high byte e % 32.
+    nibbles = np.concatenate([low & np.uint8(0x0F), low >> np.uint8(4)], axis=-1).reshape(n, 2, 4, 32)  # [n, half, 4, 32]
+    twos = (high >> (np.arange(4, dtype=np.uint8) * np.uint8(2))[None, None, :, None]) & np.uint8(3)  # [n, half, 4, 32]
+    q = (nibbles | (twos << np.uint8(4))).astype(np.float32) - np.float32(32)  # [n, half, 4, 32]
+    scales = blocks[:, 192:208].view(np.int8).astype(np.float32)  # [n, 16]
+    d = _fp16(blocks, 208)  # [n, 1]
+    return ((d * scales)[:, :, None] * q.reshape(n, 16, 16)).reshape(n, QK_K)  # [n, 256]
+
+
+_KERNELS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+    "F32": _f32, "F16": _f16, "BF16": _bf16, "Q8_0": _q8_0, "Q4_0": _q4_0, "Q4_1": _q4_1, "Q5_0": _q5_0,
+    "Q5_1": _q5_1, "Q4_K": _q4_k, "Q5_K": _q5_k, "Q6_K": _q6_k,
+}
+
+GGML_TYPES: dict[int, GgmlType] = {t.type_id: t for t in (
+    GgmlType(0, "F32", 1, 4), GgmlType(1, "F16", 1, 2), GgmlType(2, "Q4_0", 32, 18), GgmlType(3, "Q4_1", 32, 20),
+    GgmlType(6, "Q5_0", 32, 22), GgmlType(7, "Q5_1", 32, 24), GgmlType(8, "Q8_0", 32, 34),
+    GgmlType(12, "Q4_K", QK_K, 144), GgmlType(13, "Q5_K", QK_K, 176), GgmlType(14, "Q6_K", QK_K, 210),
+    GgmlType(30, "BF16", 1, 2),
+)}
+GGML_TYPE_BY_NAME = {t.name: t for t in GGML_TYPES.values()}
+
+# Rows expanded per step of expand_rows: temporaries of a few MiB whatever the tensor.
+CHUNK_WEIGHTS = 1 << 18
+
+
+def dequantize_blocks(ggml_type: GgmlType, blocks: np.ndarray) -> np.ndarray:
+    """Blocks of ``ggml_type``, uint8 [n, type_size], as float32 [n, block_size]."""
+    return _KERNELS[ggml_type.name](blocks)
+
+
+def expand_rows(ggml_type: GgmlType, raw: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """Rows stored as ``ggml_type`` (uint8 [rows, row_bytes], any rows of a tensor) as float32 [rows, cols].
+
+    Args:
+        ggml_type: the storage type.
+        raw: the rows' bytes, whole blocks per row (a view of the file is fine).
+        out: float32 [rows, cols] to write into (e.g. a slice of a fused matrix); a new array if None.
+
+    Returns:
+        ``out``, or the new array.
+    """
+    rows, row_bytes = raw.shape
+    blocks_per_row = row_bytes // ggml_type.type_size
+    cols = blocks_per_row * ggml_type.block_size
+    if out is None:
+        out = np.empty((rows, cols), dtype=np.float32)  # [rows, cols]
+    step = max(1, CHUNK_WEIGHTS // cols)
+    kernel = _KERNELS[ggml_type.name]
+    for start in range(0, rows, step):
+        chunk = np.ascontiguousarray(raw[start : start + step])  # [r, row_bytes]
+        blocks = chunk.reshape(-1, ggml_type.type_size)  # [r*blocks_per_row, type_size]
+        out[start : start + chunk.shape[0]] = kernel(blocks).reshape(chunk.shape[0], cols)  # [r, cols]
+    return out
