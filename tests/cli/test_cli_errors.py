@@ -106,3 +106,13 @@ def test_the_installed_console_script_reports_a_missing_model_folder_in_one_line
     result = run_cli(["serve", "--port", "0", "--model", str(missing)], command=[str(_console_script())], timeout=60)
     assert result.returncode == 2, result.stderr
     assert _one_error_line(result.stderr) == f"kestrel-trio: error: {missing}: no such checkpoint folder"
+
+
+def test_serve_takes_its_port_from_kestrel_port():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run_cli(["serve"], timeout=60, env={**os.environ, "KESTREL_PORT": str(port)})
+    assert result.returncode == 1, result.stderr
+    assert f"cannot listen on 127.0.0.1:{port}" in _one_error_line(result.stderr)
