@@ -23,7 +23,11 @@ def run_cli(args: list[str], stdin: str = "", timeout: float = 120, command: lis
 
 
 def start_serve(*flags: str, deadline_s: float = 60) -> tuple[subprocess.Popen, str, list[str]]:
-    """A real ``kestrel-trio serve --port 0`` once it says where it listens: (process, base URL, stderr lines so far)."""
+    """A real ``kestrel-trio serve --port 0``, once it says where it listens.
+
+    Returns:
+        (the process, its base URL http://127.0.0.1:PORT, the stderr lines read so far).
+    """
     process = subprocess.Popen(CLI + ["serve", "--port", "0", *flags], stderr=subprocess.PIPE, text=True)
     lines: list[str] = []
     url = None

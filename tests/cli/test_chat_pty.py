@@ -1,4 +1,4 @@
-"""``kestrel-trio chat`` on a real terminal: Ctrl-C stops an answer, readline edits and recalls lines, /commands stay local."""
+"""``kestrel-trio chat`` on a real terminal: Ctrl-C stops an answer; readline edits lines and recalls earlier ones."""
 
 from __future__ import annotations
 

@@ -16,6 +16,9 @@ from pathlib import Path
 import pytest
 from cli_kit import FIXTURE, run_cli
 
+if sys.version_info < (3, 11):  # trio depends on the backport there
+    from exceptiongroup import ExceptionGroup
+
 
 def _one_error_line(stderr: str) -> str:
     """The stderr of a failed run: exactly one line, the error."""
@@ -116,3 +119,24 @@ def test_serve_takes_its_port_from_kestrel_port():
         result = run_cli(["serve"], timeout=60, env={**os.environ, "KESTREL_PORT": str(port)})
     assert result.returncode == 1, result.stderr
     assert f"cannot listen on 127.0.0.1:{port}" in _one_error_line(result.stderr)
+
+
+def test_report_names_the_error_inside_nested_exception_groups(capsys):
+    from kestrel_trio.cli_errors import report
+    from kestrel_trio.errors import ModelLoadError
+
+    wrapped = ExceptionGroup("outer", [ExceptionGroup("inner", [ModelLoadError("x/config.json: bad")])])
+    assert report(wrapped, show_traceback=False) == 2
+    assert capsys.readouterr().err == "kestrel-trio: error: x/config.json: bad\n"
+
+
+def test_report_counts_further_errors_and_points_to_debug_for_a_bug(capsys):
+    from kestrel_trio.cli_errors import report
+
+    assert report(ExceptionGroup("g", [ValueError("one"), OSError(98, "two")]), show_traceback=False) == 1
+    assert capsys.readouterr().err == ("kestrel-trio: error: ValueError: one "
+                                       "(and 1 more error; --log-level DEBUG shows them)\n")
+    assert report(RuntimeError("boom"), show_traceback=False) == 1
+    assert capsys.readouterr().err == ("kestrel-trio: error: RuntimeError: boom "
+                                       "(--log-level DEBUG shows the traceback)\n")
+    assert report(KeyboardInterrupt(), show_traceback=False) == 130
