@@ -7,7 +7,10 @@ with tool calls, run each call locally and send the result back as a
 Run a server with a real Qwen3 checkpoint, then the agent::
 
     kestrel-trio serve --model /path/to/Qwen3-0.6B --port 8000
-    python examples/agent_loop.py --base-url http://127.0.0.1:8000/v1
+    python examples/agent_loop.py --port 8000
+
+``--port`` defaults to ``$KESTREL_PORT``, else 8000 (as ``kestrel-trio serve`` does);
+``--base-url`` names any other server.
 
 The built-in demo model has random weights and will not call tools on its
 own; tests/server/test_tools.py runs this example against a server whose
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 
 import openai
 
@@ -52,7 +56,8 @@ def run_tool(name: str, arguments: str) -> str:
         return json.dumps({"error": str(exc)})
 
 
-def run_agent(client: openai.OpenAI, model: str, question: str, max_turns: int = 4) -> tuple[str, list[dict]]:
+def run_agent(client: openai.OpenAI, model: str, question: str, max_turns: int = 4,
+              max_tokens: int = 256) -> tuple[str, list[dict]]:
     """Ask ``question``, answering tool calls until the model gives a final text.
 
     Returns:
@@ -60,7 +65,7 @@ def run_agent(client: openai.OpenAI, model: str, question: str, max_turns: int =
     """
     messages: list[dict] = [{"role": "user", "content": question}]
     for _ in range(max_turns):
-        reply = client.chat.completions.create(model=model, messages=messages, tools=TOOLS, max_tokens=256)
+        reply = client.chat.completions.create(model=model, messages=messages, tools=TOOLS, max_tokens=max_tokens)
         choice = reply.choices[0]
         calls = choice.message.tool_calls or []
         if choice.finish_reason != "tool_calls" or not calls:
@@ -80,14 +85,19 @@ def run_agent(client: openai.OpenAI, model: str, question: str, max_turns: int =
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--base-url", default="http://127.0.0.1:8000/v1")
-    parser.add_argument("--api-key", default="unused")
+    parser.add_argument("--port", type=int, default=int(os.environ.get("KESTREL_PORT", "8000")),
+                        help="port of a kestrel-trio server on 127.0.0.1 (default: $KESTREL_PORT, else 8000)")
+    parser.add_argument("--base-url", help="the server's OpenAI API base URL (default: http://127.0.0.1:PORT/v1)")
+    parser.add_argument("--api-key", default=os.environ.get("KESTREL_API_KEY", "unused"),
+                        help="the server's --api-key (default: $KESTREL_API_KEY)")
     parser.add_argument("--model", help="model id (default: the server's first model)")
     parser.add_argument("--question", default="What is the weather in Paris right now?")
+    parser.add_argument("--max-tokens", type=int, default=256, help="most tokens per answer (default 256)")
     args = parser.parse_args()
-    with openai.OpenAI(base_url=args.base_url, api_key=args.api_key) as client:
+    base_url = args.base_url or f"http://127.0.0.1:{args.port}/v1"
+    with openai.OpenAI(base_url=base_url, api_key=args.api_key) as client:
         model = args.model or client.models.list().data[0].id
-        text, _ = run_agent(client, model, args.question)
+        text, _ = run_agent(client, model, args.question, max_tokens=args.max_tokens)
     print(text)
 
 

@@ -3,7 +3,7 @@
 Ranks, lowest first (a layer may import its own modules and every layer of a
 lower rank; two layers of the same rank may not import each other):
 
-    0  errors, stats          the error family and metric primitives: standard library only
+    0  errors, stats, version the error family, metric primitives, the version: standard library only
     1  _model                 numpy model core
     2  openai, http           JSON <-> values; h11 + trio HTTP (neither knows the other)
     3  text, webui            tokenizer, template, sampling, generation state machine; the chat page's files
@@ -35,7 +35,7 @@ PACKAGE = "kestrel_trio"
 
 # layer -> rank. A module's layer is the first component of its name below kestrel_trio.
 RANKS = {
-    "errors": 0, "stats": 0,
+    "errors": 0, "stats": 0, "version": 0,
     "_model": 1,
     "openai": 2, "http": 2,
     "text": 3, "webui": 3,
@@ -47,7 +47,8 @@ RANKS = {
     PACKAGE: 9,
 }
 # Top-level modules that belong to a layer named differently.
-LAYER_ALIASES = {"routes": "app", "routes_chat": "app", "routes_images": "app", "cli_text": "cli"}
+LAYER_ALIASES = {"routes": "app", "routes_chat": "app", "routes_images": "app",
+                 "cli_text": "cli", "cli_errors": "cli", "cli_progress": "cli"}
 
 # layer -> third-party (or standard) modules it must never import.
 FORBIDDEN_EXTERNAL = {

@@ -17,8 +17,8 @@ from kestrel_trio.model import Model, load_demo_model, load_model
 from kestrel_trio.routes_images import ImagePolicy
 from kestrel_trio.server import Server, serve
 from kestrel_trio.text import SamplingParams
+from kestrel_trio.version import __version__
 
-__version__ = "0.1.0"
 
 __all__ = [
     "__version__",

@@ -13,7 +13,8 @@ import signal
 import sys
 from typing import NoReturn, Sequence
 
-from kestrel_trio.errors import KestrelError
+if sys.version_info < (3, 11):  # trio depends on the backport there
+    from exceptiongroup import BaseExceptionGroup
 
 __all__ = ["main"]
 
@@ -73,23 +74,114 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
                         help="threads numpy's BLAS may use (default: one per core)")
 
 
+def _sampling(field: str, kind: type):
+    """An argparse type: a value of SamplingParams' ``field``, refused with the message the server would give.
+
+    The ranges live in one place, SamplingParams' validators; checking here
+    refuses a bad value before the model loads.
+    """
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a{'n integer' if kind is int else ' number'}") from None
+        from kestrel_trio.errors import BadRequestError
+        from kestrel_trio.text import SamplingParams
+
+        try:
+            SamplingParams(**{field: value})
+        except BadRequestError as exc:
+            raise argparse.ArgumentTypeError(exc.message) from None
+        return value
+
+    return parse
+
+
 def _add_sampling_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--max-tokens", type=int, default=256, help="most tokens to generate (default 256)")
-    parser.add_argument("--temperature", type=float, default=None, help="0 for greedy (default: the checkpoint's)")
-    parser.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass (default: the checkpoint's)")
-    parser.add_argument("--seed", type=int, default=None, help="seed for reproducible sampling")
-    parser.add_argument("--no-think", action="store_true", help="disable Qwen3 thinking (enable_thinking=false)")
+    parser.add_argument("--max-tokens", type=_sampling("max_tokens", int), default=256,
+                        help="most tokens to generate, >= 1 (default 256)")
+    parser.add_argument("--temperature", type=_sampling("temperature", float), default=None,
+                        help="0 to 2; 0 for greedy (default: the checkpoint's, else 1)")
+    parser.add_argument("--top-p", type=_sampling("top_p", float), default=None,
+                        help="nucleus sampling mass, above 0 and at most 1 (default: the checkpoint's, else 1)")
+    parser.add_argument("--seed", type=_sampling("seed", int), default=None,
+                        help="seed for reproducible sampling (default: none, a fresh random seed)")
+    parser.add_argument("--no-think", action="store_true",
+                        help="disable Qwen3 thinking, enable_thinking=false (default: off, the model may think)")
+
+
+_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose unknown arguments are reported by the subcommand they were given to.
+
+    argparse hands a subcommand's leftovers back to the top-level parser, which
+    reports them with the top-level usage; parsing known arguments first lets
+    the subcommand's own parser name them, under its own usage, with a
+    suggestion for a mistyped flag.
+    """
+
+    subcommands: dict[str, argparse.ArgumentParser]
+
+    def parse_args(self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None):
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            parser = self.subcommands.get(getattr(parsed, "command", None) or "", self)
+            parser.error(f"unrecognized arguments: {' '.join(extras)}{_suggestion(parser, extras)}")
+        return parsed
+
+
+def _suggestion(parser: argparse.ArgumentParser, extras: Sequence[str]) -> str:
+    """" (did you mean --port?)" for the first unknown flag close to a known one, else ""."""
+    import difflib
+
+    known = [option for action in parser._actions for option in action.option_strings]
+    for extra in extras:
+        if extra.startswith("--"):
+            close = difflib.get_close_matches(extra.split("=", 1)[0], known, n=1, cutoff=0.6)
+            if close:
+                return f" (did you mean {close[0]}?)"
+    return ""
+
+
+def _add_global_args(parser: argparse.ArgumentParser, *, top: bool) -> None:
+    """Flags every command takes, before or after its name (a subcommand's copy leaves the top-level value alone)."""
+    from kestrel_trio.version import __version__
+
+    parser.add_argument("--version", action="version", version=f"kestrel-trio {__version__}",
+                        help="print the version and exit")
+    parser.add_argument("--log-level", type=str.upper, choices=_LOG_LEVELS,
+                        default="INFO" if top else argparse.SUPPRESS,
+                        help="log messages of this level and above; DEBUG also shows tracebacks of errors "
+                             "(default INFO)")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kestrel-trio", description="An OpenAI-compatible Qwen server on trio.")
-    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
-    commands = parser.add_subparsers(dest="command", required=True)
+    """The ``kestrel-trio`` argument parser (``parse_args`` names unknown flags under their subcommand's usage)."""
+    parser = _Parser(prog="kestrel-trio", description="An OpenAI-compatible Qwen server on trio.",
+                     usage="%(prog)s [-h] [--version] [--log-level LEVEL] {serve,generate,chat} ...",
+                     epilog="'kestrel-trio COMMAND --help' lists a command's options. Run with no command, "
+                            "kestrel-trio prints this help and exits 0.")
+    _add_global_args(parser, top=True)
+    commands = parser.add_subparsers(dest="command", title="commands", metavar="{serve,generate,chat}",
+                                     parser_class=argparse.ArgumentParser)
+    parser.subcommands = {}
 
-    serve = commands.add_parser("serve", help="serve the OpenAI-compatible HTTP API")
+    def add_command(name: str, usage: str, help: str) -> argparse.ArgumentParser:
+        command = commands.add_parser(name, prog=f"kestrel-trio {name}", help=help, description=help,
+                                      usage=f"%(prog)s {usage}")
+        _add_global_args(command, top=False)
+        parser.subcommands[name] = command
+        return command
+
+    serve = add_command("serve", "[--model DIR] [--host HOST] [--port PORT] [options]",
+                        "serve the OpenAI-compatible HTTP API")
     _add_model_args(serve)
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1, loopback only)")
-    serve.add_argument("--port", type=_port, default=8000, help="TCP port (default 8000; 0 picks a free one)")
+    serve.add_argument("--port", type=_port, default=os.environ.get("KESTREL_PORT", "8000"),
+                       help="TCP port; 0 picks a free one (default: $KESTREL_PORT, else 8000)")
     serve.add_argument("--model-id", default=None, help="the model id clients use (default: the folder name)")
     serve.add_argument("--max-queued", type=_COUNT, default=16, help="requests that may wait; more get 429 (default 16)")
     serve.add_argument("--max-batch", type=_COUNT, default=4, help="generations stepped together (default 4)")
@@ -111,10 +203,14 @@ def build_parser() -> argparse.ArgumentParser:
                             "256 on the demo model)")
     serve.add_argument("--prefill-chunk", type=_COUNT, default=256,
                        help="prompt tokens per model step: bounds how long running streams wait (default 256)")
-    serve.add_argument("--header-timeout", type=_POSITIVE_SECONDS, default=10.0, help="seconds to receive a request head")
-    serve.add_argument("--body-timeout", type=_POSITIVE_SECONDS, default=30.0, help="seconds to receive a request body")
-    serve.add_argument("--keepalive-timeout", type=_POSITIVE_SECONDS, default=5.0, help="idle seconds on a keep-alive connection")
-    serve.add_argument("--write-timeout", type=_POSITIVE_SECONDS, default=30.0, help="seconds a stalled write may take")
+    serve.add_argument("--header-timeout", type=_POSITIVE_SECONDS, default=10.0,
+                       help="seconds to receive a request head (default 10)")
+    serve.add_argument("--body-timeout", type=_POSITIVE_SECONDS, default=30.0,
+                       help="seconds to receive a request body (default 30)")
+    serve.add_argument("--keepalive-timeout", type=_POSITIVE_SECONDS, default=5.0,
+                       help="idle seconds on a keep-alive connection (default 5)")
+    serve.add_argument("--write-timeout", type=_POSITIVE_SECONDS, default=30.0,
+                       help="seconds a stalled write may take (default 30)")
     serve.add_argument("--linger-timeout", type=_SECONDS, default=1.0,
                        help="seconds spent draining a connection after the server half-closed it, so the client "
                             "reads the last response instead of a reset (default 1)")
@@ -136,24 +232,41 @@ def build_parser() -> argparse.ArgumentParser:
                         help="largest image width*height before resizing (default 16 Mpx, 4096x4096)")
     images.add_argument("--max-images", type=_at_least(0), default=4, help="images per request (default 4)")
 
-    generate = commands.add_parser("generate", help="stream one completion of a prompt to the terminal")
+    generate = add_command("generate", "[--model DIR] [options] PROMPT",
+                           "stream one completion of a prompt to the terminal")
     _add_model_args(generate)
     _add_sampling_args(generate)
     generate.add_argument("prompt", help="the user message")
-    generate.add_argument("--raw", action="store_true", help="send the prompt as is, without the chat template")
+    generate.add_argument("--raw", action="store_true",
+                          help="send the prompt as is, without the chat template (default: off, templated)")
 
-    chat = commands.add_parser("chat", help="interactive multi-turn chat (/reset clears history, Ctrl-C stops an answer)")
+    chat = add_command("chat", "[--model DIR] [options]",
+                       "interactive multi-turn chat (/help lists its commands, Ctrl-C stops an answer)")
     _add_model_args(chat)
     _add_sampling_args(chat)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``kestrel-trio`` console script; returns the exit code (``serve`` exits itself)."""
-    args = build_parser().parse_args(argv)
+    """Entry point of the ``kestrel-trio`` console script; returns the exit code (``serve`` exits itself).
+
+    Exit codes: 0 done (or help shown), 2 a usage error or a model folder that
+    cannot be loaded, 1 a runtime failure (e.g. the port is in use), 130
+    interrupted. Errors are one line, ``kestrel-trio: error: ...``;
+    ``--log-level DEBUG`` adds the traceback.
+    """
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 0
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
     try:
+        if args.model is not None:
+            from kestrel_trio.model import check_model_folder
+
+            check_model_folder(args.model)  # in milliseconds, before any weights are read or any port bound
         if args.command == "serve":
             return _serve(args)
         from kestrel_trio.cli_text import chat_loop, generate_once, load_with_progress
@@ -162,9 +275,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "generate":
             return generate_once(model, args)
         return chat_loop(model, args)
-    except KestrelError as exc:
-        print(f"kestrel-trio: error: {exc.message}", file=sys.stderr)
-        return 2
+    except (Exception, KeyboardInterrupt, BaseExceptionGroup) as exc:
+        from kestrel_trio.cli_errors import report
+
+        return report(exc, show_traceback=args.log_level == "DEBUG")
 
 
 def _serve(args: argparse.Namespace) -> NoReturn:
@@ -184,13 +298,19 @@ def _serve(args: argparse.Namespace) -> NoReturn:
     )
     _raise_open_files_limit(args.max_connections + _SPARE_FILES)
     open_paths = args.open_paths if args.open_paths is not None else ("/health", "/metrics")
+    progress = None
+    if args.model is not None:
+        from kestrel_trio.cli_progress import LoadProgress, checkpoint_bytes
+
+        progress = LoadProgress("loading weights", total_bytes=checkpoint_bytes(args.model))
     start = functools.partial(
         serve, args.model, host=args.host, port=args.port, model_id=args.model_id, api_key=args.api_key,
-        open_paths=open_paths, weights=args.weights, blas_threads=args.blas_threads, engine_limits=engine_limits, http_limits=http_limits, grace=args.grace, drain_delay=args.drain_delay,
+        open_paths=open_paths, weights=args.weights, blas_threads=args.blas_threads, engine_limits=engine_limits,
+        http_limits=http_limits, grace=args.grace, drain_delay=args.drain_delay,
         image_policy=ImagePolicy(max_bytes=args.max_image_bytes, max_pixels=args.max_image_pixels,
                                  max_images=args.max_images),
         allow_image_dir=args.allow_image_dir, default_max_tokens=args.default_max_tokens,
-        cors_origins=args.cors_origins, webui=args.webui,
+        cors_origins=args.cors_origins, webui=args.webui, progress=progress,
     )
 
     async def run() -> None:
@@ -210,7 +330,11 @@ def _serve(args: argparse.Namespace) -> NoReturn:
                 print(f"kestrel-trio: serving {server.state.model_id} at {server.url}", file=sys.stderr, flush=True)
                 nursery.start_soon(_watch_signals, signals, server, nursery.cancel_scope)
 
-    trio.run(run)
+    try:
+        trio.run(run)
+    finally:
+        if progress is not None:
+            progress.close()  # a load that failed half-way leaves its bar's line open
     _exit_without_finalizing(0)
 
 

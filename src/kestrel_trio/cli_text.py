@@ -10,6 +10,7 @@ import argparse
 import sys
 from typing import TextIO
 
+from kestrel_trio.cli_progress import LoadProgress, checkpoint_bytes, is_terminal
 from kestrel_trio.model import DEMO_MODEL_ID, Model, load_demo_model, load_model, set_blas_threads
 from kestrel_trio.text import SamplingParams
 from kestrel_trio.text.generation import Generation, check_context
@@ -17,40 +18,23 @@ from kestrel_trio.text.generation import Generation, check_context
 __all__ = ["load_with_progress", "generate_once", "chat_loop"]
 
 
-class ProgressBar:
-    """A one-line text progress bar on a terminal stream."""
-
-    def __init__(self, label: str, stream: TextIO = sys.stderr, width: int = 30) -> None:
-        self.label = label
-        self.stream = stream
-        self.width = width
-        self._shown = -1
-
-    def __call__(self, fraction: float) -> None:
-        percent = int(fraction * 100)
-        if percent == self._shown:
-            return
-        self._shown = percent
-        filled = int(fraction * self.width)
-        self.stream.write(f"\r{self.label} [{'#' * filled}{' ' * (self.width - filled)}] {percent:3d}%")
-        if percent >= 100:
-            self.stream.write("\n")
-        self.stream.flush()
-
-
 def load_with_progress(path: str | None, *, weights: str = "auto", blas_threads: int | None = None) -> Model:
-    """Load a checkpoint (or the demo model) showing a progress bar on stderr."""
+    """Load a checkpoint (or the demo model) showing its progress on stderr (see :class:`LoadProgress`)."""
     if blas_threads is not None:
         set_blas_threads(blas_threads)
     if path is None:
         print(f"kestrel-trio: no --model given, using the built-in demo model {DEMO_MODEL_ID!r}: its weights are "
               "random, so its text is meaningless.", file=sys.stderr)
-        bar = ProgressBar("building demo weights")
-        bar(0.0)
+        progress = LoadProgress("building demo weights")
+        progress(0.0)
         model = load_demo_model()
-        bar(1.0)
+        progress(1.0)
         return model
-    return load_model(path, progress=ProgressBar("loading weights"), weights=weights)
+    progress = LoadProgress("loading weights", total_bytes=checkpoint_bytes(path))
+    try:
+        return load_model(path, progress=progress, weights=weights)
+    finally:
+        progress.close()
 
 
 def _params(args: argparse.Namespace, model: Model, prompt_tokens: int) -> SamplingParams:
@@ -98,30 +82,98 @@ def generate_once(model: Model, args: argparse.Namespace, out: TextIO = sys.stdo
     return 0
 
 
-def chat_loop(model: Model, args: argparse.Namespace, stdin: TextIO = sys.stdin, out: TextIO = sys.stdout) -> int:
-    """``kestrel-trio chat``: multi-turn chat; /reset clears history, /exit or Ctrl-D leaves."""
-    history: list[dict] = []
-    out.write("kestrel-trio chat: /reset clears the history, /exit or Ctrl-D leaves, Ctrl-C stops an answer.\n")
-    while True:
-        out.write(">>> ")
+CHAT_COMMANDS = (
+    ("/help", "list these commands"),
+    ("/reset", "forget the conversation so far"),
+    ("/exit", "leave (also /quit or Ctrl-D)"),
+)
+CHAT_HELP = "\n".join(
+    ["commands:"] + [f"  {name:<8} {what}" for name, what in CHAT_COMMANDS]
+    + ["  //text   send a message that begins with /", "Ctrl-C stops an answer being written; "
+       "the arrow keys edit the line and recall earlier ones."]
+) + "\n"
+
+
+def _line_reader(stdin: TextIO, out: TextIO):
+    """A function ``read(prompt) -> line or None at end of input``.
+
+    On a terminal that is ``input()`` with the standard library's readline
+    loaded (line editing, history of this session, Tab completes a /command);
+    elsewhere a plain read of ``stdin``, so pipes and tests see exactly the
+    bytes they sent.
+    """
+    if stdin is sys.stdin and out is sys.stdout and is_terminal(stdin) and is_terminal(out):
+        _enable_readline()
+
+        def read_terminal(prompt: str) -> str | None:
+            try:
+                return input(prompt)
+            except EOFError:
+                return None
+
+        return read_terminal
+
+    def read_stream(prompt: str) -> str | None:
+        out.write(prompt)
         out.flush()
+        line = stdin.readline()
+        return line if line else None
+
+    return read_stream
+
+
+def _enable_readline() -> None:
+    try:
+        import readline  # importing it is what gives input() line editing and history
+    except ImportError:  # no readline on this platform (Windows): input() still works, unedited
+        return
+    names = [name for name, _what in CHAT_COMMANDS] + ["/quit"]
+
+    def complete(text: str, state: int) -> str | None:
+        matches = [name for name in names if name.startswith(text)] if text.startswith("/") else []
+        return matches[state] if state < len(matches) else None
+
+    readline.set_completer(complete)
+    readline.set_completer_delims(" \t\n")
+    readline.parse_and_bind("tab: complete")
+
+
+def chat_loop(model: Model, args: argparse.Namespace, stdin: TextIO = sys.stdin, out: TextIO = sys.stdout) -> int:
+    """``kestrel-trio chat``: multi-turn chat; /help lists the commands, /exit or Ctrl-D leaves.
+
+    A line beginning with ``/`` is a command, answered here and never sent to
+    the model (an unknown one says so); ``//`` sends a message that begins with ``/``.
+    """
+    history: list[dict] = []
+    read = _line_reader(stdin, out)
+    out.write("kestrel-trio chat: /help lists the commands, /exit or Ctrl-D leaves, Ctrl-C stops an answer.\n")
+    while True:
         try:
-            line = stdin.readline()
+            line = read(">>> ")
         except KeyboardInterrupt:
             out.write("\n")
             continue
-        if not line:
+        if line is None:
             out.write("\n")
             return 0
         text = line.strip()
         if not text:
             continue
-        if text in ("/exit", "/quit"):
-            return 0
-        if text == "/reset":
-            history.clear()
-            out.write("[history cleared]\n")
+        if text.startswith("/") and not text.startswith("//"):
+            command = text.split()[0]
+            if command in ("/exit", "/quit"):
+                return 0
+            if command == "/reset":
+                history.clear()
+                out.write("[history cleared]\n")
+            elif command == "/help":
+                out.write(CHAT_HELP)
+            else:
+                out.write(f"unknown command {command!r}: /help lists the commands (// sends a message that "
+                          "begins with /)\n")
             continue
+        if text.startswith("//"):
+            text = text[1:]
         history.append({"role": "user", "content": text})
         prompt = model.apply_chat_template(history, **_template_kwargs(args))
         ids = model.encode(prompt)

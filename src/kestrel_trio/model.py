@@ -16,18 +16,18 @@ import numpy as np
 from kestrel_trio._model import Decoder, KVCache, ModelConfig, forward, read_config
 from kestrel_trio._model.matmul import choose_small_batch_call, product_threads, set_product_threads
 from kestrel_trio._model.weights import load_weights, resolve_residency
-from kestrel_trio._model.config import config_from_dict
+from kestrel_trio._model.config import config_from_dict, read_config_json
 from kestrel_trio._model.random_init import random_tensors
 from kestrel_trio._model.weights import assemble_weights
-from kestrel_trio._model.qwen3_vl import Qwen3VL, is_qwen3_vl, load_qwen3_vl
+from kestrel_trio._model.qwen3_vl import Qwen3VL, is_qwen3_vl, load_qwen3_vl, vl_config_from_dict
 from kestrel_trio._model.gguf_checkpoint import gguf_fp32_bytes, load_gguf_weights
 from kestrel_trio._model.gguf_config import config_from_gguf, gguf_architecture
-from kestrel_trio._model.gguf_reader import GgufFile
+from kestrel_trio._model.gguf_reader import GgufFile, is_gguf_file
 from kestrel_trio.text.images import ImageProcessorConfig, require_pillow
 from kestrel_trio.errors import BadRequestError, ContextLengthError, KestrelError, ModelLoadError
 from kestrel_trio.text import ChatTemplate, Tokenizer, missing_template_error
 
-__all__ = ["Model", "load_model", "is_qwen3_vl_folder", "set_blas_threads", "load_demo_model", "DEMO_MODEL_ID", "DEFAULT_PREFILL_CHUNK"]
+__all__ = ["Model", "load_model", "check_model_folder", "is_qwen3_vl_folder", "set_blas_threads", "load_demo_model", "DEMO_MODEL_ID", "DEFAULT_PREFILL_CHUNK"]
 
 DEFAULT_PREFILL_CHUNK = 256  # tokens per prefill step
 DEMO_MODEL_ID = "kestrel-demo-random"
@@ -369,6 +369,32 @@ def _load_gguf_model(path: Path, progress: Callable[[float], None] | None, weigh
     model.weights_mode = residency
     model.prepare_products()
     return model
+
+
+def check_model_folder(path: str | Path) -> None:
+    """Check, in milliseconds, what :func:`load_model` would refuse first: the folder and its config.json.
+
+    Reads config.json with the loader's own readers (so a field the loader
+    refuses is refused here with the same message) and no weights; run it
+    before anything slow or visible, e.g. binding a port. A ``.gguf`` file gets
+    the same check of its header, metadata and tensor table (memory-mapped,
+    nothing expanded).
+
+    Raises:
+        ModelLoadError: ``path`` is neither a folder nor a GGUF file, or its
+            config.json is missing, unreadable, not JSON, or names a field or
+            architecture the loader refuses (for a GGUF file: its header or metadata).
+    """
+    folder = Path(path)
+    if folder.is_file() and (folder.suffix == ".gguf" or is_gguf_file(folder)):
+        config_from_gguf(GgufFile(folder))
+        return
+    if not folder.is_dir():
+        raise ModelLoadError(f"{folder}: no such checkpoint folder or GGUF file" if not folder.exists()
+                             else f"{folder}: not a folder (a checkpoint is a folder with config.json) "
+                                  "or a GGUF file")
+    raw, config_path = read_config_json(folder)
+    (vl_config_from_dict if is_qwen3_vl(raw) else config_from_dict)(raw, source=str(config_path))
 
 
 def is_qwen3_vl_folder(folder: Path) -> bool:

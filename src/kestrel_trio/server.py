@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import logging
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
 import attrs
 import trio
@@ -26,7 +26,7 @@ from kestrel_trio.engine import Engine, EngineLimits, run_engine
 from kestrel_trio.errors import KestrelError
 from kestrel_trio.http import CorsPolicy, HttpLimits, HttpServer, serve_http
 from kestrel_trio.model import (
-    DEMO_MODEL_ID, Model, is_qwen3_vl_folder, load_demo_model, load_model, set_blas_threads,
+    DEMO_MODEL_ID, Model, check_model_folder, is_qwen3_vl_folder, load_demo_model, load_model, set_blas_threads,
 )
 from kestrel_trio.routes import ServerState, build_router
 from kestrel_trio.routes_images import ImagePolicy
@@ -115,12 +115,12 @@ def _room_for_images(limits: HttpLimits, policy: ImagePolicy) -> HttpLimits:
     return limits if limits.max_body_bytes >= needed else attrs.evolve(limits, max_body_bytes=needed)
 
 
-def _load(model: str | Path | None, weights: str) -> Model:
+def _load(model: str | Path | None, weights: str, progress: Callable[[float], None] | None) -> Model:
     if model is None:
         log.warning("no --model given: serving the built-in demo model %r; its weights are random and its text "
                     "is meaningless", DEMO_MODEL_ID)
         return load_demo_model()
-    loaded = load_model(model, weights=weights)
+    loaded = load_model(model, weights=weights, progress=progress)
     log.info("weights in memory as %s (asked for %s)", loaded.weights_mode, weights)
     return loaded
 
@@ -144,6 +144,7 @@ async def serve(
     default_max_tokens: int | None = None,
     cors_origins: Iterable[str] = (),
     webui: bool = True,
+    progress: Callable[[float], None] | None = None,
     task_status: trio.TaskStatus = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the OpenAI-compatible API until cancelled or shut down.
@@ -176,10 +177,20 @@ async def serve(
             pages may call the API from a browser; by default none. The API key
             still applies to their requests; CORS preflights need none.
         webui: serve the built-in chat page at ``/`` (its files need no API key).
+        progress: called with the fraction of weight bytes read (0 to 1) while a
+            checkpoint folder loads, from the loading worker thread.
+
+    Raises:
+        ModelLoadError: ``model`` is not a checkpoint folder or its config.json is
+            refused (checked before the socket is bound), or its weights fail to load.
+        OSError: the socket cannot be bound (e.g. the port is in use); the message
+            names the address.
 
     A Qwen3-VL model raises ``http_limits.max_body_bytes`` when needed so that
     a request can carry ``max_images`` base64 images of ``max_bytes`` each.
     """
+    if model is not None and not isinstance(model, Model):
+        check_model_folder(model)  # a wrong path fails now, before anything listens or loads
     policy = _image_policy(image_policy, allow_image_dir)
     if default_max_tokens is not None and default_max_tokens < 1:
         raise KestrelError(f"default_max_tokens must be at least 1, got {default_max_tokens}")
@@ -203,12 +214,12 @@ async def serve(
             finally:
                 http_done.set()
 
-        http: HttpServer = await nursery.start(run_http)
+        http: HttpServer = await _listen(nursery, run_http, host, port)
         state.http = http
         log.info("listening on http://%s:%d (model %s loading)", http.host, http.port, state.model_id)
         if blas_threads is not None:
             set_blas_threads(blas_threads)
-        loaded = model if isinstance(model, Model) else await trio.to_thread.run_sync(_load, model, weights)
+        loaded = model if isinstance(model, Model) else await trio.to_thread.run_sync(_load, model, weights, progress)
         engine: Engine = await nursery.start(functools.partial(run_engine, loaded, limits=engine_limits))
         state.model, state.engine, state.status = loaded, engine, "ok"
         server = Server(host=http.host, port=http.port, state=state, engine=engine, http=http)
@@ -217,6 +228,16 @@ async def serve(
         await server._shutdown.wait()
         await _drain(state, http, http_done, grace, drain_delay)
         nursery.cancel_scope.cancel()
+
+
+async def _listen(nursery: trio.Nursery, run_http, host: str, port: int) -> HttpServer:
+    """Start the HTTP layer; a bind failure names the address (the socket's own message does not)."""
+    try:
+        return await nursery.start(run_http)
+    except OSError as exc:
+        address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        message = f"cannot listen on {address}: {exc.strerror or exc}"
+        raise (OSError(exc.errno, message) if exc.errno is not None else OSError(message)) from exc
 
 
 async def _drain(state: ServerState, http: HttpServer, http_done: trio.Event, grace: float, drain_delay: float) -> None:

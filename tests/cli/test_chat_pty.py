@@ -1,70 +1,20 @@
-"""``kestrel-trio chat`` on a real terminal: Ctrl-C stops the answer being written and the prompt comes back."""
+"""``kestrel-trio chat`` on a real terminal: Ctrl-C stops an answer; readline edits lines and recalls earlier ones."""
 
 from __future__ import annotations
 
-import os
-import pty
-import select
 import sys
-import time
-import warnings
 
 import pytest
-
-BUDGET = 120.0  # s, absolute for the whole conversation
+from pty_kit import Terminal
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="needs a POSIX pseudo-terminal")
 
-
-class Terminal:
-    """A child process on a pseudo-terminal, read until a marker or the budget's end."""
-
-    def __init__(self, argv: list[str]) -> None:
-        with warnings.catch_warnings():
-            # Python 3.12+ warns about fork() in a process with threads; the child execs at once.
-            warnings.simplefilter("ignore", DeprecationWarning)
-            self.pid, self.fd = pty.fork()
-        if self.pid == 0:  # the child: become the command, its terminal the pty
-            os.execv(argv[0], argv)
-        self.seen = b""
-        self.deadline = time.monotonic() + BUDGET
-
-    def read_until(self, marker: bytes, after: int = 0) -> int:
-        """Read until ``marker`` appears past offset ``after``; the offset just past it."""
-        while (found := self.seen.find(marker, after)) < 0:
-            left = self.deadline - time.monotonic()
-            assert left > 0, f"no {marker!r} in time; the terminal shows: {self.seen[-500:]!r}"
-            ready, _, _ = select.select([self.fd], [], [], left)
-            if ready:
-                try:
-                    chunk = os.read(self.fd, 65536)
-                except OSError:  # the child closed the terminal
-                    chunk = b""
-                assert chunk, f"the terminal closed before {marker!r}; it showed: {self.seen[-500:]!r}"
-                self.seen += chunk
-        return found + len(marker)
-
-    def write(self, data: bytes) -> None:
-        os.write(self.fd, data)
-
-    def wait(self) -> int:
-        while time.monotonic() < self.deadline:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
-            if pid:
-                return os.waitstatus_to_exitcode(status)
-            try:  # keep draining so the child never blocks on a full terminal
-                if select.select([self.fd], [], [], 0.05)[0]:
-                    self.seen += os.read(self.fd, 65536)
-            except OSError:
-                pass
-        os.kill(self.pid, 9)
-        raise AssertionError("the chat did not exit in time")
+CHAT = [sys.executable, "-m", "kestrel_trio.cli", "--log-level", "WARNING", "chat", "--no-think"]
+LEFT, UP, BACKSPACE = b"\x1b[D", b"\x1b[A", b"\x7f"
 
 
 def test_ctrl_c_stops_the_answer_and_the_chat_goes_on() -> None:
-    argv = [sys.executable, "-m", "kestrel_trio.cli", "--log-level", "WARNING", "chat", "--max-tokens", "8000",
-            "--temperature", "1", "--seed", "7", "--no-think"]
-    terminal = Terminal(argv)
+    terminal = Terminal(CHAT + ["--max-tokens", "8000", "--temperature", "1", "--seed", "7"])
     try:
         at = terminal.read_until(b">>> ")
         terminal.write(b"tell me a very long story\r")
@@ -76,9 +26,23 @@ def test_ctrl_c_stops_the_answer_and_the_chat_goes_on() -> None:
         terminal.write(b"/exit\r")
         assert terminal.wait() == 0
     finally:
-        try:
-            os.kill(terminal.pid, 9)
-            os.waitpid(terminal.pid, 0)
-        except (ProcessLookupError, ChildProcessError):
-            pass
-        os.close(terminal.fd)
+        terminal.close()
+
+
+def test_arrow_keys_edit_the_line_and_recall_the_last_one() -> None:
+    terminal = Terminal(CHAT + ["--max-tokens", "4", "--temperature", "0"])
+    try:
+        at = terminal.read_until(b">>> ")
+        # "/hxlp", two steps left, delete the "x", type "e": only line editing makes that "/help".
+        terminal.write(b"/hxlp" + LEFT + LEFT + BACKSPACE + b"e\r")
+        at = terminal.read_until(b"commands:", at)
+        at = terminal.read_until(b">>> ", at)
+        terminal.write(UP + b"\r")  # the history's last line, /help, again
+        at = terminal.read_until(b"commands:", at)
+        at = terminal.read_until(b">>> ", at)
+        terminal.write(b"/exit\r")
+        assert terminal.wait() == 0
+        assert b"^[[" not in terminal.seen  # no arrow key echoed as text
+        assert b"unknown command" not in terminal.seen
+    finally:
+        terminal.close()

@@ -2,25 +2,14 @@
 
 from __future__ import annotations
 
-import re
 import signal
-import subprocess
-import sys
 import threading
 import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 import pytest
-
-FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "qwen3_bf16_tied"
-CLI = [sys.executable, "-m", "kestrel_trio.cli"]
-
-
-def _run(args: list[str], stdin: str = "", timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(CLI + args, input=stdin, capture_output=True, text=True, timeout=timeout,
-                          encoding="utf-8")
+from cli_kit import FIXTURE, run_cli as _run, start_serve, stop
 
 
 def test_generate_with_the_builtin_model_prints_text():
@@ -39,11 +28,11 @@ def test_generate_is_reproducible_with_a_seed():
     assert first.stdout == second.stdout
 
 
-def test_generate_on_a_checkpoint_folder_shows_loading_progress():
-    result = _run(["--log-level", "WARNING", "generate", "hi", "--model", str(FIXTURE), "--max-tokens", "5",
-                   "--temperature", "0", "--no-think"])
+def test_generate_on_a_checkpoint_folder_logs_loading_progress_off_a_terminal():
+    result = _run(["generate", "hi", "--model", str(FIXTURE), "--max-tokens", "5", "--temperature", "0", "--no-think"])
     assert result.returncode == 0, result.stderr
-    assert "loading weights" in result.stderr and "100%" in result.stderr
+    assert "INFO kestrel_trio.load: loading weights: 100% (" in result.stderr
+    assert "\r" not in result.stderr  # a bar redrawn in place is for terminals only
 
 
 def test_bf16_weights_and_one_blas_thread_give_the_same_greedy_text():
@@ -85,25 +74,9 @@ def test_chat_keeps_history_resets_and_exits_on_eof():
     assert answers[0].strip() == answers[1].strip()
 
 
-def _serve(*flags: str) -> tuple[subprocess.Popen, str]:
-    """A real `kestrel-trio serve` on port 0 and its base URL, once it says where it listens."""
-    process = subprocess.Popen(CLI + ["serve", "--port", "0", *flags], stderr=subprocess.PIPE, text=True)
-    url = None
-    deadline = time.monotonic() + 60
-    while url is None and time.monotonic() < deadline and process.poll() is None:
-        line = process.stderr.readline()
-        match = re.search(r"serving \S+ at (http://\S+)/v1", line)
-        url = match.group(1) if match else None
-    if url is None:
-        process.kill()
-        process.wait()
-        pytest.fail("the server never said where it listens")
-    return process, url
-
-
 def test_serve_answers_health_applies_its_flags_and_exits_zero_on_sigterm():
     flags = ["--max-body-bytes", "100", "--max-header-bytes", "2048", "--prefill-chunk", "8", "--linger-timeout", "0.5"]
-    process, url = _serve("--grace", "1", *flags)
+    process, url, _ = start_serve("--grace", "1", *flags)
     try:
         with urllib.request.urlopen(url + "/health", timeout=10) as response:
             assert response.status == 200
@@ -117,15 +90,12 @@ def test_serve_answers_health_applies_its_flags_and_exits_zero_on_sigterm():
         code = process.wait(timeout=30)
         assert code == 0, process.stderr.read()[-2000:]
     finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-        process.stderr.close()
+        stop(process)
 
 
 def test_serve_cors_origin_and_no_webui():
-    process, url = _serve("--grace", "0", "--no-webui", "--cors-origin", "HTTP://127.0.0.1:3000/", "--cors-origin",
-                          "https://b.test")
+    process, url, _ = start_serve("--grace", "0", "--no-webui", "--cors-origin", "HTTP://127.0.0.1:3000/",
+                                  "--cors-origin", "https://b.test")
     try:
         with pytest.raises(urllib.error.HTTPError) as no_page:
             urllib.request.urlopen(url + "/", timeout=10)
@@ -139,19 +109,14 @@ def test_serve_cors_origin_and_no_webui():
         with urllib.request.urlopen(urllib.request.Request(url + "/health", headers={"origin": "https://b.test"}),
                                     timeout=10) as answer:
             assert answer.headers["access-control-allow-origin"] == "https://b.test"
-    finally:
         process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=30)
-        finally:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
-            process.stderr.close()
+        assert process.wait(timeout=30) == 0
+    finally:
+        stop(process)
 
 
 def test_signals_that_keep_coming_through_shutdown_still_exit_zero():
-    process, url = _serve("--grace", "1")
+    process, url, _ = start_serve("--grace", "1")
     lines: list[str] = []
     drain = threading.Thread(target=lambda: lines.extend(process.stderr), daemon=True)  # a full pipe would block it
     drain.start()
@@ -165,7 +130,27 @@ def test_signals_that_keep_coming_through_shutdown_still_exit_zero():
         assert code == 0, "".join(lines)[-2000:]
         assert any("graceful shutdown" in line for line in lines)
     finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-        process.stderr.close()
+        stop(process)
+
+
+def _chat_replies(out: str) -> list[str]:
+    """What the chat wrote after each prompt."""
+    return [reply.strip() for reply in out.split(">>> ")[1:]]
+
+
+def test_chat_answers_help_and_unknown_commands_itself():
+    result = _run(["chat", "--max-tokens", "4", "--temperature", "0"], stdin="/help\n/frobnicate now\n/exit\n")
+    assert result.returncode == 0, result.stderr
+    help_text, unknown, _exit = _chat_replies(result.stdout)
+    for command in ("/help", "/reset", "/exit"):
+        assert command in help_text
+    assert unknown == ("unknown command '/frobnicate': /help lists the commands "
+                       "(// sends a message that begins with /)")
+
+
+def test_chat_sends_a_double_slash_message_to_the_model():
+    # "//help" goes to the model as the message "/help": what comes back is the model's text, not the local help.
+    result = _run(["chat", "--max-tokens", "4", "--temperature", "0"], stdin="//help\n")
+    assert result.returncode == 0, result.stderr
+    reply = _chat_replies(result.stdout)[0]
+    assert reply and "commands:" not in reply and "unknown command" not in reply

@@ -1,0 +1,45 @@
+"""``serve()`` start-up: a wrong model folder fails before the port is bound; a bind failure names the address."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import socket
+import sys
+
+import pytest
+import trio
+
+from kestrel_trio import serve
+from kestrel_trio.errors import ModelLoadError
+
+if sys.version_info < (3, 11):  # trio depends on the backport there
+    from exceptiongroup import BaseExceptionGroup
+
+
+@pytest.mark.parametrize("make", ["missing", "no config.json", "broken config.json"])
+async def test_a_bad_model_folder_fails_before_anything_listens(tmp_path, caplog, make):
+    folder = tmp_path / "model"
+    if make != "missing":
+        folder.mkdir()
+    if make == "broken config.json":
+        (folder / "config.json").write_text("{", encoding="utf-8")
+    caplog.set_level(logging.INFO)
+    with trio.fail_after(10):
+        with pytest.raises(ModelLoadError) as refused:  # raised as itself: nothing had started to wrap it
+            await serve(folder, port=0)
+    assert str(folder) in refused.value.message
+    assert not any("listening" in record.getMessage() for record in caplog.records)
+
+
+async def test_a_port_in_use_is_an_oserror_naming_the_address():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with trio.fail_after(10):
+            with pytest.raises(BaseExceptionGroup) as failed:
+                await serve(None, port=port)
+    (error,) = failed.value.exceptions
+    assert isinstance(error, OSError) and error.errno == errno.EADDRINUSE
+    assert error.strerror.startswith(f"cannot listen on 127.0.0.1:{port}: ")
