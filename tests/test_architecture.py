@@ -189,16 +189,21 @@ def package_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return copy
 
 
-@pytest.mark.parametrize(("file", "line", "complaint"), PLANTED, ids=[f"{f}: {line}" for f, line, _ in PLANTED])
-def test_the_checker_sees_each_planted_violation(package_copy: Path, file: str, line: str, complaint: str):
+def problems_with(package_copy: Path, file: str, line: str, check) -> tuple[str, list[str]]:
+    """``check(package_copy)`` with ``line`` appended to ``file`` for the call; the file's module name too."""
     target = package_copy / file
     original = target.read_text(encoding="utf-8")
     try:
         target.write_text(original + "\n" + line + "\n", encoding="utf-8")
-        problems = layer_violations(package_copy)
+        return module_name(target, package_copy), check(package_copy)
     finally:
         target.write_text(original, encoding="utf-8")
-    assert any(complaint in p and p.startswith(module_name(target, package_copy)) for p in problems), problems
+
+
+@pytest.mark.parametrize(("file", "line", "complaint"), PLANTED, ids=[f"{f}: {line}" for f, line, _ in PLANTED])
+def test_the_checker_sees_each_planted_violation(package_copy: Path, file: str, line: str, complaint: str):
+    module, problems = problems_with(package_copy, file, line, layer_violations)
+    assert any(complaint in p and p.startswith(module) for p in problems), problems
 
 
 def test_the_checker_sees_a_module_with_no_layer(package_copy: Path):
@@ -214,11 +219,5 @@ def test_the_checker_sees_a_module_with_no_layer(package_copy: Path):
                                             ("text/sampling.py", "import trio"), ("engine/engine.py", "import json"),
                                             ("openai/sse.py", "import numpy as np"), ("http/router.py", "import numpy")])
 def test_the_checker_sees_a_forbidden_third_party_import(package_copy: Path, file: str, line: str):
-    target = package_copy / file
-    original = target.read_text(encoding="utf-8")
-    try:
-        target.write_text(original + "\n" + line + "\n", encoding="utf-8")
-        problems = external_violations(package_copy)
-    finally:
-        target.write_text(original, encoding="utf-8")
-    assert any(p.startswith(module_name(target, package_copy)) and line.split()[1] in p for p in problems), problems
+    module, problems = problems_with(package_copy, file, line, external_violations)
+    assert any(p.startswith(module) and line.split()[1] in p for p in problems), problems
