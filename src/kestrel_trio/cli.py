@@ -14,6 +14,7 @@ import sys
 from typing import NoReturn, Sequence
 
 from kestrel_trio.errors import KestrelError
+from kestrel_trio.hub.commands import HUB_COMMANDS, MODEL_HELP, add_hub_commands, resolve_model_arg, run_hub_command
 
 __all__ = ["main"]
 
@@ -54,8 +55,7 @@ _POSITIVE_SECONDS = _at_least(1e-3, float)
 
 
 def _add_model_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", metavar="DIR", default=None,
-                        help="Hugging Face checkpoint folder (default: the built-in random demo model)")
+    parser.add_argument("--model", metavar="MODEL", default=None, help=MODEL_HELP)
     parser.add_argument("--weights", choices=["auto", "bf16", "fp32"], default="auto",
                         help="weights in memory: fp32 copies (fastest decode), bf16 mapped from the checkpoint "
                              "(half the memory, shared between processes), or auto: bf16 only when fp32 would "
@@ -127,6 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
     chat = commands.add_parser("chat", help="interactive multi-turn chat (/reset clears history, Ctrl-C stops an answer)")
     _add_model_args(chat)
     _add_sampling_args(chat)
+    add_hub_commands(commands)  # pull, list, rm
     return parser
 
 
@@ -136,6 +137,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
     try:
+        if args.command in HUB_COMMANDS:
+            return run_hub_command(args)
+        resolve_model_arg(args)  # a hub repo id or named model becomes a local path, downloaded once
         if args.command == "serve":
             return _serve(args)
         from kestrel_trio.cli_text import chat_loop, generate_once, load_with_progress
