@@ -17,6 +17,9 @@ FORBIDDEN = {
     "engine": {"h11", "json", "kestrel_trio.http", "kestrel_trio.openai"},
     "openai": {"trio", "numpy", "h11", "kestrel_trio._model", "kestrel_trio.engine", "kestrel_trio.http"},
     "http": {"numpy", "kestrel_trio._model", "kestrel_trio.model", "kestrel_trio.text", "kestrel_trio.engine"},
+    # Getting model files (app level, beside the CLI): paths in, paths out; it never loads or serves a model.
+    "hub": {"trio", "h11", "numpy", "kestrel_trio._model", "kestrel_trio.model", "kestrel_trio.text",
+            "kestrel_trio.engine", "kestrel_trio.http", "kestrel_trio.openai", "kestrel_trio.server"},
 }
 ALLOWED_THIRD_PARTY_IN_MODEL = {"numpy", "attrs"}
 

@@ -126,6 +126,7 @@ def fetch_hub_model(ref: HubRepo, settings: HubSettings, *, stream: TextIO | Non
             no_gguf, missing_shard, not_a_model, disk_full, download_failed).
     """
     _check_repo_id(ref.repo_id)
+    _quiet_http_logs()
     if settings.offline:
         return _from_cache(ref, settings, "HF_HUB_OFFLINE is set, so nothing can be downloaded")
     from huggingface_hub import HfApi
@@ -338,6 +339,16 @@ def _check_repo_id(repo_id: str) -> None:
         validate_repo_id(repo_id)
     except HFValidationError as exc:
         raise ModelLoadError(f"{repo_id!r} is not a valid hub repo id: {_one_line(exc)}", code="not_found") from None
+
+
+def _quiet_http_logs() -> None:
+    """Keep the HTTP client's line per request (INFO) out of the CLI's log unless DEBUG was asked for."""
+    if logging.getLogger().getEffectiveLevel() <= logging.DEBUG:
+        return
+    for name in ("httpx2", "httpcore2", "httpx", "httpcore"):
+        client_log = logging.getLogger(name)
+        if client_log.level == logging.NOTSET:
+            client_log.setLevel(logging.WARNING)
 
 
 def _transport_errors() -> tuple[type[BaseException], ...]:

