@@ -69,6 +69,7 @@ class FakeHub:
         body_bytes: file path -> body bytes sent for it in all.
         cut_after: file path -> N: its first CDN GET closes the connection after N body bytes.
         claimed_sizes: file path -> the size the revision info reports instead of the real one.
+        broken: file paths whose CDN GETs answer 500.
     """
 
     def __init__(self, token: str = "hf_test_token") -> None:
@@ -81,6 +82,7 @@ class FakeHub:
         self.body_bytes: collections.Counter = collections.Counter()
         self.cut_after: dict[str, int] = {}
         self.claimed_sizes: dict[str, int] = {}
+        self.broken: set[str] = set()
         self._blobs: dict[str, tuple[str, str, bytes]] = {}  # sha256 -> (repo, path, bytes)
         self._lock = threading.Lock()
         self._servers: list[http.server.ThreadingHTTPServer] = []
@@ -189,6 +191,8 @@ class FakeHub:
                 self.gets[repo_id][path] += 1
                 self.ranges[path].append(range_header)
             cut = self.cut_after.pop(path, None) if handler.command == "GET" else None
+        if path in self.broken:
+            return handler.error(500, None, "storage unavailable")
         start = int(range_header.removeprefix("bytes=").split("-")[0]) if range_header else 0
         part = data[start:]
         headers = {"ETag": f'"{digest}"', "Accept-Ranges": "bytes", "Content-Type": "application/octet-stream"}

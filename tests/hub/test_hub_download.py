@@ -86,6 +86,20 @@ def test_a_large_file_cut_after_its_first_10_mib_resumes_from_there(fake_hub: Fa
     assert resolved.path.read_bytes() == data
 
 
+def test_a_failed_download_is_one_line_and_the_next_run_fetches_only_what_is_missing(
+        fake_hub: FakeHub, hub_settings: HubSettings):
+    fake_hub.add_folder(REPO, TINY)
+    fake_hub.broken.add("model.safetensors")
+    with pytest.raises(ModelLoadError) as failed:
+        resolve_model(REPO, hub=hub_settings, stream=io.StringIO())
+    assert failed.value.code == "download_failed" and "\n" not in failed.value.message
+    assert failed.value.message == f"{REPO}: downloading model.safetensors failed: {fake_hub.url} answered HTTP 500"
+    fake_hub.broken.clear()
+    resolve_model(REPO, hub=hub_settings, stream=io.StringIO())
+    assert fake_hub.gets[REPO]["model.safetensors"] == 2  # the failed try and the good one
+    assert all(count == 1 for name, count in fake_hub.gets[REPO].items() if name != "model.safetensors")
+
+
 def test_files_fetched_by_huggingface_hub_itself_are_not_fetched_again(fake_hub: FakeHub, hub_settings: HubSettings):
     from huggingface_hub import hf_hub_download
 
