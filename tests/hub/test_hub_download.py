@@ -239,3 +239,27 @@ def test_a_repo_without_config_or_gguf_is_not_a_model(fake_hub: FakeHub, hub_set
     with pytest.raises(ModelLoadError) as refused:
         resolve_model("Tiny/Docs", hub=hub_settings)
     assert refused.value.code == "not_a_model" and "config.json" in refused.value.message
+
+
+def test_list_and_rm_see_each_revision_under_the_name_model_takes(fake_hub: FakeHub, hub_settings: HubSettings,
+                                                                  tmp_path: Path):
+    from kestrel_trio.hub import cached_models, remove_model
+
+    files = {p.name: p.read_bytes() for p in TINY.iterdir()}
+    fake_hub.add_repo(REPO, files, revisions={"v1": {**files, "generation_config.json": b"{}"}})
+    main = resolve_model(REPO, hub=hub_settings, stream=io.StringIO())
+    v1 = resolve_model(f"{REPO}@v1", hub=hub_settings, stream=io.StringIO())
+    kestrel_cache = tmp_path / "kestrel"
+    rows = {row.id: row for row in cached_models(hub_settings.cache_dir, kestrel_cache)}
+    assert sorted(rows) == [REPO, f"{REPO}@v1"] and rows[f"{REPO}@v1"].format == "safetensors"
+    assert sorted(p.name for p in v1.path.iterdir()) == sorted(NEEDED)  # blobs shared with main linked in
+    assert v1.downloaded == len(b"{}") and fake_hub.gets[REPO]["model.safetensors"] == 1
+    assert (rows[REPO].path, rows[f"{REPO}@v1"].path) == (main.path, v1.path)
+    assert rows[REPO].format == "safetensors" and rows[REPO].size == sum(p.stat().st_size for p in main.path.iterdir())
+    freed = remove_model(f"{REPO}@v1", hub_settings.cache_dir, kestrel_cache)
+    assert freed == len(b"{}")  # the other files' blobs are shared with main and stay
+    assert [row.id for row in cached_models(hub_settings.cache_dir, kestrel_cache)] == [REPO]
+    assert main.path.is_dir() and not v1.path.exists()
+    with pytest.raises(ModelLoadError) as missing:
+        remove_model(f"{REPO}@v1", hub_settings.cache_dir, kestrel_cache)
+    assert missing.value.code == "not_cached"

@@ -200,28 +200,24 @@ class _Download:
         return list(_VL_FILES) if _VL_ARCHITECTURES & set(architectures or ()) else []
 
     def _fetch(self, names: list[str], *, progress: bool) -> None:
-        wanted = [self.remote[name] for name in names]
-        missing = [f for f in wanted if not self._cached(f)]
-        if not missing:
+        """Put ``names`` in the snapshot; only the ones whose blob is not cached yet cost a download."""
+        absent = [self.remote[name] for name in names if not (self.snapshot / name).is_file()]
+        if not absent:
             return
-        total = sum(f.size for f in missing)
+        new = [f for f in absent if f.blob is None or not (self.storage / "blobs" / f.blob).is_file()]
+        total = sum(f.size for f in new)
         _check_disk_space(self.ref.text, total, self.settings.cache_dir)
-        bar = DownloadProgress(self.ref.text, total, self.stream) if progress else None
-        if progress:
-            log.info("downloading %s: %d file(s), %s into %s", self.ref.text, len(missing), format_bytes(total),
+        bar = DownloadProgress(self.ref.text, total, self.stream) if progress and new else None
+        if bar is not None:
+            log.info("downloading %s: %d file(s), %s into %s", self.ref.text, len(new), format_bytes(total),
                      self.settings.cache_dir)
         try:
-            for remote_file in missing:
+            for remote_file in absent:  # a cached blob is only linked into this snapshot (one HEAD request)
                 self._download(remote_file.path, bar)
-                self.downloaded += remote_file.size
+                self.downloaded += remote_file.size if remote_file in new else 0
         finally:
             if bar is not None:
                 bar.finish()
-
-    def _cached(self, remote_file: _RemoteFile) -> bool:
-        if (self.snapshot / remote_file.path).is_file():
-            return True
-        return remote_file.blob is not None and (self.storage / "blobs" / remote_file.blob).is_file()
 
     def _download(self, name: str, bar: DownloadProgress | None) -> None:
         from huggingface_hub import hf_hub_download
