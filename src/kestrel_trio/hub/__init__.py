@@ -10,7 +10,8 @@ standard cache (see :mod:`.download`). ``HF_TOKEN``, ``HF_ENDPOINT``,
 ``hf download``.
 
 This package sits at the app layer beside the CLI: it imports no trio,
-numpy or model code, and huggingface_hub only when a repo id is used.
+numpy or model code, and huggingface_hub only when the hub cache is used
+(a repo id, ``list``, ``rm``), so a local folder costs nothing extra.
 """
 
 from __future__ import annotations
