@@ -6,7 +6,7 @@ lower rank; two layers of the same rank may not import each other):
     0  errors, stats, version the error family, metric primitives, the version: standard library only
     1  _model                 numpy model core
     2  openai, http           JSON <-> values; h11 + trio HTTP (neither knows the other)
-    3  text, webui            tokenizer, template, sampling, generation state machine; the chat page's files
+    3  text, webui, hub       tokenizer, template, sampling, generation state machine; the chat page's files; getting model files
     4  model                  the public Model: _model joined with text
     5  engine                 the bounded queue and the single inference task
     6  app                    the routes: HTTP requests in, engine generations out
@@ -38,7 +38,7 @@ RANKS = {
     "errors": 0, "stats": 0, "version": 0,
     "_model": 1,
     "openai": 2, "http": 2,
-    "text": 3, "webui": 3,
+    "text": 3, "webui": 3, "hub": 3,
     "model": 4,
     "engine": 5,
     "app": 6,
@@ -56,6 +56,7 @@ FORBIDDEN_EXTERNAL = {
     "engine": {"h11", "json"},
     "openai": {"trio", "numpy", "h11"},
     "http": {"numpy"},
+    "hub": {"trio", "h11", "numpy"},
 }
 ALLOWED_THIRD_PARTY_IN_MODEL = {"numpy", "attrs"}
 

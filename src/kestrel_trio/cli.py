@@ -16,6 +16,8 @@ from typing import NoReturn, Sequence
 if sys.version_info < (3, 11):  # trio depends on the backport there
     from exceptiongroup import BaseExceptionGroup
 
+from kestrel_trio.hub.commands import HUB_COMMANDS, MODEL_HELP, add_hub_commands, resolve_model_arg, run_hub_command
+
 __all__ = ["main"]
 
 log = logging.getLogger("kestrel_trio.cli")
@@ -64,8 +66,7 @@ _POSITIVE_SECONDS = _at_least(1e-3, float)
 
 
 def _add_model_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", metavar="DIR", default=None,
-                        help="Hugging Face checkpoint folder (default: the built-in random demo model)")
+    parser.add_argument("--model", metavar="MODEL", default=None, help=MODEL_HELP)
     parser.add_argument("--weights", choices=["auto", "bf16", "fp32"], default="auto",
                         help="weights in memory: fp32 copies (fastest decode), bf16 mapped from the checkpoint "
                              "(half the memory, shared between processes), or auto: bf16 only when fp32 would "
@@ -176,7 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
         parser.subcommands[name] = command
         return command
 
-    serve = add_command("serve", "[--model DIR] [--host HOST] [--port PORT] [options]",
+    serve = add_command("serve", "[--model MODEL] [--host HOST] [--port PORT] [options]",
                         "serve the OpenAI-compatible HTTP API")
     _add_model_args(serve)
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1, loopback only)")
@@ -232,7 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="largest image width*height before resizing (default 16 Mpx, 4096x4096)")
     images.add_argument("--max-images", type=_at_least(0), default=4, help="images per request (default 4)")
 
-    generate = add_command("generate", "[--model DIR] [options] PROMPT",
+    generate = add_command("generate", "[--model MODEL] [options] PROMPT",
                            "stream one completion of a prompt to the terminal")
     _add_model_args(generate)
     _add_sampling_args(generate)
@@ -240,10 +241,11 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--raw", action="store_true",
                           help="send the prompt as is, without the chat template (default: off, templated)")
 
-    chat = add_command("chat", "[--model DIR] [options]",
+    chat = add_command("chat", "[--model MODEL] [options]",
                        "interactive multi-turn chat (/help lists its commands, Ctrl-C stops an answer)")
     _add_model_args(chat)
     _add_sampling_args(chat)
+    add_hub_commands(commands)  # pull, list, rm
     return parser
 
 
@@ -263,6 +265,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
     try:
+        if args.command in HUB_COMMANDS:
+            return run_hub_command(args)
+        resolve_model_arg(args)  # a hub repo id or named model becomes a local path, downloaded once
         if args.model is not None:
             from kestrel_trio.model import check_model_folder
 

@@ -81,7 +81,10 @@ def _resolve_model_id(model: Model | str | Path | None, model_id: str | None) ->
         return model.name
     if model is None:
         return DEMO_MODEL_ID
-    return Path(model).resolve().name
+    path = Path(model)
+    if path.is_file():  # a GGUF file, named as load_model names it (a hub cache's symlink keeps its own name)
+        return path.name.removesuffix(".gguf")
+    return path.resolve().name
 
 
 def _is_demo(model: Model | str | Path | None) -> bool:

@@ -17,7 +17,7 @@ import tokenizers
 from gguf_kit import TEXTS, assert_same_ids
 from kestrel_trio import load_model
 from kestrel_trio._model.gguf_reader import GgufFile
-from real_weights import smollm2_gguf
+from real_models import smollm2_135m
 
 GOLDEN = Path(__file__).resolve().parents[1] / "fixtures" / "smollm2"
 META = json.loads((GOLDEN / "smollm2_golden.json").read_text(encoding="utf-8"))
@@ -26,7 +26,7 @@ PROMPTS = META["prompts"]
 
 @pytest.fixture(scope="module")
 def smollm2():
-    return load_model(smollm2_gguf())
+    return load_model(smollm2_135m())
 
 
 @pytest.fixture(scope="module")
