@@ -30,6 +30,7 @@ from kestrel_trio.openai.messages import (
     validate_tools,
 )
 from kestrel_trio.openai.sampling_fields import SamplingFields, parse_sampling_fields
+from kestrel_trio.openai.structured import StructuredOutput, parse_structured_output
 
 __all__ = [
     "SamplingFields",
@@ -55,6 +56,7 @@ class ChatRequest:
         tool_choice: ``"none"``/``"auto"``/``"required"``, a named function, or None.
         chat_template_kwargs: extra template variables, e.g. ``{"enable_thinking": False}``.
         sampling: the sampling fields.
+        structured: ``response_format`` / ``structured_outputs``, or None for free text.
     """
 
     model: str | None
@@ -63,6 +65,7 @@ class ChatRequest:
     tool_choice: str | dict | None
     chat_template_kwargs: dict
     sampling: SamplingFields
+    structured: StructuredOutput | None = None
 
     def template_messages(self) -> list[dict]:
         """A fresh copy of ``messages`` for the chat template (tool-call arguments parsed to mappings)."""
@@ -79,6 +82,7 @@ class CompletionRequest:
         echo: prepend the prompt to the completion.
         suffix: always None (a non-null suffix is refused).
         sampling: the sampling fields.
+        structured: ``response_format`` / ``structured_outputs``, or None for free text.
     """
 
     model: str | None
@@ -86,6 +90,7 @@ class CompletionRequest:
     echo: bool
     suffix: None
     sampling: SamplingFields
+    structured: StructuredOutput | None = None
 
 
 @attrs.frozen
@@ -144,6 +149,7 @@ def parse_chat_request(body: bytes, *, allow_images: bool = False) -> ChatReques
         tool_choice=tool_choice,
         chat_template_kwargs=_template_kwargs(obj),
         sampling=parse_sampling_fields(obj, chat=True),
+        structured=parse_structured_output(obj),
     )
 
 
@@ -164,7 +170,8 @@ def parse_completion_request(body: bytes) -> CompletionRequest:
     if best_of is not None and check_int(best_of, "best_of") != 1:
         raise BadRequestError("'best_of' other than 1 is not supported", param="best_of")
     return CompletionRequest(
-        model=model, prompt=prompt, echo=echo, suffix=None, sampling=parse_sampling_fields(obj, chat=False)
+        model=model, prompt=prompt, echo=echo, suffix=None, sampling=parse_sampling_fields(obj, chat=False),
+        structured=parse_structured_output(obj),
     )
 
 
