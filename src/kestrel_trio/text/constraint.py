@@ -272,11 +272,16 @@ class _MaskBatch:
         return self.bitmask[index], time.perf_counter() - started
 
 
-def start_masks(states: Iterable[ConstraintState]) -> None:
-    """Start computing the next mask of every active state, in a helper thread; ``token_mask`` collects each.
+def start_masks(states: Iterable[ConstraintState], *, beside: bool = True) -> None:
+    """Compute the next mask of every active state in one llguidance call; ``token_mask`` collects each.
 
     Call it right before the forward pass whose logits the masks will filter:
     the states' matchers must not be advanced until then.
+
+    Args:
+        states: the constraint states of the sequences that sample after this forward.
+        beside: compute in the helper thread while the caller runs the forward
+            (False: now, in this thread; benchmarks/bench_grammar.py compares the two).
     """
     active = [state for state in states if state.active]
     if not active:
@@ -284,7 +289,10 @@ def start_masks(states: Iterable[ConstraintState]) -> None:
     batch = _MaskBatch(active)
     for i, state in enumerate(active):
         state._pending, state._row = batch, i
-    batch.submit()
+    if beside:
+        batch.submit()
+    else:
+        batch.run()
 
 
 _shared: dict[str, Any] = {}

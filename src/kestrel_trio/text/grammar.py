@@ -16,6 +16,10 @@ Choices made here, all documented in docs/structured-outputs.md:
   requires and xgrammar's strict mode assumes. The output still validates
   against the schema as sent; a model just cannot invent keys whose names
   would be unbounded strings. A bare ``{"type": "object"}`` stays open.
+* A ``"type": "number"`` without ``multipleOf`` gets at most nine decimal
+  places (``multipleOf: 1e-9``): a model that never stops writing digits
+  (random weights do, and a looping model at temperature 0) then still ends
+  its number; nine places are more than a float's typical use needs.
 * A keyword llguidance cannot enforce is an error (never silently ignored):
   :func:`schema_error` turns llguidance's message into a 400 whose ``param``
   is the path to the keyword inside the request.
@@ -42,12 +46,17 @@ __all__ = [
     "tool_call_schema",
     "tool_calls_grammar",
     "close_objects",
+    "MAX_DECIMALS",
+    "MAX_CALLS",
     "schema_error",
 ]
 
 # The one JSON layout generated; "lenient: false" keeps a schema's own "x-guidance" from ignoring keywords.
 JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": ",
                "lenient": False, "coerce_one_of": False}
+
+MAX_DECIMALS = 9  # decimal places of a JSON number whose schema sets no multipleOf
+MAX_CALLS = 8  # tool calls in one answer held to a grammar ("required", or an answer that calls tools)
 
 # Keywords whose value is a map of subschemas, one subschema, or a list of subschemas (JSON Schema 2020-12,
 # plus draft-7's definitions/additionalItems). Only these are walked: "properties" may name a key "properties".
@@ -95,9 +104,21 @@ def lark_grammar(text: str) -> str:
     return llguidance.grammar_from("grammar", text)
 
 
-def tool_call_schema(name: str, parameters: Mapping[str, Any]) -> dict:
-    """The JSON of one Qwen (Hermes) tool call: ``{"name": <name>, "arguments": <parameters>}``, in that order."""
-    return {"type": "object", "properties": {"name": {"const": name}, "arguments": close_objects(parameters)},
+def tool_call_schema(name: str, parameters: Mapping[str, Any], defs: dict | None = None) -> dict:
+    """The JSON of one Qwen (Hermes) tool call: ``{"name": <name>, "arguments": <parameters>}``, in that order.
+
+    Args:
+        name: the function's name.
+        parameters: its parameters schema.
+        defs: where to put ``parameters`` when they use local ``$ref`` pointers (which point at the root
+            of the schema they came in, no longer the root here): under ``$defs``, refs rebased to it.
+    """
+    arguments = close_objects(parameters)
+    if defs is not None and _has_local_refs(arguments):
+        key = f"kestrel_tool_{len(defs)}"
+        defs[key] = _rebase_refs(arguments, f"#/$defs/{key}")
+        arguments = {"$ref": f"#/$defs/{key}"}
+    return {"type": "object", "properties": {"name": {"const": name}, "arguments": arguments},
             "required": ["name", "arguments"], "additionalProperties": False}
 
 
@@ -111,7 +132,7 @@ def tool_calls_grammar(tools: Sequence[tuple[str, Mapping[str, Any]]], mode: str
             ``"required"``: right after the prompt's ``<tool_call>\\n``: one or more calls, then the end;
             ``"named"``: right after ``... "arguments": `` of a single named call: its arguments, then the end;
             ``"auto"``: right after a ``<tool_call>`` the model wrote itself: ``\\n``, one call, the closing tag;
-            ``"answer"``: from the first token: the ``answer`` schema's JSON, or one or more calls.
+            ``"answer"``: from the first token: the ``answer`` schema's JSON, or one to :data:`MAX_CALLS` calls.
         special_tags: ``<tool_call>`` and ``</tool_call>`` are single special tokens (Qwen) rather than text.
         answer: with mode ``"answer"``, the response_format schema of a content answer.
     """
@@ -121,10 +142,13 @@ def tool_calls_grammar(tools: Sequence[tuple[str, Mapping[str, Any]]], mode: str
         (_, parameters), = tools
         lines += [f'start: args "}}" "\\n" {close_tag}', f"args: %json {_embedded(close_objects(parameters))}"]
         return llguidance.LLMatcher.grammar_from_lark("\n".join(lines))
-    schemas = [tool_call_schema(name, parameters) for name, parameters in tools]
+    defs: dict = {}
+    schemas = [tool_call_schema(name, parameters, defs) for name, parameters in tools]
     body = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
+    if defs:
+        body = {**body, "$defs": defs}
     call = f'body "\\n" {close_tag}'
-    more = f'("\\n" {open_tag} "\\n" {call})*'
+    more = f'("\\n" {open_tag} "\\n" {call}){{0,{MAX_CALLS - 1}}}'
     if mode == "required":
         lines.append(f"start: {call} {more}")
     elif mode == "auto":
@@ -144,9 +168,10 @@ def _embedded(schema: Mapping[str, Any]) -> str:
 
 
 def close_objects(schema: Any, *, in_all_of: bool = False) -> Any:
-    """A copy of ``schema`` in which every object listing ``properties`` without a rule for other keys is closed.
+    """A copy of ``schema`` made enforceable as the module doc says: objects closed, decimal places bounded.
 
-    Members of ``allOf`` stay open: closing one would forbid the properties its siblings add.
+    Every object listing ``properties`` without a rule for other keys is closed, except members of
+    ``allOf`` (closing one would forbid the properties its siblings add).
     """
     if not isinstance(schema, Mapping):
         return schema
@@ -162,7 +187,42 @@ def close_objects(schema: Any, *, in_all_of: bool = False) -> Any:
             out[key] = value
     if "properties" in schema and not in_all_of and not any(key in schema for key in _OPEN_DECIDERS):
         out["additionalProperties"] = False
+    kinds = schema.get("type")
+    if (kinds == "number" or (isinstance(kinds, list) and "number" in kinds)) and "multipleOf" not in schema:
+        out["multipleOf"] = 10.0 ** -MAX_DECIMALS
     return out
+
+
+def _map_subschemas(schema: Any, change) -> Any:
+    """``change(sub)`` applied to every subschema, bottom up (schema-aware: only subschema keywords are walked)."""
+    if not isinstance(schema, Mapping):
+        return schema
+    out = {}
+    for key, value in schema.items():
+        if key in _SCHEMA_MAPS and isinstance(value, Mapping):
+            out[key] = {name: _map_subschemas(sub, change) for name, sub in value.items()}
+        elif key in _SCHEMA_LISTS and isinstance(value, list):
+            out[key] = [_map_subschemas(sub, change) for sub in value]
+        elif key in _SCHEMA_ONE:
+            out[key] = _map_subschemas(value, change)
+        else:
+            out[key] = value
+    return change(out)
+
+
+def _has_local_refs(schema: Any) -> bool:
+    return any(isinstance(sub.get("$ref"), str) and sub["$ref"].startswith("#") for _, sub in _subschemas(schema, ""))
+
+
+def _rebase_refs(schema: Any, base: str) -> Any:
+    """``schema`` with every local ``$ref`` (``#``, ``#/...``) pointing below ``base`` instead of the root."""
+    def rebase(sub: dict) -> dict:
+        ref = sub.get("$ref")
+        if isinstance(ref, str) and (ref == "#" or ref.startswith("#/")):
+            sub["$ref"] = base + ref[1:]
+        return sub
+
+    return _map_subschemas(schema, rebase)
 
 
 def _subschemas(schema: Any, path: str) -> Iterator[tuple[str, Mapping]]:

@@ -408,9 +408,16 @@ class Sampler:
         if logits.shape != (self.vocab_size,):
             raise ValueError(f"expected logits of shape ({self.vocab_size},), got {logits.shape}")
         processed = apply_penalties(logits, self.params, generated_ids, prompt_ids)  # [vocab]
-        if allowed is not None:
-            processed = np.where(allowed, processed, np.float32(-np.inf))  # [vocab]
-        ids, probs = candidate_probabilities(processed, self.params)
+        if allowed is None:
+            ids, probs = candidate_probabilities(processed, self.params)
+        else:
+            # Steps 4-7 over the allowed tokens only: the same draw as over -inf elsewhere, and a grammar
+            # usually allows a small part of the vocabulary. Ids stay in order, so ties still go to the lowest.
+            allowed_ids = np.flatnonzero(allowed)  # [n_allowed]
+            local, probs = candidate_probabilities(processed[allowed_ids], self.params)
+            ids = allowed_ids[local]
+            if self.params.logprobs is not None:
+                processed = np.where(allowed, processed, np.float32(-np.inf))  # [vocab]
         if ids.size == 1:
             token = int(ids[0])
         else:
