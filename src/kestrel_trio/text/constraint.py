@@ -7,8 +7,9 @@ Theory of operation:
   tokenizer.json. It takes about a second for Qwen's 151k tokens, so it is
   built lazily, off the event loop, by the first request that needs it.
 * :func:`compile_constraint` checks a grammar against that vocabulary and
-  keeps one ready matcher as a prototype: the :class:`Constraint`, immutable
-  and shared by every choice of a request. It raises BadRequestError before
+  keeps one ready matcher as a prototype (its first mask already computed:
+  the lexer states it builds are shared by every copy): the
+  :class:`Constraint`, immutable and shared by every choice of a request. It raises BadRequestError before
   any compute when the grammar cannot be built.
 * Each generation starts its own :class:`ConstraintState` (a copy of the
   prototype, microseconds). The state is *active* while the next token must
@@ -149,6 +150,10 @@ def compile_constraint(vocab: GrammarVocab, grammar: str, *, kind: str, param: s
         if schema is not None:
             raise schema_error(message, schema, param)
         raise BadRequestError(f"'{param}' cannot be used for structured outputs: {message}", param=param)
+    # The first mask builds lexer states that every copy shares: pay for it here, off the event loop,
+    # rather than in a batched step. Computing a mask does not advance the matcher.
+    scratch = np.empty(vocab.words, dtype=np.int32)  # [words]
+    matcher.unsafe_compute_mask_ptr(scratch.ctypes.data, scratch.nbytes)
     return Constraint(kind, vocab, matcher, trigger, in_reasoning)
 
 
