@@ -79,13 +79,14 @@ class GrammarVocab:
         self.vocab_size = vocab_size
         self.llg = llguidance.LLTokenizer(tokenizer.to_json(), n_vocab=vocab_size, eos_token=int(self.eos_ids[0]))
         self.words = (vocab_size + 31) // 32  # int32 words per mask row
-        self._tokenizer = tokenizer
+        self._tokenizer = weakref.ref(tokenizer)  # not a strong one: the cache below is keyed weakly by it
         # Single tokens of only newlines, by their length: what may separate </think> from the answer.
         self.newlines = {ids[0]: len(text) for text in ("\n", "\n\n") if len(ids := tokenizer.encode(text)) == 1}
 
     def special_token(self, text: str) -> int | None:
         """The id of ``text`` when it is one special token for llguidance (``<tool_call>`` in Qwen), else None."""
-        token = self._tokenizer.token_to_id(text)
+        tokenizer = self._tokenizer()
+        token = tokenizer.token_to_id(text) if tokenizer is not None else None
         return token if token is not None and self.llg.is_special_token(token) else None
 
     def token_bytes(self, token: int) -> bytes:
