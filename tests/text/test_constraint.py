@@ -233,3 +233,37 @@ def test_the_vocabulary_is_built_once_per_tokenizer(tokenizer, vocab):
     assert grammar_vocab(tokenizer, VOCAB) is vocab
     assert vocab.special_token("<tool_call>") == tokenizer.token_to_id("<tool_call>")
     assert vocab.special_token("hello") is None
+
+
+TOOLS = [("point", {"type": "object", "properties": {"x": {"type": "integer", "minimum": 0, "maximum": 9}},
+                    "required": ["x"]}),
+         ("tag", {"$defs": {"T": {"enum": ["a", "b"]}}, "type": "object",
+                  "properties": {"t": {"$ref": "#/$defs/T"}}, "required": ["t"]})]
+
+
+def calls_in(text: str) -> list[dict]:
+    blocks = [b.split("</tool_call>")[0] for b in text.split("<tool_call>")[1:]]
+    return [json.loads(block.strip()) for block in blocks]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_required_calls_are_valid_and_at_most_eight(tokenizer, vocab, seed):
+    constraint = constraint_for(vocab, g.tool_calls_grammar(TOOLS, "required", special_tags=True))
+    gen = generate(tokenizer, constraint, seed=seed, temperature=0.0 if seed else 1.0, max_tokens=400)
+    assert gen.finish_reason == "stop"
+    calls = calls_in("<tool_call>\n" + tokenizer.decode(gen.generated_ids, skip_special_tokens=False))
+    assert 1 <= len(calls) <= g.MAX_CALLS
+    for call in calls:  # a local $ref inside one function's parameters still resolves
+        assert call in ({"name": "point", "arguments": {"x": call["arguments"].get("x")}},
+                        {"name": "tag", "arguments": {"t": call["arguments"].get("t")}})
+        assert call["arguments"].get("x") in range(10) or call["arguments"].get("t") in ("a", "b")
+
+
+def test_an_answer_or_tool_calls(tokenizer, vocab):
+    answer = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    constraint = constraint_for(vocab, g.tool_calls_grammar(TOOLS, "answer", special_tags=True, answer=answer))
+    as_call = generate(tokenizer, constraint, seed=2, script=tokenizer.encode("<tool_call>"))
+    text = tokenizer.decode(as_call.generated_ids, skip_special_tokens=False)
+    assert as_call.finish_reason == "stop" and calls_in(text)
+    as_json = generate(tokenizer, constraint, seed=2, script=tokenizer.encode('{"'))
+    assert json.loads(text_of(tokenizer, as_json)) in ({"ok": True}, {"ok": False})
