@@ -70,3 +70,21 @@ def read_bandwidth(gib: float = 1.0, repeats: int = 5) -> dict[str, float]:
         np.matmul(matrix, vector, out=out)
         best["gemv"] = min(best["gemv"], time.perf_counter() - started)
     return {way: data.nbytes / seconds for way, seconds in best.items()}
+
+
+_VECTOR_FLAGS = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512_bf16", "avx512_vnni", "amx_bf16",
+                 "asimd", "asimdhp", "asimddp", "sve", "sve2", "bf16", "i8mm")
+
+
+def cpu_vector_flags() -> str:
+    """The vector-instruction flags /proc/cpuinfo reports for the first CPU (x86 ``flags``, Arm ``Features``)."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                name, _, value = line.partition(":")
+                if name.strip() in ("flags", "Features"):
+                    present = set(value.split())
+                    return " ".join(flag for flag in _VECTOR_FLAGS if flag in present) or "none of the known ones"
+    except OSError:
+        pass
+    return "unknown (no /proc/cpuinfo)"

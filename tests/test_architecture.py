@@ -47,7 +47,7 @@ RANKS = {
     PACKAGE: 9,
 }
 # Top-level modules that belong to a layer named differently.
-LAYER_ALIASES = {"routes": "app", "routes_chat": "app", "routes_images": "app",
+LAYER_ALIASES = {"routes": "app", "routes_chat": "app", "routes_images": "app", "routes_grammar": "app",
                  "cli_text": "cli", "cli_errors": "cli", "cli_progress": "cli"}
 
 # layer -> third-party (or standard) modules it must never import.

@@ -24,6 +24,8 @@ from kestrel_trio.errors import BadRequestError, EngineUnavailableError, Kestrel
 from kestrel_trio.http import HttpServer, Request, Response, Router, StreamingResponse
 from kestrel_trio.model import Model
 from kestrel_trio.routes_chat import ChatOptions, Job
+from kestrel_trio.routes_grammar import NO_THINKING as _NO_THINKING
+from kestrel_trio.routes_grammar import chat_constraint, completion_constraint, reasoning_before_answer
 from kestrel_trio.routes_images import ImagePolicy, prepare_images, template_parts
 from kestrel_trio.text.images import expand_image_pads
 from kestrel_trio.webui import add_webui_routes
@@ -32,9 +34,6 @@ from kestrel_trio.stats import CONTENT_TYPE as PROMETHEUS_CONTENT_TYPE
 __all__ = ["ServerState", "build_router"]
 
 log = logging.getLogger("kestrel_trio.server")
-
-# What Qwen3's template renders for enable_thinking=False: an empty, closed reasoning block.
-_NO_THINKING = "<think>\n\n</think>\n\n"
 
 
 @attrs.define
@@ -246,15 +245,22 @@ class _Routes:
             if thinking and not prompt.endswith(_NO_THINKING):
                 prompt += _NO_THINKING  # a forced call skips reasoning, as enable_thinking=False renders it
             prompt += forced
-        options = ChatOptions(reasoning=thinking, starts_in_reasoning=thinking and prompt.rstrip().endswith("<think>"),
+        elif chat.structured is not None:  # an answer constrained from its first token: reasoning only if asked
+            prompt += reasoning_before_answer(prompt, thinking=thinking, template_kwargs=chat.chat_template_kwargs)
+        in_reasoning = thinking and prompt.rstrip().endswith("<think>")
+        options = ChatOptions(reasoning=thinking, starts_in_reasoning=in_reasoning,
                               parse_tools=tools is not None, forced_prefix=forced,
                               parallel_tool_calls=chat.parallel_tool_calls)
+        constraint = None
+        if chat.structured is not None or tools:  # a schema that cannot be enforced: 400 here, before any compute
+            constraint = await self._off_loop(functools.partial(
+                chat_constraint, model, chat.structured, tools, tool_choice, in_reasoning=in_reasoning))
         ids = await self._off_loop(functools.partial(model.encode_prompt, prompt, param="messages"))
         if images:
             assert model.vision is not None
             ids = expand_image_pads(ids, model.vision.config.image_token_id, [image.num_tokens for image in images])
         job = Job(self.state, model, engine, chat.sampling, ids, "messages", chat=options,
-                  model_id=self.state.model_id, images=tuple(images))
+                  model_id=self.state.model_id, images=tuple(images), constraint=constraint)
         return await job.respond()
 
     async def completions(self, request: Request) -> Response | StreamingResponse:
@@ -267,8 +273,11 @@ class _Routes:
             model.check_token_ids(ids, param="prompt")
         if not ids:
             raise BadRequestError("'prompt' encodes to no tokens", param="prompt")
+        constraint = None
+        if req.structured is not None:
+            constraint = await self._off_loop(completion_constraint, model, req.structured)
         job = Job(self.state, model, engine, req.sampling, ids, "prompt", chat=None, model_id=self.state.model_id,
-                  echo=req.prompt if (req.echo and isinstance(req.prompt, str)) else None)
+                  echo=req.prompt if (req.echo and isinstance(req.prompt, str)) else None, constraint=constraint)
         return await job.respond()
 
     async def tokenize(self, request: Request) -> Response:

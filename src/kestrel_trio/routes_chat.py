@@ -34,6 +34,7 @@ from kestrel_trio.errors import BadRequestError, KestrelError, QueueFullError
 from kestrel_trio.http import Response, StreamingResponse
 from kestrel_trio.model import Model
 from kestrel_trio.text import SamplingParams
+from kestrel_trio.text.constraint import Constraint
 from kestrel_trio.text.generation import check_context
 
 __all__ = ["ChatOptions", "Job"]
@@ -93,6 +94,7 @@ class Job:
         model_id: the model id to report.
         echo: the prompt text to echo (completions), or None.
         images: the prompt's preprocessed images (``ids`` hold their expanded pad runs).
+        constraint: the compiled grammar every choice must follow (structured outputs), or None.
 
     Raises:
         BadRequestError: ``n`` exceeds the queue, or a sampling field is invalid.
@@ -101,7 +103,7 @@ class Job:
 
     def __init__(self, state, model: Model, engine: Engine, fields: oa.SamplingFields, ids: list[int],
                  prompt_param: str, *, chat: ChatOptions | None, model_id: str, echo: str | None = None,
-                 images: tuple = ()) -> None:
+                 images: tuple = (), constraint: Constraint | None = None) -> None:
         self.state = state
         self.model = model
         self.engine = engine
@@ -120,7 +122,7 @@ class Job:
         check_context(len(ids), params.max_tokens, model.context_length, param=prompt_param,
                       max_tokens_param=fields.max_tokens_param)
         self.requests = [GenerationRequest(tuple(ids), _choice_params(params, i), prompt_param=prompt_param,
-                                           images=tuple(images)) for i in range(fields.n)]
+                                           images=tuple(images), constraint=constraint) for i in range(fields.n)]
         self.id = oa.new_id("cmpl" if chat is None else "chatcmpl")
         self.created = int(time.time())
         self.ident = (self.id, self.created, model_id)

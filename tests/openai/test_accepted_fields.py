@@ -92,19 +92,21 @@ def test_an_unknown_field_is_refused_naming_it_whatever_its_value(endpoint: str,
 @pytest.mark.parametrize(("endpoint", "field"), [
     ("chat", "guided_json"), ("chat", "echo"), ("chat", "best_of"), ("chat", "suffix"), ("chat", "prompt"),
     ("completions", "messages"), ("completions", "tools"), ("completions", "top_logprobs"),
-    ("completions", "chat_template_kwargs"), ("completions", "response_format"), ("tokenize", "tools"),
+    ("completions", "chat_template_kwargs"), ("tokenize", "response_format"), ("tokenize", "tools"),
 ])
 def test_a_field_of_another_endpoint_is_refused_not_ignored(endpoint: str, field: str) -> None:
     error = refused(endpoint, {**MINIMAL[endpoint], field: 1}, field)
     assert field in error.message
 
 
-def test_response_format_text_is_accepted_and_structured_output_is_refused() -> None:
+def test_response_format_text_changes_nothing_and_the_json_kinds_act() -> None:
     baseline = PARSERS["chat"](MINIMAL["chat"])
     assert PARSERS["chat"]({**MINIMAL["chat"], "response_format": {"type": "text"}}) == baseline
-    for kind in ({"type": "json_object"}, {"type": "json_schema", "json_schema": {"name": "a", "schema": {}}},
-                 {"type": "text", "extra": 1}, "text"):
-        refused("chat", {**MINIMAL["chat"], "response_format": kind}, "response_format", "structured output")
+    for kind in ({"type": "json_object"}, {"type": "json_schema", "json_schema": {"name": "a", "schema": {}}}):
+        assert PARSERS["chat"]({**MINIMAL["chat"], "response_format": kind}).structured is not None
+    refused("chat", {**MINIMAL["chat"], "response_format": {"type": "text", "extra": 1}}, "response_format.extra",
+            "Unrecognized")
+    refused("chat", {**MINIMAL["chat"], "response_format": "text"}, "response_format")
 
 
 # A value each no-op accepts, and one it refuses (None: it accepts every value of its type).
@@ -117,7 +119,6 @@ NO_OP_VALUES = {
     "prompt_cache_retention": ("24h", 24),
     "prompt_cache_options": ({"ttl": "30m"}, "30m"),
     "service_tier": ("default", "flex"),
-    "response_format": ({"type": "text"}, {"type": "json_object"}),
     "modalities": (["text"], ["text", "audio"]),
     "verbosity": ("medium", "low"),
     "stream_options.include_obfuscation": (False, True),

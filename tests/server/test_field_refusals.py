@@ -15,7 +15,8 @@ CHAT = {"messages": MESSAGES, "max_tokens": 2, "temperature": 0}
 
 
 @pytest.mark.parametrize(("path", "body", "param"), [
-    ("/v1/chat/completions", {**CHAT, "response_format": {"type": "json_object"}}, "response_format"),
+    ("/v1/chat/completions", {**CHAT, "response_format": {"type": "json_object", "strict": True}},
+     "response_format.strict"),
     ("/v1/chat/completions", {**CHAT, "frobnicate": True}, "frobnicate"),
     ("/v1/chat/completions", {**CHAT, "messages": [{**MESSAGES[0], "weight": 2}]}, "messages[0].weight"),
     ("/v1/chat/completions", {**CHAT, "chat_template_kwargs": {"enable_thinkin": False}},
@@ -44,7 +45,8 @@ async def test_the_official_client_sees_the_refusal_and_the_no_ops_pass(demo_mod
         with client_for(server) as client:
             with pytest.raises(openai.BadRequestError) as structured:
                 client.chat.completions.create(model=server.state.model_id, messages=MESSAGES, max_tokens=2,
-                                               response_format={"type": "json_object"})
+                                               response_format={"type": "json_schema", "json_schema": {
+                                                   "name": "a", "schema": {"type": "object"}, "strcit": True}})
             with pytest.raises(openai.BadRequestError) as unknown:
                 client.chat.completions.create(model=server.state.model_id, messages=MESSAGES, max_tokens=2,
                                                extra_body={"guided_json": {"type": "object"}})
@@ -59,7 +61,7 @@ async def test_the_official_client_sees_the_refusal_and_the_no_ops_pass(demo_mod
     with trio.fail_after(60):
         async with running_server(demo_model) as server:
             structured, unknown, accepted, plain = await trio.to_thread.run_sync(work, server)
-    assert structured.status_code == 400 and structured.body["param"] == "response_format"
-    assert "structured output" in structured.body["message"]
-    assert unknown.body["param"] == "guided_json" and "Unrecognized" in unknown.body["message"]
+    assert structured.status_code == 400 and structured.body["param"] == "response_format.json_schema.strcit"
+    assert "Unrecognized" in structured.body["message"]
+    assert unknown.body["param"] == "guided_json" and "structured_outputs.json" in unknown.body["message"]
     assert accepted.choices[0].message.content == plain.choices[0].message.content  # the no-ops changed nothing

@@ -181,6 +181,8 @@ class Engine:
             raise QueueFullError("the request queue is full; retry later", retry_after=self.retry_after()) from None
         self._live_queued += 1
         self.metrics.accepted.inc()
+        if request.constraint is not None:
+            self.metrics.structured.inc(kind=request.constraint.kind)
         return job
 
     def _new_generation(self, request: GenerationRequest) -> Generation:
@@ -201,6 +203,7 @@ class Engine:
             vocab_size=model.config.vocab_size,
             prefill_chunk=self.limits.prefill_chunk,
             images=request.images,
+            constraint=request.constraint,
         )
 
     def _abandon(self, job: Job) -> None:
@@ -303,6 +306,7 @@ class Engine:
         self.mean_step_seconds = _ewma(self.mean_step_seconds, elapsed)
         self.metrics.steps.inc()
         self.metrics.step_time.observe(elapsed)
+        self.metrics.observe_masks(generations)
         for job, result in zip(batch, results):
             self._deliver(job, result)
         self._active = [job for job in self._active if not job.done]

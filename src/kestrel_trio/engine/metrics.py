@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Iterable
 
 from kestrel_trio.stats import Counter, Gauge, Histogram, render_prometheus
 
 __all__ = ["EngineMetrics"]
 
+_MASK_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1)
 _TOKEN_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5)
 
 
@@ -54,6 +55,21 @@ class EngineMetrics:
                                         function=lambda: len(prefix_cache))
         self.step_time = Histogram("kestrel:model_step_seconds", "Duration of one batched model step.",
                                    buckets=_TOKEN_LATENCY_BUCKETS)
+        self.structured = Counter("kestrel:structured_output_requests_total",
+                                  "Generations accepted under a grammar (structured outputs), by what it came from.",
+                                  ["kind"])
+        self.mask_time = Histogram("kestrel:grammar_mask_seconds",
+                                   "Time computing the token masks of one step (all its constrained sequences at once, "
+                                   "beside the forward pass).", buckets=_MASK_BUCKETS)
+        self.mask_wait = Counter("kestrel:grammar_mask_wait_seconds_total",
+                                 "Time steps waited for token masks after their forward pass was done.")
+
+    def observe_masks(self, generations: Iterable) -> None:
+        """Count the grammar mask work of the step just run (each generation's ``constraint``, if any)."""
+        timings = [t for g in generations if g.constraint is not None and (t := g.constraint.take_timing())]
+        if timings:
+            self.mask_time.observe(max(seconds for seconds, _ in timings))  # one batch: the same wall time for all
+            self.mask_wait.inc(sum(wait for _, wait in timings))
 
     def all(self) -> list:
         return [v for v in vars(self).values() if hasattr(v, "samples")]

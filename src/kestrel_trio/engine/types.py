@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import attrs
 
+from kestrel_trio.text.constraint import Constraint
 from kestrel_trio.text.images import ProcessedImage
 from kestrel_trio.text.sampling import SamplingParams, TokenLogprobs
 
@@ -41,12 +42,15 @@ class GenerationRequest:
         prompt_param: the request field that carried the prompt, for error messages.
         images: the prompt's images in prompt order, preprocessed (Qwen3-VL only);
             ``prompt_ids`` then hold each image's expanded ``<|image_pad|>`` run.
+        constraint: the grammar the output must follow (structured outputs), compiled
+            for this model; each choice of a request starts its own state from it.
     """
 
     prompt_ids: tuple[int, ...]
     params: SamplingParams
     prompt_param: str = "prompt"
     images: tuple[ProcessedImage, ...] = ()
+    constraint: Constraint | None = None
 
 
 @attrs.frozen

@@ -101,9 +101,6 @@ NO_OP_FIELDS: tuple[NoOpField, ...] = (
     NoOpField("prompt_cache_options", _CHAT, "an object", "the same as prompt_cache_retention", _is_object),
     NoOpField("service_tier", _CHAT, '"auto" or "default"', "there is one service tier",
               _only("auto", "default", refusal="must be 'auto' or 'default': this server has one service tier")),
-    NoOpField("response_format", _CHAT, '{"type": "text"}', "plain text is what is generated anyway",
-              _only({"type": "text"}, refusal="is not supported except {\"type\": \"text\"}: structured output "
-                                              "(json_object, json_schema) does not exist yet in this server")),
     NoOpField("modalities", _CHAT, '["text"]', "text is the only output",
               _only(["text"], refusal="must be [\"text\"]: this server generates text only")),
     NoOpField("verbosity", _CHAT, '"medium"', "OpenAI's default; other values would need the model to follow them",
@@ -119,8 +116,8 @@ NO_OP_FIELDS: tuple[NoOpField, ...] = (
               "an image is resized by the model's own rules and --max-image-pixels only",
               _only("auto", "low", "high", refusal="must be 'auto', 'low' or 'high'")),
     NoOpField("tools[].function.strict", _CHAT, "a boolean",
-              "passed to the chat template; the arguments a model writes are not constrained to the schema until "
-              "structured output exists, so check them", _is_boolean),
+              "the arguments of every tool call are always held to the function's parameters schema "
+              "(docs/structured-outputs.md), as strict: true asks", _is_boolean),
 )
 
 # Real OpenAI fields that cannot be honoured yet: field (generic path) -> the reason given with the 400.
@@ -136,6 +133,13 @@ REFUSED_FIELDS: dict[str, str] = {
     "messages[].refusal": "is not supported in a request; send the assistant's text as 'content'",
     "messages[].function_call": "legacy function calling is not supported; send 'tool_calls'",
     "messages[].audio": "audio is not supported",
+    # Other servers' names for structured output: refused with the name this server takes.
+    "guided_json": "is vLLM's older name: send structured_outputs.json (or response_format)",
+    "guided_regex": "is vLLM's older name: send structured_outputs.regex",
+    "guided_choice": "is vLLM's older name: send structured_outputs.choice",
+    "guided_grammar": "is vLLM's older name: send structured_outputs.grammar",
+    "grammar": "is llama.cpp's name: send structured_outputs.grammar (GBNF or Lark)",
+    "json_schema": "is llama.cpp's name: send response_format {\"type\": \"json_schema\", ...}",
 }
 
 _NO_OPS = {(field.field, endpoint): field for field in NO_OP_FIELDS for endpoint in field.endpoints}

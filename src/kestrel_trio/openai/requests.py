@@ -37,6 +37,7 @@ from kestrel_trio.openai.sampling_fields import (
     SamplingFields,
     parse_sampling_fields,
 )
+from kestrel_trio.openai.structured import StructuredOutput, parse_structured_output
 
 __all__ = [
     "SamplingFields",
@@ -63,6 +64,7 @@ class ChatRequest:
         chat_template_kwargs: extra template variables, e.g. ``{"enable_thinking": False}``.
         sampling: the sampling fields.
         parallel_tool_calls: False: return at most one tool call per choice (OpenAI's default: True).
+        structured: ``response_format`` / ``structured_outputs``, or None for free text.
     """
 
     model: str | None
@@ -72,6 +74,7 @@ class ChatRequest:
     chat_template_kwargs: dict
     sampling: SamplingFields
     parallel_tool_calls: bool = True
+    structured: StructuredOutput | None = None
 
     def template_messages(self) -> list[dict]:
         """A fresh copy of ``messages`` for the chat template (tool-call arguments parsed to mappings)."""
@@ -88,6 +91,7 @@ class CompletionRequest:
         echo: prepend the prompt to the completion.
         suffix: always None (a non-null suffix is refused).
         sampling: the sampling fields.
+        structured: ``response_format`` / ``structured_outputs``, or None for free text.
     """
 
     model: str | None
@@ -95,6 +99,7 @@ class CompletionRequest:
     echo: bool
     suffix: None
     sampling: SamplingFields
+    structured: StructuredOutput | None = None
 
 
 @attrs.frozen
@@ -156,6 +161,7 @@ def parse_chat_request(body: bytes, *, allow_images: bool = False) -> ChatReques
         chat_template_kwargs=_template_kwargs(obj),
         sampling=parse_sampling_fields(obj, chat=True),
         parallel_tool_calls=True if parallel is None else parallel,
+        structured=parse_structured_output(obj),
     )
 
 
@@ -172,7 +178,8 @@ def parse_completion_request(body: bytes) -> CompletionRequest:
     prompt = _prompt(obj.get("prompt"))
     echo = bool(get_bool(obj, "echo"))
     return CompletionRequest(
-        model=model, prompt=prompt, echo=echo, suffix=None, sampling=parse_sampling_fields(obj, chat=False)
+        model=model, prompt=prompt, echo=echo, suffix=None, sampling=parse_sampling_fields(obj, chat=False),
+        structured=parse_structured_output(obj),
     )
 
 
@@ -222,8 +229,8 @@ def parse_detokenize_request(body: bytes) -> DetokenizeRequest:
 
 # The body keys each parser reads (the acting fields); accepted_fields decides about every other key.
 _CHAT_KEYS = SAMPLING_KEYS_CHAT | {"model", "messages", "tools", "tool_choice", "parallel_tool_calls",
-                                   "chat_template_kwargs"}
-_COMPLETION_KEYS = SAMPLING_KEYS_COMPLETIONS | {"model", "prompt", "echo"}
+                                   "chat_template_kwargs", "response_format", "structured_outputs"}
+_COMPLETION_KEYS = SAMPLING_KEYS_COMPLETIONS | {"model", "prompt", "echo", "response_format", "structured_outputs"}
 _TEMPLATE_ONLY_KEYS = ("add_generation_prompt", "chat_template_kwargs")
 _TOKENIZE_KEYS = frozenset({"model", "prompt", "messages", *_TEMPLATE_ONLY_KEYS})
 

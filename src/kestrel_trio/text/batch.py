@@ -12,6 +12,10 @@ image rows goes alone through :meth:`Qwen3VL.prefill` (it swaps in image
 features and uses 3-D positions), while every other chunk and every decode
 token joins the batched forward at shifted positions; and they never touch
 the prefix cache.
+
+Generations under a grammar (structured outputs) get their token masks
+computed beside the forward pass, in a helper thread, so that the masks of a
+whole batch cost the step only what is left of them when the logits are in.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import numpy as np
 from kestrel_trio._model import Decoder, forward
 from kestrel_trio._model.prefix_cache import PrefixCache
 from kestrel_trio._model.qwen3_vl import Qwen3VL
+from kestrel_trio.text.constraint import start_masks
 from kestrel_trio.text.generation import Generation, Phase, StepResult
 
 __all__ = ["step_generations"]
@@ -56,6 +61,7 @@ def step_generations(
             continue  # this step ran one vision block for it instead
         ready.append(g)
     prefilling = [g.phase is Phase.PREFILL for g in ready]
+    start_masks(g.constraint for g in ready if g.constraint is not None and g.samples_next)  # beside the forward
     results = dict(zip(map(id, ready), _forward_and_advance(decoder, vision, ready)))
     if prefix_cache is not None:
         for g, was_prefilling in zip(ready, prefilling):

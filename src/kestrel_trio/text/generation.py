@@ -20,6 +20,13 @@ then already hold each image's expanded ``<|image_pad|>`` run. The driver
 encodes the images over its first steps (``vision_steps``, one vision block
 per step) and keeps the result in ``vl_prompt``
 until the prompt is in; positions are then shifted by ``rope_delta``.
+
+A generation with a :class:`~kestrel_trio.text.constraint.Constraint`
+(structured outputs) keeps its own ``constraint`` state: while it is active,
+each sampled token is drawn from the grammar's mask, and the token is then fed
+to the grammar. A driver may compute the masks of a batch ahead
+(:func:`~kestrel_trio.text.constraint.start_masks`) for the generations whose
+step samples (:attr:`Generation.samples_next`); otherwise ``advance`` computes it.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ import numpy as np
 from kestrel_trio._model import KVCache
 from kestrel_trio._model.qwen3_vl import VLPrompt
 from kestrel_trio.errors import ContextLengthError
+from kestrel_trio.text.constraint import Constraint, ConstraintState
 from kestrel_trio.text.detokenizer import IncrementalDetokenizer
 from kestrel_trio.text.images import ProcessedImage
 from kestrel_trio.text.sampling import Sampler, SamplingParams, TokenLogprobs
@@ -109,6 +117,7 @@ class Generation:
         vocab_size: rows of the model's logits (may exceed the tokenizer's: padding rows are never sampled).
         prefill_chunk: prompt tokens per prefill step.
         images: the prompt's images in prompt order (Qwen3-VL), already preprocessed.
+        constraint: the grammar the output must follow (structured outputs), or None.
     """
 
     def __init__(
@@ -122,6 +131,7 @@ class Generation:
         vocab_size: int,
         prefill_chunk: int = 256,
         images: tuple[ProcessedImage, ...] = (),
+        constraint: Constraint | None = None,
     ) -> None:
         if not prompt_ids:
             raise ValueError("prompt_ids must not be empty")
@@ -145,6 +155,7 @@ class Generation:
         self.vl_prompt: VLPrompt | None = None  # set by the driver's first step; dropped once the prompt is in
         self.vision_steps: Iterator[None] | None = None  # the vision tower mid-way, advanced a block per step
         self.rope_delta = 0  # position of token i is i + rope_delta once past the prompt's images
+        self.constraint: ConstraintState | None = constraint.start() if constraint is not None else None
 
     @property
     def prompt_tokens(self) -> int:
@@ -153,6 +164,13 @@ class Generation:
     @property
     def completion_tokens(self) -> int:
         return len(self.generated_ids)
+
+    @property
+    def samples_next(self) -> bool:
+        """Whether the next :meth:`advance` samples a token (a decode step, or the prompt's last chunk)."""
+        if self.phase is Phase.PREFILL:
+            return self.prefill_range()[1] >= len(self.prompt_ids)
+        return self.phase is Phase.DECODE
 
     @property
     def fresh(self) -> bool:
@@ -206,9 +224,13 @@ class Generation:
         if self._usable_vocab < logits.shape[-1]:
             logits = logits.copy()  # [vocab]
             logits[self._usable_vocab :] = -np.inf  # padding rows of the embedding are not tokens
-        token, scored = self._sampler.sample_scored(logits, self.generated_ids, self.prompt_ids)
+        grammar = self.constraint
+        allowed = grammar.token_mask() if grammar is not None and grammar.active else None  # [vocab] bool
+        token, scored = self._sampler.sample_scored(logits, self.generated_ids, self.prompt_ids, allowed)
         self.generated_ids.append(token)
-        if token in self._stop_ids:
+        if grammar is not None:
+            grammar.consume(token)
+        if token in self._stop_ids or (grammar is not None and grammar.ended):
             return self._finish("stop", token, "", self._detokenizer.flush(), None)
         text, stopped = self._stops.push(self._detokenizer.push(token))
         if stopped:

@@ -9,6 +9,9 @@ transformers):
    one multiplied).
 3. ``presence_penalty`` / ``frequency_penalty`` over generated ids only
    (OpenAI's rule: ``logit -= presence * (count > 0) + frequency * count``).
+   Then, for structured outputs, the grammar's token mask: every token it
+   does not allow gets ``-inf`` (:mod:`kestrel_trio.text.constraint`), so no
+   later step can bring one back.
 4. ``temperature == 0`` means greedy: argmax, ties to the lowest id. Otherwise
    the logits are divided by the temperature, then
 5. ``top_k`` keeps the k highest logits (and any tied with the k-th),
@@ -19,8 +22,8 @@ transformers):
 Steps 1-3 are :func:`apply_penalties`, steps 4-7 :func:`candidate_probabilities`.
 
 Logprobs (``SamplingParams.logprobs``) are reported from the log-softmax of
-the logits after steps 1-3 and before temperature and truncation: the
-distribution the request's ``logit_bias`` and penalties define, unaffected by
+the logits after steps 1-3 (and the mask) and before temperature and truncation: the
+distribution the request's ``logit_bias``, penalties and grammar define, unaffected by
 how it is then sampled. OpenAI documents that logit_bias changes what is
 likely and reports logprobs that do not change with temperature; vLLM's V1
 default (``logprobs_mode="raw_logprobs"``) differs in one point: it reports
@@ -378,21 +381,24 @@ class Sampler:
         # numpy wants a non-negative seed; OpenAI allows any int64 (two's complement keeps them distinct).
         self._rng = np.random.default_rng(None if params.seed is None else params.seed & (2**64 - 1))
 
-    def sample(self, logits: np.ndarray, generated_ids: Sequence[int], prompt_ids: Sequence[int]) -> int:
+    def sample(self, logits: np.ndarray, generated_ids: Sequence[int], prompt_ids: Sequence[int],
+               allowed: np.ndarray | None = None) -> int:
         """Pick the next token id.
 
         Args:
             logits: [vocab_size] float32 logits of the next position.
             generated_ids: ids generated so far in this generation.
             prompt_ids: the prompt's ids.
+            allowed: bool [vocab_size], the only tokens that may be drawn (a grammar's mask), or None for all.
 
         Returns:
             The chosen token id.
         """
-        return self.sample_scored(logits, generated_ids, prompt_ids)[0]
+        return self.sample_scored(logits, generated_ids, prompt_ids, allowed)[0]
 
     def sample_scored(
-        self, logits: np.ndarray, generated_ids: Sequence[int], prompt_ids: Sequence[int]
+        self, logits: np.ndarray, generated_ids: Sequence[int], prompt_ids: Sequence[int],
+        allowed: np.ndarray | None = None,
     ) -> tuple[int, TokenLogprobs | None]:
         """Like :meth:`sample`, plus the token's logprobs when ``params.logprobs`` is set.
 
@@ -402,7 +408,16 @@ class Sampler:
         if logits.shape != (self.vocab_size,):
             raise ValueError(f"expected logits of shape ({self.vocab_size},), got {logits.shape}")
         processed = apply_penalties(logits, self.params, generated_ids, prompt_ids)  # [vocab]
-        ids, probs = candidate_probabilities(processed, self.params)
+        if allowed is None:
+            ids, probs = candidate_probabilities(processed, self.params)
+        else:
+            # Steps 4-7 over the allowed tokens only: the same draw as over -inf elsewhere, and a grammar
+            # usually allows a small part of the vocabulary. Ids stay in order, so ties still go to the lowest.
+            allowed_ids = np.flatnonzero(allowed)  # [n_allowed]
+            local, probs = candidate_probabilities(processed[allowed_ids], self.params)
+            ids = allowed_ids[local]
+            if self.params.logprobs is not None:
+                processed = np.where(allowed, processed, np.float32(-np.inf))  # [vocab]
         if ids.size == 1:
             token = int(ids[0])
         else:

@@ -273,6 +273,10 @@ class Tokenizer:
         total = len(encoding)
         return (None if limit is not None and total > limit else encoding.ids), total
 
+    def to_json(self) -> str:
+        """The backend tokenizer serialized as tokenizer.json text (what grammar engines build their vocabulary from)."""
+        return self._backend.to_str()
+
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:
         """Text of ``ids``; invalid UTF-8 becomes U+FFFD, unknown ids are dropped."""
         return self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens)

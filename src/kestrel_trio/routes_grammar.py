@@ -1,0 +1,154 @@
+"""Structured outputs in the routes: which grammar a request gets, compiled for the model before any compute.
+
+The routes call :func:`chat_constraint` / :func:`completion_constraint` in a
+worker thread (compiling a schema, and the first time the model's grammar
+vocabulary, is CPU work), after the prompt is rendered and before the
+generation is queued, so a schema that cannot be enforced is a 400 that
+names it and nothing runs.
+
+What a chat request is held to:
+
+* ``tool_choice: "required"``: one or more calls of the offered functions,
+  each ``{"name": <one of them>, "arguments": <valid under its parameters>}``
+  (the prompt already opens the first ``<tool_call>``).
+* a named function: its arguments, valid under its parameters (the prompt
+  already holds the call up to ``"arguments": ``).
+* ``tool_choice: "auto"`` (the default with tools): free text until the model
+  writes ``<tool_call>``; from there the call is held to the functions'
+  schemas; after ``</tool_call>`` text is free again. With a
+  ``response_format`` as well, the answer is either that JSON or tool calls.
+* ``response_format`` / ``structured_outputs`` alone: the whole answer.
+
+Reasoning (Qwen3): a constrained answer starts after ``</think>`` and the
+reasoning before it is free. A prompt the template left open for reasoning
+(``<think>`` at its end) is kept so; ``chat_template_kwargs.enable_thinking:
+true`` opens one; otherwise a constrained answer skips reasoning (the
+prompt gets the empty block that ``enable_thinking: false`` renders), as a
+forced tool call does, since free reasoning has no bound.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from kestrel_trio import openai as oa
+from kestrel_trio.errors import BadRequestError
+from kestrel_trio.model import Model
+from kestrel_trio.text import grammar as g
+from kestrel_trio.text.constraint import Constraint, GrammarVocab, compile_constraint, grammar_vocab
+
+__all__ = ["NO_THINKING", "reasoning_before_answer", "chat_constraint", "completion_constraint"]
+
+# What Qwen3's template renders for enable_thinking=False: an empty, closed reasoning block.
+NO_THINKING = "<think>\n\n</think>\n\n"
+_OPEN_THINKING = "<think>\n"
+_TOOL_CALL = "<tool_call>"
+
+
+def reasoning_before_answer(prompt: str, *, thinking: bool, template_kwargs: Mapping[str, Any]) -> str:
+    """What to append to a rendered chat prompt whose answer is constrained from its first token (see module doc)."""
+    if not thinking or prompt.rstrip().endswith("<think>") or prompt.endswith(NO_THINKING):
+        return ""
+    return _OPEN_THINKING if template_kwargs.get("enable_thinking") is True else NO_THINKING
+
+
+def chat_constraint(model: Model, structured: oa.StructuredOutput | None, tools: Sequence[dict] | None,
+                    tool_choice: str | dict | None, *, in_reasoning: bool) -> Constraint | None:
+    """The compiled constraint of a chat request, or None for free output.
+
+    Args:
+        model: the model (its tokenizer and vocabulary size).
+        structured: ``response_format`` / ``structured_outputs``.
+        tools: the offered tools, or None when none may be called (``tool_choice: "none"``).
+        tool_choice: ``"auto"``, ``"required"`` or a named function (with ``tools``).
+        in_reasoning: the prompt ends inside an open ``<think>`` block.
+
+    Raises:
+        BadRequestError: a schema, regex or grammar that cannot be enforced (``param`` names it).
+    """
+    if tools:
+        if tool_choice == "required":
+            return _tool_constraint(model, tools, "required")
+        if isinstance(tool_choice, dict):
+            name = tool_choice["function"]["name"]
+            return _tool_constraint(model, [t for t in tools if t["function"]["name"] == name], "named",
+                                    indexes=[i for i, t in enumerate(tools) if t["function"]["name"] == name])
+        if structured is not None:
+            return _answer_or_calls(model, structured, tools, in_reasoning)
+        return _tool_constraint(model, tools, "auto", in_reasoning=in_reasoning)
+    if structured is None:
+        return None
+    return completion_constraint(model, structured, in_reasoning=in_reasoning)
+
+
+def completion_constraint(model: Model, structured: oa.StructuredOutput | None, *,
+                          in_reasoning: bool = False) -> Constraint | None:
+    """The compiled constraint of ``response_format`` / ``structured_outputs`` alone, or None."""
+    if structured is None:
+        return None
+    vocab = _vocab(model)
+    kind, param = structured.kind, structured.param
+    try:
+        if kind == "json_schema":
+            grammar = g.json_schema_grammar(structured.schema)
+        elif kind == "json_object":
+            grammar = g.json_object_grammar()
+        elif kind == "regex":
+            grammar = g.regex_grammar(structured.text)
+        elif kind == "choice":
+            grammar = g.choice_grammar(structured.choices)
+        else:
+            grammar = g.lark_grammar(structured.text)
+    except ValueError as exc:  # a GBNF grammar that cannot be converted, or a schema llguidance cannot read
+        raise BadRequestError(f"'{param}' cannot be used for structured outputs: {exc}", param=param) from None
+    return compile_constraint(vocab, grammar, kind=kind, param=param, schema=structured.schema,
+                              in_reasoning=in_reasoning)
+
+
+def _vocab(model: Model) -> GrammarVocab:
+    if model.tokenizer is None:
+        raise BadRequestError(f"model {model.name!r} has no tokenizer, which structured outputs need",
+                              param="response_format")
+    return grammar_vocab(model.tokenizer, model.config.vocab_size)
+
+
+def _functions(vocab: GrammarVocab, tools: Sequence[dict], indexes: Sequence[int]) -> list[tuple[str, dict]]:
+    """``(name, parameters)`` of each tool, each parameter schema checked on its own so an error names its tool."""
+    functions = []
+    for tool, index in zip(tools, indexes):
+        function = tool["function"]
+        parameters = function.get("parameters") or {"type": "object", "properties": {}}
+        param = f"tools[{index}].function.parameters"
+        compile_constraint(vocab, g.json_schema_grammar(parameters), kind="tool_call", param=param, schema=parameters)
+        functions.append((function["name"], parameters))
+    return functions
+
+
+def _tool_constraint(model: Model, tools: Sequence[dict], mode: str, *, indexes: Sequence[int] | None = None,
+                     in_reasoning: bool = False) -> Constraint:
+    vocab = _vocab(model)
+    functions = _functions(vocab, tools, range(len(tools)) if indexes is None else indexes)
+    grammar = g.tool_calls_grammar(functions, mode, special_tags=_special_tags(vocab))
+    trigger = _TOOL_CALL.encode() if mode == "auto" else None
+    return compile_constraint(vocab, grammar, kind="tool_call", param="tools", trigger=trigger,
+                              in_reasoning=in_reasoning)
+
+
+def _answer_or_calls(model: Model, structured: oa.StructuredOutput, tools: Sequence[dict],
+                     in_reasoning: bool) -> Constraint:
+    """``tool_choice: "auto"`` with a JSON response_format: that JSON, or tool calls."""
+    if structured.kind not in ("json_schema", "json_object"):
+        raise BadRequestError(f"'{structured.param}' cannot be combined with 'tools' under tool_choice 'auto' "
+                              "(only a JSON response_format can); set tool_choice to 'none' or 'required'",
+                              param=structured.param)
+    answer = structured.schema if structured.kind == "json_schema" else {"type": "object"}
+    completion_constraint(model, structured)  # the answer's own errors name its field
+    vocab = _vocab(model)
+    functions = _functions(vocab, tools, range(len(tools)))
+    grammar = g.tool_calls_grammar(functions, "answer", special_tags=_special_tags(vocab), answer=answer)
+    return compile_constraint(vocab, grammar, kind=structured.kind, param="tools", in_reasoning=in_reasoning)
+
+
+def _special_tags(vocab: GrammarVocab) -> bool:
+    return vocab.special_token("<tool_call>") is not None and vocab.special_token("</tool_call>") is not None
