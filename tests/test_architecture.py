@@ -47,8 +47,7 @@ RANKS = {
     PACKAGE: 9,
 }
 # Top-level modules that belong to a layer named differently.
-LAYER_ALIASES = {"routes": "app", "routes_chat": "app", "routes_images": "app", "routes_grammar": "app",
-                 "cli_text": "cli", "cli_errors": "cli", "cli_progress": "cli"}
+LAYER_ALIASES = {"cli_text": "cli", "cli_errors": "cli", "cli_progress": "cli"}
 
 # layer -> third-party (or standard) modules it must never import.
 FORBIDDEN_EXTERNAL = {
@@ -99,8 +98,8 @@ def imports_of(path: Path, src: Path) -> set[str]:
                 module = ".".join(base + ([node.module] if node.module else []))
             else:
                 module = node.module or ""
-            if module == PACKAGE or (node.level and not node.module):
-                # ``from kestrel_trio import x`` / ``from . import x``: x may be a module or a name.
+            if module == PACKAGE or module.startswith(PACKAGE + "."):
+                # ``from kestrel_trio[.pkg] import x`` / ``from . import x``: x may be a module or a name.
                 for alias in node.names:
                     candidate = f"{module}.{alias.name}"
                     names.add(candidate if _is_module(candidate, src) else module)
@@ -165,13 +164,13 @@ def test_only_the_cli_calls_trio_run_or_reads_argv():
 
 # (file in the package, line planted at its end, a fragment of the expected complaint)
 PLANTED = [
-    ("text/sampling.py", "from kestrel_trio.routes import ServerState", "imports kestrel_trio.routes"),
+    ("text/sampling.py", "from kestrel_trio.app.state import ServerState", "imports kestrel_trio.app.state"),
     ("text/sampling.py", "from ..server import serve", "imports kestrel_trio.server"),
     ("text/sampling.py", "from .. import server", "imports kestrel_trio.server"),
     ("text/sampling.py", "from kestrel_trio import serve", "imports kestrel_trio (kestrel_trio, rank 9)"),
-    ("engine/engine.py", "from kestrel_trio import routes_chat", "imports kestrel_trio.routes_chat"),
+    ("engine/engine.py", "from kestrel_trio.app import chat", "imports kestrel_trio.app.chat"),
     ("engine/engine.py", "from ..server import Server", "imports kestrel_trio.server"),
-    ("http/router.py", "from kestrel_trio.routes import build_router", "imports kestrel_trio.routes"),
+    ("http/router.py", "from kestrel_trio.app.routes import build_router", "imports kestrel_trio.app.routes"),
     ("http/responses.py", "from ..openai.errors import error_body", "imports kestrel_trio.openai"),
     ("http/responses.py", "from kestrel_trio.model import Model", "imports kestrel_trio.model"),
     ("openai/sse.py", "from kestrel_trio.http import Response", "imports kestrel_trio.http"),

@@ -291,7 +291,7 @@ def _serve(args: argparse.Namespace) -> NoReturn:
 
     from kestrel_trio.engine import EngineLimits
     from kestrel_trio.http import HttpLimits
-    from kestrel_trio.routes_images import ImagePolicy
+    from kestrel_trio.app import ImagePolicy
     from kestrel_trio.server import serve
 
     engine_limits = EngineLimits(max_queued=args.max_queued, max_batch=args.max_batch,

@@ -28,8 +28,7 @@ from kestrel_trio.http import CorsPolicy, HttpLimits, HttpServer, serve_http
 from kestrel_trio.model import (
     DEMO_MODEL_ID, Model, check_model_folder, is_qwen3_vl_folder, load_demo_model, load_model, set_blas_threads,
 )
-from kestrel_trio.routes import ServerState, build_router
-from kestrel_trio.routes_images import ImagePolicy
+from kestrel_trio.app import ImagePolicy, ServerState, build_router
 from kestrel_trio.webui import PATHS as WEBUI_PATHS
 
 __all__ = ["Server", "serve"]

@@ -2,11 +2,11 @@
 
 Theory of operation:
 
-* :class:`Job` builds one :class:`GenerationRequest` per choice. With a
+* :class:`CompletionJob` builds one :class:`GenerationRequest` per choice. With a
   ``seed``, choice ``i`` samples with ``seed + i`` (so ``n`` choices differ,
   and a repeated request repeats them all); without one, each draws its own
   OS entropy. With temperature 0 every choice is the same greedy answer.
-* :meth:`Job.respond` submits all ``n`` generations before any response head
+* :meth:`CompletionJob.respond` submits all ``n`` generations before any response head
   is sent, or none: it refuses with 429 when the queue cannot hold them all,
   and if a later submission still fails it abandons those already made.
 * The choices are read round-robin, one delta from each unfinished choice in
@@ -37,7 +37,7 @@ from kestrel_trio.text import SamplingParams
 from kestrel_trio.text.constraint import Constraint
 from kestrel_trio.text.generation import check_context
 
-__all__ = ["ChatOptions", "Job"]
+__all__ = ["ChatOptions", "CompletionJob"]
 
 log = logging.getLogger("kestrel_trio.server")
 
@@ -80,7 +80,7 @@ def sampling_params(model: Model, fields: oa.SamplingFields) -> SamplingParams:
     return SamplingParams.with_defaults(values, defaults)
 
 
-class Job:
+class CompletionJob:
     """One chat or completion request with ``n`` choices.
 
     Args:
@@ -227,7 +227,7 @@ class SSEStream:
     first chunk was asked for.
     """
 
-    def __init__(self, job: Job, handles: list[GenerationHandle]) -> None:
+    def __init__(self, job: CompletionJob, handles: list[GenerationHandle]) -> None:
         self._handles = handles
         self._events = self._generate(job, handles)
 
@@ -242,7 +242,7 @@ class SSEStream:
             handle.cancel()
         await self._events.aclose()
 
-    async def _generate(self, job: Job, handles: list[GenerationHandle]) -> AsyncIterator[bytes]:
+    async def _generate(self, job: CompletionJob, handles: list[GenerationHandle]) -> AsyncIterator[bytes]:
         choices = job.new_choices()
         for choice in choices:
             for item in choice.start():

@@ -1,0 +1,93 @@
+"""What the routes read: the served model, the engine, the lifecycle status, and the request limits."""
+
+from __future__ import annotations
+
+import time
+
+import attrs
+import trio
+
+from kestrel_trio.app.images import ImagePolicy
+from kestrel_trio.engine import Engine, GenerationHandle
+from kestrel_trio.errors import EngineUnavailableError
+from kestrel_trio.http import HttpServer
+from kestrel_trio.model import Model
+
+__all__ = ["ServerState"]
+
+
+@attrs.define
+class ServerState:
+    """What the routes read: the model and engine once ready, and the lifecycle status.
+
+    Attributes:
+        model_id: the id clients use (known before the weights load).
+        status: "loading", "ok", "draining" or "broken".
+        model: the loaded model, or None while loading.
+        engine: the running engine, or None while loading.
+        http: the HTTP server, once its socket is bound (its metrics are on /metrics).
+        api_key: if set, every route except ``open_paths`` needs ``Authorization: Bearer <key>``.
+        open_paths: routes that never need the key.
+        default_max_tokens: the server-wide cap on new tokens for requests that set no
+            ``max_tokens`` (see :func:`kestrel_trio.openai.default_max_tokens`); None: OpenAI's defaults.
+        images: what image input chat requests may carry (Qwen3-VL models only).
+        image_workers: requests whose images are being decoded at once (worker threads).
+        text_workers: requests whose prompt is being rendered and tokenized at once (worker
+            threads, so a megabyte prompt never stalls the event loop and /health).
+        accepts_images: the model takes images (Qwen3-VL); /v1/models says so.
+        webui: serve the built-in chat page at ``/``.
+    """
+
+    model_id: str
+    status: str = "loading"
+    model: Model | None = None
+    engine: Engine | None = None
+    http: HttpServer | None = None
+    api_key: str | None = None
+    open_paths: frozenset[str] = frozenset({"/health", "/metrics"})
+    default_max_tokens: int | None = None
+    images: ImagePolicy = ImagePolicy()
+    image_workers: trio.CapacityLimiter = attrs.field(factory=lambda: trio.CapacityLimiter(1))
+    text_workers: trio.CapacityLimiter = attrs.field(factory=lambda: trio.CapacityLimiter(2))
+    accepts_images: bool = False
+    webui: bool = False
+    created: int = attrs.field(factory=lambda: int(time.time()))
+    streams_ended: bool = False
+    _waits: set = attrs.field(factory=set)
+
+    def end_streams(self) -> None:
+        """Stop every generation still being awaited: streams end with an error event, others with 503."""
+        self.streams_ended = True
+        for scope in list(self._waits):
+            scope.cancel()
+
+    async def next_delta(self, handle: GenerationHandle):
+        """The next delta of ``handle``, or EngineUnavailableError once :meth:`end_streams` was called."""
+        if not self.streams_ended:
+            # The scope covers only this wait (never a yield), so cancelling it is safe in a generator.
+            with trio.CancelScope() as scope:
+                self._waits.add(scope)
+                try:
+                    return await handle.__anext__()
+                finally:
+                    self._waits.discard(scope)
+        raise EngineUnavailableError("the server is shutting down; this generation was stopped", retry_after=5)
+
+    def health(self) -> tuple[int, dict]:
+        """The /health status code and body, from counters only (never waits)."""
+        engine = self.engine
+        status = self.status
+        if status == "ok" and engine is not None:
+            if engine.status != "ok":
+                status = "broken"
+            elif engine.stalled():
+                status = "stalled"
+        body: dict = {"status": status, "model": self.model_id}
+        if self.model is not None:
+            body["weights"] = self.model.weights_mode
+        if engine is not None:
+            body.update(busy=engine.busy, queued=engine.queued, active=engine.active, batch=engine.batch_in_flight,
+                        max_queued=engine.limits.max_queued, max_batch=engine.limits.max_batch)
+        else:
+            body.update(busy=False, queued=0, active=0, batch=0)
+        return (200 if status == "ok" else 503), body
