@@ -176,8 +176,9 @@ class _Routes:
         if images:
             assert model.vision is not None
             ids = expand_image_pads(ids, model.vision.config.image_token_id, [image.num_tokens for image in images])
-        job = CompletionJob(self.state, model, engine, chat.sampling, ids, "messages", chat=options,
-                  model_id=self.state.model_id, images=tuple(images), constraint=constraint)
+        job = CompletionJob(model, engine, chat.sampling, ids, "messages", chat=options, model_id=self.state.model_id,
+                            default_max_tokens=self.state.default_max_tokens, images=tuple(images),
+                            constraint=constraint)
         return await job.respond()
 
     async def completions(self, request: Request) -> Response | StreamingResponse:
@@ -193,8 +194,10 @@ class _Routes:
         constraint = None
         if req.structured is not None:
             constraint = await self._off_loop(completion_constraint, model, req.structured)
-        job = CompletionJob(self.state, model, engine, req.sampling, ids, "prompt", chat=None, model_id=self.state.model_id,
-                  echo=req.prompt if (req.echo and isinstance(req.prompt, str)) else None, constraint=constraint)
+        job = CompletionJob(model, engine, req.sampling, ids, "prompt", chat=None, model_id=self.state.model_id,
+                            default_max_tokens=self.state.default_max_tokens,
+                            echo=req.prompt if (req.echo and isinstance(req.prompt, str)) else None,
+                            constraint=constraint)
         return await job.respond()
 
     async def tokenize(self, request: Request) -> Response:

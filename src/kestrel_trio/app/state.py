@@ -8,8 +8,7 @@ import attrs
 import trio
 
 from kestrel_trio.app.images import ImagePolicy
-from kestrel_trio.engine import Engine, GenerationHandle
-from kestrel_trio.errors import EngineUnavailableError
+from kestrel_trio.engine import Engine
 from kestrel_trio.http import HttpServer
 from kestrel_trio.model import Model
 
@@ -52,26 +51,6 @@ class ServerState:
     accepts_images: bool = False
     webui: bool = False
     created: int = attrs.field(factory=lambda: int(time.time()))
-    streams_ended: bool = False
-    _waits: set = attrs.field(factory=set)
-
-    def end_streams(self) -> None:
-        """Stop every generation still being awaited: streams end with an error event, others with 503."""
-        self.streams_ended = True
-        for scope in list(self._waits):
-            scope.cancel()
-
-    async def next_delta(self, handle: GenerationHandle):
-        """The next delta of ``handle``, or EngineUnavailableError once :meth:`end_streams` was called."""
-        if not self.streams_ended:
-            # The scope covers only this wait (never a yield), so cancelling it is safe in a generator.
-            with trio.CancelScope() as scope:
-                self._waits.add(scope)
-                try:
-                    return await handle.__anext__()
-                finally:
-                    self._waits.discard(scope)
-        raise EngineUnavailableError("the server is shutting down; this generation was stopped", retry_after=5)
 
     def health(self) -> tuple[int, dict]:
         """The /health status code and body, from counters only (never waits)."""
@@ -86,8 +65,7 @@ class ServerState:
         if self.model is not None:
             body["weights"] = self.model.weights_mode
         if engine is not None:
-            body.update(busy=engine.busy, queued=engine.queued, active=engine.active, batch=engine.batch_in_flight,
-                        max_queued=engine.limits.max_queued, max_batch=engine.limits.max_batch)
+            body.update(engine.report())
         else:
             body.update(busy=False, queued=0, active=0, batch=0)
         return (200 if status == "ok" else 503), body

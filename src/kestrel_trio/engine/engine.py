@@ -39,8 +39,10 @@ Theory of operation:
 from __future__ import annotations
 
 import collections
+import copy
 import logging
 import math
+from typing import Sequence
 
 import attrs
 import trio
@@ -108,6 +110,7 @@ class Engine:
         self.max_steps_after_abandon = 0
         self.batch_in_flight = 0
         self.prefix_cache = PrefixCache(limits.prefix_cache_bytes)
+        self._ended: KestrelError | None = None  # set by end_generations: every handle raises it
         self.metrics = EngineMetrics(running=lambda: len(self._active), waiting=lambda: self._live_queued,
                                      prefix_cache=self.prefix_cache)
 
@@ -136,6 +139,11 @@ class Engine:
         allowed = max(self.limits.stall_floor, self.limits.stall_factor * usual)
         return trio.current_time() - self.step_started_at > allowed
 
+    def report(self) -> dict:
+        """The scheduler's counters and bounds, as /health shows them (never waits on the worker thread)."""
+        return {"busy": self.busy, "queued": self.queued, "active": self.active, "batch": self.batch_in_flight,
+                "max_queued": self.limits.max_queued, "max_batch": self.limits.max_batch}
+
     def retry_after(self) -> int:
         """Seconds a refused client should wait, from observed service time (1 to 60)."""
         service = self.mean_service_seconds or 1.0
@@ -156,20 +164,70 @@ class Engine:
             QueueFullError: the queue is full (HTTP 429 with ``retry_after``).
             EngineUnavailableError: the engine is not running.
             ContextLengthError: the prompt plus max_tokens exceeds the context.
+            BadRequestError: the request has images and the model takes none.
         """
-        return GenerationHandle(self, self._submit(request))
+        return self.open_generations([request])[0]
 
-    def _submit(self, request: GenerationRequest) -> Job:
+    def open_generations(self, requests: Sequence[GenerationRequest]) -> list["GenerationHandle"]:
+        """Queue every generation of one client request (its ``n`` choices), or none of them.
+
+        This is where a generation is admitted: the engine's state, the
+        images, the context length and the queue's room are each checked here
+        and nowhere else, before anything is queued.
+
+        Raises:
+            EngineUnavailableError: the engine is not running.
+            BadRequestError: more generations than the queue can ever hold, or
+                images for a model that takes none.
+            ContextLengthError: a prompt plus its max_tokens exceeds the context.
+            QueueFullError: the queue has room for fewer than all of them (HTTP 429 with ``retry_after``).
+        """
         if self.status != "ok":
             self.metrics.rejected.inc(reason="unavailable")
             raise EngineUnavailableError(f"the engine is not serving (status: {self.status})", retry_after=5)
-        generation = self._new_generation(request)
-        if self._live_queued >= self.limits.max_queued:
+        if len(requests) > self.limits.max_queued:
+            raise BadRequestError(f"'n' must be at most {self.limits.max_queued} on this server (its queue size), "
+                                  f"got {len(requests)}", param="n")
+        generations = [self._new_generation(request) for request in requests]
+        room = self.limits.max_queued - self._live_queued
+        if len(generations) > room:
             self.metrics.rejected.inc(reason="queue_full")
-            raise QueueFullError(
-                f"the request queue is full ({self.limits.max_queued} waiting); retry later",
-                retry_after=self.retry_after(),
-            )
+            if len(generations) == 1:
+                message = f"the request queue is full ({self.limits.max_queued} waiting); retry later"
+            else:
+                message = (f"the request queue has room for {max(room, 0)} more generation(s); this request "
+                           f"needs {len(generations)} (n); retry later")
+            raise QueueFullError(message, retry_after=self.retry_after())
+        jobs: list[Job] = []
+        try:
+            for request, generation in zip(requests, generations):
+                jobs.append(self._enqueue(request, generation))
+        except BaseException:
+            for job in jobs:
+                self._abandon(job)
+                job.receiver.close()
+            raise
+        return [GenerationHandle(self, job) for job in jobs]
+
+    def end_generations(self, error: KestrelError) -> None:
+        """End every generation's stream with ``error`` now, and every later one's at its first read.
+
+        Each handle raises ``error`` at its next read (deltas it has not read
+        yet are not delivered); its consumer then closes it, which abandons the
+        generation as usual, so no step runs for it after the one in flight.
+        The engine itself keeps running (a shutting-down server still answers
+        until its listener closes).
+        """
+        self._ended = error
+        self._drain_queue_quietly()
+        for job in [*self._waiting, *self._active]:
+            if not job.done and not job.abandoned:
+                try:
+                    job.results.send_nowait(error)  # wakes a reader waiting on an empty channel
+                except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
+                    pass
+
+    def _enqueue(self, request: GenerationRequest, generation: Generation) -> Job:
         send, recv = trio.open_memory_channel[object](generation.params.max_tokens + 2)
         job = Job(generation=generation, results=send, receiver=recv, enqueued_at=trio.current_time())
         try:
@@ -189,9 +247,8 @@ class Engine:
         model = self.model
         if request.images and model.vision is None:
             raise BadRequestError(f"model {model.name!r} does not accept images", param=request.prompt_param)
-        max_tokens = check_context(
-            len(request.prompt_ids), request.params.max_tokens, model.context_length, param=request.prompt_param
-        )
+        max_tokens = check_context(len(request.prompt_ids), request.params.max_tokens, model.context_length,
+                                   param=request.prompt_param, max_tokens_param=request.max_tokens_param)
         params = attrs.evolve(request.params, max_tokens=max_tokens)
         tokenizer = model.require_tokenizer()
         return Generation(
@@ -395,6 +452,8 @@ class GenerationHandle:
         return self
 
     async def __anext__(self) -> Delta:
+        if self._engine._ended is not None:
+            raise copy.copy(self._engine._ended)  # one instance per raise: tracebacks are not shared
         try:
             item = await self._job.receiver.receive()
         except (trio.EndOfChannel, trio.ClosedResourceError):

@@ -44,6 +44,7 @@ class GenerationRequest:
             ``prompt_ids`` then hold each image's expanded ``<|image_pad|>`` run.
         constraint: the grammar the output must follow (structured outputs), compiled
             for this model; each choice of a request starts its own state from it.
+        max_tokens_param: the request field that carried ``params.max_tokens``, for error messages.
     """
 
     prompt_ids: tuple[int, ...]
@@ -51,6 +52,7 @@ class GenerationRequest:
     prompt_param: str = "prompt"
     images: tuple[ProcessedImage, ...] = ()
     constraint: Constraint | None = None
+    max_tokens_param: str = "max_tokens"
 
 
 @attrs.frozen
