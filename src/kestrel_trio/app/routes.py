@@ -20,7 +20,7 @@ from kestrel_trio import openai as oa
 from kestrel_trio.engine import Engine
 from kestrel_trio.app.state import ServerState
 from kestrel_trio.errors import AuthenticationError, BadRequestError, EngineUnavailableError, ModelNotFoundError
-from kestrel_trio.http import Request, Response, Router, StreamingResponse
+from kestrel_trio.http import Request, Response, Route, Router, StreamingResponse, answer_route
 from kestrel_trio.model import Model
 from kestrel_trio.app.chat import ChatOptions, CompletionJob
 from kestrel_trio.app.grammar import NO_THINKING as _NO_THINKING
@@ -63,23 +63,20 @@ def build_router(state: ServerState) -> "_AuthorizingHandler":
 
 
 class _AuthorizingHandler:
-    """The router behind the API-key check, for both of the HTTP layer's entry points."""
+    """The router behind the API-key check: ``route`` resolves a request once (the HTTP layer calls it once)."""
 
     def __init__(self, state: ServerState, router: Router) -> None:
         self._state = state
         self._router = router
 
-    def _authorize(self, request: Request) -> None:
+    def route(self, request: Request) -> Route:
+        """401 without the right key (except on ``open_paths``), else the router's answer for ``request``."""
         if self._state.api_key is not None and request.path not in self._state.open_paths:
             _check_api_key(request, self._state.api_key)
-
-    def answer_now(self, request: Request) -> Response | None:
-        self._authorize(request)
-        return self._router.answer_now(request)
+        return self._router.route(request)
 
     async def __call__(self, request: Request) -> Response | StreamingResponse:
-        self._authorize(request)
-        return await self._router(request)
+        return await answer_route(self.route(request), request)
 
 
 def _check_api_key(request: Request, api_key: str) -> None:
