@@ -245,8 +245,8 @@ class Engine:
 
     def _new_generation(self, request: GenerationRequest) -> Generation:
         model = self.model
-        if request.images and model.vision is None:
-            raise BadRequestError(f"model {model.name!r} does not accept images", param=request.prompt_param)
+        if request.images:
+            model.require_vision(request.prompt_param)
         max_tokens = check_context(len(request.prompt_ids), request.params.max_tokens, model.context_length,
                                    param=request.prompt_param, max_tokens_param=request.max_tokens_param)
         params = attrs.evolve(request.params, max_tokens=max_tokens)
