@@ -13,16 +13,12 @@ from typing import Any, Callable, Literal, Sequence
 
 import numpy as np
 
-from kestrel_trio._model import Decoder, KVCache, ModelConfig, forward, read_config
-from kestrel_trio._model.matmul import choose_small_batch_call, product_threads, set_product_threads
-from kestrel_trio._model.weights import load_weights, resolve_residency
-from kestrel_trio._model.config import config_from_dict, read_config_json
-from kestrel_trio._model.random_init import random_tensors
-from kestrel_trio._model.weights import assemble_weights
-from kestrel_trio._model.qwen3_vl import Qwen3VL, is_qwen3_vl, load_qwen3_vl, vl_config_from_dict
-from kestrel_trio._model.gguf_checkpoint import gguf_fp32_bytes, load_gguf_weights
-from kestrel_trio._model.gguf_config import config_from_gguf, gguf_architecture
-from kestrel_trio._model.gguf_reader import GgufFile, is_gguf_file
+from kestrel_trio._model import (
+    Decoder, GgufFile, KVCache, ModelConfig, Qwen3VL, assemble_weights, choose_small_batch_call, config_from_dict,
+    config_from_gguf, forward, gguf_architecture, gguf_fp32_bytes, is_gguf_file, is_qwen3_vl, load_gguf_weights,
+    load_qwen3_vl, load_weights, product_threads, random_tensors, read_config, read_config_json, resolve_residency,
+    set_product_threads, vl_config_from_dict,
+)
 from kestrel_trio.text.images import ImageProcessorConfig, require_pillow
 from kestrel_trio.errors import BadRequestError, ContextLengthError, KestrelError, ModelLoadError
 from kestrel_trio.text import ChatTemplate, Tokenizer, missing_template_error

@@ -47,12 +47,12 @@ from typing import Sequence
 import attrs
 import trio
 
-from kestrel_trio._model.prefix_cache import PrefixCache
+from kestrel_trio._model import PrefixCache
 from kestrel_trio.engine.metrics import EngineMetrics
 from kestrel_trio.engine.types import Delta, EngineLimits, GenerationRequest
 from kestrel_trio.errors import BadRequestError, EngineUnavailableError, KestrelError, QueueFullError
 from kestrel_trio.model import Model
-from kestrel_trio.text.batch import step_generations
+from kestrel_trio.engine.step import step_generations
 from kestrel_trio.text.generation import Generation, Phase, StepResult, check_context
 
 __all__ = ["Engine", "GenerationHandle", "Job", "run_engine"]
