@@ -22,11 +22,10 @@ from kestrel_trio._model import (
 from kestrel_trio.text.images import ImageProcessorConfig, require_pillow
 from kestrel_trio.errors import BadRequestError, ContextLengthError, KestrelError, ModelLoadError
 from kestrel_trio.text import ChatTemplate, Tokenizer, missing_template_error
-from kestrel_trio.text.generation import check_context
+from kestrel_trio.text.generation import DEFAULT_PREFILL_CHUNK, check_context
 
 __all__ = ["Model", "load_model", "check_model_folder", "is_qwen3_vl_folder", "set_blas_threads", "load_demo_model", "DEMO_MODEL_ID", "DEFAULT_PREFILL_CHUNK"]
 
-DEFAULT_PREFILL_CHUNK = 256  # tokens per prefill step
 DEMO_MODEL_ID = "kestrel-demo-random"
 # A tiny Qwen3 with the real Qwen3 vocabulary: big enough to exercise every code path, small enough to build in
 # well under a second. Its weights are seeded noise, so its text is meaningless.

@@ -28,7 +28,7 @@ from kestrel_trio.http import CorsPolicy, HttpLimits, HttpServer, serve_http
 from kestrel_trio.model import (
     DEMO_MODEL_ID, Model, check_model_folder, is_qwen3_vl_folder, load_demo_model, load_model, set_blas_threads,
 )
-from kestrel_trio.app import ImagePolicy, ServerState, build_router
+from kestrel_trio.app import OPEN_PATHS, ImagePolicy, ServerState, build_router
 from kestrel_trio.webui import PATHS as WEBUI_PATHS
 
 __all__ = ["Server", "serve"]
@@ -140,7 +140,7 @@ async def serve(
     port: int = 8000,
     model_id: str | None = None,
     api_key: str | None = None,
-    open_paths: Iterable[str] = ("/health", "/metrics"),
+    open_paths: Iterable[str] = OPEN_PATHS,
     weights: str = "auto",
     blas_threads: int | None = None,
     engine_limits: EngineLimits = EngineLimits(),

@@ -7,6 +7,6 @@ structured-output constraint; ``state`` is what every route reads.
 
 from kestrel_trio.app.images import ImagePolicy
 from kestrel_trio.app.routes import build_router
-from kestrel_trio.app.state import ServerState
+from kestrel_trio.app.state import OPEN_PATHS, ServerState
 
-__all__ = ["ImagePolicy", "ServerState", "build_router"]
+__all__ = ["ImagePolicy", "OPEN_PATHS", "ServerState", "build_router"]

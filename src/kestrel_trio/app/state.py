@@ -12,7 +12,9 @@ from kestrel_trio.engine import Engine
 from kestrel_trio.http import HttpServer
 from kestrel_trio.model import Model
 
-__all__ = ["ServerState"]
+__all__ = ["ServerState", "OPEN_PATHS"]
+
+OPEN_PATHS = frozenset({"/health", "/metrics"})  # the paths that need no API key unless told otherwise
 
 
 @attrs.define
@@ -43,7 +45,7 @@ class ServerState:
     engine: Engine | None = None
     http: HttpServer | None = None
     api_key: str | None = None
-    open_paths: frozenset[str] = frozenset({"/health", "/metrics"})
+    open_paths: frozenset[str] = OPEN_PATHS
     default_max_tokens: int | None = None
     images: ImagePolicy = ImagePolicy()
     image_workers: trio.CapacityLimiter = attrs.field(factory=lambda: trio.CapacityLimiter(1))

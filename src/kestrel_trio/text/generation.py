@@ -46,7 +46,9 @@ from kestrel_trio.text.sampling import Sampler, SamplingParams, TokenLogprobs
 from kestrel_trio.text.stops import StopStringMatcher
 from kestrel_trio.text.tokenizer import Tokenizer
 
-__all__ = ["Phase", "StepResult", "Generation", "check_context"]
+__all__ = ["Phase", "StepResult", "Generation", "check_context", "DEFAULT_PREFILL_CHUNK"]
+
+DEFAULT_PREFILL_CHUNK = 256  # prompt tokens per prefill step (EngineLimits.prefill_chunk, Model.prefill)
 
 
 class Phase(enum.Enum):
@@ -128,7 +130,7 @@ class Generation:
         eos_token_ids: frozenset[int],
         cache: KVCache,
         vocab_size: int,
-        prefill_chunk: int = 256,
+        prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
         images: tuple[ProcessedImage, ...] = (),
         constraint: Constraint | None = None,
     ) -> None:
