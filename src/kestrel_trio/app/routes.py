@@ -1,10 +1,14 @@
 """The OpenAI-compatible routes: HTTP requests in, engine generations, JSON or SSE out.
 
-This module joins the HTTP layer, the OpenAI schema layer and the engine. It
-does all validation (JSON, fields, template, context length, queue room)
-before a response head is sent, so every refusal is a proper HTTP status with
-the OpenAI error envelope; once an SSE stream has started, a failure is sent
-as an ``error`` event followed by ``[DONE]``.
+This module joins the HTTP layer, the OpenAI schema layer and the engine.
+:func:`build_router` gives the HTTP layer one object whose ``route`` resolves a
+request once: the API-key check, then the router (404 / 405 / 415, an answer
+from memory, or the handler). A handler validates what is its own (JSON,
+fields, template, images, grammar) and hands the generations to the engine,
+whose ``open_generations`` admits them (engine state, context length, queue
+room); all of it happens before a response head is sent, so every refusal is
+a proper HTTP status with the OpenAI error envelope; once an SSE stream has
+started, a failure is sent as an ``error`` event followed by ``[DONE]``.
 """
 
 from __future__ import annotations

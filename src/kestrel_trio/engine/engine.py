@@ -2,17 +2,20 @@
 
 Theory of operation:
 
-* ``open_generation`` turns a request into a :class:`Job` and puts it on a
-  bounded trio memory channel with ``send_nowait``. When the queue already
-  holds ``max_queued`` live jobs (or the channel is full) the request is
-  refused at once with :class:`QueueFullError` and a Retry-After derived from
-  observed service times: the HTTP handler never blocks on a full queue.
+* ``open_generations`` is the one place a generation is admitted: it checks
+  the engine's state (503), the images against the model (400), each prompt
+  plus max_tokens against the context (400) and the queue's room for all of
+  a request's generations (429, with a Retry-After derived from observed
+  service times), then turns each request into a :class:`Job` and puts it on
+  a bounded trio memory channel with ``send_nowait``; all of them or none.
+  The HTTP handler never blocks on a full queue.
 * The inference task (:meth:`Engine.run`) is the only owner of the model.
   Between steps, in trio, it moves newly queued jobs into its waiting line,
   discards jobs whose consumer has left, admits waiting jobs into the active
   set (up to ``max_batch``) and then runs ONE step for every active job in a
   worker thread (``trio.to_thread.run_sync``): a prefill chunk or one decode
-  token each, batched into one forward pass.
+  token each, batched into one forward pass (:mod:`kestrel_trio.engine.step`,
+  synchronous code that never touches trio).
 * Prompts share work through a prefix cache (KV of earlier prompts and
   answers, LRU within a byte budget), consulted in the worker thread at a
   job's first step. A waiting job whose prompt starts with the prompt of a job
@@ -33,7 +36,9 @@ Theory of operation:
   abandoned generation runs at most one more step.
 * Every accepted job ends with exactly one terminal item: a delta carrying a
   finish_reason, or an error. When the engine stops, waiting and active jobs
-  get :class:`EngineUnavailableError`.
+  get :class:`EngineUnavailableError`. ``end_generations(error)`` (a server's
+  shutdown, once its grace is over) ends every stream at once: each handle
+  raises ``error`` at its next read, and its consumer's close abandons the job.
 """
 
 from __future__ import annotations
