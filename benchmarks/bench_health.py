@@ -491,7 +491,7 @@ def ensure_heavy_model(folder: Path) -> None:
 
     if not ((folder / "config.json").exists() and (folder / "model.safetensors").exists()):
         from bench_load import QWEN3_0_6B
-        from kestrel_trio._model.random_init import write_random_checkpoint
+        from kestrel_trio._model import write_random_checkpoint
 
         print(f"building {folder} (once; about 1.2 GB)", flush=True)
         partial = folder.with_name(folder.name + ".partial")

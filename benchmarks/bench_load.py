@@ -32,9 +32,7 @@ QWEN3_0_6B = {
 
 def build(folder: Path, dtype: str) -> int:
     """Write the checkpoint unless it is there; return its parameter count."""
-    from kestrel_trio._model.config import config_from_dict
-    from kestrel_trio._model.random_init import write_random_checkpoint
-    from kestrel_trio._model.shapes import expected_shapes
+    from kestrel_trio._model import config_from_dict, expected_shapes, write_random_checkpoint
 
     shapes = expected_shapes(config_from_dict(QWEN3_0_6B))
     params = sum(math.prod(shape) for shape in shapes.values())

@@ -71,8 +71,7 @@ def build_checkpoint(folder: Path, dtype: str) -> None:
 
 def weight_bytes_per_token() -> int:
     """fp32 bytes of weights one batch-1 decode step reads: every matrix plus lm_head (not embedding lookups)."""
-    from kestrel_trio._model.config import config_from_dict
-    from kestrel_trio._model.shapes import expected_shapes
+    from kestrel_trio._model import config_from_dict, expected_shapes
 
     config = config_from_dict(QWEN3_0_6B)
     shapes = expected_shapes(config)

@@ -85,7 +85,7 @@ def pixel_inputs(size: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def time_kestrel(folder: Path, pixels: np.ndarray, grid: np.ndarray, runs: int) -> tuple[float, np.ndarray]:
-    from kestrel_trio._model.qwen3_vl import load_qwen3_vl
+    from kestrel_trio._model import load_qwen3_vl
 
     model = load_qwen3_vl(folder)
     best = float("inf")

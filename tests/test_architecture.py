@@ -16,7 +16,9 @@ lower rank; two layers of the same rank may not import each other):
 
 Relative imports are resolved, ``from kestrel_trio import x`` counts as an
 import of ``kestrel_trio.x`` when ``x`` is a module, and of the package root
-otherwise. Third-party rules per layer are kept beside the ranks.
+otherwise. Third-party rules per layer (and per module, where one module of a
+layer is held to more) are kept beside the ranks. ``_model`` is private: from
+outside it (the package and benchmarks/), only its ``__init__`` is imported.
 """
 
 from __future__ import annotations
@@ -47,8 +49,7 @@ RANKS = {
     PACKAGE: 9,
 }
 # Top-level modules that belong to a layer named differently.
-LAYER_ALIASES = {"routes": "app", "routes_chat": "app", "routes_images": "app", "routes_grammar": "app",
-                 "cli_text": "cli", "cli_errors": "cli", "cli_progress": "cli"}
+LAYER_ALIASES = {"cli_text": "cli", "cli_errors": "cli", "cli_progress": "cli"}
 
 # layer -> third-party (or standard) modules it must never import.
 FORBIDDEN_EXTERNAL = {
@@ -59,6 +60,14 @@ FORBIDDEN_EXTERNAL = {
     "hub": {"trio", "h11", "numpy"},
 }
 ALLOWED_THIRD_PARTY_IN_MODEL = {"numpy", "attrs"}
+# module -> modules it must never import, beyond its layer's rules.
+FORBIDDEN_EXTERNAL_IN_MODULE = {
+    "kestrel_trio.engine.step": {"trio"},  # the batched step runs in the worker thread: synchronous, sans-IO
+}
+PRIVATE_PACKAGE = "kestrel_trio._model"
+BENCHMARKS = SRC.parent.parent / "benchmarks"
+# Benchmarks that measure _model's private kernels themselves (reason beside each).
+KERNEL_BENCHMARKS = {"bench_model.py": "times matmul's private product paths against one another"}
 
 
 def module_name(path: Path, src: Path) -> str:
@@ -84,9 +93,23 @@ def _is_module(name: str, src: Path) -> bool:
     return (src / relative).with_suffix(".py").is_file() or (src / relative / "__init__.py").is_file()
 
 
-def imports_of(path: Path, src: Path) -> set[str]:
-    """Every module ``path`` imports, relative imports resolved to absolute names."""
-    this = module_name(path, src)
+def _bound_in_init(package: str, src: Path) -> set[str]:
+    """Names a package's ``__init__`` binds itself (``from .forward import forward`` binds the function)."""
+    init = src.joinpath(*package.split(".")[1:], "__init__.py")
+    if not init.is_file():
+        return set()
+    bound = set()
+    for node in ast.parse(init.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.ImportFrom):
+            bound.update(alias.asname or alias.name for alias in node.names)
+        elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+    return bound
+
+
+def imports_of(path: Path, src: Path, this: str | None = None) -> set[str]:
+    """Every module ``path`` (named ``this``, by default its name in ``src``) imports, relative imports resolved."""
+    this = this or module_name(path, src)
     package = this if path.name == "__init__.py" else this.rpartition(".")[0]
     names: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
@@ -99,11 +122,13 @@ def imports_of(path: Path, src: Path) -> set[str]:
                 module = ".".join(base + ([node.module] if node.module else []))
             else:
                 module = node.module or ""
-            if module == PACKAGE or (node.level and not node.module):
-                # ``from kestrel_trio import x`` / ``from . import x``: x may be a module or a name.
+            if module == PACKAGE or module.startswith(PACKAGE + "."):
+                # ``from kestrel_trio[.pkg] import x`` / ``from . import x``: x may be a module or a name.
+                bound = _bound_in_init(module, src)
                 for alias in node.names:
                     candidate = f"{module}.{alias.name}"
-                    names.add(candidate if _is_module(candidate, src) else module)
+                    is_module = alias.name not in bound and _is_module(candidate, src)
+                    names.add(candidate if is_module else module)
             else:
                 names.add(module)
     return names
@@ -143,6 +168,25 @@ def external_violations(src: Path) -> list[str]:
                 found.append(f"{this} ({own}) imports {name}")
             if own == "_model" and top not in sys.stdlib_module_names and top not in ALLOWED_THIRD_PARTY_IN_MODEL:
                 found.append(f"{this} (_model) imports {name}")
+            if top in FORBIDDEN_EXTERNAL_IN_MODULE.get(this, ()):
+                found.append(f"{this} imports {name}")
+    return found
+
+
+def private_violations(src: Path, benchmarks: Path | None = None) -> list[str]:
+    """Imports of ``_model``'s submodules from outside ``_model`` (the package and, if given, benchmarks/)."""
+    prefix = PRIVATE_PACKAGE + "."
+    found = []
+    files = [(path, module_name(path, src)) for path in sorted(src.rglob("*.py"))]
+    if benchmarks is not None and benchmarks.is_dir():
+        files += [(path, f"benchmarks.{path.stem}") for path in sorted(benchmarks.glob("*.py"))
+                  if path.name not in KERNEL_BENCHMARKS]
+    for path, this in files:
+        if this == PRIVATE_PACKAGE or this.startswith(prefix):
+            continue
+        for name in sorted(imports_of(path, src, this)):
+            if name.startswith(prefix):
+                found.append(f"{this} imports {name}: enter _model through its __init__")
     return found
 
 
@@ -152,6 +196,10 @@ def test_layers_import_only_downwards():
 
 def test_layers_keep_their_third_party_rules():
     assert external_violations(SRC) == []
+
+
+def test_the_private_model_core_is_entered_through_its_init_only():
+    assert private_violations(SRC, BENCHMARKS) == []
 
 
 def test_only_the_cli_calls_trio_run_or_reads_argv():
@@ -165,13 +213,13 @@ def test_only_the_cli_calls_trio_run_or_reads_argv():
 
 # (file in the package, line planted at its end, a fragment of the expected complaint)
 PLANTED = [
-    ("text/sampling.py", "from kestrel_trio.routes import ServerState", "imports kestrel_trio.routes"),
+    ("text/sampling.py", "from kestrel_trio.app.state import ServerState", "imports kestrel_trio.app.state"),
     ("text/sampling.py", "from ..server import serve", "imports kestrel_trio.server"),
     ("text/sampling.py", "from .. import server", "imports kestrel_trio.server"),
     ("text/sampling.py", "from kestrel_trio import serve", "imports kestrel_trio (kestrel_trio, rank 9)"),
-    ("engine/engine.py", "from kestrel_trio import routes_chat", "imports kestrel_trio.routes_chat"),
+    ("engine/engine.py", "from kestrel_trio.app import chat", "imports kestrel_trio.app.chat"),
     ("engine/engine.py", "from ..server import Server", "imports kestrel_trio.server"),
-    ("http/router.py", "from kestrel_trio.routes import build_router", "imports kestrel_trio.routes"),
+    ("http/router.py", "from kestrel_trio.app.routes import build_router", "imports kestrel_trio.app.routes"),
     ("http/responses.py", "from ..openai.errors import error_body", "imports kestrel_trio.openai"),
     ("http/responses.py", "from kestrel_trio.model import Model", "imports kestrel_trio.model"),
     ("openai/sse.py", "from kestrel_trio.http import Response", "imports kestrel_trio.http"),
@@ -218,7 +266,25 @@ def test_the_checker_sees_a_module_with_no_layer(package_copy: Path):
 
 @pytest.mark.parametrize(("file", "line"), [("_model/forward.py", "import trio"), ("_model/forward.py", "import jinja2"),
                                             ("text/sampling.py", "import trio"), ("engine/engine.py", "import json"),
-                                            ("openai/sse.py", "import numpy as np"), ("http/router.py", "import numpy")])
+                                            ("openai/sse.py", "import numpy as np"), ("http/router.py", "import numpy"),
+                                            ("engine/step.py", "import trio"), ("engine/step.py", "from trio import to_thread")])
 def test_the_checker_sees_a_forbidden_third_party_import(package_copy: Path, file: str, line: str):
     module, problems = problems_with(package_copy, file, line, external_violations)
     assert any(p.startswith(module) and line.split()[1] in p for p in problems), problems
+
+
+@pytest.mark.parametrize(("file", "line"), [
+    ("model.py", "from kestrel_trio._model.weights import load_weights"),
+    ("text/sampling.py", "from .._model.kv_cache import KVCache"),
+    ("engine/engine.py", "from kestrel_trio._model import prefix_cache"),
+    ("engine/step.py", "import kestrel_trio._model.forward"),
+])
+def test_the_checker_sees_a_private_model_import(package_copy: Path, file: str, line: str):
+    module, problems = problems_with(package_copy, file, line, private_violations)
+    assert any(p.startswith(module) and "enter _model through its __init__" in p for p in problems), problems
+
+
+def test_the_checker_lets_model_import_its_own_submodules(package_copy: Path):
+    _, problems = problems_with(package_copy, "_model/forward.py", "from kestrel_trio._model.kv_cache import KVCache",
+                                private_violations)
+    assert problems == []

@@ -14,7 +14,7 @@ from kestrel_trio.errors import (
 from kestrel_trio.engine import Delta, Engine, EngineLimits, GenerationHandle, GenerationRequest, run_engine
 from kestrel_trio.http import HttpLimits
 from kestrel_trio.model import Model, load_demo_model, load_model
-from kestrel_trio.routes_images import ImagePolicy
+from kestrel_trio.app import ImagePolicy
 from kestrel_trio.server import Server, serve
 from kestrel_trio.text import SamplingParams
 from kestrel_trio.version import __version__

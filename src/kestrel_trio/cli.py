@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import argparse
 import functools
+import inspect
 import logging
+import math
 import os
 import signal
 import sys
@@ -16,6 +18,14 @@ from typing import NoReturn, Sequence
 if sys.version_info < (3, 11):  # trio depends on the backport there
     from exceptiongroup import BaseExceptionGroup
 
+import attrs
+
+from kestrel_trio.app import ImagePolicy
+from kestrel_trio.app.state import OPEN_PATHS
+from kestrel_trio.engine import EngineLimits
+from kestrel_trio.http import HttpLimits
+from kestrel_trio.server import DEMO_DEFAULT_MAX_TOKENS
+from kestrel_trio.server import serve as serve_function
 from kestrel_trio.hub.commands import HUB_COMMANDS, MODEL_HELP, add_hub_commands, resolve_model_arg, run_hub_command
 
 __all__ = ["main"]
@@ -184,54 +194,67 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=_port, default=os.environ.get("KESTREL_PORT", "8000"),
                        help="TCP port; 0 picks a free one (default: $KESTREL_PORT, else 8000)")
     serve.add_argument("--model-id", default=None, help="the model id clients use (default: the folder name)")
-    serve.add_argument("--max-queued", type=_COUNT, default=16, help="requests that may wait; more get 429 (default 16)")
-    serve.add_argument("--max-batch", type=_COUNT, default=4, help="generations stepped together (default 4)")
-    serve.add_argument("--prefix-cache-mb", type=_SECONDS, default=512.0,
-                       help="MiB of prompt KV kept for reuse by prompts with the same beginning (default 512; 0: off)")
-    serve.add_argument("--max-connections", type=_COUNT, default=1000,
-                       help="open connections; more get 503 (default 1000; the open-files limit is raised to fit)")
+    engine, http, image = _defaults(EngineLimits), _defaults(HttpLimits), _defaults(ImagePolicy)
+    serving = {name: p.default for name, p in inspect.signature(serve_function).parameters.items()}
+    serve.add_argument("--max-queued", type=_COUNT, default=engine["max_queued"],
+                       help=f"requests that may wait; more get 429 (default {engine['max_queued']})")
+    serve.add_argument("--max-batch", type=_COUNT, default=engine["max_batch"],
+                       help=f"generations stepped together (default {engine['max_batch']})")
+    prefix_cache_mb = engine["prefix_cache_bytes"] / 2**20
+    serve.add_argument("--prefix-cache-mb", type=_SECONDS, default=prefix_cache_mb,
+                       help=f"MiB of prompt KV kept for reuse by prompts with the same beginning (default "
+                            f"{prefix_cache_mb:g}; 0: off)")
+    serve.add_argument("--max-connections", type=_COUNT, default=http["max_connections"],
+                       help=f"open connections; more get 503 (default {http['max_connections']}; the open-files limit "
+                            "is raised to fit)")
     serve.add_argument("--open-path", action="append", dest="open_paths", metavar="PATH", default=None,
-                       help="a path that needs no API key (repeatable; default /health and /metrics)")
+                       help=f"a path that needs no API key (repeatable; default {' and '.join(sorted(OPEN_PATHS))})")
     serve.add_argument("--api-key", default=os.environ.get("KESTREL_API_KEY"),
                        help="require 'Authorization: Bearer KEY' (default: $KESTREL_API_KEY; /health stays open)")
-    serve.add_argument("--max-header-bytes", type=_COUNT, default=16 * 1024,
-                       help="largest request head in bytes; more gets 431 (default 16384)")
-    serve.add_argument("--max-body-bytes", type=_COUNT, default=4 * 2**20,
-                       help="largest request body in bytes; more gets 413 (default 4 MiB)")
+    serve.add_argument("--max-header-bytes", type=_COUNT, default=http["max_header_bytes"],
+                       help=f"largest request head in bytes; more gets 431 (default {http['max_header_bytes']})")
+    serve.add_argument("--max-body-bytes", type=_COUNT, default=http["max_body_bytes"],
+                       help=f"largest request body in bytes; more gets 413 (default {_mib(http['max_body_bytes'])})")
     serve.add_argument("--default-max-tokens", type=_COUNT, default=None, metavar="N",
                        help="most new tokens for a request that sets no max_tokens: chat stops there instead of at "
                             "the end of the context, completions keep OpenAI's 16 unless N is lower (default: none; "
-                            "256 on the demo model)")
-    serve.add_argument("--prefill-chunk", type=_COUNT, default=256,
-                       help="prompt tokens per model step: bounds how long running streams wait (default 256)")
-    serve.add_argument("--header-timeout", type=_POSITIVE_SECONDS, default=10.0,
-                       help="seconds to receive a request head (default 10)")
-    serve.add_argument("--body-timeout", type=_POSITIVE_SECONDS, default=30.0,
-                       help="seconds to receive a request body (default 30)")
-    serve.add_argument("--keepalive-timeout", type=_POSITIVE_SECONDS, default=5.0,
-                       help="idle seconds on a keep-alive connection (default 5)")
-    serve.add_argument("--write-timeout", type=_POSITIVE_SECONDS, default=30.0,
-                       help="seconds a stalled write may take (default 30)")
-    serve.add_argument("--linger-timeout", type=_SECONDS, default=1.0,
+                            f"{DEMO_DEFAULT_MAX_TOKENS} on the demo model)")
+    serve.add_argument("--prefill-chunk", type=_COUNT, default=engine["prefill_chunk"],
+                       help=f"prompt tokens per model step: bounds how long running streams wait (default "
+                            f"{engine['prefill_chunk']})")
+    serve.add_argument("--header-timeout", type=_POSITIVE_SECONDS, default=http["header_timeout"],
+                       help=f"seconds to receive a request head (default {http['header_timeout']:g})")
+    serve.add_argument("--body-timeout", type=_POSITIVE_SECONDS, default=http["body_timeout"],
+                       help=f"seconds to receive a request body (default {http['body_timeout']:g})")
+    serve.add_argument("--keepalive-timeout", type=_POSITIVE_SECONDS, default=http["keepalive_timeout"],
+                       help=f"idle seconds on a keep-alive connection (default {http['keepalive_timeout']:g})")
+    serve.add_argument("--write-timeout", type=_POSITIVE_SECONDS, default=http["write_timeout"],
+                       help=f"seconds a stalled write may take (default {http['write_timeout']:g})")
+    serve.add_argument("--linger-timeout", type=_SECONDS, default=http["linger_timeout"],
                        help="seconds spent draining a connection after the server half-closed it, so the client "
-                            "reads the last response instead of a reset (default 1)")
-    serve.add_argument("--grace", type=_SECONDS, default=10.0,
-                       help="seconds running requests get once the listener is closed on shutdown (default 10)")
+                            f"reads the last response instead of a reset (default {http['linger_timeout']:g})")
+    serve.add_argument("--grace", type=_SECONDS, default=serving["grace"],
+                       help=f"seconds running requests get once the listener is closed on shutdown (default "
+                            f"{serving['grace']:g})")
     serve.add_argument("--cors-origin", action="append", dest="cors_origins", metavar="ORIGIN", type=_origin,
                        default=[], help="let web pages from ORIGIN (scheme://host[:port], or * for any) call the API "
                                         "from a browser (repeatable; default: none; the API key still applies)")
     serve.add_argument("--no-webui", action="store_false", dest="webui",
                        help="do not serve the built-in chat page at / (default: served)")
-    serve.add_argument("--drain-delay", type=_SECONDS, default=0.0,
-                       help="seconds to keep serving after SIGTERM while /health says draining (default 0)")
+    serve.add_argument("--drain-delay", type=_SECONDS, default=serving["drain_delay"],
+                       help=f"seconds to keep serving after SIGTERM while /health says draining (default "
+                            f"{serving['drain_delay']:g})")
     images = serve.add_argument_group("images (Qwen3-VL models)")
     images.add_argument("--allow-image-dir", metavar="DIR", type=_folder, default=None,
                         help="let file:// image URLs name files under DIR (default: none; http(s) URLs are never fetched)")
-    images.add_argument("--max-image-bytes", type=_COUNT, default=10 * 2**20,
-                        help="largest encoded image in bytes (default 10 MiB)")
-    images.add_argument("--max-image-pixels", type=_COUNT, default=4096 * 4096,
-                        help="largest image width*height before resizing (default 16 Mpx, 4096x4096)")
-    images.add_argument("--max-images", type=_at_least(0), default=4, help="images per request (default 4)")
+    images.add_argument("--max-image-bytes", type=_COUNT, default=image["max_bytes"],
+                        help=f"largest encoded image in bytes (default {_mib(image['max_bytes'])})")
+    side = math.isqrt(image["max_pixels"])
+    images.add_argument("--max-image-pixels", type=_COUNT, default=image["max_pixels"],
+                        help=f"largest image width*height before resizing (default {image['max_pixels'] // 2**20} Mpx, "
+                             f"{side}x{side})")
+    images.add_argument("--max-images", type=_at_least(0), default=image["max_images"],
+                        help=f"images per request (default {image['max_images']})")
 
     generate = add_command("generate", "[--model MODEL] [options] PROMPT",
                            "stream one completion of a prompt to the terminal")
@@ -286,12 +309,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return report(exc, show_traceback=args.log_level == "DEBUG")
 
 
+def _defaults(limits: type) -> dict:
+    """The field defaults of an attrs limits class: each default lives there, once."""
+    return {field.name: field.default for field in attrs.fields(limits)}
+
+
+def _mib(size: int) -> str:
+    return f"{size / 2**20:g} MiB"
+
+
 def _serve(args: argparse.Namespace) -> NoReturn:
     import trio
 
-    from kestrel_trio.engine import EngineLimits
-    from kestrel_trio.http import HttpLimits
-    from kestrel_trio.routes_images import ImagePolicy
     from kestrel_trio.server import serve
 
     engine_limits = EngineLimits(max_queued=args.max_queued, max_batch=args.max_batch,
@@ -302,7 +331,7 @@ def _serve(args: argparse.Namespace) -> NoReturn:
         max_header_bytes=args.max_header_bytes, max_body_bytes=args.max_body_bytes,
     )
     _raise_open_files_limit(args.max_connections + _SPARE_FILES)
-    open_paths = args.open_paths if args.open_paths is not None else ("/health", "/metrics")
+    open_paths = args.open_paths if args.open_paths is not None else OPEN_PATHS
     progress = None
     if args.model is not None:
         from kestrel_trio.cli_progress import LoadProgress, checkpoint_bytes

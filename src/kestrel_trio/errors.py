@@ -21,6 +21,8 @@ __all__ = [
     "ContextLengthError",
     "QueueFullError",
     "EngineUnavailableError",
+    "AuthenticationError",
+    "ModelNotFoundError",
     "error_object",
     "error_body",
     "error_body_for",
@@ -88,6 +90,20 @@ class EngineUnavailableError(KestrelError):
     def __init__(self, message: str, *, retry_after: float | None = None, code: str | None = "unavailable") -> None:
         super().__init__(message, code=code)
         self.retry_after = retry_after
+
+
+class AuthenticationError(KestrelError):
+    """A request lacks the server's API key, or carries a wrong one (401)."""
+
+    status = 401
+    error_type = "invalid_request_error"
+
+
+class ModelNotFoundError(KestrelError):
+    """A request names a model this server does not serve (404)."""
+
+    status = 404
+    error_type = "invalid_request_error"
 
 
 def error_object(message: str, error_type: str, param: str | None = None, code: str | None = None) -> dict:

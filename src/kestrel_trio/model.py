@@ -13,23 +13,19 @@ from typing import Any, Callable, Literal, Sequence
 
 import numpy as np
 
-from kestrel_trio._model import Decoder, KVCache, ModelConfig, forward, read_config
-from kestrel_trio._model.matmul import choose_small_batch_call, product_threads, set_product_threads
-from kestrel_trio._model.weights import load_weights, resolve_residency
-from kestrel_trio._model.config import config_from_dict, read_config_json
-from kestrel_trio._model.random_init import random_tensors
-from kestrel_trio._model.weights import assemble_weights
-from kestrel_trio._model.qwen3_vl import Qwen3VL, is_qwen3_vl, load_qwen3_vl, vl_config_from_dict
-from kestrel_trio._model.gguf_checkpoint import gguf_fp32_bytes, load_gguf_weights
-from kestrel_trio._model.gguf_config import config_from_gguf, gguf_architecture
-from kestrel_trio._model.gguf_reader import GgufFile, is_gguf_file
+from kestrel_trio._model import (
+    Decoder, GgufFile, KVCache, ModelConfig, Qwen3VL, assemble_weights, choose_small_batch_call, config_from_dict,
+    config_from_gguf, forward, gguf_architecture, gguf_fp32_bytes, is_gguf_file, is_qwen3_vl, load_gguf_weights,
+    load_qwen3_vl, load_weights, product_threads, random_tensors, read_config, read_config_json, resolve_residency,
+    set_product_threads, vl_config_from_dict,
+)
 from kestrel_trio.text.images import ImageProcessorConfig, require_pillow
 from kestrel_trio.errors import BadRequestError, ContextLengthError, KestrelError, ModelLoadError
 from kestrel_trio.text import ChatTemplate, Tokenizer, missing_template_error
+from kestrel_trio.text.generation import DEFAULT_PREFILL_CHUNK, check_context
 
 __all__ = ["Model", "load_model", "check_model_folder", "is_qwen3_vl_folder", "set_blas_threads", "load_demo_model", "DEMO_MODEL_ID", "DEFAULT_PREFILL_CHUNK"]
 
-DEFAULT_PREFILL_CHUNK = 256  # tokens per prefill step
 DEMO_MODEL_ID = "kestrel-demo-random"
 # A tiny Qwen3 with the real Qwen3 vocabulary: big enough to exercise every code path, small enough to build in
 # well under a second. Its weights are seeded noise, so its text is meaningless.
@@ -88,19 +84,24 @@ class Model:
             raise KestrelError(f"model {self.name!r} has no {where}, so it only takes token ids")
         return self.tokenizer
 
+    def require_vision(self, param: str) -> Qwen3VL:
+        """The vision model, or the one refusal of images sent to a model that takes none (400 naming ``param``)."""
+        if self.vision is None or self.image_config is None:
+            raise BadRequestError(f"'{param}': model {self.name!r} does not accept images", param=param)
+        return self.vision
+
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text`` (no special tokens added)."""
         return self.require_tokenizer().encode(text)
 
     def encode_prompt(self, text: str, *, param: str) -> list[int]:
-        """Token ids of a prompt, or ContextLengthError (naming ``param``) when it cannot fit the context."""
+        """Token ids of a prompt, or ContextLengthError (naming ``param``) when it has more tokens than the context.
+
+        A prompt that fits is checked with its max_tokens where the generation is admitted (the engine).
+        """
         ids, total = self.require_tokenizer().encode_bounded(text, self.context_length)
-        if ids is None or total >= self.context_length:
-            raise ContextLengthError(
-                f"The prompt is {total} tokens, but the model's context length is {self.context_length} tokens "
-                f"(at least one token must remain for the answer)",
-                param=param,
-            )
+        if ids is None:  # too long for any max_tokens: refused before a list of its ids is built
+            check_context(total, None, self.context_length, param=param)  # raises
         return ids
 
     def decode(self, ids: Sequence[int]) -> str:

@@ -23,13 +23,12 @@ import attrs
 import trio
 
 from kestrel_trio.engine import Engine, EngineLimits, run_engine
-from kestrel_trio.errors import KestrelError
+from kestrel_trio.errors import EngineUnavailableError, KestrelError
 from kestrel_trio.http import CorsPolicy, HttpLimits, HttpServer, serve_http
 from kestrel_trio.model import (
     DEMO_MODEL_ID, Model, check_model_folder, is_qwen3_vl_folder, load_demo_model, load_model, set_blas_threads,
 )
-from kestrel_trio.routes import ServerState, build_router
-from kestrel_trio.routes_images import ImagePolicy
+from kestrel_trio.app import OPEN_PATHS, ImagePolicy, ServerState, build_router
 from kestrel_trio.webui import PATHS as WEBUI_PATHS
 
 __all__ = ["Server", "serve"]
@@ -72,6 +71,12 @@ class Server:
     def shutdown(self) -> None:
         """Begin a graceful shutdown; ``serve`` returns when it is complete."""
         self._shutdown.set()
+
+    def end_generations(self) -> None:
+        """End every generation now, as a shutdown does once its grace is over: streams get an error event
+        and ``[DONE]``, other requests 503."""
+        self.engine.end_generations(
+            EngineUnavailableError("the server is shutting down; this generation was stopped", retry_after=5))
 
 
 def _resolve_model_id(model: Model | str | Path | None, model_id: str | None) -> str:
@@ -135,7 +140,7 @@ async def serve(
     port: int = 8000,
     model_id: str | None = None,
     api_key: str | None = None,
-    open_paths: Iterable[str] = ("/health", "/metrics"),
+    open_paths: Iterable[str] = OPEN_PATHS,
     weights: str = "auto",
     blas_threads: int | None = None,
     engine_limits: EngineLimits = EngineLimits(),
@@ -229,7 +234,7 @@ async def serve(
         log.info("ready: model %s at %s", state.model_id, server.url)
         task_status.started(server)
         await server._shutdown.wait()
-        await _drain(state, http, http_done, grace, drain_delay)
+        await _drain(server, http_done, grace, drain_delay)
         nursery.cancel_scope.cancel()
 
 
@@ -243,15 +248,15 @@ async def _listen(nursery: trio.Nursery, run_http, host: str, port: int) -> Http
         raise (OSError(exc.errno, message) if exc.errno is not None else OSError(message)) from exc
 
 
-async def _drain(state: ServerState, http: HttpServer, http_done: trio.Event, grace: float, drain_delay: float) -> None:
-    state.status = "draining"
+async def _drain(server: Server, http_done: trio.Event, grace: float, drain_delay: float) -> None:
+    server.state.status = "draining"
     if drain_delay > 0:
         log.info("shutting down: /health reports draining; still serving for %.1f s", drain_delay)
         await trio.sleep(drain_delay)
     log.info("shutting down: listener closed; running requests get up to %.1f s", grace)
-    http.begin_shutdown()
+    server.http.begin_shutdown()
     with trio.move_on_after(grace):
         await http_done.wait()
-    state.end_streams()
+    server.end_generations()
     await http_done.wait()
     log.info("shutdown complete")

@@ -23,7 +23,7 @@ from rel_kit import (
 )
 
 import kestrel_trio.engine.engine as engine_module
-from kestrel_trio import routes
+from kestrel_trio.app import routes
 from kestrel_trio.cli import build_parser
 from kestrel_trio.http import HttpLimits, serve_http
 from kestrel_trio.model import Model

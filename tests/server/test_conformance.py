@@ -178,7 +178,7 @@ async def test_an_error_mid_stream_ends_every_choice_with_one_error_event(tiny_m
                     await client.send_request("POST", "/v1/chat/completions", json.dumps(body).encode())
                     assert (await client.read_head()).status_code == 200
                     await gate.until_blocked()
-                    server.state.end_streams()
+                    server.end_generations()
                 raw = await client.read_body()
     payloads = parse_sse(raw)  # strict framing, even for the error
     assert payloads[-1] == "[DONE]"

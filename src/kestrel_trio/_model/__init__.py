@@ -1,11 +1,35 @@
-"""The numpy model core: config, safetensors reader, layers, KV cache, Qwen forward.
+"""The numpy model core: config, checkpoint readers, layers, KV cache, Qwen forward passes.
 
-Imports numpy and the standard library only (never trio).
+Imports numpy and the standard library only (never trio). This package is
+private: every other module enters it through the names below, never through
+its submodules (``tests/test_architecture.py`` holds the rule), so what the
+rest of kestrel-trio relies on is listed here, in one place.
 """
 
-from kestrel_trio._model.config import ModelConfig, read_config
+from kestrel_trio._model.config import ModelConfig, config_from_dict, read_config, read_config_json, read_json_object
 from kestrel_trio._model.forward import Decoder, forward
+from kestrel_trio._model.gguf_checkpoint import gguf_fp32_bytes, load_gguf_weights
+from kestrel_trio._model.gguf_config import config_from_gguf, gguf_architecture
+from kestrel_trio._model.gguf_reader import GgufFile, is_gguf_file
 from kestrel_trio._model.kv_cache import KVCache
-from kestrel_trio._model.weights import load_weights
+from kestrel_trio._model.matmul import choose_small_batch_call, product_threads, set_product_threads, small_batch_call
+from kestrel_trio._model.prefix_cache import PrefixCache
+from kestrel_trio._model.qwen3_vl import Qwen3VL, VLPrompt, is_qwen3_vl, load_qwen3_vl, vl_config_from_dict
+from kestrel_trio._model.random_init import random_tensors, write_random_checkpoint
+from kestrel_trio._model.shapes import expected_shapes
+from kestrel_trio._model.weights import assemble_weights, load_weights, resolve_residency
 
-__all__ = ["ModelConfig", "read_config", "Decoder", "forward", "KVCache", "load_weights"]
+__all__ = [
+    # config
+    "ModelConfig", "config_from_dict", "read_config", "read_config_json", "read_json_object",
+    # weights and checkpoints
+    "load_weights", "assemble_weights", "resolve_residency", "expected_shapes", "random_tensors",
+    "write_random_checkpoint", "GgufFile", "is_gguf_file", "gguf_fp32_bytes", "load_gguf_weights",
+    "config_from_gguf", "gguf_architecture",
+    # forward passes and caches
+    "Decoder", "forward", "KVCache", "PrefixCache",
+    # Qwen3-VL
+    "Qwen3VL", "VLPrompt", "is_qwen3_vl", "load_qwen3_vl", "vl_config_from_dict",
+    # product threads and kernels
+    "choose_small_batch_call", "product_threads", "set_product_threads", "small_batch_call",
+]

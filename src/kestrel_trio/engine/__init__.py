@@ -1,6 +1,7 @@
-"""The engine: a bounded queue of generation requests and the single inference task.
+"""The engine: admission, a bounded queue of generation requests and the single inference task.
 
-Imports trio and the model/text layers; never h11 or json.
+Imports trio and the model/text layers; never h11 or json. ``engine.step``
+(the batched model step, run in the worker thread) never imports trio.
 """
 
 from kestrel_trio.engine.engine import Engine, GenerationHandle, run_engine

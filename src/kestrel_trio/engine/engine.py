@@ -2,17 +2,20 @@
 
 Theory of operation:
 
-* ``open_generation`` turns a request into a :class:`Job` and puts it on a
-  bounded trio memory channel with ``send_nowait``. When the queue already
-  holds ``max_queued`` live jobs (or the channel is full) the request is
-  refused at once with :class:`QueueFullError` and a Retry-After derived from
-  observed service times: the HTTP handler never blocks on a full queue.
+* ``open_generations`` is the one place a generation is admitted: it checks
+  the engine's state (503), the images against the model (400), each prompt
+  plus max_tokens against the context (400) and the queue's room for all of
+  a request's generations (429, with a Retry-After derived from observed
+  service times), then turns each request into a :class:`Job` and puts it on
+  a bounded trio memory channel with ``send_nowait``; all of them or none.
+  The HTTP handler never blocks on a full queue.
 * The inference task (:meth:`Engine.run`) is the only owner of the model.
   Between steps, in trio, it moves newly queued jobs into its waiting line,
   discards jobs whose consumer has left, admits waiting jobs into the active
   set (up to ``max_batch``) and then runs ONE step for every active job in a
   worker thread (``trio.to_thread.run_sync``): a prefill chunk or one decode
-  token each, batched into one forward pass.
+  token each, batched into one forward pass (:mod:`kestrel_trio.engine.step`,
+  synchronous code that never touches trio).
 * Prompts share work through a prefix cache (KV of earlier prompts and
   answers, LRU within a byte budget), consulted in the worker thread at a
   job's first step. A waiting job whose prompt starts with the prompt of a job
@@ -33,24 +36,28 @@ Theory of operation:
   abandoned generation runs at most one more step.
 * Every accepted job ends with exactly one terminal item: a delta carrying a
   finish_reason, or an error. When the engine stops, waiting and active jobs
-  get :class:`EngineUnavailableError`.
+  get :class:`EngineUnavailableError`. ``end_generations(error)`` (a server's
+  shutdown, once its grace is over) ends every stream at once: each handle
+  raises ``error`` at its next read, and its consumer's close abandons the job.
 """
 
 from __future__ import annotations
 
 import collections
+import copy
 import logging
 import math
+from typing import Sequence
 
 import attrs
 import trio
 
-from kestrel_trio._model.prefix_cache import PrefixCache
+from kestrel_trio._model import PrefixCache
 from kestrel_trio.engine.metrics import EngineMetrics
 from kestrel_trio.engine.types import Delta, EngineLimits, GenerationRequest
 from kestrel_trio.errors import BadRequestError, EngineUnavailableError, KestrelError, QueueFullError
 from kestrel_trio.model import Model
-from kestrel_trio.text.batch import step_generations
+from kestrel_trio.engine.step import step_generations
 from kestrel_trio.text.generation import Generation, Phase, StepResult, check_context
 
 __all__ = ["Engine", "GenerationHandle", "Job", "run_engine"]
@@ -108,6 +115,7 @@ class Engine:
         self.max_steps_after_abandon = 0
         self.batch_in_flight = 0
         self.prefix_cache = PrefixCache(limits.prefix_cache_bytes)
+        self._ended: KestrelError | None = None  # set by end_generations: every handle raises it
         self.metrics = EngineMetrics(running=lambda: len(self._active), waiting=lambda: self._live_queued,
                                      prefix_cache=self.prefix_cache)
 
@@ -136,6 +144,11 @@ class Engine:
         allowed = max(self.limits.stall_floor, self.limits.stall_factor * usual)
         return trio.current_time() - self.step_started_at > allowed
 
+    def report(self) -> dict:
+        """The scheduler's counters and bounds, as /health shows them (never waits on the worker thread)."""
+        return {"busy": self.busy, "queued": self.queued, "active": self.active, "batch": self.batch_in_flight,
+                "max_queued": self.limits.max_queued, "max_batch": self.limits.max_batch}
+
     def retry_after(self) -> int:
         """Seconds a refused client should wait, from observed service time (1 to 60)."""
         service = self.mean_service_seconds or 1.0
@@ -156,20 +169,70 @@ class Engine:
             QueueFullError: the queue is full (HTTP 429 with ``retry_after``).
             EngineUnavailableError: the engine is not running.
             ContextLengthError: the prompt plus max_tokens exceeds the context.
+            BadRequestError: the request has images and the model takes none.
         """
-        return GenerationHandle(self, self._submit(request))
+        return self.open_generations([request])[0]
 
-    def _submit(self, request: GenerationRequest) -> Job:
+    def open_generations(self, requests: Sequence[GenerationRequest]) -> list["GenerationHandle"]:
+        """Queue every generation of one client request (its ``n`` choices), or none of them.
+
+        This is where a generation is admitted: the engine's state, the
+        images, the context length and the queue's room are each checked here
+        and nowhere else, before anything is queued.
+
+        Raises:
+            EngineUnavailableError: the engine is not running.
+            BadRequestError: more generations than the queue can ever hold, or
+                images for a model that takes none.
+            ContextLengthError: a prompt plus its max_tokens exceeds the context.
+            QueueFullError: the queue has room for fewer than all of them (HTTP 429 with ``retry_after``).
+        """
         if self.status != "ok":
             self.metrics.rejected.inc(reason="unavailable")
             raise EngineUnavailableError(f"the engine is not serving (status: {self.status})", retry_after=5)
-        generation = self._new_generation(request)
-        if self._live_queued >= self.limits.max_queued:
+        if len(requests) > self.limits.max_queued:
+            raise BadRequestError(f"'n' must be at most {self.limits.max_queued} on this server (its queue size), "
+                                  f"got {len(requests)}", param="n")
+        generations = [self._new_generation(request) for request in requests]
+        room = self.limits.max_queued - self._live_queued
+        if len(generations) > room:
             self.metrics.rejected.inc(reason="queue_full")
-            raise QueueFullError(
-                f"the request queue is full ({self.limits.max_queued} waiting); retry later",
-                retry_after=self.retry_after(),
-            )
+            if len(generations) == 1:
+                message = f"the request queue is full ({self.limits.max_queued} waiting); retry later"
+            else:
+                message = (f"the request queue has room for {max(room, 0)} more generation(s); this request "
+                           f"needs {len(generations)} (n); retry later")
+            raise QueueFullError(message, retry_after=self.retry_after())
+        jobs: list[Job] = []
+        try:
+            for request, generation in zip(requests, generations):
+                jobs.append(self._enqueue(request, generation))
+        except BaseException:
+            for job in jobs:
+                self._abandon(job)
+                job.receiver.close()
+            raise
+        return [GenerationHandle(self, job) for job in jobs]
+
+    def end_generations(self, error: KestrelError) -> None:
+        """End every generation's stream with ``error`` now, and every later one's at its first read.
+
+        Each handle raises ``error`` at its next read (deltas it has not read
+        yet are not delivered); its consumer then closes it, which abandons the
+        generation as usual, so no step runs for it after the one in flight.
+        The engine itself keeps running (a shutting-down server still answers
+        until its listener closes).
+        """
+        self._ended = error
+        self._drain_queue_quietly()
+        for job in [*self._waiting, *self._active]:
+            if not job.done and not job.abandoned:
+                try:
+                    job.results.send_nowait(error)  # wakes a reader waiting on an empty channel
+                except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
+                    pass
+
+    def _enqueue(self, request: GenerationRequest, generation: Generation) -> Job:
         send, recv = trio.open_memory_channel[object](generation.params.max_tokens + 2)
         job = Job(generation=generation, results=send, receiver=recv, enqueued_at=trio.current_time())
         try:
@@ -187,11 +250,10 @@ class Engine:
 
     def _new_generation(self, request: GenerationRequest) -> Generation:
         model = self.model
-        if request.images and model.vision is None:
-            raise BadRequestError(f"model {model.name!r} does not accept images", param=request.prompt_param)
-        max_tokens = check_context(
-            len(request.prompt_ids), request.params.max_tokens, model.context_length, param=request.prompt_param
-        )
+        if request.images:
+            model.require_vision(request.prompt_param)
+        max_tokens = check_context(len(request.prompt_ids), request.params.max_tokens, model.context_length,
+                                   param=request.prompt_param, max_tokens_param=request.max_tokens_param)
         params = attrs.evolve(request.params, max_tokens=max_tokens)
         tokenizer = model.require_tokenizer()
         return Generation(
@@ -395,6 +457,8 @@ class GenerationHandle:
         return self
 
     async def __anext__(self) -> Delta:
+        if self._engine._ended is not None:
+            raise copy.copy(self._engine._ended)  # one instance per raise: tracebacks are not shared
         try:
             item = await self._job.receiver.receive()
         except (trio.EndOfChannel, trio.ClosedResourceError):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import attrs
 
 from kestrel_trio.text.constraint import Constraint
+from kestrel_trio.text.generation import DEFAULT_PREFILL_CHUNK
 from kestrel_trio.text.images import ProcessedImage
 from kestrel_trio.text.sampling import SamplingParams, TokenLogprobs
 
@@ -26,7 +27,7 @@ class EngineLimits:
 
     max_queued: int = attrs.field(default=16, validator=attrs.validators.ge(1))
     max_batch: int = attrs.field(default=4, validator=attrs.validators.ge(1))
-    prefill_chunk: int = attrs.field(default=256, validator=attrs.validators.ge(1))
+    prefill_chunk: int = attrs.field(default=DEFAULT_PREFILL_CHUNK, validator=attrs.validators.ge(1))
     prefix_cache_bytes: int = attrs.field(default=512 * 2**20, validator=attrs.validators.ge(0))
     stall_factor: float = 50.0
     stall_floor: float = 60.0
@@ -44,6 +45,7 @@ class GenerationRequest:
             ``prompt_ids`` then hold each image's expanded ``<|image_pad|>`` run.
         constraint: the grammar the output must follow (structured outputs), compiled
             for this model; each choice of a request starts its own state from it.
+        max_tokens_param: the request field that carried ``params.max_tokens``, for error messages.
     """
 
     prompt_ids: tuple[int, ...]
@@ -51,6 +53,7 @@ class GenerationRequest:
     prompt_param: str = "prompt"
     images: tuple[ProcessedImage, ...] = ()
     constraint: Constraint | None = None
+    max_tokens_param: str = "max_tokens"
 
 
 @attrs.frozen

@@ -10,9 +10,9 @@ or anything model-related.
 from kestrel_trio.http.cors import CorsPolicy
 from kestrel_trio.http.limits import HttpLimits
 from kestrel_trio.http.responses import error_response
-from kestrel_trio.http.router import Router
+from kestrel_trio.http.router import Router, answer_route
 from kestrel_trio.http.server import HttpServer, serve_http
-from kestrel_trio.http.types import Handler, Request, Response, StreamingResponse
+from kestrel_trio.http.types import Handler, Immediate, Request, Response, Route, StreamingResponse
 
 __all__ = [
     "CorsPolicy",
@@ -21,6 +21,9 @@ __all__ = [
     "Response",
     "StreamingResponse",
     "Handler",
+    "Immediate",
+    "Route",
+    "answer_route",
     "HttpServer",
     "serve_http",
     "Router",

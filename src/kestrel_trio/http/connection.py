@@ -18,15 +18,18 @@ request cycles until one of them says to stop:
 3. BODY - a Content-Length above ``max_body_bytes`` -> 413 at once. Otherwise
    send ``100 Continue`` if the client waits for it, then read the body within
    ``body_timeout`` (408), counting chunked bodies as they come (413).
-4. RESPOND - a CORS preflight is answered by the CORS policy, before the
-   handler (and so before any API-key check); every response of the exchange,
-   errors included, carries the policy's headers for the request's ``Origin``
-   once its head is parsed. A handler's ``answer_now`` (requests served from
-   memory, such as /health and 404s) is sent at once. Otherwise run the
-   handler and send its answer while a watcher task keeps reading: EOF or a
-   reset cancels the handler / stream; other bytes (the next pipelined request)
-   are fed to h11 for later, up to a byte budget. A small response goes out in
-   one send.
+4. RESPOND - the request is routed once (:meth:`HttpConnection._route`; before
+   the body when the client waits on ``Expect: 100-continue``, so that a
+   refusal spares the body): a CORS preflight is answered by the CORS policy,
+   before the handler (and so before any API-key check); otherwise the
+   handler's ``route`` gives a refusal, an answer from memory (/health, the
+   chat page) or the handler to run. Every response of the exchange, errors
+   included, carries the policy's headers for the request's ``Origin`` once
+   its head is parsed. A refusal or an answer from memory is sent at once.
+   Otherwise run the handler and send its answer while a watcher task keeps
+   reading: EOF or a reset cancels the handler / stream; other bytes (the next
+   pipelined request) are fed to h11 for later, up to a byte budget. A small
+   response goes out in one send.
 5. Loop if both sides kept the connection alive, nothing broke and shutdown
    has not begun. The connection ends with a graceful close (half-close, then
    drain) after a complete exchange, or an abortive one (reset) otherwise.
@@ -46,7 +49,7 @@ from kestrel_trio.http.limits import HttpLimits
 from kestrel_trio.http.metrics import HttpMetrics
 from kestrel_trio.http.responses import error_response, internal_error_response, response_for_exception
 from kestrel_trio.http.transport import Transport
-from kestrel_trio.http.types import Handler, Request, Response, StreamingResponse
+from kestrel_trio.http.types import Handler, Immediate, Request, Response, Route, StreamingResponse
 from kestrel_trio.http.wire import SUPPORTED_VERSIONS, declared_length, head_size, to_request
 from kestrel_trio.http.writer import ResponseWriter
 
@@ -142,10 +145,10 @@ class HttpConnection:
         exchange = Exchange(self.client)
         self._writer.extra_headers = ()  # until this request's head says where it comes from
         try:
-            request = await self._read_request(exchange)
-            if request is None:
+            received = await self._read_request(exchange)
+            if received is None:
                 return False
-            await self._respond(request, exchange)
+            await self._respond(*received, exchange)
         finally:
             exchange.log(self._access_log)
         self._served += 1
@@ -187,8 +190,9 @@ class HttpConnection:
 
     # -- HEAD and BODY ------------------------------------------------------
 
-    async def _read_request(self, exchange: Exchange) -> Request | None:
-        """Receive one request; None if the connection must close (any error answered)."""
+    async def _read_request(self, exchange: Exchange) -> tuple[Request, Route | None] | None:
+        """Receive one request, and its route if it was decided from the head; None if the connection must
+        close (any error answered)."""
         try:
             event = await self._event_before(self._head_started + self._header_timeout)
             if event is None:
@@ -199,7 +203,8 @@ class HttpConnection:
             exchange.method = event.method.decode("latin-1")
             exchange.path = event.target.decode("latin-1").partition("?")[0]
             self._writer.extra_headers = self._cors_headers(event)
-            if not await self._accept_head(event, exchange):
+            accepted, route = await self._accept_head(event, exchange)
+            if not accepted:
                 return None
             body = await self._read_body(trio.current_time() + self._body_timeout)
             if body is _TIMED_OUT:
@@ -208,7 +213,7 @@ class HttpConnection:
             if body is None:
                 await self._send_body_too_large(exchange)
                 return None
-            return to_request(event, body, self.client)
+            return to_request(event, body, self.client), route
         except h11.RemoteProtocolError as exc:
             if self._h11.trailing_data[1]:
                 return None  # the client sent EOF: nobody left to answer
@@ -217,28 +222,33 @@ class HttpConnection:
             await self._send_error(exchange, exc.error_status_hint, message, "malformed_request")
             return None
 
-    async def _accept_head(self, event: h11.Request, exchange: Exchange) -> bool:
-        """Check the head against the limits, answering any violation; True if accepted."""
+    async def _accept_head(self, event: h11.Request, exchange: Exchange) -> tuple[bool, Route | None]:
+        """Check the head against the limits, answering any violation; whether it was accepted, and its route
+        when the client waits on ``Expect: 100-continue`` (decided now, from the head)."""
         if event.http_version not in SUPPORTED_VERSIONS:
             message = "Only HTTP/1.0 and HTTP/1.1 are supported."
             await self._send_error(exchange, 505, message, "http_version_not_supported")
-            return False
+            return False, None
         if head_size(event) > self._limits.max_header_bytes:
             await self._send_error(exchange, 431, "The request head is too large.", "header_too_large")
-            return False
+            return False, None
         length = declared_length(event)
         if length is not None and length > self._limits.max_body_bytes:
             await self._send_body_too_large(exchange)
-            return False
+            return False, None
+        route = None
         if self._h11.they_are_waiting_for_100_continue:
             # Whatever can be refused from the head alone (a missing API key, an unknown path) is refused
             # now, before the client sends a body nobody will read.
-            refusal = self._answer_now(to_request(event, b"", self.client))
-            if refusal is not None and refusal.status >= 400:
-                await self._writer.send_response(refusal, exchange.method, exchange, close=True)
-                return False
+            head = to_request(event, b"", self.client)
+            route = self._route(head)
+            if isinstance(route, Immediate):
+                route = self._answer_from_memory(route, head)  # answered from memory: it reads no body
+            if isinstance(route, Response) and route.status >= 400:
+                await self._writer.send_response(route, exchange.method, exchange, close=True)
+                return False, None
             await self._writer.send_event(h11.InformationalResponse(status_code=100, headers=[]))
-        return True
+        return True, route
 
     async def _read_body(self, deadline: float) -> bytes | None | object:
         """The whole request body; None once it exceeds max_body_bytes, _TIMED_OUT past ``deadline``."""
@@ -273,19 +283,23 @@ class HttpConnection:
 
     # -- RESPOND ------------------------------------------------------------
 
-    async def _respond(self, request: Request, exchange: Exchange) -> None:
-        """Run the handler and send its response, cancelling both if the client leaves."""
-        immediate = self._answer_now(request)
-        if immediate is not None:
-            # Answered from memory: nothing runs long, so no watcher task is needed.
-            await self._writer.send_response(immediate, request.method, exchange)
+    async def _respond(self, request: Request, route: Route | None, exchange: Exchange) -> None:
+        """Send the response of ``route`` (routed now if the head did not decide it), cancelling a handler
+        and its stream if the client leaves."""
+        if route is None:
+            route = self._route(request)
+        if isinstance(route, Immediate):
+            route = self._answer_from_memory(route, request)
+        if isinstance(route, Response):
+            # A refusal, or answered from memory: nothing runs long, so no watcher task is needed.
+            await self._writer.send_response(route, request.method, exchange)
             return
         pending = len(self._h11.trailing_data[0])
         self._read_ahead_budget = self._limits.max_header_bytes + self._limits.max_body_bytes - pending
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._watch_peer, nursery.cancel_scope)
             try:
-                await self._answer(request, exchange)
+                await self._answer(route, request, exchange)
             except _CONNECTION_ERRORS as exc:
                 self._broken = True
                 _log.debug("response to %s failed: %r", self.client, exc)
@@ -311,22 +325,31 @@ class HttpConnection:
         origin = next((value.decode("latin-1") for name, value in event.headers if name == b"origin"), None)
         return self._cors.response_headers(origin)
 
-    def _answer_now(self, request: Request) -> Response | None:
+    def _route(self, request: Request) -> Route:
+        """What answers ``request``, decided once: a CORS preflight, or the handler's ``route`` (a refusal,
+        an answer from memory, or the handler to run); a plain handler function is its own route."""
         if self._cors is not None:
             preflight = self._cors.preflight(request)
             if preflight is not None:
                 return preflight
-        answer_now = getattr(self._handler, "answer_now", None)
-        if answer_now is None:
-            return None
+        route = getattr(self._handler, "route", None)
+        if route is None:
+            return self._handler
         try:
-            return answer_now(request)
+            return route(request)
         except Exception as exc:
             return response_for_exception(exc)
 
-    async def _answer(self, request: Request, exchange: Exchange) -> None:
+    @staticmethod
+    def _answer_from_memory(immediate: Immediate, request: Request) -> Response:
         try:
-            result = await self._handler(request)
+            return immediate.answer(request)
+        except Exception as exc:
+            return response_for_exception(exc)
+
+    async def _answer(self, handler: Handler, request: Request, exchange: Exchange) -> None:
+        try:
+            result = await handler(request)
         except Exception as exc:
             if self._peer_gone:
                 return

@@ -5,9 +5,9 @@ from __future__ import annotations
 import attrs
 
 from kestrel_trio.http.responses import error_response
-from kestrel_trio.http.types import Handler, ImmediateAnswer, Request, Response, StreamingResponse
+from kestrel_trio.http.types import Handler, Immediate, ImmediateAnswer, Request, Response, Route, StreamingResponse
 
-__all__ = ["Router", "media_type"]
+__all__ = ["Router", "media_type", "answer_route"]
 
 
 @attrs.frozen
@@ -26,10 +26,10 @@ class Router:
     GET route also answers HEAD (the same status and headers; the server
     sends no body). A route given ``media_types`` refuses a request whose
     ``Content-Type`` is missing or another media type with 415, before its
-    handler runs. Routes added with :meth:`add_immediate`, and every refusal,
-    are also given by :meth:`answer_now`, which the server tries first (for
-    a client waiting on ``Expect: 100-continue`` it is tried before the body
-    is sent).
+    handler runs. :meth:`route` resolves a request once, to a refusal, an
+    :class:`Immediate` answer (routes added with :meth:`add_immediate`) or the
+    handler to run; the server calls it before the body is read when the
+    client waits on ``Expect: 100-continue``.
     """
 
     def __init__(self) -> None:
@@ -97,13 +97,22 @@ class Router:
                 return "\0" + start
         return None
 
+    def route(self, request: Request) -> Route:
+        """What answers ``request``: a refusal (404, 405, 415), an :class:`Immediate` answer, or its handler."""
+        key = self._lookup(request.path)
+        refusal = self._refusal(request, key)
+        if refusal is not None:
+            return refusal
+        assert key is not None
+        answer = self._immediate.get((request.method, key))
+        return Immediate(answer) if answer is not None else self._routes[key][request.method].handler
+
     def answer_now(self, request: Request) -> Response | None:
         """The response of an immediate route, or a refusal (404, 405, 415); None for the other routes."""
-        key = self._lookup(request.path)
-        answer = None if key is None else self._immediate.get((request.method, key))
-        if answer is not None:
-            return answer(request)
-        return self._refusal(request, key)
+        route = self.route(request)
+        if isinstance(route, Immediate):
+            return route.answer(request)
+        return route if isinstance(route, Response) else None
 
     def _refusal(self, request: Request, key: str | None) -> Response | None:
         if key is None:
@@ -125,12 +134,16 @@ class Router:
         return None
 
     async def __call__(self, request: Request) -> Response | StreamingResponse:
-        key = self._lookup(request.path)
-        refusal = self._refusal(request, key)
-        if refusal is not None:
-            return refusal
-        assert key is not None
-        return await self._routes[key][request.method].handler(request)
+        return await answer_route(self.route(request), request)
+
+
+async def answer_route(route: Route, request: Request) -> Response | StreamingResponse:
+    """The response of a resolved ``route`` to ``request`` (for a router used as a plain :data:`Handler`)."""
+    if isinstance(route, Response):
+        return route
+    if isinstance(route, Immediate):
+        return route.answer(request)
+    return await route(request)
 
 
 def media_type(content_type: str) -> str:

@@ -6,7 +6,7 @@ from typing import AsyncIterator, Awaitable, Callable, Union
 
 import attrs
 
-__all__ = ["Request", "Response", "StreamingResponse", "Handler", "ImmediateAnswer"]
+__all__ = ["Request", "Response", "StreamingResponse", "Handler", "ImmediateAnswer", "Immediate", "Route"]
 
 
 @attrs.frozen
@@ -95,8 +95,21 @@ class StreamingResponse:
 # A KestrelError it raises becomes that error's status and OpenAI envelope; any
 # other exception is logged and becomes a generic 500.
 Handler = Callable[[Request], Awaitable[Union[Response, StreamingResponse]]]
-# A handler object may also offer ``answer_now(request) -> Response | None``: a
-# synchronous answer for requests served from memory (health probes, 404s). The
-# server tries it first and sends its Response without starting the disconnect
-# watcher, since nothing long runs; None means "call the handler as usual".
-ImmediateAnswer = Callable[[Request], Union[Response, None]]
+# A synchronous answer for a request served from memory (health probes, static files): it never waits.
+ImmediateAnswer = Callable[[Request], Response]
+
+
+@attrs.frozen
+class Immediate:
+    """A route answered from memory: the server calls ``answer(request)`` and sends its Response at once,
+    without starting the disconnect watcher, since nothing long runs."""
+
+    answer: ImmediateAnswer
+
+
+# What a request's head resolves to, once: a Response (a refusal: 401, 404, 405, 415, a CORS preflight),
+# an Immediate answer, or the Handler to run with the whole request. A handler object may offer
+# ``route(request) -> Route``; the server then calls it once per request (before the body when the
+# client waits on ``Expect: 100-continue``, so a refusal spares the body) and never calls the object
+# itself. A plain Handler function is its own route.
+Route = Union[Response, Immediate, Handler]

@@ -37,8 +37,7 @@ from typing import Iterator
 import attrs
 import numpy as np
 
-from kestrel_trio._model import KVCache
-from kestrel_trio._model.qwen3_vl import VLPrompt
+from kestrel_trio._model import KVCache, VLPrompt
 from kestrel_trio.errors import ContextLengthError
 from kestrel_trio.text.constraint import Constraint, ConstraintState
 from kestrel_trio.text.detokenizer import IncrementalDetokenizer
@@ -47,7 +46,9 @@ from kestrel_trio.text.sampling import Sampler, SamplingParams, TokenLogprobs
 from kestrel_trio.text.stops import StopStringMatcher
 from kestrel_trio.text.tokenizer import Tokenizer
 
-__all__ = ["Phase", "StepResult", "Generation", "check_context"]
+__all__ = ["Phase", "StepResult", "Generation", "check_context", "DEFAULT_PREFILL_CHUNK"]
+
+DEFAULT_PREFILL_CHUNK = 256  # prompt tokens per prefill step (EngineLimits.prefill_chunk, Model.prefill)
 
 
 class Phase(enum.Enum):
@@ -129,7 +130,7 @@ class Generation:
         eos_token_ids: frozenset[int],
         cache: KVCache,
         vocab_size: int,
-        prefill_chunk: int = 256,
+        prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
         images: tuple[ProcessedImage, ...] = (),
         constraint: Constraint | None = None,
     ) -> None:
@@ -137,7 +138,7 @@ class Generation:
             raise ValueError("prompt_ids must not be empty")
         self.prompt_ids = list(prompt_ids)
         self.params = params
-        self.cache = cache
+        self._cache = cache
         self.generated_ids: list[int] = []
         self.finish_reason: str | None = None
         self.phase = Phase.PREFILL
@@ -151,10 +152,10 @@ class Generation:
         self._stops = StopStringMatcher(params.stop)
         self._usable_vocab = min(vocab_size, tokenizer.vocab_size)
         self.has_images = bool(images)  # never reuses or stores prefix KV: equal pad ids may be different images
-        self.images = tuple(images)  # dropped once encoded into vl_prompt
-        self.vl_prompt: VLPrompt | None = None  # set by the driver's first step; dropped once the prompt is in
-        self.vision_steps: Iterator[None] | None = None  # the vision tower mid-way, advanced a block per step
-        self.rope_delta = 0  # position of token i is i + rope_delta once past the prompt's images
+        self._images = tuple(images)  # handed to the vision tower by take_images
+        self._vl_prompt: VLPrompt | None = None  # set once the images are encoded; dropped once the prompt is in
+        self._vision_steps: Iterator[None] | None = None  # the vision tower mid-way, advanced a block per step
+        self._rope_delta = 0  # position of token i is i + rope_delta once past the prompt's images
         self.constraint: ConstraintState | None = constraint.start() if constraint is not None else None
 
     @property
@@ -177,11 +178,67 @@ class Generation:
         """True before the first step: a prefix may still be restored into the cache."""
         return self.phase is Phase.PREFILL and self._prefilled == 0
 
-    def reuse_prefix(self, restored: int) -> None:
-        """Count the first ``restored`` prompt tokens as prefilled: their KV was put into the cache."""
-        if not self.fresh or self.cache.length != restored or restored >= len(self.prompt_ids):
-            raise ValueError(f"cannot reuse {restored} tokens (cache {self.cache.length}, prompt {len(self.prompt_ids)})")
+    @property
+    def cache(self) -> KVCache:
+        """This generation's own KV cache."""
+        return self._cache
+
+    def reuse_prefix(self, cache: KVCache, restored: int) -> None:
+        """Take ``cache`` as this generation's, its first ``restored`` prompt tokens counted as prefilled.
+
+        Args:
+            cache: the cache to use from now on (a prefix cache's, holding the KV of ``restored`` tokens).
+            restored: prompt tokens whose KV ``cache`` holds (0: nothing reused).
+        """
+        if not self.fresh or cache.length != restored or restored >= len(self.prompt_ids):
+            raise ValueError(f"cannot reuse {restored} tokens (cache {cache.length}, prompt {len(self.prompt_ids)})")
+        self._cache = cache
         self._prefilled = self.cached_tokens = restored
+
+    # ---- images (Qwen3-VL): the step runs the vision tower, the generation keeps its progress ----
+
+    @property
+    def needs_vision(self) -> bool:
+        """Whether the prompt's images are still to be encoded before its next prefill chunk."""
+        return self.has_images and self._vl_prompt is None and self.phase is Phase.PREFILL
+
+    @property
+    def vision_started(self) -> bool:
+        """Whether the vision tower is running over this generation's images."""
+        return self._vision_steps is not None
+
+    @property
+    def vl_prompt(self) -> VLPrompt | None:
+        """The encoded prompt (image features and 3-D positions) while its prefill runs, else None."""
+        return self._vl_prompt
+
+    def take_images(self) -> tuple[ProcessedImage, ...]:
+        """Hand the prompt's images over to the vision tower (the generation keeps no copy)."""
+        images, self._images = self._images, ()
+        return images
+
+    def start_vision(self, steps: Iterator[None]) -> None:
+        """Keep the vision tower's steps (a generator returning the :class:`VLPrompt`), one block per :meth:`step_vision`."""
+        self._vision_steps = steps
+
+    def step_vision(self) -> bool:
+        """Run the next vision block; True once the images are encoded (the prompt's prefill can start)."""
+        assert self._vision_steps is not None, "start_vision first"
+        try:
+            next(self._vision_steps)
+            return False
+        except StopIteration as done:
+            self._vl_prompt, self._vision_steps = done.value, None
+            self._rope_delta = self._vl_prompt.rope_delta
+            return True
+
+    def chunk_has_image_rows(self) -> bool:
+        """Whether the next prefill chunk holds image rows (it then goes alone through the VL prefill)."""
+        if self.phase is not Phase.PREFILL or self._vl_prompt is None:
+            return False
+        start, end = self.prefill_range()
+        lo, hi = np.searchsorted(self._vl_prompt.image_rows, [start, end])
+        return bool(hi > lo)
 
     def cached_token_ids(self) -> list[int]:
         """The ids of the tokens whose KV the cache holds, in order."""
@@ -193,11 +250,11 @@ class Generation:
 
     def next_positions(self) -> np.ndarray:
         """Rotary positions of :meth:`next_input`, int64 [T] (text rows: all three M-RoPE positions equal)."""
-        if self.phase is Phase.PREFILL and self.vl_prompt is not None:
+        if self.phase is Phase.PREFILL and self._vl_prompt is not None:
             start, end = self.prefill_range()
-            return self.vl_prompt.positions[0, start:end]  # [T]
+            return self._vl_prompt.positions[0, start:end]  # [T]
         n = self.next_input().size
-        return np.arange(self.cache.length, self.cache.length + n, dtype=np.int64) + self.rope_delta  # [T]
+        return np.arange(self.cache.length, self.cache.length + n, dtype=np.int64) + self._rope_delta  # [T]
 
     def next_input(self) -> np.ndarray:
         """The token ids to feed the model next, int64 [T]."""
@@ -215,7 +272,7 @@ class Generation:
             if self._prefilled < len(self.prompt_ids):
                 return StepResult()
             self.phase = Phase.DECODE
-            self.vl_prompt = None  # image features are only needed by prefill
+            self._vl_prompt = None  # image features are only needed by prefill
         elif self.phase is Phase.DONE:
             raise RuntimeError("the generation is finished")
         return self._sample_and_emit(logits)

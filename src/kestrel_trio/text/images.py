@@ -27,7 +27,7 @@ from typing import Any, Sequence
 import attrs
 import numpy as np
 
-from kestrel_trio._model.config import read_json_object
+from kestrel_trio._model import read_json_object
 from kestrel_trio.errors import BadRequestError, KestrelError, ModelLoadError
 
 __all__ = [

@@ -77,9 +77,7 @@ async def prepare_images(model: Model, messages: tuple[dict, ...], policy: Image
     found = image_parts(messages)
     if not found:
         return []
-    if model.vision is None or model.image_config is None:
-        param = found[0][0]
-        raise BadRequestError(f"'{param}': model {model.name!r} does not accept images", param=param)
+    model.require_vision(found[0][0])  # before any image is decoded
     if len(found) > policy.max_images:
         param = found[policy.max_images][0]
         raise BadRequestError(f"'{param}': at most {policy.max_images} images per request are accepted on this "

@@ -1,10 +1,14 @@
 """The OpenAI-compatible routes: HTTP requests in, engine generations, JSON or SSE out.
 
-This module joins the HTTP layer, the OpenAI schema layer and the engine. It
-does all validation (JSON, fields, template, context length, queue room)
-before a response head is sent, so every refusal is a proper HTTP status with
-the OpenAI error envelope; once an SSE stream has started, a failure is sent
-as an ``error`` event followed by ``[DONE]``.
+This module joins the HTTP layer, the OpenAI schema layer and the engine.
+:func:`build_router` gives the HTTP layer one object whose ``route`` resolves a
+request once: the API-key check, then the router (404 / 405 / 415, an answer
+from memory, or the handler). A handler validates what is its own (JSON,
+fields, template, images, grammar) and hands the generations to the engine,
+whose ``open_generations`` admits them (engine state, context length, queue
+room); all of it happens before a response head is sent, so every refusal is
+a proper HTTP status with the OpenAI error envelope; once an SSE stream has
+started, a failure is sent as an ``error`` event followed by ``[DONE]``.
 """
 
 from __future__ import annotations
@@ -12,105 +16,27 @@ from __future__ import annotations
 import functools
 import hmac
 import logging
-import time
 import urllib.parse
 
-import attrs
 import trio
 
 from kestrel_trio import openai as oa
-from kestrel_trio.engine import Engine, GenerationHandle
-from kestrel_trio.errors import BadRequestError, EngineUnavailableError, KestrelError
-from kestrel_trio.http import HttpServer, Request, Response, Router, StreamingResponse
+from kestrel_trio.engine import Engine
+from kestrel_trio.app.state import ServerState
+from kestrel_trio.errors import AuthenticationError, BadRequestError, EngineUnavailableError, ModelNotFoundError
+from kestrel_trio.http import Request, Response, Route, Router, StreamingResponse, answer_route
 from kestrel_trio.model import Model
-from kestrel_trio.routes_chat import ChatOptions, Job
-from kestrel_trio.routes_grammar import NO_THINKING as _NO_THINKING
-from kestrel_trio.routes_grammar import chat_constraint, completion_constraint, reasoning_before_answer
-from kestrel_trio.routes_images import ImagePolicy, prepare_images, template_parts
+from kestrel_trio.app.chat import ChatOptions, CompletionJob
+from kestrel_trio.app.grammar import NO_THINKING as _NO_THINKING
+from kestrel_trio.app.grammar import chat_constraint, completion_constraint, reasoning_before_answer
+from kestrel_trio.app.images import prepare_images, template_parts
 from kestrel_trio.text.images import expand_image_pads
 from kestrel_trio.webui import add_webui_routes
 from kestrel_trio.stats import CONTENT_TYPE as PROMETHEUS_CONTENT_TYPE
 
-__all__ = ["ServerState", "build_router"]
+__all__ = ["build_router"]
 
 log = logging.getLogger("kestrel_trio.server")
-
-
-@attrs.define
-class ServerState:
-    """What the routes read: the model and engine once ready, and the lifecycle status.
-
-    Attributes:
-        model_id: the id clients use (known before the weights load).
-        status: "loading", "ok", "draining" or "broken".
-        model: the loaded model, or None while loading.
-        engine: the running engine, or None while loading.
-        http: the HTTP server, once its socket is bound (its metrics are on /metrics).
-        api_key: if set, every route except ``open_paths`` needs ``Authorization: Bearer <key>``.
-        open_paths: routes that never need the key.
-        default_max_tokens: the server-wide cap on new tokens for requests that set no
-            ``max_tokens`` (see :func:`kestrel_trio.openai.default_max_tokens`); None: OpenAI's defaults.
-        images: what image input chat requests may carry (Qwen3-VL models only).
-        image_workers: requests whose images are being decoded at once (worker threads).
-        text_workers: requests whose prompt is being rendered and tokenized at once (worker
-            threads, so a megabyte prompt never stalls the event loop and /health).
-        accepts_images: the model takes images (Qwen3-VL); /v1/models says so.
-        webui: serve the built-in chat page at ``/``.
-    """
-
-    model_id: str
-    status: str = "loading"
-    model: Model | None = None
-    engine: Engine | None = None
-    http: HttpServer | None = None
-    api_key: str | None = None
-    open_paths: frozenset[str] = frozenset({"/health", "/metrics"})
-    default_max_tokens: int | None = None
-    images: ImagePolicy = ImagePolicy()
-    image_workers: trio.CapacityLimiter = attrs.field(factory=lambda: trio.CapacityLimiter(1))
-    text_workers: trio.CapacityLimiter = attrs.field(factory=lambda: trio.CapacityLimiter(2))
-    accepts_images: bool = False
-    webui: bool = False
-    created: int = attrs.field(factory=lambda: int(time.time()))
-    streams_ended: bool = False
-    _waits: set = attrs.field(factory=set)
-
-    def end_streams(self) -> None:
-        """Stop every generation still being awaited: streams end with an error event, others with 503."""
-        self.streams_ended = True
-        for scope in list(self._waits):
-            scope.cancel()
-
-    async def next_delta(self, handle: GenerationHandle):
-        """The next delta of ``handle``, or EngineUnavailableError once :meth:`end_streams` was called."""
-        if not self.streams_ended:
-            # The scope covers only this wait (never a yield), so cancelling it is safe in a generator.
-            with trio.CancelScope() as scope:
-                self._waits.add(scope)
-                try:
-                    return await handle.__anext__()
-                finally:
-                    self._waits.discard(scope)
-        raise EngineUnavailableError("the server is shutting down; this generation was stopped", retry_after=5)
-
-    def health(self) -> tuple[int, dict]:
-        """The /health status code and body, from counters only (never waits)."""
-        engine = self.engine
-        status = self.status
-        if status == "ok" and engine is not None:
-            if engine.status != "ok":
-                status = "broken"
-            elif engine.stalled():
-                status = "stalled"
-        body: dict = {"status": status, "model": self.model_id}
-        if self.model is not None:
-            body["weights"] = self.model.weights_mode
-        if engine is not None:
-            body.update(busy=engine.busy, queued=engine.queued, active=engine.active, batch=engine.batch_in_flight,
-                        max_queued=engine.limits.max_queued, max_batch=engine.limits.max_batch)
-        else:
-            body.update(busy=False, queued=0, active=0, batch=0)
-        return (200 if status == "ok" else 503), body
 
 
 def _json(status: int, obj: object, headers: tuple[tuple[str, str], ...] = ()) -> Response:
@@ -141,28 +67,20 @@ def build_router(state: ServerState) -> "_AuthorizingHandler":
 
 
 class _AuthorizingHandler:
-    """The router behind the API-key check, for both of the HTTP layer's entry points."""
+    """The router behind the API-key check: ``route`` resolves a request once (the HTTP layer calls it once)."""
 
     def __init__(self, state: ServerState, router: Router) -> None:
         self._state = state
         self._router = router
 
-    def _authorize(self, request: Request) -> None:
+    def route(self, request: Request) -> Route:
+        """401 without the right key (except on ``open_paths``), else the router's answer for ``request``."""
         if self._state.api_key is not None and request.path not in self._state.open_paths:
             _check_api_key(request, self._state.api_key)
-
-    def answer_now(self, request: Request) -> Response | None:
-        self._authorize(request)
-        return self._router.answer_now(request)
+        return self._router.route(request)
 
     async def __call__(self, request: Request) -> Response | StreamingResponse:
-        self._authorize(request)
-        return await self._router(request)
-
-
-class AuthenticationError(KestrelError):
-    status = 401
-    error_type = "invalid_request_error"
+        return await answer_route(self.route(request), request)
 
 
 def _check_api_key(request: Request, api_key: str) -> None:
@@ -259,8 +177,9 @@ class _Routes:
         if images:
             assert model.vision is not None
             ids = expand_image_pads(ids, model.vision.config.image_token_id, [image.num_tokens for image in images])
-        job = Job(self.state, model, engine, chat.sampling, ids, "messages", chat=options,
-                  model_id=self.state.model_id, images=tuple(images), constraint=constraint)
+        job = CompletionJob(model, engine, chat.sampling, ids, "messages", chat=options, model_id=self.state.model_id,
+                            default_max_tokens=self.state.default_max_tokens, images=tuple(images),
+                            constraint=constraint)
         return await job.respond()
 
     async def completions(self, request: Request) -> Response | StreamingResponse:
@@ -276,8 +195,10 @@ class _Routes:
         constraint = None
         if req.structured is not None:
             constraint = await self._off_loop(completion_constraint, model, req.structured)
-        job = Job(self.state, model, engine, req.sampling, ids, "prompt", chat=None, model_id=self.state.model_id,
-                  echo=req.prompt if (req.echo and isinstance(req.prompt, str)) else None, constraint=constraint)
+        job = CompletionJob(model, engine, req.sampling, ids, "prompt", chat=None, model_id=self.state.model_id,
+                            default_max_tokens=self.state.default_max_tokens,
+                            echo=req.prompt if (req.echo and isinstance(req.prompt, str)) else None,
+                            constraint=constraint)
         return await job.respond()
 
     async def tokenize(self, request: Request) -> Response:
@@ -300,8 +221,3 @@ class _Routes:
         if req.tokens:
             model.check_token_ids(list(req.tokens), param="tokens")
         return _json(200, {"prompt": model.decode(list(req.tokens))})
-
-
-class ModelNotFoundError(KestrelError):
-    status = 404
-    error_type = "invalid_request_error"

@@ -2,13 +2,13 @@
 
 Theory of operation:
 
-* :class:`Job` builds one :class:`GenerationRequest` per choice. With a
+* :class:`CompletionJob` builds one :class:`GenerationRequest` per choice. With a
   ``seed``, choice ``i`` samples with ``seed + i`` (so ``n`` choices differ,
   and a repeated request repeats them all); without one, each draws its own
   OS entropy. With temperature 0 every choice is the same greedy answer.
-* :meth:`Job.respond` submits all ``n`` generations before any response head
-  is sent, or none: it refuses with 429 when the queue cannot hold them all,
-  and if a later submission still fails it abandons those already made.
+* :meth:`CompletionJob.respond` submits all ``n`` generations before any response head
+  is sent, or none, through :meth:`Engine.open_generations`, which admits them
+  (engine state, images, context length, queue room: 503 / 400 / 429).
 * The choices are read round-robin, one delta from each unfinished choice in
   turn. The engine never blocks on delivery (each generation's channel holds
   all of its results), so a choice still queued behind the others only delays
@@ -30,14 +30,13 @@ import attrs
 
 from kestrel_trio import openai as oa
 from kestrel_trio.engine import Engine, GenerationHandle, GenerationRequest
-from kestrel_trio.errors import BadRequestError, KestrelError, QueueFullError
+from kestrel_trio.errors import BadRequestError, KestrelError
 from kestrel_trio.http import Response, StreamingResponse
 from kestrel_trio.model import Model
 from kestrel_trio.text import SamplingParams
 from kestrel_trio.text.constraint import Constraint
-from kestrel_trio.text.generation import check_context
 
-__all__ = ["ChatOptions", "Job"]
+__all__ = ["ChatOptions", "CompletionJob"]
 
 log = logging.getLogger("kestrel_trio.server")
 
@@ -80,11 +79,10 @@ def sampling_params(model: Model, fields: oa.SamplingFields) -> SamplingParams:
     return SamplingParams.with_defaults(values, defaults)
 
 
-class Job:
+class CompletionJob:
     """One chat or completion request with ``n`` choices.
 
     Args:
-        state: the server state (``next_delta`` honours shutdown).
         model: the loaded model (tokenizer for logprob token bytes).
         engine: where the generations run.
         fields: the request's sampling fields.
@@ -92,37 +90,32 @@ class Job:
         prompt_param: the request field that carried the prompt.
         chat: chat options, or None for the completions endpoint.
         model_id: the model id to report.
+        default_max_tokens: the server's cap on new tokens when the request sets no ``max_tokens``.
         echo: the prompt text to echo (completions), or None.
         images: the prompt's preprocessed images (``ids`` hold their expanded pad runs).
         constraint: the compiled grammar every choice must follow (structured outputs), or None.
 
     Raises:
-        BadRequestError: ``n`` exceeds the queue, or a sampling field is invalid.
-        ContextLengthError: the prompt plus max_tokens does not fit.
+        BadRequestError: a sampling field is invalid (the engine checks the rest when :meth:`respond` submits).
     """
 
-    def __init__(self, state, model: Model, engine: Engine, fields: oa.SamplingFields, ids: list[int],
-                 prompt_param: str, *, chat: ChatOptions | None, model_id: str, echo: str | None = None,
-                 images: tuple = (), constraint: Constraint | None = None) -> None:
-        self.state = state
+    def __init__(self, model: Model, engine: Engine, fields: oa.SamplingFields, ids: list[int], prompt_param: str, *,
+                 chat: ChatOptions | None, model_id: str, default_max_tokens: int | None = None,
+                 echo: str | None = None, images: tuple = (), constraint: Constraint | None = None) -> None:
         self.model = model
         self.engine = engine
         self.fields = fields
         self.chat = chat
         self.model_id = model_id
         self.echo = echo or ""
-        if fields.n > engine.limits.max_queued:
-            raise BadRequestError(f"'n' must be at most {engine.limits.max_queued} on this server (its queue size), "
-                                  f"got {fields.n}", param="n")
         params = sampling_params(model, fields)
         if fields.max_tokens is None:
-            default = oa.default_max_tokens(chat=chat is not None, server_cap=state.default_max_tokens)
+            default = oa.default_max_tokens(chat=chat is not None, server_cap=default_max_tokens)
             if default is not None:  # a default the request did not ask for shrinks to the room left
                 params = attrs.evolve(params, max_tokens=max(1, min(default, model.context_length - len(ids))))
-        check_context(len(ids), params.max_tokens, model.context_length, param=prompt_param,
-                      max_tokens_param=fields.max_tokens_param)
         self.requests = [GenerationRequest(tuple(ids), _choice_params(params, i), prompt_param=prompt_param,
-                                           images=tuple(images), constraint=constraint) for i in range(fields.n)]
+                                           images=tuple(images), constraint=constraint,
+                                           max_tokens_param=fields.max_tokens_param) for i in range(fields.n)]
         self.id = oa.new_id("cmpl" if chat is None else "chatcmpl")
         self.created = int(time.time())
         self.ident = (self.id, self.created, model_id)
@@ -137,25 +130,9 @@ class Job:
                               parallel_tool_calls=c.parallel_tool_calls)
                 for i in range(self.fields.n)]
 
-    def open_all(self) -> list[GenerationHandle]:
-        """Submit every choice's generation, or none (429 when the queue lacks room for all)."""
-        room = self.engine.limits.max_queued - self.engine.queued
-        if len(self.requests) > room:
-            raise QueueFullError(f"the request queue has room for {max(room, 0)} more generation(s); this request "
-                                 f"needs {len(self.requests)} (n); retry later", retry_after=self.engine.retry_after())
-        handles: list[GenerationHandle] = []
-        try:
-            for request in self.requests:
-                handles.append(self.engine.open_generation(request))
-        except BaseException:
-            for handle in handles:
-                handle.cancel()
-            raise
-        return handles
-
     async def respond(self) -> Response | StreamingResponse:
         """Submit (429 / 503 / 400 raise here, before any head), then answer in JSON or SSE."""
-        handles = self.open_all()
+        handles = self.engine.open_generations(self.requests)
         if self.fields.stream:
             return StreamingResponse(status=200, chunks=lambda: SSEStream(self, handles))
         choices = self.new_choices()
@@ -191,7 +168,7 @@ class Job:
 
     async def _next(self, handle: GenerationHandle):
         try:
-            return await self.state.next_delta(handle)
+            return await handle.__anext__()
         except StopAsyncIteration:
             raise KestrelError("the generation ended without a finish_reason") from None
 
@@ -227,7 +204,7 @@ class SSEStream:
     first chunk was asked for.
     """
 
-    def __init__(self, job: Job, handles: list[GenerationHandle]) -> None:
+    def __init__(self, job: CompletionJob, handles: list[GenerationHandle]) -> None:
         self._handles = handles
         self._events = self._generate(job, handles)
 
@@ -242,7 +219,7 @@ class SSEStream:
             handle.cancel()
         await self._events.aclose()
 
-    async def _generate(self, job: Job, handles: list[GenerationHandle]) -> AsyncIterator[bytes]:
+    async def _generate(self, job: CompletionJob, handles: list[GenerationHandle]) -> AsyncIterator[bytes]:
         choices = job.new_choices()
         for choice in choices:
             for item in choice.start():

@@ -1,4 +1,4 @@
-"""One model step for several generations at once (sans-IO, synchronous).
+"""One model step for several generations at once (sans-IO, synchronous: no trio).
 
 The engine calls :func:`step_generations` in its worker thread: it lays every
 active generation's next input end to end, runs one forward pass over them all
@@ -24,9 +24,7 @@ from typing import Sequence
 
 import numpy as np
 
-from kestrel_trio._model import Decoder, forward
-from kestrel_trio._model.prefix_cache import PrefixCache
-from kestrel_trio._model.qwen3_vl import Qwen3VL
+from kestrel_trio._model import Decoder, PrefixCache, Qwen3VL, forward
 from kestrel_trio.text.constraint import start_masks
 from kestrel_trio.text.generation import Generation, Phase, StepResult
 
@@ -54,10 +52,9 @@ def step_generations(
     for g in generations:
         if g.fresh:
             if not g.has_images and prefix_cache is not None:
-                g.cache, restored = prefix_cache.reuse(g.prompt_ids, g.cache)
-                g.reuse_prefix(restored)
+                g.reuse_prefix(*prefix_cache.reuse(g.prompt_ids, g.cache))
             g.cache.reserve(len(g.prompt_ids) - g.cache.length)  # the whole prompt at once: no regrowth copies
-        if g.has_images and g.vl_prompt is None and g.phase is Phase.PREFILL and not _advance_vision(vision, g):
+        if g.needs_vision and not _advance_vision(vision, g):
             continue  # this step ran one vision block for it instead
         ready.append(g)
     prefilling = [g.phase is Phase.PREFILL for g in ready]
@@ -73,38 +70,24 @@ def step_generations(
 
 
 def _advance_vision(vision: Qwen3VL | None, g: Generation) -> bool:
-    """Run the next vision block of ``g``'s images; True once they are all encoded (``g.vl_prompt`` set).
+    """Run the next vision block of ``g``'s images; True once they are all encoded.
 
     One block per step keeps every step short, so other streams keep flowing
     and an abandoned request is dropped between two blocks.
     """
     if vision is None:
         raise ValueError("a generation has images but the model has no vision tower")
-    if g.vision_steps is None:
-        pixels = np.concatenate([image.pixel_values for image in g.images])  # [n_patches, C*T*P*P]
-        grids = np.asarray([image.grid_thw for image in g.images], dtype=np.int64)  # [n_images, 3]
-        g.vision_steps = vision.prepare_steps(np.asarray(g.prompt_ids, dtype=np.int64), pixels, grids)
-        g.images = ()  # the pixels now live in the running encoder
-    try:
-        next(g.vision_steps)
-        return False
-    except StopIteration as done:
-        g.vl_prompt, g.vision_steps = done.value, None
-        g.rope_delta = g.vl_prompt.rope_delta
-        return True
-
-
-def _has_image_rows(g: Generation) -> bool:
-    if g.phase is not Phase.PREFILL or g.vl_prompt is None:
-        return False
-    start, end = g.prefill_range()
-    lo, hi = np.searchsorted(g.vl_prompt.image_rows, [start, end])
-    return bool(hi > lo)
+    if not g.vision_started:
+        images = g.take_images()  # the pixels now live in the running encoder
+        pixels = np.concatenate([image.pixel_values for image in images])  # [n_patches, C*T*P*P]
+        grids = np.asarray([image.grid_thw for image in images], dtype=np.int64)  # [n_images, 3]
+        g.start_vision(vision.prepare_steps(np.asarray(g.prompt_ids, dtype=np.int64), pixels, grids))
+    return g.step_vision()
 
 
 def _forward_and_advance(decoder: Decoder, vision: Qwen3VL | None,
                          generations: Sequence[Generation]) -> list[StepResult]:
-    alone = [_has_image_rows(g) for g in generations]
+    alone = [g.chunk_has_image_rows() for g in generations]
     logits: list[np.ndarray | None] = [None] * len(generations)
     for i, g in enumerate(generations):
         if alone[i]:
