@@ -56,7 +56,7 @@ def test_bf16_matrices_are_memory_mapped_not_copied():
     weights = model.decoder.weights
     matrices = [weights.embed_tokens, weights.layers[0].attn.qkv_proj, weights.layers[0].mlp.down_proj]
     for matrix in matrices:
-        for part in matrix.parts:
+        for part in (p.data for p in matrix.parts):
             assert part.dtype == np.uint16 and not part.flags.owndata and not part.flags.writeable
             base = part
             while isinstance(base, np.ndarray):

@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Callable, Union
+from typing import Callable
 
 import attrs
 import numpy as np
 
 from kestrel_trio._model.config import ModelConfig
+from kestrel_trio._model.packed import Bf16Matrix, Matrix, PackedMatrix
 from kestrel_trio._model.safetensors import SafetensorsCheckpoint
 from kestrel_trio._model.shapes import check_tensors, moe_layout
 from kestrel_trio.errors import ModelLoadError
@@ -35,36 +36,6 @@ __all__ = [
 ]
 
 RESIDENCIES = ("fp32", "bf16")  # how matrices are held: float32 arrays, or bf16 bits upcast at use
-
-
-@attrs.frozen
-class Bf16Matrix:
-    """A float32 matrix kept as bf16 bits, upcast chunk by chunk at each use (``weights="bf16"``).
-
-    Its rows are ``parts`` stacked in order (so q/k/v or gate/up, mapped
-    separately from the checkpoint, still make one fused matrix, uncopied).
-    bf16 is the top half of a float32, so the upcast is exact.
-    """
-
-    parts: tuple[np.ndarray, ...]  # each uint16 [rows_i, in], usually memory-mapped
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return (sum(p.shape[0] for p in self.parts), self.parts[0].shape[1])
-
-    @property
-    def nbytes(self) -> int:
-        return sum(p.nbytes for p in self.parts)
-
-    def rows(self, ids: np.ndarray) -> np.ndarray:
-        """float32 rows ``ids`` [N] of a one-part matrix (an embedding lookup), [N, in]."""
-        (bits,) = self.parts
-        wide = bits[ids].astype(np.uint32)  # [N, in]
-        wide <<= 16
-        return wide.view(np.float32)
-
-
-Matrix = Union[np.ndarray, Bf16Matrix]  # [out, in] float32, or bf16 bits upcast at use
 
 
 @attrs.frozen
@@ -392,7 +363,7 @@ def _load_moe(source, config: ModelConfig, p: str, layout: str) -> SparseMoE:
         gate_up = source.matrix(p + "mlp.experts.gate_up_proj")  # [n_experts, 2*moe_inter, hidden]
         down = source.matrix(p + "mlp.experts.down_proj")  # [n_experts, hidden, moe_inter]
         if isinstance(gate_up, Bf16Matrix):
-            gate_up, down = gate_up.parts[0], down.parts[0]  # bits, [n_experts, ...]
+            gate_up, down = gate_up.parts[0].data, down.parts[0].data  # bits, [n_experts, ...]
         experts = tuple(source.expert(gate_up[j], down[j]) for j in range(config.num_experts))
     else:
         e = p + "mlp.experts."
