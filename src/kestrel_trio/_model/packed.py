@@ -51,8 +51,8 @@ class Rows(Protocol):
     def integer(self, start: int, stop: int, out: np.ndarray) -> Affine | None:
         """Write rows [start, stop)'s integers into ``out`` (float32 [stop-start, cols], C-contiguous)."""
 
-    def select(self, ids: np.ndarray) -> "Rows":
-        """Rows ``ids`` (any order, repeats allowed) as a new part of the same form (a copy of their storage)."""
+    def select(self, ids: np.ndarray | slice) -> "Rows":
+        """Rows ``ids`` as a part of the same form: a slice is a view of the storage, an index array a copy."""
 
 
 def expand_part(part: Rows, start: int, stop: int, out: np.ndarray) -> np.ndarray:
@@ -87,7 +87,7 @@ class GgmlRows:
     def integer(self, start: int, stop: int, out: np.ndarray) -> Affine | None:
         return integer_part(self.ggml_type, self.data[start:stop], out)
 
-    def select(self, ids: np.ndarray) -> "GgmlRows":
+    def select(self, ids: np.ndarray | slice) -> "GgmlRows":
         return GgmlRows(self.ggml_type, self.data[ids])  # [len(ids), row_bytes], whole blocks
 
 
@@ -116,7 +116,7 @@ class Bf16Rows:
         bits <<= 16  # bf16 is the top half of a float32: exact
         return None
 
-    def select(self, ids: np.ndarray) -> "Bf16Rows":
+    def select(self, ids: np.ndarray | slice) -> "Bf16Rows":
         return Bf16Rows(self.data[ids])
 
 
@@ -144,7 +144,7 @@ class Int8Rows:
         np.copyto(out, self.data[start:stop], casting="unsafe")
         return Affine(self.scale[start:stop, None], None, self.cols)  # one group: the row
 
-    def select(self, ids: np.ndarray) -> "Int8Rows":
+    def select(self, ids: np.ndarray | slice) -> "Int8Rows":
         return Int8Rows(self.data[ids], self.scale[ids])
 
 
@@ -187,7 +187,7 @@ class Int4Rows:
         scale *= np.float32(1 / 16)
         return Affine(scale, None, self.group)
 
-    def select(self, ids: np.ndarray) -> "Int4Rows":
+    def select(self, ids: np.ndarray | slice) -> "Int4Rows":
         return Int4Rows(self.data[ids], self.scale[ids], self.group)
 
 
