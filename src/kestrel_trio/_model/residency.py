@@ -246,6 +246,9 @@ def resident_bytes(weights: Weights) -> dict[str, int]:
 def describe_weights(weights: Weights) -> str:
     """One line for the start-up log: the matrices' bytes by storage form, e.g. ``Q4_K 0.31 GiB, Q6_K 0.12 GiB``."""
     forms = resident_bytes(weights)
-    total = sum(forms.values())
-    listed = ", ".join(f"{form} {size / 2**30:.2f} GiB" for form, size in sorted(forms.items(), key=lambda f: -f[1]))
-    return f"{listed} (matrices {total / 2**30:.2f} GiB)"
+    listed = ", ".join(f"{form} {_size(size)}" for form, size in sorted(forms.items(), key=lambda f: -f[1]))
+    return f"{listed} (matrices {_size(sum(forms.values()))})"
+
+
+def _size(count: int) -> str:
+    return f"{count / 2**30:.2f} GiB" if count >= 2**30 else f"{count / 2**20:.1f} MiB"
