@@ -62,7 +62,7 @@ def test_logits_equal_the_fp32_expanded_load_and_the_goldens_within_1e_4(both):
 
 
 def test_batched_decode_equals_one_sequence_at_a_time(both):
-    """Rows 1..8 go through the grouped products, more rows through expanded chunks: the same logits."""
+    """One row goes through the grouped products, 9 through expanded chunks: the same logits either way."""
     _, stored, _, golden = both
     prompts = [golden["input_ids"][i : i + 5].tolist() for i in range(9)]
     caches = [stored.new_cache() for _ in prompts]
@@ -206,7 +206,7 @@ def _weights_as(name: str, rows: int, cols: int, seed: int) -> np.ndarray:
 @pytest.mark.parametrize("name", TYPES)
 @pytest.mark.parametrize("batch", [1, 2, 8, 9, 40])
 def test_products_equal_the_product_of_the_expanded_weights(name, batch, monkeypatch):
-    """Every type, in chunks that straddle two parts, with scales on partial sums (<= 8 rows) or on weights."""
+    """Every type, in chunks that straddle two parts, with scales on partial sums (few rows) or on the weights."""
     monkeypatch.setattr(matmul, "UPCAST_CHUNK", 7 * 512)  # 7 rows a chunk
     t, q8 = GGML_TYPE_BY_NAME[name], GGML_TYPE_BY_NAME["Q8_0"]
     first, second = _weights_as(name, 12, 512, seed=1), _weights_as("Q8_0", 9, 512, seed=2)

@@ -44,8 +44,8 @@ from typing import Callable, Optional
 import attrs
 import numpy as np
 
-__all__ = ["GgmlType", "GGML_TYPES", "GGML_TYPE_BY_NAME", "Affine", "integer_part", "apply_affine", "expand_rows",
-           "dequantize_blocks"]
+__all__ = ["GgmlType", "GGML_TYPES", "GGML_TYPE_BY_NAME", "FLOAT_TYPES", "Affine", "integer_part", "apply_affine",
+           "expand_rows", "dequantize_blocks", "q8_0_in_place"]
 
 QK_K = 256  # weights per K-quant super-block
 
@@ -76,8 +76,27 @@ class Affine:
 
 
 def _fp16(blocks: np.ndarray, start: int) -> np.ndarray:
-    """The fp16 at byte ``start`` of each block [n, bytes], as float32 [n, 1]."""
-    return np.ascontiguousarray(blocks[:, start : start + 2]).view("<f2").astype(np.float32)  # [n, 1]
+    """The fp16 at (even) byte ``start`` of each block [n, bytes] (an even size), as float32 [n, 1]."""
+    return blocks.view("<u2")[:, start // 2 : start // 2 + 1].view("<f2").astype(np.float32)  # [n, 1]
+
+
+# Byte-wise masks applied to four packed bytes at once (a uint32 word per four bytes, little-endian).
+_LOW4 = np.uint32(0x0F0F0F0F)
+_LOW2 = np.uint32(0x03030303)
+_FOUR = np.uint32(4)
+
+
+def _words(packed: np.ndarray) -> np.ndarray:
+    """Bytes [n, 4k] (rows may be strided) as uint32 words [n, k]: bitwise work on a quarter of the elements."""
+    return packed.view("<u4")
+
+
+def _split_nibbles(words: np.ndarray, out: np.ndarray) -> None:
+    """Low nibbles of ``words`` [..., k] into ``out[..., 0, :]``, high nibbles into ``out[..., 1, :]`` (uint32)."""
+    np.bitwise_and(words, _LOW4, out=out[..., 0, :])
+    high = out[..., 1, :]
+    np.right_shift(words, _FOUR, out=high)
+    high &= _LOW4
 
 
 # A kernel writes the integers (or, for the float types, the values) of blocks [n, type_size] into
@@ -114,11 +133,9 @@ def _signed(unsigned: np.ndarray, bias: int, out: np.ndarray) -> None:
 
 def _nibbles(packed: np.ndarray) -> np.ndarray:
     """Bytes [n, 16] to their low nibbles then high nibbles, uint8 [n, 32]."""
-    out = np.empty((packed.shape[0], 2 * packed.shape[1]), dtype=np.uint8)  # [n, 32]
-    half = packed.shape[1]
-    np.bitwise_and(packed, np.uint8(0x0F), out=out[:, :half])
-    np.right_shift(packed, np.uint8(4), out=out[:, half:])
-    return out
+    out = np.empty((packed.shape[0], 2, 4), dtype=np.uint32)  # [n, nibble, word]
+    _split_nibbles(_words(packed), out)
+    return out.view(np.uint8).reshape(-1, 32)  # [n, 32]
 
 
 def _q8_0(blocks: np.ndarray, out: np.ndarray) -> _Groups:
@@ -157,34 +174,58 @@ def _q5_1(blocks: np.ndarray, out: np.ndarray) -> _Groups:
     return _fp16(blocks, 0), _fp16(blocks, 2), 32  # w = d * q + m
 
 
-def _k_scales_mins(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The eight 6-bit scales and mins of Q4_K/Q5_K from their 12 bytes [n, 12], each float32 [n, 8].
+def _contiguous_words(blocks: np.ndarray, start: int, stop: int) -> np.ndarray:
+    """Bytes [start, stop) of each block, copied contiguous (a cheap strided memcpy), as uint32 words [n, k].
+
+    Bitwise work on contiguous words runs in long loops over a quarter of the
+    elements; on the strided bytes of each block it would run in loops of a
+    few elements, which costs numpy several times more.
+    """
+    return np.ascontiguousarray(blocks[:, start:stop]).view("<u4")
+
+
+def _k_scales_mins(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The eight 6-bit scales and mins of Q4_K/Q5_K from their 12 bytes (4-15), each float32 [n, 8].
 
     Sub-blocks 0-3: scale = byte j & 63, min = byte j+4 & 63. Sub-blocks 4-7
     (k = j-4): the low four bits come from byte k+8 (scale low nibble, min
     high nibble), the top two from the spare bits 6-7 of bytes k (scale) and
-    k+4 (min).
+    k+4 (min). Each of these is one operation on a word of four bytes.
     """
-    low, mid, high = packed[:, 0:4], packed[:, 4:8], packed[:, 8:12]  # [n, 4] each
-    six = np.uint8(0x3F)
-    top = np.uint8(6)
-    scales = np.concatenate([low & six, (high & np.uint8(0x0F)) | ((low >> top) << np.uint8(4))], axis=-1)  # [n, 8]
-    mins = np.concatenate([mid & six, (high >> np.uint8(4)) | ((mid >> top) << np.uint8(4))], axis=-1)  # [n, 8]
-    return scales.astype(np.float32), mins.astype(np.float32)  # [n, 8] each
+    words = _contiguous_words(blocks, 4, 16)  # [n, 3]: bytes 0-3, 4-7, 8-11 of the twelve
+    low, mid, high = words[:, 0], words[:, 1], words[:, 2]  # [n] each
+    six, top = np.uint32(0x3F3F3F3F), np.uint32(6)
+    packed = np.empty((words.shape[0], 4), dtype=np.uint32)  # [n, 4]: scales 0-3, 4-7, mins 0-3, 4-7
+    np.bitwise_and(low, six, out=packed[:, 0])
+    packed[:, 1] = (high & _LOW4) | (((low >> top) & _LOW2) << _FOUR)
+    np.bitwise_and(mid, six, out=packed[:, 2])
+    packed[:, 3] = ((high >> _FOUR) & _LOW4) | (((mid >> top) & _LOW2) << _FOUR)
+    values = packed.view(np.uint8).astype(np.float32)  # [n, 16]
+    return values[:, :8], values[:, 8:]  # [n, 8] each
 
 
-def _k_low_nibbles(packed: np.ndarray) -> np.ndarray:
-    """128 bytes [n, 128] to the 4-bit parts of eight sub-blocks of 32, uint8 [n, 8, 32]."""
-    groups = packed.reshape(-1, 4, 32)  # [n, 4, 32]: each 32 bytes hold two sub-blocks
-    out = np.empty((groups.shape[0], 4, 2, 32), dtype=np.uint8)  # [n, 4, 2, 32]
-    np.bitwise_and(groups, np.uint8(0x0F), out=out[:, :, 0])
-    np.right_shift(groups, np.uint8(4), out=out[:, :, 1])
-    return out.reshape(-1, 8, 32)  # [n, 8, 32]
+def _k_low_nibbles(blocks: np.ndarray, start: int, fifth: np.ndarray | None, out: np.ndarray) -> None:
+    """The 4-bit parts of eight sub-blocks of 32 (bytes [start, start+128)), plus ``fifth`` bits, into ``out``.
+
+    Each 32 bytes hold sub-block 2g in their low nibbles and 2g+1 in their high
+    ones. ``fifth``: uint32 words [n, 8, 8] of the sub-blocks' fifth bits, already
+    shifted to bit 4 (Q5_K), or None. ``out``: float32 [n, 256].
+    """
+    words = _contiguous_words(blocks, start, start + 128).reshape(-1, 4, 8)  # [n, 4, 8]
+    low = words & _LOW4  # [n, 4, 8]: sub-blocks 0, 2, 4, 6
+    high = words >> _FOUR  # [n, 4, 8]: sub-blocks 1, 3, 5, 7
+    high &= _LOW4
+    if fifth is not None:
+        low |= fifth[:, 0::2]
+        high |= fifth[:, 1::2]
+    natural = out.reshape(-1, 4, 2, 32)  # [n, 4, 2, 32]: sub-block 2g + h at [:, g, h]
+    np.copyto(natural[:, :, 0], low.view(np.uint8).reshape(-1, 4, 32), casting="unsafe")
+    np.copyto(natural[:, :, 1], high.view(np.uint8).reshape(-1, 4, 32), casting="unsafe")
 
 
 def _k_groups(blocks: np.ndarray) -> _Groups:
     """Q4_K/Q5_K: w = (d * scale) * q - dmin * min over eight sub-blocks of 32."""
-    scales, mins = _k_scales_mins(blocks[:, 4:16])  # [n, 8] each
+    scales, mins = _k_scales_mins(blocks)  # [n, 8] each
     scale = _fp16(blocks, 0) * scales  # [n, 8]
     offset = _fp16(blocks, 2) * mins  # [n, 8]
     np.negative(offset, out=offset)  # adding -(dmin * min) is subtracting it, exactly
@@ -192,33 +233,32 @@ def _k_groups(blocks: np.ndarray) -> _Groups:
 
 
 def _q4_k(blocks: np.ndarray, out: np.ndarray) -> _Groups:
-    np.copyto(out.reshape(-1, 8, 32), _k_low_nibbles(blocks[:, 16:144]), casting="unsafe")  # [n, 8, 32]
+    _k_low_nibbles(blocks, 16, None, out)
     return _k_groups(blocks)
 
 
 def _q5_k(blocks: np.ndarray, out: np.ndarray) -> _Groups:
-    high = blocks[:, 16:48]  # [n, 32]: bit j of byte l belongs to weight l of sub-block j
-    fifth = (high[:, None, :] >> np.arange(8, dtype=np.uint8)[None, :, None]) & np.uint8(1)  # [n, 8, 32]
-    q = _k_low_nibbles(blocks[:, 48:176])  # [n, 8, 32]
-    q |= fifth << np.uint8(4)
-    np.copyto(out.reshape(-1, 8, 32), q, casting="unsafe")
+    # Bit j of byte l of the 32 high-bit bytes belongs to weight l of sub-block j.
+    high = _contiguous_words(blocks, 16, 48)  # [n, 8]
+    fifth = (high[:, None, :] >> np.arange(8, dtype=np.uint32)[None, :, None]) & np.uint32(0x01010101)  # [n, 8, 8]
+    fifth <<= _FOUR
+    _k_low_nibbles(blocks, 48, fifth, out)
     return _k_groups(blocks)
 
 
 def _q6_k(blocks: np.ndarray, out: np.ndarray) -> _Groups:
     n = blocks.shape[0]
-    low = blocks[:, 0:128].reshape(n, 2, 64)  # [n, half, 64]
-    high = blocks[:, 128:192].reshape(n, 2, 1, 32)  # [n, half, 1, 32]
-    # In each half of 128 weights, weight e takes a nibble of low byte e % 64 (low nibble for e < 64) and
-    # bits 2*(e // 32) of high byte e % 32.
-    q = np.empty((n, 2, 2, 64), dtype=np.uint8)  # [n, half, nibble, 64]
-    np.bitwise_and(low, np.uint8(0x0F), out=q[:, :, 0])
-    np.right_shift(low, np.uint8(4), out=q[:, :, 1])
-    q = q.reshape(n, 2, 4, 32)  # [n, half, 4, 32]
-    twos = (high >> (np.arange(4, dtype=np.uint8) * np.uint8(2))[None, None, :, None]) & np.uint8(3)  # [n, half, 4, 32]
-    twos <<= np.uint8(4)
-    q |= twos
-    _signed(q.reshape(n, QK_K), 32, out)  # [n, 256]
+    low = _contiguous_words(blocks, 0, 128).reshape(n, 2, 2, 8)  # [n, half, which 32 bytes, 8 words]
+    high = _contiguous_words(blocks, 128, 192).reshape(n, 2, 1, 8)  # [n, half, 1, 8 words]
+    # In each half of 128 weights, quarter k (weights 32k..32k+31, byte i) takes the low nibble of low
+    # byte 32k + i (k < 2) or the high nibble of byte 32(k-2) + i, and bits 2k, 2k+1 of high byte i.
+    twos = high >> (np.arange(4, dtype=np.uint32) * np.uint32(2))[None, None, :, None]  # [n, half, 4, 8]
+    twos &= _LOW2
+    twos <<= _FOUR
+    quarters = twos.reshape(n, 2, 2, 2, 8)  # [n, half, nibble, which, 8]
+    quarters[:, :, 0] |= low & _LOW4
+    quarters[:, :, 1] |= (low >> _FOUR) & _LOW4
+    _signed(twos.view(np.uint8).reshape(n, QK_K), 32, out)  # [n, 256]
     scales = blocks[:, 192:208].view(np.int8).astype(np.float32)  # [n, 16]
     return _fp16(blocks, 208) * scales, None, 16  # w = (d * scale) * (q - 32)
 
@@ -275,6 +315,29 @@ def apply_affine(affine: Affine | None, out: np.ndarray) -> None:
     grouped *= affine.scale[:, :, None]
     if affine.offset is not None:
         grouped += affine.offset[:, :, None]
+
+
+FLOAT_TYPES = ("F32", "F16", "BF16")  # values stored as they are: no groups, no scales
+
+
+def q8_0_in_place(raw: np.ndarray, scratch: np.ndarray) -> tuple[np.ndarray, Affine]:
+    """Q8_0 rows' integers as float32 [rows, groups, 32], cast in place: a strided view of ``scratch``.
+
+    Every byte of the rows, scales included, is cast from int8 in one
+    contiguous pass (twice as fast here as gathering the 32 quants of each
+    34-byte block), and the result is the quants' window of each block; a
+    product reads it as a strided matrix, BLAS's leading dimension.
+
+    Args:
+        raw: uint8 [rows, row_bytes], C-contiguous.
+        scratch: float32, at least rows * row_bytes elements.
+    """
+    rows, row_bytes = raw.shape
+    blocks = _view(raw, (-1, 34))  # [rows*groups, 34]
+    cast = scratch[: raw.size].reshape(blocks.shape)  # [rows*groups, 34]
+    np.copyto(cast, blocks.view(np.int8), casting="unsafe")
+    values = cast[:, 2:].reshape(rows, row_bytes // 34, 32)  # [rows, groups, 32] a view
+    return values, Affine(_fp16(blocks, 0).reshape(rows, -1), None, 32)
 
 
 def dequantize_blocks(ggml_type: GgmlType, blocks: np.ndarray) -> np.ndarray:

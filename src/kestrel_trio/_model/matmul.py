@@ -29,7 +29,7 @@ with per-group scales (kestrel_trio._model.dequant.Affine): ``w = scale * q
 (int8). The product ``x @ w.T`` is then, exactly in algebra,
 ``sum_g scale_g * (x_g @ q_g.T) + offset_g * sum(x_g)``: with one scale per
 row it is the integers' product with its columns scaled, one pass fewer over
-the weights at any row count; with groups, for up to GROUPED_MAX_ROWS rows,
+the weights at any row count; with groups, for up to about GROUPED_MAX_ROWS rows,
 one batched product of every group's integers (a [groups, rows, 1] result
 per activation row, 1/group the size of the weights) and a small reduction,
 instead of a full pass multiplying the weights by their scales. The
@@ -48,7 +48,7 @@ from collections.abc import Callable, Iterator, Sequence
 import numpy as np
 
 from kestrel_trio._model.dequant import Affine, apply_affine
-from kestrel_trio._model.packed import Matrix, PackedMatrix, Rows
+from kestrel_trio._model.packed import Matrix, PackedMatrix, Rows, grouped_integers, scratch_width
 
 __all__ = [
     "linear", "linear_packed", "linear_bf16", "set_product_threads", "product_threads", "run_shared", "shares_of", "small_batch_call",
@@ -154,8 +154,11 @@ def _row_blocks_into(x: np.ndarray, weight: np.ndarray, out: np.ndarray) -> None
 
 # float32 elements expanded per chunk: 4 MiB, well inside L3, few enough Python calls.
 UPCAST_CHUNK = 1 << 20
-# Rows up to which grouped scales are applied to partial sums rather than to the weights (see above).
-GROUPED_MAX_ROWS = 8
+# Rows up to which grouped scales are applied to partial sums rather than to the weights (see above), for
+# groups of 32 weights; in proportion for other sizes (Q6_K's 16: half; int4's 64: twice). Measured on one
+# core, 256 x 1024 weights hot: Q8_0 at 4 rows 101 us that way against 132 us expanded, at 8 rows 162 against
+# 139; Q4_K about even at 8 rows (258 against 263); Q6_K already even at 4 rows.
+GROUPED_MAX_ROWS = 6
 _scratch = threading.local()  # one buffer per thread: forward may run in several threads
 
 
@@ -218,9 +221,11 @@ class _Inputs:
         self._by_group: dict[int, np.ndarray] = {}
         self._sums: dict[int, np.ndarray] = {}
 
-    def grouped(self, affine: Affine) -> bool:
-        """Whether ``affine``'s scales go on partial sums (True) or on the weights before the product."""
-        return affine.group == self.x.shape[1] or self.x.shape[0] <= GROUPED_MAX_ROWS
+    def grouped(self, part: Rows) -> bool:
+        """Whether ``part``'s scales go on partial sums (True) or on the weights before the product."""
+        if part.scaling == "row":
+            return True
+        return part.scaling == "group" and self.x.shape[0] * 32 <= GROUPED_MAX_ROWS * part.group
 
     def by_group(self, group: int) -> np.ndarray:
         """x as [in/group, group, N], each group's activations as a matrix (threads may both make it: harmless)."""
@@ -241,58 +246,63 @@ class _Inputs:
 
 
 def _run_chunks(inputs: _Inputs, chunks: list[_Chunk], out: np.ndarray) -> None:
-    """Expand and multiply ``chunks`` in this thread's scratch buffer, into their columns of ``out``."""
+    """Expand and multiply ``chunks`` in this thread's scratch buffers, into their columns of ``out``.
+
+    Runs whose scales go on partial sums are multiplied one by one as they
+    come; the others are expanded side by side into one buffer, so that
+    consecutive ones (q/k/v, gate/up) make one product.
+    """
     x = inputs.x
     width = x.shape[1]
     rows = max(sum(take for _, _, take in runs) for _, runs in chunks)
     buffer = _scratch_buffer(rows * width).reshape(rows, width)  # [rows, in]
     for done, runs in chunks:
-        filled, grouped = 0, []
+        column, filled, span = done, 0, done  # span: the output column of buffer row 0
         for part, start, take in runs:
-            target = buffer[filled : filled + take]  # [take, in]
-            affine = part.integer(start, start + take, target)
-            if affine is not None:
-                if inputs.grouped(affine):
-                    grouped.append((filled, take, affine))
-                else:
-                    apply_affine(affine, target)
-            filled += take
-        cursor = 0  # spans of weights already expanded, between the grouped runs, in one product each
-        for first, take, affine in grouped:
-            if cursor < first:
-                _product_into(x, buffer[cursor:first], out[:, done + cursor : done + first])
-            _grouped_into(inputs, buffer[first : first + take], affine, out[:, done + first : done + first + take])
-            cursor = first + take
-        if cursor < filled:
-            _product_into(x, buffer[cursor:filled], out[:, done + cursor : done + filled])
+            if inputs.grouped(part):
+                if filled:
+                    _product_into(x, buffer[:filled], out[:, span : span + filled])
+                    filled = 0
+                scratch = _scratch_buffer(take * scratch_width(part), "grouped")
+                values, affine = grouped_integers(part, start, start + take, scratch)  # [take, groups, group]
+                _grouped_into(inputs, values, affine, out[:, column : column + take])
+            else:
+                if not filled:
+                    span = column
+                target = buffer[filled : filled + take]  # [take, in]
+                apply_affine(part.integer(start, start + take, target), target)
+                filled += take
+            column += take
+        if filled:
+            _product_into(x, buffer[:filled], out[:, span : span + filled])
 
 
-def _grouped_into(inputs: _Inputs, q: np.ndarray, affine: Affine, out: np.ndarray) -> None:
+def _grouped_into(inputs: _Inputs, values: np.ndarray, affine: Affine, out: np.ndarray) -> None:
     """``out`` [N, rows] = x @ (scale * q + offset).T with the scales applied to partial sums.
 
-    ``q`` [rows, in] holds the integers of ``rows`` weight rows, ``affine`` their groups' scales.
+    ``values`` [rows, groups, group] holds the integers of ``rows`` weight rows
+    (a strided view is fine), ``affine`` their groups' scales.
     """
     x = inputs.x
-    rows, width = q.shape
-    group = affine.group
-    if group == width:  # one scale per row: scale the product's columns
-        _product_into(x, q, out)
+    rows, groups, group = values.shape
+    if groups == 1:  # one scale per row: scale the product's columns
+        _product_into(x, values.reshape(rows, group), out)
         out *= affine.scale[:, 0]
         if affine.offset is not None:
             out += np.multiply.outer(inputs.sums(group)[:, 0], affine.offset[:, 0])  # [N, rows]
         return
-    groups = width // group
-    partial = np.matmul(q.reshape(rows, groups, group).transpose(1, 0, 2), inputs.by_group(group))  # [groups, rows, N]
+    partial = np.matmul(values.transpose(1, 0, 2), inputs.by_group(group))  # [groups, rows, N]
     np.einsum("grn,rg->nr", partial, affine.scale, out=out)
     if affine.offset is not None:
         out += inputs.sums(group) @ affine.offset.T  # [N, groups] @ [groups, rows]
 
 
-def _scratch_buffer(size: int) -> np.ndarray:
-    """This thread's float32 scratch of at least ``size`` elements, grown never shrunk."""
-    buffer = getattr(_scratch, "buffer", None)
+def _scratch_buffer(size: int, slot: str = "buffer") -> np.ndarray:
+    """This thread's float32 scratch ``slot`` of at least ``size`` elements, grown never shrunk."""
+    buffer = getattr(_scratch, slot, None)
     if buffer is None or buffer.size < size:
-        buffer = _scratch.buffer = np.empty(size, dtype=np.float32)  # [size]
+        buffer = np.empty(size, dtype=np.float32)  # [size]
+        setattr(_scratch, slot, buffer)
     return buffer[:size]
 
 

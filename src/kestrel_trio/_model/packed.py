@@ -32,21 +32,28 @@ from typing import Protocol, Union
 import attrs
 import numpy as np
 
-from kestrel_trio._model.dequant import Affine, GgmlType, apply_affine, integer_part
+from kestrel_trio._model.dequant import FLOAT_TYPES, Affine, GgmlType, apply_affine, integer_part, q8_0_in_place
 
 __all__ = ["Rows", "PackedMatrix", "Bf16Matrix", "Bf16Rows", "GgmlRows", "Int8Rows", "Int4Rows", "expand_part",
-           "INT4_GROUP"]
+           "grouped_integers", "INT4_GROUP"]
 
 INT4_GROUP = 64  # weights per int4 scale (see docs/memory.md for why 64)
 
 
 class Rows(Protocol):
-    """One part of a :class:`PackedMatrix`: ``rows`` rows of ``cols`` weights in some storage form."""
+    """One part of a :class:`PackedMatrix`: ``rows`` rows of ``cols`` weights in some storage form.
+
+    ``scaling`` says what :meth:`integer` returns: "none" (the values are the
+    weights), "row" (one scale per row) or "group" (scales per ``group``
+    weights of a row).
+    """
 
     rows: int
     cols: int
     nbytes: int
     form: str
+    scaling: str
+    group: int
 
     def integer(self, start: int, stop: int, out: np.ndarray) -> Affine | None:
         """Write rows [start, stop)'s integers into ``out`` (float32 [stop-start, cols], C-contiguous)."""
@@ -59,6 +66,26 @@ def expand_part(part: Rows, start: int, stop: int, out: np.ndarray) -> np.ndarra
     """Rows [start, stop) of ``part`` as their float32 weights, written into ``out`` [stop-start, cols]."""
     apply_affine(part.integer(start, stop, out), out)
     return out
+
+
+def scratch_width(part: Rows) -> int:
+    """float32 elements per row that :func:`grouped_integers` may use of its scratch."""
+    return max(part.cols, part.data.shape[1]) if isinstance(part, GgmlRows) else part.cols  # Q8_0: its bytes
+
+
+def grouped_integers(part: Rows, start: int, stop: int, scratch: np.ndarray) -> tuple[np.ndarray, Affine]:
+    """Rows [start, stop)'s integers as float32 [rows, groups, group] (a view of ``scratch``, maybe strided).
+
+    For a part whose ``scaling`` is not "none"; ``scratch`` holds at least
+    (stop - start) * :func:`scratch_width` elements. The integers need not be
+    laid out as a matrix: a product with the scales on partial sums reads each
+    group as its own strided matrix.
+    """
+    if isinstance(part, GgmlRows) and part.ggml_type.name == "Q8_0":
+        return q8_0_in_place(part.data[start:stop], scratch)
+    values = scratch[: (stop - start) * part.cols].reshape(stop - start, part.cols)  # [rows, cols]
+    affine = part.integer(start, stop, values)
+    return values.reshape(stop - start, -1, affine.group), affine
 
 
 @attrs.frozen
@@ -84,6 +111,14 @@ class GgmlRows:
     def form(self) -> str:
         return self.ggml_type.name
 
+    @property
+    def scaling(self) -> str:
+        return "none" if self.ggml_type.name in FLOAT_TYPES else "group"
+
+    @property
+    def group(self) -> int:
+        return {"Q6_K": 16}.get(self.ggml_type.name, 32) if self.scaling == "group" else self.cols
+
     def integer(self, start: int, stop: int, out: np.ndarray) -> Affine | None:
         return integer_part(self.ggml_type, self.data[start:stop], out)
 
@@ -97,6 +132,7 @@ class Bf16Rows:
 
     data: np.ndarray  # uint16 [rows, cols]
     form = "bf16"
+    scaling = "none"
 
     @property
     def rows(self) -> int:
@@ -109,6 +145,10 @@ class Bf16Rows:
     @property
     def nbytes(self) -> int:
         return self.data.nbytes
+
+    @property
+    def group(self) -> int:
+        return self.cols
 
     def integer(self, start: int, stop: int, out: np.ndarray) -> None:
         bits = out.view(np.uint32)  # [take, cols] the same memory
@@ -127,6 +167,7 @@ class Int8Rows:
     data: np.ndarray  # int8 [rows, cols]
     scale: np.ndarray  # float32 [rows]
     form = "int8"
+    scaling = "row"
 
     @property
     def rows(self) -> int:
@@ -139,6 +180,10 @@ class Int8Rows:
     @property
     def nbytes(self) -> int:
         return self.data.nbytes + self.scale.nbytes
+
+    @property
+    def group(self) -> int:
+        return self.cols
 
     def integer(self, start: int, stop: int, out: np.ndarray) -> Affine:
         np.copyto(out, self.data[start:stop], casting="unsafe")
@@ -163,6 +208,7 @@ class Int4Rows:
     scale: np.ndarray  # float16 [rows, cols/group]
     group: int
     form = "int4"
+    scaling = "group"
 
     @property
     def rows(self) -> int:
