@@ -15,7 +15,8 @@ from typing import Any, Callable, Literal, Sequence
 import numpy as np
 
 from kestrel_trio._model import Decoder, KVCache, ModelConfig, forward, read_config
-from kestrel_trio._model.matmul import choose_small_batch_call, product_threads, set_product_threads
+from kestrel_trio._model.matmul import UPCAST_CHUNK, choose_small_batch_call, product_threads, set_product_threads
+from kestrel_trio._model.packed import PackedMatrix
 from kestrel_trio._model.quant_cache import default_cache_dir
 from kestrel_trio._model.residency import describe_weights, load_weights, resolve_residency
 from kestrel_trio._model.config import config_from_dict, read_config_json
@@ -200,7 +201,10 @@ class Model:
 
         Timed once per process (a few tenths of a second) on a sample of this
         model's own float32 projections in a decode step's proportions: the
-        first four layers' and the same share of lm_head's rows.
+        first four layers' and the same share of lm_head's rows. A model whose
+        matrices are packed (bf16, int8, int4, a GGUF's blocks) multiplies
+        chunks just expanded, hot in cache: the sample is then such chunks,
+        one of each of the first layer's matrices (milliseconds, a few MiB).
         """
         w = self.decoder.weights
         layers = w.layers[:_SAMPLE_LAYERS]
@@ -209,7 +213,11 @@ class Model:
                                                  getattr(layer.mlp, "down_proj", None))]
         if isinstance(w.lm_head, np.ndarray):
             sample.append(w.lm_head[: -(-w.lm_head.shape[0] * len(layers) // len(w.layers))])  # [rows, hidden]
-        choose_small_batch_call([m for m in sample if isinstance(m, np.ndarray)])
+        floats = [m for m in sample if isinstance(m, np.ndarray)]
+        if not floats:
+            packed = [m for m in sample[:4] if isinstance(m, PackedMatrix)]
+            floats = [m.rows(np.arange(min(m.shape[0], max(1, UPCAST_CHUNK // m.shape[1])))) for m in packed]
+        choose_small_batch_call(floats)
 
     def prefill(self, cache: KVCache, token_ids: Sequence[int], chunk: int = DEFAULT_PREFILL_CHUNK) -> np.ndarray:
         """Feed a prompt in chunks of ``chunk`` tokens; the last position's logits [vocab]."""
