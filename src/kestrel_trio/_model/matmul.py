@@ -155,7 +155,8 @@ def _row_blocks_into(x: np.ndarray, weight: np.ndarray, out: np.ndarray) -> None
 # float32 elements expanded per chunk: 512 KiB, which stays in L2 (with the part's own storage) between
 # its expansion and its product. Measured on one core of the 2-core Xeon (AVX-512, busy machine), ns per
 # weight of 64 Mi weights at 1 row, this size against 4 MiB: bf16 0.43-0.58 vs 0.67-0.78, int8 0.29-0.37 vs
-# 0.37-0.41, Q8_0 0.37 vs 0.62, Q4_K 0.67 vs 1.16; 1 MiB chunks were within noise of this, 256 KiB worse.
+# 0.37-0.41, Q8_0 0.37 vs 0.62, Q4_K 0.67 vs 1.16; 1 MiB chunks were within noise of this, 256 KiB worse
+# for the quantized forms (bf16 was as fast).
 UPCAST_CHUNK = 1 << 17
 # Rows up to which grouped scales are applied to partial sums rather than to the weights (see above), for
 # groups of 32 weights; in proportion for other sizes (Q6_K's 16: half; int4's 64: twice). Measured on one
