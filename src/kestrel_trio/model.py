@@ -405,7 +405,7 @@ def _load_gguf_model(path: Path, progress: Callable[[float], None] | None, weigh
     return _ready(model, residency)
 
 
-def check_model_folder(path: str | Path) -> None:
+def check_model_folder(path: str | Path, *, weights: str | None = None) -> None:
     """Check, in milliseconds, what :func:`load_model` would refuse first: the folder and its config.json.
 
     Reads config.json with the loader's own readers (so a field the loader
@@ -414,13 +414,22 @@ def check_model_folder(path: str | Path) -> None:
     the same check of its header, metadata and tensor table (memory-mapped,
     nothing expanded).
 
+    Args:
+        path: the checkpoint folder or GGUF file.
+        weights: load_model's ``weights``, checked against the kind of model
+            (int8/int4 need a folder, gguf a GGUF file); None: not checked.
+
     Raises:
         ModelLoadError: ``path`` is neither a folder nor a GGUF file, or its
             config.json is missing, unreadable, not JSON, or names a field or
-            architecture the loader refuses (for a GGUF file: its header or metadata).
+            architecture the loader refuses (for a GGUF file: its header or
+            metadata), or ``weights`` does not apply to it.
     """
     folder = Path(path)
-    if folder.is_file() and (folder.suffix == ".gguf" or is_gguf_file(folder)):
+    is_gguf = folder.is_file() and (folder.suffix == ".gguf" or is_gguf_file(folder))
+    if weights is not None and weights != "auto":
+        resolve_residency(None, weights, gguf=is_gguf)  # raises when the form does not apply
+    if is_gguf:
         config_from_gguf(GgufFile(folder))
         return
     if not folder.is_dir():
