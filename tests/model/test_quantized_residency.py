@@ -204,3 +204,17 @@ def test_the_matrices_are_quantized_and_the_vectors_float32():
     stored = sum(i.nbytes for i in SafetensorsCheckpoint(FIXTURES / "qwen3_fp32").tensors.values())
     held = sum(p.nbytes for m in (w.embed_tokens, w.lm_head) for p in m.parts)
     assert held < stored / 3  # one byte a weight, from four
+
+
+def test_a_form_that_does_not_apply_is_refused_before_loading():
+    from kestrel_trio.errors import ModelLoadError
+    from kestrel_trio.model import check_model_folder
+
+    gguf_file = FIXTURES / "gguf" / "qwen3_quant" / "qwen3_quant.gguf"
+    with pytest.raises(ModelLoadError, match="weights=gguf"):
+        check_model_folder(gguf_file, weights="int4")
+    with pytest.raises(ModelLoadError, match="int8 or int4"):
+        check_model_folder(FIXTURES / "qwen3_bf16_tied", weights="gguf")
+    check_model_folder(gguf_file, weights="gguf")
+    check_model_folder(FIXTURES / "qwen3_bf16_tied", weights="int8")
+    check_model_folder(FIXTURES / "qwen3_bf16_tied", weights="auto")
