@@ -77,12 +77,23 @@ _POSITIVE_SECONDS = _at_least(1e-3, float)
 
 def _add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", metavar="MODEL", default=None, help=MODEL_HELP)
-    parser.add_argument("--weights", choices=["auto", "bf16", "fp32"], default="auto",
-                        help="weights in memory: fp32 copies (fastest decode), bf16 mapped from the checkpoint "
-                             "(half the memory, shared between processes), or auto: bf16 only when fp32 would "
-                             "not fit (default auto)")
+    parser.add_argument("--weights", choices=["auto", "fp32", "bf16", "int8", "int4", "gguf"], default="auto",
+                        help="weights in memory (docs/memory.md): fp32 copies; bf16 mapped from the checkpoint; "
+                             "int8 or int4, a checkpoint folder quantized at load (and cached); gguf, a GGUF file's "
+                             "tensors as stored, mapped; auto: for a folder the first of fp32, bf16, int8, int4 "
+                             "that fits the memory available, for a GGUF file gguf (default auto)")
+    parser.add_argument("--quantized-cache", metavar="DIR", default=None,
+                        help="where int8/int4 weights are cached so the next load maps them, or 'off' "
+                             "(default: ~/.cache/kestrel-trio/quantized)")
     parser.add_argument("--blas-threads", type=_COUNT, default=None,
                         help="threads numpy's BLAS may use (default: one per core)")
+
+
+def _quantized_cache(args: argparse.Namespace) -> str | bool:
+    """load_model's quantized_cache from --quantized-cache: True (the default folder), False ('off') or a folder."""
+    if args.quantized_cache is None:
+        return True
+    return False if args.quantized_cache == "off" else args.quantized_cache
 
 
 def _sampling(field: str, kind: type):
@@ -294,12 +305,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.model is not None:
             from kestrel_trio.model import check_model_folder
 
-            check_model_folder(args.model)  # in milliseconds, before any weights are read or any port bound
+            # In milliseconds, before any weights are read or any port bound.
+            check_model_folder(args.model, weights=args.weights)
         if args.command == "serve":
             return _serve(args)
         from kestrel_trio.cli_text import chat_loop, generate_once, load_with_progress
 
-        model = load_with_progress(args.model, weights=args.weights, blas_threads=args.blas_threads)
+        model = load_with_progress(args.model, weights=args.weights, blas_threads=args.blas_threads,
+                                   quantized_cache=_quantized_cache(args))
         if args.command == "generate":
             return generate_once(model, args)
         return chat_loop(model, args)
@@ -339,7 +352,8 @@ def _serve(args: argparse.Namespace) -> NoReturn:
         progress = LoadProgress("loading weights", total_bytes=checkpoint_bytes(args.model))
     start = functools.partial(
         serve, args.model, host=args.host, port=args.port, model_id=args.model_id, api_key=args.api_key,
-        open_paths=open_paths, weights=args.weights, blas_threads=args.blas_threads, engine_limits=engine_limits,
+        open_paths=open_paths, weights=args.weights, quantized_cache=_quantized_cache(args),
+        blas_threads=args.blas_threads, engine_limits=engine_limits,
         http_limits=http_limits, grace=args.grace, drain_delay=args.drain_delay,
         image_policy=ImagePolicy(max_bytes=args.max_image_bytes, max_pixels=args.max_image_pixels,
                                  max_images=args.max_images),

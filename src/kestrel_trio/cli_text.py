@@ -18,7 +18,8 @@ from kestrel_trio.text.generation import Generation, check_context
 __all__ = ["load_with_progress", "generate_once", "chat_loop"]
 
 
-def load_with_progress(path: str | None, *, weights: str = "auto", blas_threads: int | None = None) -> Model:
+def load_with_progress(path: str | None, *, weights: str = "auto", blas_threads: int | None = None,
+                       quantized_cache: str | bool = True) -> Model:
     """Load a checkpoint (or the demo model) showing its progress on stderr (see :class:`LoadProgress`)."""
     if blas_threads is not None:
         set_blas_threads(blas_threads)
@@ -32,7 +33,7 @@ def load_with_progress(path: str | None, *, weights: str = "auto", blas_threads:
         return model
     progress = LoadProgress("loading weights", total_bytes=checkpoint_bytes(path))
     try:
-        return load_model(path, progress=progress, weights=weights)
+        return load_model(path, progress=progress, weights=weights, quantized_cache=quantized_cache)
     finally:
         progress.close()
 

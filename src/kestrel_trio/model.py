@@ -8,6 +8,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import json
+import logging
 from pathlib import Path
 from typing import Any, Callable, Literal, Sequence
 
@@ -17,7 +18,7 @@ from kestrel_trio._model import (
     Decoder, GgufFile, KVCache, ModelConfig, Qwen3VL, assemble_weights, choose_small_batch_call, config_from_dict,
     config_from_gguf, forward, gguf_architecture, gguf_fp32_bytes, is_gguf_file, is_qwen3_vl, load_gguf_weights,
     load_qwen3_vl, load_weights, product_threads, random_tensors, read_config, read_config_json, resolve_residency,
-    set_product_threads, vl_config_from_dict,
+    set_product_threads, vl_config_from_dict, UPCAST_CHUNK, PackedMatrix, default_cache_dir, describe_weights,
 )
 from kestrel_trio.text.images import ImageProcessorConfig, require_pillow
 from kestrel_trio.errors import BadRequestError, ContextLengthError, KestrelError, ModelLoadError
@@ -26,6 +27,9 @@ from kestrel_trio.text.generation import DEFAULT_PREFILL_CHUNK, check_context
 
 __all__ = ["Model", "load_model", "check_model_folder", "is_qwen3_vl_folder", "set_blas_threads", "load_demo_model", "DEMO_MODEL_ID", "DEFAULT_PREFILL_CHUNK"]
 
+log = logging.getLogger(__name__)
+
+WEIGHTS_CHOICES = ("auto", "fp32", "bf16", "int8", "int4", "gguf")  # load_model's weights=, --weights
 DEMO_MODEL_ID = "kestrel-demo-random"
 # A tiny Qwen3 with the real Qwen3 vocabulary: big enough to exercise every code path, small enough to build in
 # well under a second. Its weights are seeded noise, so its text is meaningless.
@@ -62,7 +66,7 @@ class Model:
             set_blas_threads(_blas_at_start()[1])
         _keep_freed_temporaries()
         self.decoder = decoder
-        self.weights_mode = "fp32"  # "bf16" when matrices are bf16 bits upcast at use (see load_model)
+        self.weights_mode = "fp32"  # how the matrices are held: one of WEIGHTS_CHOICES but auto (see load_model)
         self.name = name
         self.path = path
         self.tokenizer = tokenizer
@@ -196,7 +200,10 @@ class Model:
 
         Timed once per process (a few tenths of a second) on a sample of this
         model's own float32 projections in a decode step's proportions: the
-        first four layers' and the same share of lm_head's rows.
+        first four layers' and the same share of lm_head's rows. A model whose
+        matrices are packed (bf16, int8, int4, a GGUF's blocks) multiplies
+        chunks just expanded, hot in cache: the sample is then such chunks,
+        one of each of the first layer's matrices (milliseconds, a few MiB).
         """
         w = self.decoder.weights
         layers = w.layers[:_SAMPLE_LAYERS]
@@ -205,7 +212,11 @@ class Model:
                                                  getattr(layer.mlp, "down_proj", None))]
         if isinstance(w.lm_head, np.ndarray):
             sample.append(w.lm_head[: -(-w.lm_head.shape[0] * len(layers) // len(w.layers))])  # [rows, hidden]
-        choose_small_batch_call([m for m in sample if isinstance(m, np.ndarray)])
+        floats = [m for m in sample if isinstance(m, np.ndarray)]
+        if not floats:
+            packed = [m for m in sample[:4] if isinstance(m, PackedMatrix)]
+            floats = [m.rows(np.arange(min(m.shape[0], max(1, UPCAST_CHUNK // m.shape[1])))) for m in packed]
+        choose_small_batch_call(floats)
 
     def prefill(self, cache: KVCache, token_ids: Sequence[int], chunk: int = DEFAULT_PREFILL_CHUNK) -> np.ndarray:
         """Feed a prompt in chunks of ``chunk`` tokens; the last position's logits [vocab]."""
@@ -303,7 +314,8 @@ def load_model(
     *,
     progress: Callable[[float], None] | None = None,
     blas_threads: int | None = None,
-    weights: Literal["auto", "bf16", "fp32"] = "auto",
+    weights: Literal["auto", "fp32", "bf16", "int8", "int4", "gguf"] = "auto",
+    quantized_cache: str | Path | bool = True,
 ) -> Model:
     """Load a Hugging Face checkpoint folder or a GGUF file.
 
@@ -314,18 +326,25 @@ def load_model(
             chat_template.jinja; or a GGUF file (llama.cpp's format, version 3;
             architectures llama, qwen2, qwen3, qwen3moe; tensors F32, F16, BF16,
             Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K), whose metadata
-            carries the config, tokenizer and chat template. A GGUF's tensors
-            are expanded once at load into the residency ``weights`` names.
+            carries the config, tokenizer and chat template.
         progress: called with the fraction of weight bytes read (0 to 1).
         blas_threads: threads that share each weight product, process-wide (None: the count
             already set, at first one per core); numpy's BLAS then runs one thread per call.
-        weights: how weights stay in memory. "fp32": float32 copies (fastest
-            decode). "bf16": bf16 bits memory-mapped from the checkpoint
-            (about half the memory, shared page cache, near-instant load), each
-            matrix upcast just before its product; fp32/fp16 checkpoints are
-            rounded to bf16 once, with a logged warning. "auto": bf16 only when
-            the fp32 weights would not fit the available memory with a margin.
-            The choice is ``Model.weights_mode``.
+        weights: how weights stay in memory (docs/memory.md).
+            "fp32": float32 copies (4 bytes a weight; the fastest decode at batch 1).
+            "bf16": bf16 bits memory-mapped from the checkpoint (2 bytes; shared page
+            cache, near-instant load), each matrix upcast a chunk at a time at use;
+            fp32/fp16 checkpoints are rounded to bf16 once, with a logged warning.
+            "int8" (1 byte; symmetric per output channel) and "int4" (0.53 bytes;
+            symmetric per group of 64): a checkpoint folder quantized at load, and
+            cached (``quantized_cache``). "gguf": a GGUF file's tensors as stored,
+            memory-mapped, expanded bit for bit as ggml does, a chunk at a time, at use.
+            "auto": for a folder, the first of fp32, bf16, int8, int4 whose weights
+            fit 70% of the memory available; for a GGUF file, gguf. The choice is
+            ``Model.weights_mode``, and logged.
+        quantized_cache: where int8/int4 weights are cached, so that the next load
+            maps them instead of quantizing: True for ``~/.cache/kestrel-trio/quantized``
+            (``$XDG_CACHE_HOME`` if set), a folder, or False for no cache.
 
     Raises:
         ModelLoadError: naming the file, field or tensor at fault.
@@ -333,15 +352,16 @@ def load_model(
     if blas_threads is not None:
         set_blas_threads(blas_threads)  # before reading: a bad value fails fast
     folder = Path(path)
+    cache = _cache_dir(quantized_cache)
     if folder.is_file():
         return _load_gguf_model(folder, progress, weights)
     if not folder.is_dir():
         raise ModelLoadError(f"{folder}: not a checkpoint folder or GGUF file")
     if is_qwen3_vl_folder(folder):
-        return _load_qwen3_vl_model(folder, progress, weights)
+        return _load_qwen3_vl_model(folder, progress, weights, cache)
     config = read_config(folder)
     residency = resolve_residency(folder, weights)
-    decoder = Decoder.build(config, load_weights(folder, config, progress, residency))
+    decoder = Decoder.build(config, load_weights(folder, config, progress, residency, quantized_cache=cache))
     tokenizer = Tokenizer.from_folder(folder) if (folder / "tokenizer.json").is_file() else None
     if tokenizer is not None and tokenizer.vocab_size > decoder.config.vocab_size:
         raise ModelLoadError(
@@ -349,30 +369,42 @@ def load_model(
             f"{decoder.config.vocab_size}"
         )
     model = Model(decoder, name=folder.resolve().name, path=folder, tokenizer=tokenizer)
+    return _ready(model, residency)
+
+
+def _cache_dir(quantized_cache: str | Path | bool) -> Path | None:
+    if quantized_cache is True:
+        return default_cache_dir()
+    if quantized_cache is False or quantized_cache is None:
+        return None
+    return Path(quantized_cache)
+
+
+def _ready(model: Model, residency: str) -> Model:
+    """Record and log how the weights are held, and choose the small-batch call."""
     model.weights_mode = residency
+    log.info("%s: weights in memory as %s: %s", model.name, residency, describe_weights(model.decoder.weights))
     model.prepare_products()
     return model
 
 
 def _load_gguf_model(path: Path, progress: Callable[[float], None] | None, weights: str) -> Model:
-    """A GGUF file: config, tokenizer and chat template from its metadata, its tensors expanded once."""
+    """A GGUF file: config, tokenizer and chat template from its metadata; its tensors mapped (or expanded)."""
     gguf = GgufFile(path)
     architecture = gguf_architecture(gguf)
     config = config_from_gguf(gguf)
-    # The tokenizer first: a file it cannot serve fails before the weights are expanded.
+    residency = resolve_residency(None, weights, gguf=True)
+    # The tokenizer first: a file it cannot serve fails before the weights are assembled.
     tokenizer = Tokenizer.from_gguf(gguf.metadata, path.name) if "tokenizer.ggml.tokens" in gguf.metadata else None
     if tokenizer is not None and tokenizer.vocab_size > config.vocab_size:
         raise ModelLoadError(f"{path.name}: the GGUF tokenizer has {tokenizer.vocab_size} tokens but the model's "
                              f"vocabulary is {config.vocab_size}")
-    residency = resolve_residency(None, weights, fp32_bytes=gguf_fp32_bytes(gguf))
     decoder = Decoder.build(config, load_gguf_weights(gguf, config, architecture, progress, residency))
     model = Model(decoder, name=path.name.removesuffix(".gguf"), path=path, tokenizer=tokenizer)
-    model.weights_mode = residency
-    model.prepare_products()
-    return model
+    return _ready(model, residency)
 
 
-def check_model_folder(path: str | Path) -> None:
+def check_model_folder(path: str | Path, *, weights: str | None = None) -> None:
     """Check, in milliseconds, what :func:`load_model` would refuse first: the folder and its config.json.
 
     Reads config.json with the loader's own readers (so a field the loader
@@ -381,13 +413,22 @@ def check_model_folder(path: str | Path) -> None:
     the same check of its header, metadata and tensor table (memory-mapped,
     nothing expanded).
 
+    Args:
+        path: the checkpoint folder or GGUF file.
+        weights: load_model's ``weights``, checked against the kind of model
+            (int8/int4 need a folder, gguf a GGUF file); None: not checked.
+
     Raises:
         ModelLoadError: ``path`` is neither a folder nor a GGUF file, or its
             config.json is missing, unreadable, not JSON, or names a field or
-            architecture the loader refuses (for a GGUF file: its header or metadata).
+            architecture the loader refuses (for a GGUF file: its header or
+            metadata), or ``weights`` does not apply to it.
     """
     folder = Path(path)
-    if folder.is_file() and (folder.suffix == ".gguf" or is_gguf_file(folder)):
+    is_gguf = folder.is_file() and (folder.suffix == ".gguf" or is_gguf_file(folder))
+    if weights is not None and weights != "auto":
+        resolve_residency(None, weights, gguf=is_gguf)  # raises when the form does not apply
+    if is_gguf:
         config_from_gguf(GgufFile(folder))
         return
     if not folder.is_dir():
@@ -407,7 +448,8 @@ def is_qwen3_vl_folder(folder: Path) -> bool:
     return isinstance(raw, dict) and is_qwen3_vl(raw)
 
 
-def _load_qwen3_vl_model(folder: Path, progress: Callable[[float], None] | None, weights: str) -> Model:
+def _load_qwen3_vl_model(folder: Path, progress: Callable[[float], None] | None, weights: str,
+                         cache: Path | None) -> Model:
     """A Qwen3-VL checkpoint: its language model serves text as Qwen3 does; ``vision`` adds images."""
     try:
         require_pillow()  # now, not at the first image request
@@ -415,7 +457,7 @@ def _load_qwen3_vl_model(folder: Path, progress: Callable[[float], None] | None,
         raise ModelLoadError(f"{folder}: a Qwen3-VL checkpoint needs Pillow: {exc.message}") from None
     image_config = ImageProcessorConfig.read(folder)
     residency = resolve_residency(folder, weights)
-    vl = load_qwen3_vl(folder, progress, residency)
+    vl = load_qwen3_vl(folder, progress, residency, quantized_cache=cache)
     v = vl.config.vision
     for name, ours, theirs in (("patch_size", image_config.patch_size, v.patch_size),
                                ("merge_size", image_config.merge_size, v.spatial_merge_size),
@@ -428,9 +470,8 @@ def _load_qwen3_vl_model(folder: Path, progress: Callable[[float], None] | None,
         raise ModelLoadError(f"{folder}: tokenizer.json has {tokenizer.vocab_size} tokens but text_config's "
                              f"vocab_size is {vl.config.text.vocab_size}")
     model = Model(vl.decoder, name=folder.resolve().name, path=folder, tokenizer=tokenizer)
-    model.vision, model.image_config, model.weights_mode = vl, image_config, residency
-    model.prepare_products()
-    return model
+    model.vision, model.image_config = vl, image_config
+    return _ready(model, residency)
 
 
 def load_demo_model(seed: int = 0) -> Model:

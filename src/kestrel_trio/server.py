@@ -123,12 +123,13 @@ def _room_for_images(limits: HttpLimits, policy: ImagePolicy) -> HttpLimits:
     return limits if limits.max_body_bytes >= needed else attrs.evolve(limits, max_body_bytes=needed)
 
 
-def _load(model: str | Path | None, weights: str, progress: Callable[[float], None] | None) -> Model:
+def _load(model: str | Path | None, weights: str, progress: Callable[[float], None] | None,
+          quantized_cache: str | Path | bool = True) -> Model:
     if model is None:
         log.warning("no --model given: serving the built-in demo model %r; its weights are random and its text "
                     "is meaningless", DEMO_MODEL_ID)
         return load_demo_model()
-    loaded = load_model(model, weights=weights, progress=progress)
+    loaded = load_model(model, weights=weights, progress=progress, quantized_cache=quantized_cache)
     log.info("weights in memory as %s (asked for %s)", loaded.weights_mode, weights)
     return loaded
 
@@ -142,6 +143,7 @@ async def serve(
     api_key: str | None = None,
     open_paths: Iterable[str] = OPEN_PATHS,
     weights: str = "auto",
+    quantized_cache: str | Path | bool = True,
     blas_threads: int | None = None,
     engine_limits: EngineLimits = EngineLimits(),
     http_limits: HttpLimits = HttpLimits(),
@@ -167,7 +169,8 @@ async def serve(
         model_id: the id clients use; defaults to the checkpoint folder's name.
         api_key: require ``Authorization: Bearer <api_key>`` on every route but ``open_paths``.
         open_paths: the exact paths that never need the API key (probes for balancers and Prometheus).
-        weights: "auto", "bf16" or "fp32": how a checkpoint folder's weights stay in memory (see load_model).
+        weights: "auto", "fp32", "bf16", "int8", "int4" or "gguf": how the weights stay in memory (see load_model).
+        quantized_cache: where int8/int4 weights are cached (True: the default folder; False: no cache; see load_model).
         blas_threads: threads numpy's BLAS may use, process-wide (None: one per core).
         engine_limits: queue and batch bounds.
         http_limits: HTTP deadlines (seconds) and size limits (bytes).
@@ -198,7 +201,7 @@ async def serve(
     a request can carry ``max_images`` base64 images of ``max_bytes`` each.
     """
     if model is not None and not isinstance(model, Model):
-        check_model_folder(model)  # a wrong path fails now, before anything listens or loads
+        check_model_folder(model, weights=weights)  # a wrong path fails now, before anything listens or loads
     policy = _image_policy(image_policy, allow_image_dir)
     if default_max_tokens is not None and default_max_tokens < 1:
         raise KestrelError(f"default_max_tokens must be at least 1, got {default_max_tokens}")
@@ -227,7 +230,8 @@ async def serve(
         log.info("listening on http://%s:%d (model %s loading)", http.host, http.port, state.model_id)
         if blas_threads is not None:
             set_blas_threads(blas_threads)
-        loaded = model if isinstance(model, Model) else await trio.to_thread.run_sync(_load, model, weights, progress)
+        loaded = model if isinstance(model, Model) else await trio.to_thread.run_sync(
+            _load, model, weights, progress, quantized_cache)
         engine: Engine = await nursery.start(functools.partial(run_engine, loaded, limits=engine_limits))
         state.model, state.engine, state.status = loaded, engine, "ok"
         server = Server(host=http.host, port=http.port, state=state, engine=engine, http=http)

@@ -7,42 +7,11 @@ import pytest
 
 gguf = pytest.importorskip("gguf")  # a test dependency: the reference dequantization
 
+from gguf_kit import random_rows  # noqa: E402
+
 from kestrel_trio._model.dequant import GGML_TYPE_BY_NAME, expand_rows  # noqa: E402
 
 SUPPORTED = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"]
-# Byte offsets of each type's fp16 scale fields within a block.
-FP16_FIELDS = {"Q8_0": (0,), "Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q4_K": (0, 2),
-               "Q5_K": (0, 2), "Q6_K": (208,)}
-
-
-def finite_fp16_bits(rng: np.random.Generator, n: int) -> np.ndarray:
-    """Random fp16 bit patterns over the whole finite range (subnormals, zeros, signs), uint16 [n]."""
-    bits = rng.integers(0, 1 << 16, size=n, dtype=np.uint16)
-    infinite = (bits & 0x7C00) == 0x7C00
-    bits[infinite] &= np.uint16(0xFBFF)  # clear an exponent bit: finite, same sign
-    return bits
-
-
-def random_rows(name: str, rows: int, cols: int, seed: int) -> np.ndarray:
-    """Random valid storage for ``rows`` x ``cols`` weights of type ``name``, uint8 [rows, row_bytes]."""
-    rng = np.random.default_rng(seed)
-    t = GGML_TYPE_BY_NAME[name]
-    blocks = rng.integers(0, 256, size=(rows * cols // t.block_size, t.type_size), dtype=np.uint8)
-    if name == "F32":
-        scale = np.float32(10.0 ** rng.integers(-30, 30))
-        values = (rng.standard_normal(blocks.shape[0], dtype=np.float32) * scale).astype(np.float32)
-        blocks = values.view(np.uint8).reshape(blocks.shape)
-    elif name in ("F16", "BF16"):
-        bits = finite_fp16_bits(rng, blocks.shape[0])
-        if name == "BF16":
-            bits = rng.integers(0, 1 << 16, size=blocks.shape[0], dtype=np.uint16)
-            bits[(bits & 0x7F80) == 0x7F80] &= np.uint16(0xFF7F)
-        blocks = bits.view(np.uint8).reshape(blocks.shape)
-    for start in FP16_FIELDS.get(name, ()):
-        blocks[:, start : start + 2] = finite_fp16_bits(rng, blocks.shape[0]).view(np.uint8).reshape(-1, 2)
-    return blocks.reshape(rows, -1)
-
-
 def reference(name: str, raw: np.ndarray) -> np.ndarray:
     return np.asarray(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[name]), dtype=np.float32)
 

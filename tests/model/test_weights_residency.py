@@ -14,7 +14,9 @@ from kestrel_trio import load_model
 from kestrel_trio._model import layers, matmul
 from kestrel_trio._model.random_init import write_random_checkpoint
 from kestrel_trio._model.safetensors import bf16_to_fp32, fp32_to_bf16_bits
-from kestrel_trio._model.weights import Bf16Matrix, resolve_residency
+from kestrel_trio._model.residency import residency_bytes, resolve_residency
+from kestrel_trio._model.safetensors import SafetensorsCheckpoint
+from kestrel_trio._model.weights import Bf16Matrix
 from kestrel_trio.errors import ModelLoadError
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -56,7 +58,7 @@ def test_bf16_matrices_are_memory_mapped_not_copied():
     weights = model.decoder.weights
     matrices = [weights.embed_tokens, weights.layers[0].attn.qkv_proj, weights.layers[0].mlp.down_proj]
     for matrix in matrices:
-        for part in matrix.parts:
+        for part in (p.data for p in matrix.parts):
             assert part.dtype == np.uint16 and not part.flags.owndata and not part.flags.writeable
             base = part
             while isinstance(base, np.ndarray):
@@ -102,13 +104,19 @@ def test_an_fp32_checkpoint_in_bf16_mode_is_rounded_with_a_warning(tmp_path, cap
     np.testing.assert_array_equal(layers.linear(identity, matrix).T, stored.mlp.gate_up_proj)
 
 
-def test_auto_picks_bf16_only_when_fp32_would_not_fit():
+def test_auto_shrinks_the_weights_only_as_far_as_the_memory_needs():
     folder = FIXTURES / "qwen3_bf16_tied"
+    sizes = residency_bytes(info.shape for info in SafetensorsCheckpoint(folder).tensors.values())
+    assert sizes["fp32"] > sizes["bf16"] > sizes["int8"] > sizes["int4"]
     assert resolve_residency(folder, "auto", available_bytes=10**12) == "fp32"
-    assert resolve_residency(folder, "auto", available_bytes=1000) == "bf16"
+    for form in ("fp32", "bf16", "int8", "int4"):  # just enough memory for each form: that form
+        assert resolve_residency(folder, "auto", available_bytes=int(sizes[form] / 0.7) + 1) == form
+    assert resolve_residency(folder, "auto", available_bytes=1000) == "int4"  # nothing fits: the smallest
     assert resolve_residency(folder, "bf16", available_bytes=10**12) == "bf16"
     with pytest.raises(ModelLoadError, match="weights"):
         resolve_residency(folder, "fp8")
+    with pytest.raises(ModelLoadError, match="GGUF"):
+        resolve_residency(folder, "gguf")
 
 
 def test_bf16_products_shared_among_threads_equal_the_single_thread_ones() -> None:

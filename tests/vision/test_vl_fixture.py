@@ -233,3 +233,16 @@ def test_load_model_applies_the_weights_mode_to_qwen3_vl(tmp_path):
     assert isinstance(model.decoder.weights.lm_head, Bf16Matrix)
     with pytest.raises(ModelLoadError, match="weights"):
         load_qwen3_vl(folder, residency="fp16")
+
+
+@pytest.mark.parametrize("key", ["text", "image"])
+def test_int8_quantizes_the_language_model_and_keeps_the_vision_tower_bf16(pixels, key):
+    from kestrel_trio._model.packed import Int8Rows
+
+    fp32, golden = _load("qwen3_vl_bf16")
+    int8 = load_qwen3_vl(FIXTURES / "qwen3_vl_bf16", residency="int8")
+    assert all(isinstance(p, Int8Rows) for p in int8.decoder.weights.layers[0].attn.qkv_proj.parts)
+    assert isinstance(int8.vision.blocks[0].fc1_weight, Bf16Matrix)
+    expected = fp32.prefill(fp32.new_cache(), _prompt(fp32, golden, pixels, key), all_logits=True)
+    got = int8.prefill(int8.new_cache(), _prompt(int8, golden, pixels, key), all_logits=True)
+    assert float(np.abs(got - expected).max()) <= 0.2 * float(np.abs(expected).max())  # as the text fixtures

@@ -12,12 +12,20 @@ from kestrel_trio._model.gguf_checkpoint import gguf_fp32_bytes, load_gguf_weigh
 from kestrel_trio._model.gguf_config import config_from_gguf, gguf_architecture
 from kestrel_trio._model.gguf_reader import GgufFile, is_gguf_file
 from kestrel_trio._model.kv_cache import KVCache
-from kestrel_trio._model.matmul import choose_small_batch_call, product_threads, set_product_threads, small_batch_call
+from kestrel_trio._model.matmul import (
+    UPCAST_CHUNK, choose_small_batch_call, product_threads, set_product_threads, small_batch_call,
+)
+from kestrel_trio._model.gguf_names import gguf_name
+from kestrel_trio._model.packed import GgmlRows, PackedMatrix
 from kestrel_trio._model.prefix_cache import PrefixCache
 from kestrel_trio._model.qwen3_vl import Qwen3VL, VLPrompt, is_qwen3_vl, load_qwen3_vl, vl_config_from_dict
+from kestrel_trio._model.quant_cache import default_cache_dir
 from kestrel_trio._model.random_init import random_tensors, write_random_checkpoint
+from kestrel_trio._model.safetensors import SafetensorsCheckpoint
 from kestrel_trio._model.shapes import expected_shapes
-from kestrel_trio._model.weights import assemble_weights, load_weights, resolve_residency
+from kestrel_trio._model.vision import vision_shapes
+from kestrel_trio._model.residency import describe_weights, load_weights, resolve_residency
+from kestrel_trio._model.weights import assemble_weights
 
 __all__ = [
     # config
@@ -31,5 +39,9 @@ __all__ = [
     # Qwen3-VL
     "Qwen3VL", "VLPrompt", "is_qwen3_vl", "load_qwen3_vl", "vl_config_from_dict",
     # product threads and kernels
-    "choose_small_batch_call", "product_threads", "set_product_threads", "small_batch_call",
+    "choose_small_batch_call", "product_threads", "set_product_threads", "small_batch_call", "UPCAST_CHUNK",
+    # quantized residency
+    "PackedMatrix", "GgmlRows", "default_cache_dir", "describe_weights",
+    # for the benchmarks' checkpoints and tables
+    "gguf_name", "SafetensorsCheckpoint", "vision_shapes",
 ]

@@ -8,10 +8,12 @@ tensor is a set of rows of one GGUF tensor (all of it, one expert of a stacked
 expert tensor, or q/k rows in transformers' order for ``llama``), and reading
 it expands exactly those rows (kestrel_trio._model.dequant).
 
-Residency today: each tensor is expanded once at load into the float32 (or
-bf16, ``weights="bf16"``) form that safetensors checkpoints load into.
-Keeping the quantized blocks resident and expanding them per product is the
-next step; the row-set reads here are its building block.
+Residency: ``weights="gguf"`` keeps every matrix as the file stores it
+(:meth:`GgufCheckpoint.stored_rows`: ggml blocks, a view of the mapped file;
+an F32 matrix is used as a mapped float32 array), expanded a chunk at a time
+by each product; only vectors (norms, biases, MoE routers) are expanded at
+load. ``fp32`` and ``bf16`` expand each tensor once at load into the forms
+safetensors checkpoints load into.
 """
 
 from __future__ import annotations
@@ -26,9 +28,12 @@ from kestrel_trio._model.config import ModelConfig
 from kestrel_trio._model.dequant import expand_rows
 from kestrel_trio._model.gguf_names import EXTRA_TENSORS, gguf_name, hf_name, hf_row_order
 from kestrel_trio._model.gguf_reader import GgufFile
+from kestrel_trio._model.packed import GgmlRows, Matrix, PackedMatrix
+from kestrel_trio._model.residency import GGUF_RESIDENCIES, assemble_resident
 from kestrel_trio._model.safetensors import fp32_to_bf16_bits
 from kestrel_trio._model.shapes import check_tensors
-from kestrel_trio._model.weights import CheckpointReader, Weights, assemble_resident
+from kestrel_trio._model.weights import CheckpointReader, DenseMLP, Weights, _copy_into, _Fp32Source, assemble_from
+from kestrel_trio.errors import ModelLoadError
 
 __all__ = ["GgufTensorRef", "GgufCheckpoint", "load_gguf_weights", "gguf_fp32_bytes"]
 
@@ -94,6 +99,27 @@ class GgufCheckpoint:
             stored = f"{stored} (expert {ref.expert})"
         return repr(stored) if stored == name else f"{stored!r} ({name})"
 
+    def stored_rows(self, name: str) -> GgmlRows:
+        """Checkpoint matrix ``name`` as stored: its ggml blocks, uint8 [rows, row_bytes].
+
+        A view of the mapped file (one expert's rows of a stacked tensor are a
+        row range of it); for the llama architecture's q/k, whose rows the
+        converter reordered, a copy of the blocks in transformers' order (a
+        row gather: still quantized).
+        """
+        ref = self.tensors[name]
+        stored = self.gguf.tensors[ref.gguf_name]
+        raw = self.gguf.raw_rows(ref.gguf_name)  # [rows, row_bytes], mapped
+        if ref.expert is not None:
+            per_expert = stored.rows // stored.shape[0]
+            raw = raw[ref.expert * per_expert : (ref.expert + 1) * per_expert]  # [rows, row_bytes]
+        c = self.config
+        order = hf_row_order(self.architecture, name, c.num_attention_heads, c.num_key_value_heads, c.head_dim)
+        if order is not None:
+            raw = raw[order]  # [rows, row_bytes] whole blocks, gathered
+            raw.flags.writeable = False
+        return GgmlRows(stored.ggml_type, raw)
+
     def _expand(self, name: str, out: np.ndarray | None = None) -> np.ndarray:
         """Checkpoint tensor ``name`` expanded to float32 [rows, cols] (a vector: [1, n]), into ``out`` if given.
 
@@ -137,23 +163,60 @@ class GgufCheckpoint:
         return bits
 
 
+class _StoredSource:
+    """The weights assembler's matrices for ``weights="gguf"``: each tensor as stored, never expanded at load."""
+
+    def __init__(self, reader: CheckpointReader) -> None:
+        self.reader = reader
+        self.checkpoint: GgufCheckpoint = reader.checkpoint
+        self.vector = reader.read  # norms, biases, routers: small, float32
+
+    def _rows(self, name: str) -> GgmlRows:
+        rows = self.checkpoint.stored_rows(name)
+        self.reader.advance(name)
+        return rows
+
+    def matrix(self, name: str) -> Matrix:
+        rows = self._rows(name)
+        if rows.form == "F32" and rows.data.flags.c_contiguous:
+            return rows.data.view("<f4")  # [rows, cols] float32 as mapped: nothing to expand
+        return PackedMatrix((rows,))
+
+    def stacked(self, parts: list[tuple[str, int]], *tail: int):
+        if not tail:  # biases are small: plain float32
+            return _Fp32Source(self.vector, _copy_into(self.vector)).stacked(parts)
+        rows = [self._rows(name) for name, _ in parts]
+        return PackedMatrix(tuple(rows)), [PackedMatrix((r,)) for r in rows]
+
+    def fused_experts(self, gate_up_name: str, down_name: str, count: int) -> tuple[DenseMLP, ...]:
+        raise AssertionError("a GGUF's experts are per-expert checkpoint tensors, never the fused layout")
+
+
 def load_gguf_weights(gguf: GgufFile, config: ModelConfig, architecture: str,
-                      progress: Callable[[float], None] | None = None, residency: str = "fp32") -> Weights:
-    """Check every tensor of ``gguf`` against ``config`` and expand them into :class:`Weights`.
+                      progress: Callable[[float], None] | None = None, residency: str = "gguf") -> Weights:
+    """Check every tensor of ``gguf`` against ``config`` and assemble them into :class:`Weights`.
 
     Args:
         gguf: the opened file.
         config: its configuration (:func:`config_from_gguf`).
         architecture: the GGUF architecture.
-        progress: called with the fraction of stored bytes expanded so far (0 to 1).
-        residency: "fp32" or "bf16" (bf16 rounds each expanded tensor once, with a logged warning).
+        progress: called with the fraction of stored bytes read or mapped so far (0 to 1).
+        residency: "gguf" (matrices stay as stored, memory-mapped, expanded at
+            each use), "fp32" (expanded once at load) or "bf16" (expanded,
+            then rounded once, with a logged warning).
 
     Raises:
         ModelLoadError: naming the GGUF tensor at fault.
     """
+    if residency not in GGUF_RESIDENCIES:
+        raise ModelLoadError(f"a GGUF file's weights residency must be one of {', '.join(GGUF_RESIDENCIES)}, "
+                             f"got {residency!r}")
     checkpoint = GgufCheckpoint(gguf, config, architecture)
     check_tensors(checkpoint, config)
-    return assemble_resident(config, CheckpointReader(checkpoint, progress), residency, set(checkpoint.tensors))
+    reader = CheckpointReader(checkpoint, progress)
+    if residency == "gguf":
+        return assemble_from(config, set(checkpoint.tensors), _StoredSource(reader))
+    return assemble_resident(config, reader, residency, set(checkpoint.tensors))
 
 
 def gguf_fp32_bytes(gguf: GgufFile) -> int:

@@ -9,7 +9,8 @@ from __future__ import annotations
 import numpy as np
 
 from kestrel_trio._model.matmul import linear, run_shared, shares_of
-from kestrel_trio._model.weights import Bf16Matrix, DenseMLP, Matrix, SparseMoE
+from kestrel_trio._model.packed import Matrix, PackedMatrix
+from kestrel_trio._model.weights import DenseMLP, SparseMoE
 
 __all__ = ["rms_norm", "linear", "embedding", "silu", "swiglu", "causal_attention", "dense_mlp", "sparse_moe"]
 
@@ -29,7 +30,7 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
 
 def embedding(table: Matrix, ids: np.ndarray) -> np.ndarray:
     """float32 rows ``ids`` [N] of an embedding ``table`` [vocab, hidden], [N, hidden]."""
-    return table.rows(ids) if isinstance(table, Bf16Matrix) else table[ids]
+    return table.rows(ids) if isinstance(table, PackedMatrix) else table[ids]
 
 
 def silu(x: np.ndarray) -> np.ndarray:

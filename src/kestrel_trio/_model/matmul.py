@@ -17,9 +17,24 @@ the product itself costs no more than the read. By rows:
   Measured on 2 cores: 8 rows of Qwen3-0.6B's products cost 1.5x one row that
   way, against 2.5x for the best single GEMM. Under the Haswell kernel
   ``x @ W.T`` wins.
-* A :class:`Bf16Matrix` at any row count: the product threads share its
-  chunks, each upcasting its own into a scratch buffer and multiplying it as
-  it is ready, since the upcast, not the read, is then the cost.
+* A :class:`PackedMatrix` (bf16 bits, a GGUF's blocks, int8, int4) at any
+  row count: the product threads share its chunks of rows, each expanding
+  its own into a scratch buffer and multiplying it as it is ready, since the
+  expansion, not the read, is then the cost. One expansion serves every row
+  of the batch.
+
+Quantized chunks are not always expanded all the way. A part's integers come
+with per-group scales (kestrel_trio._model.dequant.Affine): ``w = scale * q
+(+ offset)`` over groups of 16-256 weights of a row, or one scale per row
+(int8). The product ``x @ w.T`` is then, exactly in algebra,
+``sum_g scale_g * (x_g @ q_g.T) + offset_g * sum(x_g)``: with one scale per
+row it is the integers' product with its columns scaled, one pass fewer over
+the weights at any row count; with groups, for up to about GROUPED_MAX_ROWS rows,
+one batched product of every group's integers (a [groups, rows, 1] result
+per activation row, 1/group the size of the weights) and a small reduction,
+instead of a full pass multiplying the weights by their scales. The
+products differ from those of the expanded weights only by float32 rounding
+(the expanded weights themselves equal ggml's bit for bit: tests).
 """
 
 from __future__ import annotations
@@ -32,10 +47,11 @@ from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
-from kestrel_trio._model.weights import Bf16Matrix, Matrix
+from kestrel_trio._model.dequant import Affine, apply_affine
+from kestrel_trio._model.packed import Matrix, PackedMatrix, Rows, grouped_integers, scratch_width
 
 __all__ = [
-    "linear", "linear_bf16", "set_product_threads", "product_threads", "run_shared", "shares_of", "small_batch_call",
+    "linear", "linear_packed", "linear_bf16", "set_product_threads", "product_threads", "run_shared", "shares_of", "small_batch_call",
     "set_small_batch_call", "choose_small_batch_call", "SMALL_BATCH_CALLS",
 ]
 
@@ -45,8 +61,8 @@ def linear(x: np.ndarray, weight: Matrix, bias: np.ndarray | None = None) -> np.
     if x.ndim != 2:
         y = linear(x.reshape(-1, x.shape[-1]), weight, bias)  # [prod(...), out]
         return y.reshape(*x.shape[:-1], weight.shape[0])  # [..., out]
-    if isinstance(weight, Bf16Matrix):
-        y = linear_bf16(x, weight)  # [N, out]
+    if isinstance(weight, PackedMatrix):
+        y = linear_packed(x, weight)  # [N, out]
     else:
         y = _product(x, weight, small_batch_call() if _is_small_batch(x.shape[0]) else "weight_right")  # [N, out]
     if bias is not None:
@@ -136,46 +152,61 @@ def _row_blocks_into(x: np.ndarray, weight: np.ndarray, out: np.ndarray) -> None
         out[:, whole:] = x @ weight[whole:].T  # [N, out - whole]
 
 
-# float32 elements upcast per chunk: 4 MiB, well inside L3, few enough Python calls.
-UPCAST_CHUNK = 1 << 20
+# float32 elements expanded per chunk: 512 KiB, which stays in L2 (with the part's own storage) between
+# its expansion and its product. Measured on one core of the 2-core Xeon (AVX-512, busy machine), ns per
+# weight of 64 Mi weights at 1 row, this size against 4 MiB: bf16 0.43-0.58 vs 0.67-0.78, int8 0.29-0.37 vs
+# 0.37-0.41, Q8_0 0.37 vs 0.62, Q4_K 0.67 vs 1.16; 1 MiB chunks were within noise of this, 256 KiB worse
+# for the quantized forms (bf16 was as fast).
+UPCAST_CHUNK = 1 << 17
+# Rows up to which grouped scales are applied to partial sums rather than to the weights (see above), for
+# groups of 32 weights; in proportion for other sizes (Q6_K's 16: half; int4's 64: twice). Measured on one
+# core, 256 x 1024 weights hot: Q8_0 at 4 rows 101 us that way against 132 us expanded, at 8 rows 162 against
+# 139; Q4_K about even at 8 rows (258 against 263); Q6_K already even at 4 rows.
+GROUPED_MAX_ROWS = 6
 _scratch = threading.local()  # one buffer per thread: forward may run in several threads
 
 
-def linear_bf16(x: np.ndarray, weight: Bf16Matrix) -> np.ndarray:
-    """``x`` [N, in] @ ``weight``.T [in, out], upcasting at most UPCAST_CHUNK weights at a time.
+def linear_packed(x: np.ndarray, weight: PackedMatrix) -> np.ndarray:
+    """``x`` [N, in] @ ``weight``.T [in, out], expanding at most UPCAST_CHUNK weights at a time.
 
     Rows are gathered across the matrix's parts into each chunk, so a matrix
-    that fits one chunk is one product over exactly the float32 values the
-    fp32 mode holds: the same call, bit-identical logits. With product
-    threads, the chunks are shared out in contiguous stretches, each thread
-    upcasting into its own scratch buffer and writing its own columns.
+    of float forms (bf16) that fits one chunk is one product over exactly the
+    float32 values the fp32 mode holds: the same call, bit-identical logits.
+    With product threads, the chunks are shared out in contiguous stretches,
+    each thread expanding into its own scratch buffer and writing its own
+    columns. The chunk boundaries do not depend on the thread count, so
+    neither does the result.
     """
     out_rows, width = weight.shape
     if x.ndim != 2:
-        return linear_bf16(x.reshape(-1, width), weight).reshape(*x.shape[:-1], out_rows)  # [..., out]
+        return linear_packed(x.reshape(-1, width), weight).reshape(*x.shape[:-1], out_rows)  # [..., out]
     if _is_small_batch(x.shape[0]):
         small_batch_call()  # chosen here, before the chunks go to the product threads
     out = np.empty((x.shape[0], out_rows), dtype=np.float32)  # [N, out]
     chunks = _chunk_plan(weight, max(1, UPCAST_CHUNK // width))
+    inputs = _Inputs(x)
     threads = _threads
     if threads is None or len(chunks) == 1:
-        _run_chunks(x, chunks, out)
+        _run_chunks(inputs, chunks, out)
         return out
     share = -(-len(chunks) // threads.count)  # contiguous shares: each thread streams its own stretch of the file
-    threads.run([(lambda part=chunks[k : k + share]: _run_chunks(x, part, out)) for k in range(0, len(chunks), share)])
+    threads.run([(lambda part=chunks[k : k + share]: _run_chunks(inputs, part, out))
+                 for k in range(0, len(chunks), share)])
     return out
 
 
+linear_bf16 = linear_packed  # the bf16 residency's name for the same path
+
 # One chunk: the result columns it fills and the (part, first row, rows) runs that make it.
-_Chunk = tuple[int, tuple[tuple[np.ndarray, int, int], ...]]
+_Chunk = tuple[int, tuple[tuple[Rows, int, int], ...]]
 
 
-def _chunk_plan(weight: Bf16Matrix, chunk_rows: int) -> list[_Chunk]:
+def _chunk_plan(weight: PackedMatrix, chunk_rows: int) -> list[_Chunk]:
     chunks, runs, filled, done = [], [], 0, 0
     for part in weight.parts:
         start = 0
-        while start < part.shape[0]:
-            take = min(part.shape[0] - start, chunk_rows - filled)
+        while start < part.rows:
+            take = min(part.rows - start, chunk_rows - filled)
             runs.append((part, start, take))
             filled, start = filled + take, start + take
             if filled == chunk_rows:
@@ -186,27 +217,96 @@ def _chunk_plan(weight: Bf16Matrix, chunk_rows: int) -> list[_Chunk]:
     return chunks
 
 
-def _run_chunks(x: np.ndarray, chunks: list[_Chunk], out: np.ndarray) -> None:
-    """Upcast and multiply ``chunks`` in this thread's scratch buffer, into their columns of ``out``."""
+class _Inputs:
+    """The activations of one product, and their per-group layouts, made once and shared by the chunks."""
+
+    def __init__(self, x: np.ndarray) -> None:
+        self.x = x  # [N, in]
+        self._by_group: dict[int, np.ndarray] = {}
+        self._sums: dict[int, np.ndarray] = {}
+
+    def grouped(self, part: Rows) -> bool:
+        """Whether ``part``'s scales go on partial sums (True) or on the weights before the product."""
+        if part.scaling == "row":
+            return True
+        return part.scaling == "group" and self.x.shape[0] * 32 <= GROUPED_MAX_ROWS * part.group
+
+    def by_group(self, group: int) -> np.ndarray:
+        """x as [in/group, group, N], each group's activations as a matrix (threads may both make it: harmless)."""
+        found = self._by_group.get(group)
+        if found is None:
+            n, width = self.x.shape
+            found = np.ascontiguousarray(self.x.reshape(n, width // group, group).transpose(1, 2, 0))
+            self._by_group[group] = found  # [in/group, group, N]
+        return found
+
+    def sums(self, group: int) -> np.ndarray:
+        """Each group's sum of activations, [N, in/group]."""
+        found = self._sums.get(group)
+        if found is None:
+            n, width = self.x.shape
+            found = self._sums[group] = self.x.reshape(n, width // group, group).sum(axis=-1)  # [N, in/group]
+        return found
+
+
+def _run_chunks(inputs: _Inputs, chunks: list[_Chunk], out: np.ndarray) -> None:
+    """Expand and multiply ``chunks`` in this thread's scratch buffers, into their columns of ``out``.
+
+    Runs whose scales go on partial sums are multiplied one by one as they
+    come; the others are expanded side by side into one buffer, so that
+    consecutive ones (q/k/v, gate/up) make one product.
+    """
+    x = inputs.x
     width = x.shape[1]
     rows = max(sum(take for _, _, take in runs) for _, runs in chunks)
     buffer = _scratch_buffer(rows * width).reshape(rows, width)  # [rows, in]
-    bits = buffer.view(np.uint32)  # [rows, in] the same memory
     for done, runs in chunks:
-        filled = 0
+        column, filled, span = done, 0, done  # span: the output column of buffer row 0
         for part, start, take in runs:
-            target = bits[filled : filled + take]  # [take, in]
-            np.copyto(target, part[start : start + take])  # widen; 2x faster here than a casting left_shift
-            target <<= 16
-            filled += take
-        _product_into(x, buffer[:filled], out[:, done : done + filled])
+            if inputs.grouped(part):
+                if filled:
+                    _product_into(x, buffer[:filled], out[:, span : span + filled])
+                    filled = 0
+                scratch = _scratch_buffer(take * scratch_width(part), "grouped")
+                values, affine = grouped_integers(part, start, start + take, scratch)  # [take, groups, group]
+                _grouped_into(inputs, values, affine, out[:, column : column + take])
+            else:
+                if not filled:
+                    span = column
+                target = buffer[filled : filled + take]  # [take, in]
+                apply_affine(part.integer(start, start + take, target), target)
+                filled += take
+            column += take
+        if filled:
+            _product_into(x, buffer[:filled], out[:, span : span + filled])
 
 
-def _scratch_buffer(size: int) -> np.ndarray:
-    """This thread's float32 scratch of at least ``size`` elements, grown never shrunk."""
-    buffer = getattr(_scratch, "buffer", None)
+def _grouped_into(inputs: _Inputs, values: np.ndarray, affine: Affine, out: np.ndarray) -> None:
+    """``out`` [N, rows] = x @ (scale * q + offset).T with the scales applied to partial sums.
+
+    ``values`` [rows, groups, group] holds the integers of ``rows`` weight rows
+    (a strided view is fine), ``affine`` their groups' scales.
+    """
+    x = inputs.x
+    rows, groups, group = values.shape
+    if groups == 1:  # one scale per row: scale the product's columns
+        _product_into(x, values.reshape(rows, group), out)
+        out *= affine.scale[:, 0]
+        if affine.offset is not None:
+            out += np.multiply.outer(inputs.sums(group)[:, 0], affine.offset[:, 0])  # [N, rows]
+        return
+    partial = np.matmul(values.transpose(1, 0, 2), inputs.by_group(group))  # [groups, rows, N]
+    np.einsum("grn,rg->nr", partial, affine.scale, out=out)
+    if affine.offset is not None:
+        out += inputs.sums(group) @ affine.offset.T  # [N, groups] @ [groups, rows]
+
+
+def _scratch_buffer(size: int, slot: str = "buffer") -> np.ndarray:
+    """This thread's float32 scratch ``slot`` of at least ``size`` elements, grown never shrunk."""
+    buffer = getattr(_scratch, slot, None)
     if buffer is None or buffer.size < size:
-        buffer = _scratch.buffer = np.empty(size, dtype=np.float32)  # [size]
+        buffer = np.empty(size, dtype=np.float32)  # [size]
+        setattr(_scratch, slot, buffer)
     return buffer[:size]
 
 

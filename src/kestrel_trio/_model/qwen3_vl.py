@@ -44,7 +44,8 @@ from kestrel_trio._model.vision import (
     vision_shapes,
 )
 from kestrel_trio._model.shapes import IGNORED_SUFFIXES, check_tensor_set, expected_shapes
-from kestrel_trio._model.weights import RESIDENCIES, CheckpointReader, assemble_resident
+from kestrel_trio._model.residency import FOLDER_RESIDENCIES, assemble_resident
+from kestrel_trio._model.weights import CheckpointReader
 from kestrel_trio.errors import BadRequestError, ModelLoadError
 
 __all__ = [
@@ -411,28 +412,33 @@ class Qwen3VL:
         return logits if all_logits else logits[0]
 
 
-def load_qwen3_vl(folder: Path, progress: Callable[[float], None] | None = None, residency: str = "fp32") -> Qwen3VL:
+def load_qwen3_vl(folder: Path, progress: Callable[[float], None] | None = None, residency: str = "fp32",
+                  quantized_cache: Path | None = None) -> Qwen3VL:
     """Read config.json and every weight of the Qwen3-VL checkpoint in ``folder``.
 
     Args:
         folder: the checkpoint folder.
         progress: called with the fraction of bytes read so far (0 to 1).
-        residency: "fp32" or "bf16", for the language model and the vision
-            tower's matrices alike (see :func:`kestrel_trio._model.weights.load_weights`).
+        residency: one of FOLDER_RESIDENCIES for the language model (see
+            :func:`kestrel_trio._model.residency.load_weights`); the vision
+            tower's matrices are fp32 in fp32 mode and bf16 otherwise (int8/int4
+            quantize the language model only).
+        quantized_cache: the folder of int8/int4 cache files; None: no cache.
 
     Raises:
         ModelLoadError: naming the file or tensor at fault.
     """
-    if residency not in RESIDENCIES:
-        raise ModelLoadError(f"weights residency must be one of {', '.join(RESIDENCIES)}, got {residency!r}")
+    if residency not in FOLDER_RESIDENCIES:
+        raise ModelLoadError(f"weights residency must be one of {', '.join(FOLDER_RESIDENCIES)}, got {residency!r}")
     config = read_vl_config(folder)
     checkpoint = SafetensorsCheckpoint(folder)
     check_vl_tensors(checkpoint, config)
     reader = CheckpointReader(checkpoint, progress)
     text_names = {"model." + n[len(_TEXT_PREFIX):] for n in checkpoint.tensors if n.startswith(_TEXT_PREFIX)}
-    weights = assemble_resident(config.text, reader, residency, text_names, rename=_text_name)
+    weights = assemble_resident(config.text, reader, residency, text_names, rename=_text_name,
+                                quantized_cache=quantized_cache)
     vision = assemble_vision(config.vision, reader.read, _VISION_PREFIX,
-                             reader.read_bf16 if residency == "bf16" else None)
+                             reader.read_bf16 if residency != "fp32" else None)
     return Qwen3VL(config=config, decoder=Decoder.build(config.text, weights), vision=vision)
 
 

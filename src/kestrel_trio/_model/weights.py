@@ -1,9 +1,12 @@
-"""Weights of a Qwen or Llama decoder, loaded by their checkpoint names and checked.
+"""Weights of a Qwen or Llama decoder, assembled by their checkpoint names.
 
-The loader first checks the checkpoint's tensor names and shapes against the
-config (see :mod:`kestrel_trio._model.shapes`): a missing tensor, an
-unexpected one and a wrong shape are each reported by name before any data is
-read. Arrays are read-only: weights are shared by every request.
+The loader (kestrel_trio._model.residency) first checks the checkpoint's
+tensor names and shapes against the config (see
+:mod:`kestrel_trio._model.shapes`): a missing tensor, an unexpected one and a
+wrong shape are each reported by name before any data is read. Then one
+*source* per residency hands out the matrices (float32 arrays, or the packed
+forms of kestrel_trio._model.packed) and :func:`assemble_from` puts them in
+place. Arrays are read-only: weights are shared by every request.
 
 Layout (see docs/performance.md): every matrix keeps the checkpoint's
 [out, in] row-major layout, so ``x @ W.T`` is one BLAS call with no copy and a
@@ -15,56 +18,20 @@ the separate names stay as row views of the fused matrix.
 
 from __future__ import annotations
 
-import logging
-from pathlib import Path
-from typing import Callable, Union
+from typing import Callable
 
 import attrs
 import numpy as np
 
 from kestrel_trio._model.config import ModelConfig
+from kestrel_trio._model.packed import Bf16Matrix, Matrix, PackedMatrix
 from kestrel_trio._model.safetensors import SafetensorsCheckpoint
-from kestrel_trio._model.shapes import check_tensors, moe_layout
-from kestrel_trio.errors import ModelLoadError
-
-log = logging.getLogger(__name__)
+from kestrel_trio._model.shapes import moe_layout
 
 __all__ = [
-    "Bf16Matrix", "Matrix", "RESIDENCIES", "resolve_residency", "Attention", "DenseMLP", "SparseMoE", "Layer",
-    "Weights", "load_weights", "assemble_weights", "assemble_resident", "CheckpointReader",
+    "Bf16Matrix", "Matrix", "PackedMatrix", "Attention", "DenseMLP", "SparseMoE", "Layer", "Weights",
+    "assemble_weights", "assemble_from", "fp32_source", "bf16_source", "CheckpointReader",
 ]
-
-RESIDENCIES = ("fp32", "bf16")  # how matrices are held: float32 arrays, or bf16 bits upcast at use
-
-
-@attrs.frozen
-class Bf16Matrix:
-    """A float32 matrix kept as bf16 bits, upcast chunk by chunk at each use (``weights="bf16"``).
-
-    Its rows are ``parts`` stacked in order (so q/k/v or gate/up, mapped
-    separately from the checkpoint, still make one fused matrix, uncopied).
-    bf16 is the top half of a float32, so the upcast is exact.
-    """
-
-    parts: tuple[np.ndarray, ...]  # each uint16 [rows_i, in], usually memory-mapped
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return (sum(p.shape[0] for p in self.parts), self.parts[0].shape[1])
-
-    @property
-    def nbytes(self) -> int:
-        return sum(p.nbytes for p in self.parts)
-
-    def rows(self, ids: np.ndarray) -> np.ndarray:
-        """float32 rows ``ids`` [N] of a one-part matrix (an embedding lookup), [N, in]."""
-        (bits,) = self.parts
-        wide = bits[ids].astype(np.uint32)  # [N, in]
-        wide <<= 16
-        return wide.view(np.float32)
-
-
-Matrix = Union[np.ndarray, Bf16Matrix]  # [out, in] float32, or bf16 bits upcast at use
 
 
 @attrs.frozen
@@ -131,29 +98,6 @@ class Weights:
     lm_head: Matrix  # [vocab, hidden] (embed_tokens itself when tied)
 
 
-def load_weights(
-    folder: Path, config: ModelConfig, progress: Callable[[float], None] | None = None, residency: str = "fp32"
-) -> Weights:
-    """Check and load every tensor of the checkpoint in ``folder``.
-
-    Args:
-        folder: the checkpoint folder.
-        config: its configuration.
-        progress: called with the fraction of bytes read so far (0 to 1).
-        residency: "fp32" (every matrix a float32 array, q/k/v and gate/up
-            fused by copying) or "bf16" (matrices stay bf16 bits, memory-mapped
-            when stored as bf16, as :class:`Bf16Matrix`; vectors are float32).
-
-    Raises:
-        ModelLoadError: naming the file or tensor at fault.
-    """
-    if residency not in RESIDENCIES:
-        raise ModelLoadError(f"weights residency must be one of {', '.join(RESIDENCIES)}, got {residency!r}")
-    checkpoint = SafetensorsCheckpoint(folder)
-    check_tensors(checkpoint, config)
-    return assemble_resident(config, CheckpointReader(checkpoint, progress), residency, set(checkpoint.tensors))
-
-
 class CheckpointReader:
     """Reads a checked checkpoint's tensors by name, calling ``progress`` with the fraction of bytes read (0 to 1)."""
 
@@ -185,70 +129,14 @@ class CheckpointReader:
         self.checkpoint.read_into(name, out)
         self._advance(name)
 
+    def advance(self, name: str) -> None:
+        """Count tensor ``name`` as read (its storage is used as it is, e.g. mapped)."""
+        self._advance(name)
 
-def assemble_resident(config: ModelConfig, reader: CheckpointReader, residency: str, names: set[str],
-                      rename: Callable[[str], str] = lambda name: name) -> Weights:
-    """Build :class:`Weights` held as ``residency`` says from a checked checkpoint.
-
-    Args:
-        config: the decoder's configuration.
-        reader: the checkpoint.
-        residency: "fp32" or "bf16" (see :func:`load_weights`).
-        names: every decoder tensor name present, as Qwen3 spells it.
-        rename: a Qwen3 tensor name as this checkpoint spells it.
-    """
-    if residency == "bf16":
-        rounded = sorted({i.dtype for i in reader.checkpoint.tensors.values()} - {"BF16"})
-        if rounded:
-            log.warning("%s: %s weights are rounded to bf16 once at load (weights=bf16)", reader.checkpoint.folder,
-                        "/".join(rounded))
-        return _assemble(config, names, _Bf16Source(lambda n: reader.read(rename(n)),
-                                                    lambda n: reader.read_bf16(rename(n))))
-    return assemble_weights(config, lambda n: reader.read(rename(n)), names,
-                            lambda n, out: reader.read_into(rename(n), out))
-
-
-def resolve_residency(folder: Path | None, requested: str, available_bytes: int | None = None,
-                      fp32_bytes: int | None = None) -> str:
-    """The residency to load with: ``requested`` unless "auto".
-
-    "auto" picks "bf16" when the float32 weights would take more than
-    AUTO_FP32_SHARE of the memory available now (MemAvailable), else "fp32".
-
-    Args:
-        folder: the checkpoint folder (only its headers are read), unless ``fp32_bytes`` is given.
-        requested: "auto", "fp32" or "bf16".
-        available_bytes: memory available (default: /proc/meminfo's MemAvailable).
-        fp32_bytes: the weights' size in float32 (default: from the folder's headers).
-    """
-    if requested in RESIDENCIES:
-        return requested
-    if requested != "auto":
-        raise ModelLoadError(f"weights must be one of auto, {', '.join(RESIDENCIES)}, got {requested!r}")
-    if fp32_bytes is None:
-        infos = SafetensorsCheckpoint(folder).tensors.values()
-        fp32_bytes = sum(info.nbytes // _STORAGE_ITEMSIZE[info.dtype] * 4 for info in infos)
-    available = _mem_available() if available_bytes is None else available_bytes
-    choice = "bf16" if available is not None and fp32_bytes > AUTO_FP32_SHARE * available else "fp32"
-    log.info("weights=auto chose %s: fp32 weights %.2f GiB, memory available %s", choice, fp32_bytes / 2**30,
-             "unknown" if available is None else f"{available / 2**30:.2f} GiB")
-    return choice
-
-
-# fp32 weights may take this share of available memory under weights=auto; the rest is KV cache and headroom.
-AUTO_FP32_SHARE = 0.7
-_STORAGE_ITEMSIZE = {"F32": 4, "F16": 2, "BF16": 2}
-
-
-def _mem_available() -> int | None:
-    try:
-        with open("/proc/meminfo") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
+    def finish(self) -> None:
+        """Report every byte read (the rest came from elsewhere, e.g. a quantized cache)."""
+        if self._progress is not None:
+            self._progress(1.0)
 
 
 ReadInto = Callable[[str, np.ndarray], None]
@@ -271,8 +159,9 @@ class _Fp32Source:
         out.flags.writeable = False
         return out, views
 
-    def expert(self, gate_up: np.ndarray, down: np.ndarray) -> DenseMLP:
-        return DenseMLP.fused(gate_up, down)
+    def fused_experts(self, gate_up_name: str, down_name: str, count: int) -> tuple[DenseMLP, ...]:
+        gate_up, down = self.matrix(gate_up_name), self.matrix(down_name)  # [n_experts, ...] each
+        return tuple(DenseMLP.fused(gate_up[j], down[j]) for j in range(count))
 
 
 class _Bf16Source:
@@ -291,10 +180,14 @@ class _Bf16Source:
         bits = [self._read_bf16(name) for name, _ in parts]  # each [rows_i, in]
         return Bf16Matrix(tuple(bits)), [Bf16Matrix((b,)) for b in bits]
 
-    def expert(self, gate_up: np.ndarray, down: np.ndarray) -> DenseMLP:
-        inter = gate_up.shape[0] // 2
-        return DenseMLP(gate_proj=Bf16Matrix((gate_up[:inter],)), up_proj=Bf16Matrix((gate_up[inter:],)),
-                        down_proj=Bf16Matrix((down,)), gate_up_proj=Bf16Matrix((gate_up,)))
+    def fused_experts(self, gate_up_name: str, down_name: str, count: int) -> tuple[DenseMLP, ...]:
+        gate_ups, downs = self._read_bf16(gate_up_name), self._read_bf16(down_name)  # bits, [n_experts, ...]
+        experts = []
+        for gate_up, down in zip(gate_ups[:count], downs[:count]):
+            inter = gate_up.shape[0] // 2
+            experts.append(DenseMLP(gate_proj=Bf16Matrix((gate_up[:inter],)), up_proj=Bf16Matrix((gate_up[inter:],)),
+                                    down_proj=Bf16Matrix((down,)), gate_up_proj=Bf16Matrix((gate_up,))))
+        return tuple(experts)
 
 
 def _copy_into(read: Callable[[str], np.ndarray]) -> ReadInto:
@@ -317,10 +210,26 @@ def assemble_weights(
             to build fused matrices without a second copy); defaults to
             copying what ``read`` returns.
     """
-    return _assemble(config, names, _Fp32Source(read, read_into or _copy_into(read)))
+    return assemble_from(config, names, _Fp32Source(read, read_into or _copy_into(read)))
 
 
-def _assemble(config: ModelConfig, names: set[str], source) -> Weights:
+def fp32_source(reader: CheckpointReader, rename: Callable[[str], str] = lambda name: name) -> _Fp32Source:
+    """Where fp32 residency's matrices come from: float32 reads of ``reader``'s tensors, fused by copying."""
+    return _Fp32Source(lambda n: reader.read(rename(n)), lambda n, out: reader.read_into(rename(n), out))
+
+
+def bf16_source(reader: CheckpointReader, rename: Callable[[str], str] = lambda name: name) -> _Bf16Source:
+    """Where bf16 residency's matrices come from: bf16 bits of ``reader``'s tensors, mapped when stored so."""
+    return _Bf16Source(lambda n: reader.read(rename(n)), lambda n: reader.read_bf16(rename(n)))
+
+
+def assemble_from(config: ModelConfig, names: set[str], source) -> Weights:
+    """Build :class:`Weights` from ``source``'s tensors (by Qwen3 names).
+
+    A source has ``vector(name)`` (float32), ``matrix(name)``,
+    ``stacked([(name, rows), ...], *tail)`` (a fused matrix and views of its
+    parts; no ``tail``: vectors) and ``fused_experts(gate_up, down, count)``.
+    """
     embed = source.matrix("model.embed_tokens.weight")  # [vocab, hidden]
     layers = tuple(_load_layer(source, config, i, names) for i in range(config.num_hidden_layers))
     return Weights(
@@ -388,12 +297,8 @@ def _load_layer(source, config: ModelConfig, i: int, names: set[str]) -> Layer:
 def _load_moe(source, config: ModelConfig, p: str, layout: str) -> SparseMoE:
     inter, h = config.moe_intermediate_size, config.hidden_size
     router = source.vector(p + "mlp.gate.weight")  # [n_experts, hidden] float32: every token reads it
-    if layout == "fused":
-        gate_up = source.matrix(p + "mlp.experts.gate_up_proj")  # [n_experts, 2*moe_inter, hidden]
-        down = source.matrix(p + "mlp.experts.down_proj")  # [n_experts, hidden, moe_inter]
-        if isinstance(gate_up, Bf16Matrix):
-            gate_up, down = gate_up.parts[0], down.parts[0]  # bits, [n_experts, ...]
-        experts = tuple(source.expert(gate_up[j], down[j]) for j in range(config.num_experts))
+    if layout == "fused":  # [n_experts, 2*moe_inter, hidden] and [n_experts, hidden, moe_inter]
+        experts = source.fused_experts(p + "mlp.experts.gate_up_proj", p + "mlp.experts.down_proj", config.num_experts)
     else:
         e = p + "mlp.experts."
         experts = tuple(_load_mlp(source, f"{e}{j}.", inter, h) for j in range(config.num_experts))
