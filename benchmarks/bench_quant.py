@@ -18,7 +18,9 @@ Each form runs in its own fresh subprocess (so RSS is its own) and reports:
 RSS after load (model ready, one forward done) and after a first completion
 (8 prompt tokens, 16 new), load-to-ready time, and bare-forward decode at
 batch 1 and with 8 sequences stepped together (median step time, so bursts of
-outside load do not decide it). The forms alternate for ``--rounds`` rounds
+outside load do not decide it), also per second of the process's CPU time
+(with ``--threads 1``, the step's cost when the core is not shared: on a busy
+machine the fairer comparison). The forms alternate for ``--rounds`` rounds
 and each figure keeps its best; ratios are to fp32 measured in the same round
 set. int8/int4 quantize at their first load and write the on-disk cache
 (measured once, as "first load"); later loads map it.
@@ -205,21 +207,28 @@ def median(values: list[float]) -> float:
     return ordered[len(ordered) // 2]
 
 
-def bare_decode(model, batch: int, steps: int, vocab: int) -> float:
-    """Aggregate greedy decode tok/s of ``batch`` sequences stepped together through forward() (median step)."""
+def bare_decode(model, batch: int, steps: int, vocab: int) -> tuple[float, float]:
+    """Aggregate greedy decode of ``batch`` sequences stepped together through forward() (median step).
+
+    Returns tokens per second of wall time, and tokens per second of this
+    process's CPU time (all its threads): with one thread, what the step
+    would take if nothing else wanted the core, which on a busy machine the
+    wall time does not show.
+    """
     import numpy as np
 
     from kestrel_trio._model import forward
 
     caches = [model.new_cache() for _ in range(batch)]
     tokens = np.array([int(np.argmax(model.prefill(c, [t % vocab for t in prompt(8, i)]))) for i, c in enumerate(caches)])
-    times = []
+    times, cpu = [], []
     for _ in range(steps):
-        started = time.perf_counter()
+        started, started_cpu = time.perf_counter(), time.process_time()
         positions = np.array([c.length for c in caches], dtype=np.int64)  # [B]
         tokens = forward(model.decoder, tokens, positions, caches, [1] * batch).argmax(axis=-1)  # [B]
         times.append(time.perf_counter() - started)
-    return batch / median(times)
+        cpu.append(time.process_time() - started_cpu)
+    return batch / median(times), batch / median(cpu)
 
 
 def form_side(args: argparse.Namespace) -> dict:
@@ -235,8 +244,9 @@ def form_side(args: argparse.Namespace) -> dict:
               "mode": model.weights_mode, "blas": blas_description()}
     model.greedy(prompt(8, 1), 16)
     result["rss_after_completion"] = status_bytes("VmRSS")
-    result["decode_1"] = bare_decode(model, 1, args.steps, QWEN3_0_6B["vocab_size"])
-    result["decode_8"] = bare_decode(model, 8, max(4, args.steps // 2), QWEN3_0_6B["vocab_size"])
+    result["decode_1"], result["decode_cpu_1"] = bare_decode(model, 1, args.steps, QWEN3_0_6B["vocab_size"])
+    result["decode_8"], result["decode_cpu_8"] = bare_decode(model, 8, max(4, args.steps // 2),
+                                                             QWEN3_0_6B["vocab_size"])
     result["peak_rss"] = status_bytes("VmHWM")
     result["small_batch_call"] = small_batch_call()
     result["load_avg"] = [load_before, os.getloadavg()[0]]
@@ -345,6 +355,8 @@ def print_table(kernel: str, results: dict) -> None:
     base = results.get("fp32", {})
     blas = next(iter(results.values())).get("blas", "?")
     print(f"\nkernel {kernel}: {blas}; small-batch call {next(iter(results.values())).get('small_batch_call')}")
+    print("(per CPU-second: tokens per second of the process's CPU time, all threads; with --threads 1 what a "
+          "step costs when the core is not shared)")
     print(f"{'':30}" + "".join(f"{f:>10}" for f in forms))
 
     def row(label: str, key: str, scale: float = 1.0, fmt: str = "{:10.2f}", ratio: bool = False) -> None:
@@ -370,6 +382,10 @@ def print_table(kernel: str, results: dict) -> None:
     row("  / fp32", "decode_1", ratio=True)
     row("decode 8 sequences (tok/s)", "decode_8")
     row("  / fp32", "decode_8", ratio=True)
+    row("batch 1, per CPU-second", "decode_cpu_1")
+    row("  / fp32", "decode_cpu_1", ratio=True)
+    row("8 sequences, per CPU-second", "decode_cpu_8")
+    row("  / fp32", "decode_cpu_8", ratio=True)
     spans = {f: (min(r["load_avgs"]), max(r["load_avgs"])) for f, r in results.items() if r.get("load_avgs")}
     print(f"{'load average (min-max)':30}" + "".join(f"{spans[f][0]:5.1f}-{spans[f][1]:<4.1f}" for f in forms))
     check_targets(results)
@@ -425,7 +441,9 @@ def main() -> None:
     parser.add_argument("--kernels", default="native,Haswell",
                         help="OpenBLAS kernels: native (none forced) and/or OPENBLAS_CORETYPE values")
     parser.add_argument("--steps", type=int, default=24, help="decode steps timed at batch 1 (half at batch 8)")
-    parser.add_argument("--threads", type=int, default=None, help="blas_threads (default: numpy's BLAS threads)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="blas_threads (default: numpy's BLAS threads); 1 makes the per-CPU-second rates "
+                             "comparable on a busy machine")
     parser.add_argument("--cache", type=Path, default=CACHE)
     parser.add_argument("--no-moe", action="store_true", help="skip the MoE part")
     parser.add_argument("--side", choices=sorted(SIDES), help=argparse.SUPPRESS)

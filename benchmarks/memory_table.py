@@ -8,6 +8,7 @@ Computed, not measured: every tensor the model's published config implies
 key numbers below, copied from each model's config.json on the Hugging Face
 hub), times the bytes per weight of each form:
 
+* fp32: 4 bytes a weight (kestrel's ``weights="fp32"``; the vision tower too).
 * bf16: 2 bytes a weight (the published checkpoints' storage; kestrel's
   ``weights="bf16"``).
 * Q8_0: 34 bytes per 32 weights, every matrix (llama.cpp's Q8_0 file).
@@ -43,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 GIB = 2**30
 BOARDS_GIB = (8, 16, 32)
 RUNTIME_GIB, OS_GIB = 1.0, 1.5
-FORMS = ("bf16", "Q8_0", "Q4_K_M", "int8", "int4")
+FORMS = ("fp32", "bf16", "Q8_0", "Q4_K_M", "int8", "int4")
 
 # Key numbers of each model's published config.json (Qwen/<name> on the Hugging Face hub).
 TEXT = {
@@ -114,7 +115,7 @@ def q4_k_m_type(name: str, tied: bool) -> str:
 
 
 LAYERS = [0]  # the model's layer count, for q4_k_m_type's use_more_bits
-BYTES_PER_WEIGHT = {"Q8_0": 34 / 32, "Q4_K": 144 / 256, "Q6_K": 210 / 256, "bf16": 2.0}
+BYTES_PER_WEIGHT = {"Q8_0": 34 / 32, "Q4_K": 144 / 256, "Q6_K": 210 / 256, "bf16": 2.0, "fp32": 4.0}
 
 
 def matrix_bytes(form: str, name: str, shape: tuple[int, ...], tied: bool) -> float:
@@ -139,7 +140,8 @@ def weight_bytes(key: dict, form: str) -> tuple[float, float]:
             total += 4 * math.prod(shape)
         else:
             total += matrix_bytes(form, name, shape, key["tied"])
-    tower = sum(4 * math.prod(s) if len(s) < 2 or name.endswith("pos_embed.weight") else 2 * math.prod(s)
+    matrix_width = 4 if form == "fp32" else 2  # the tower is fp32 in fp32 mode, 16-bit otherwise
+    tower = sum(4 * math.prod(s) if len(s) < 2 or name.endswith("pos_embed.weight") else matrix_width * math.prod(s)
                 for name, s in vision.items())
     return total, tower
 
@@ -159,8 +161,7 @@ def fits(weights: float, key: dict, context: int) -> str:
 
 
 def table(context: int) -> list[str]:
-    lines = [f"| model | params | KV per 1,000 tokens | " + " | ".join(f"{f} weights (fits 8 / 16 / 32 GB)"
-                                                                       for f in FORMS) + " |",
+    lines = ["| model | params | KV per 1,000 tokens | " + " | ".join(FORMS) + " |",
              "|---|---:|---:|" + "---:|" * len(FORMS)]
     for model, key in TEXT.items():
         cells = []

@@ -1,7 +1,8 @@
 """The numpy building blocks of a Qwen decoder layer, float32 throughout.
 
-Matrices are float32 arrays, or :class:`Bf16Matrix` bf16 bits that
-:func:`linear` (kestrel_trio._model.matmul) upcasts exactly just before each product.
+Matrices are float32 arrays, or :class:`~kestrel_trio._model.packed.PackedMatrix`
+(bf16 bits, a GGUF's blocks, int8, int4) that :func:`linear`
+(kestrel_trio._model.matmul) expands a chunk at a time at each product.
 """
 
 from __future__ import annotations
