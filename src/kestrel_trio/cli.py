@@ -86,6 +86,14 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-batch", type=_COUNT, default=4, help="generations stepped together (default 4)")
     serve.add_argument("--prefix-cache-mb", type=_SECONDS, default=512.0,
                        help="MiB of prompt KV kept for reuse by prompts with the same beginning (default 512; 0: off)")
+    serve.add_argument("--max-model-len", type=_COUNT, default=None, metavar="TOKENS",
+                       help="longest sequence served, prompt + generated tokens (default and maximum: the model's context)")
+    serve.add_argument("--kv-cache-mb", type=_at_least(1.0, float), default=None, metavar="MIB",
+                       help="MiB of KV cache for every running generation and the prefix cache together; a request "
+                            "waits for room, or gets 400 if it can never fit (default: derived from the memory "
+                            "available at start)")
+    serve.add_argument("--kv-dtype", choices=["fp32", "bf16", "fp16"], default="fp32",
+                       help="KV cache storage: bf16 or fp16 hold twice the tokens; compute stays fp32 (default fp32)")
     serve.add_argument("--max-connections", type=_COUNT, default=1000,
                        help="open connections; more get 503 (default 1000; the open-files limit is raised to fit)")
     serve.add_argument("--open-path", action="append", dest="open_paths", metavar="PATH", default=None,
@@ -158,7 +166,9 @@ def _serve(args: argparse.Namespace) -> NoReturn:
     from kestrel_trio.server import serve
 
     engine_limits = EngineLimits(max_queued=args.max_queued, max_batch=args.max_batch,
-                                 prefill_chunk=args.prefill_chunk, prefix_cache_bytes=int(args.prefix_cache_mb * 2**20))
+                                 prefill_chunk=args.prefill_chunk, prefix_cache_bytes=int(args.prefix_cache_mb * 2**20),
+                                 max_model_len=args.max_model_len, kv_dtype=args.kv_dtype,
+                                 kv_cache_bytes=None if args.kv_cache_mb is None else int(args.kv_cache_mb * 2**20))
     http_limits = HttpLimits(
         header_timeout=args.header_timeout, body_timeout=args.body_timeout, keepalive_timeout=args.keepalive_timeout,
         write_timeout=args.write_timeout, linger_timeout=args.linger_timeout, max_connections=args.max_connections,
@@ -188,11 +198,31 @@ def _serve(args: argparse.Namespace) -> NoReturn:
                     nursery.cancel_scope.cancel()  # serve returned: stop watching signals
 
                 server = await nursery.start(serve_until_done)
+                kv = server.engine.kv
+                print(f"kestrel-trio: KV cache budget {kv.budget_bytes / 2**20:.1f} MiB = {kv.budget_tokens} tokens "
+                      f"({kv.describe()}); context cap {server.engine.model.context_length} tokens", file=sys.stderr)
                 print(f"kestrel-trio: serving {server.state.model_id} at {server.url}", file=sys.stderr, flush=True)
                 nursery.start_soon(_watch_signals, signals, server, nursery.cancel_scope)
 
-    trio.run(run)
+    try:
+        trio.run(run)
+    except BaseExceptionGroup as group:
+        error = _only_kestrel_error(group)
+        if error is None:
+            raise
+        print(f"kestrel-trio: error: {error.message}", file=sys.stderr)
+        _exit_without_finalizing(2)
     _exit_without_finalizing(0)
+
+
+def _only_kestrel_error(group: BaseExceptionGroup) -> KestrelError | None:
+    """The KestrelError a failed start-up raised through trio's nurseries, if that is all the group holds."""
+    matched, rest = group.split(KestrelError)
+    if matched is None or rest is not None:
+        return None
+    while isinstance(matched, BaseExceptionGroup):
+        matched = matched.exceptions[0]
+    return matched
 
 
 def _exit_without_finalizing(code: int) -> NoReturn:

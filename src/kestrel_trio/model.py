@@ -5,6 +5,7 @@ This module joins the numpy model core with the text layer; it never imports tri
 
 from __future__ import annotations
 
+import copy
 import ctypes
 import functools
 import json
@@ -70,6 +71,7 @@ class Model:
         self.vision: Qwen3VL | None = None  # a Qwen3-VL's whole model; None for text-only checkpoints
         self.image_config: ImageProcessorConfig | None = None  # its preprocessor_config.json
         self._template: ChatTemplate | None = None
+        self._max_model_len: int | None = None  # a serving cap below the checkpoint's context (with_context_length)
         if tokenizer is not None and tokenizer.chat_template is not None:
             self._template = ChatTemplate(tokenizer.chat_template, special_tokens=tokenizer.special_tokens_map)
 
@@ -93,7 +95,7 @@ class Model:
         ids, total = self.require_tokenizer().encode_bounded(text, self.context_length)
         if ids is None or total >= self.context_length:
             raise ContextLengthError(
-                f"The prompt is {total} tokens, but the model's context length is {self.context_length} tokens "
+                f"The prompt is {total} tokens, but the {self.context_name} is {self.context_length} tokens "
                 f"(at least one token must remain for the answer)",
                 param=param,
             )
@@ -133,12 +135,43 @@ class Model:
 
     @property
     def context_length(self) -> int:
-        """The longest sequence (prompt plus generated tokens) the model accepts."""
+        """The longest sequence (prompt plus generated tokens) the model accepts, or is served with."""
+        if self._max_model_len is not None:
+            return self._max_model_len
         return self.decoder.config.max_position_embeddings
 
-    def new_cache(self) -> KVCache:
-        """An empty KV cache for one sequence."""
-        return self.decoder.new_cache()
+    @property
+    def context_name(self) -> str:
+        """How error messages name ``context_length``: the model's own, or the server's cap."""
+        return "model's context length" if self._max_model_len is None else "server's context cap (max_model_len)"
+
+    def with_context_length(self, max_model_len: int) -> "Model":
+        """This model served with a context cap: a view sharing everything but ``context_length``.
+
+        Every context check (``encode_prompt``, ``check_token_ids``, ``greedy``,
+        the engine's admission) then uses the cap. The model itself is unchanged.
+
+        Raises:
+            KestrelError: ``max_model_len`` is below 1 or above the checkpoint's context.
+        """
+        context = self.decoder.config.max_position_embeddings
+        if isinstance(max_model_len, bool) or not isinstance(max_model_len, int) or max_model_len < 1:
+            raise KestrelError(f"max_model_len must be a positive number of tokens, got {max_model_len!r}")
+        if max_model_len > context:
+            raise KestrelError(f"max_model_len {max_model_len} exceeds the model's context length of {context} "
+                               f"tokens (max_position_embeddings of {self.name})")
+        view = copy.copy(self)
+        view._max_model_len = max_model_len
+        return view
+
+    def new_cache(self, dtype: str = "fp32", max_tokens: int | None = None) -> KVCache:
+        """An empty KV cache for one sequence.
+
+        Args:
+            dtype: storage, "fp32", "bf16" or "fp16" (half the bytes; attention computes in float32).
+            max_tokens: the most tokens it may hold, allocated at once when first needed (None: grows as needed).
+        """
+        return self.decoder.new_cache(dtype, max_tokens)
 
     def check_token_ids(self, token_ids: Sequence[int], *, param: str = "token_ids") -> np.ndarray:
         """``token_ids`` as an int64 array, or BadRequestError naming what is wrong."""
@@ -150,7 +183,7 @@ class Model:
             raise BadRequestError(f"'{param}' has token ids outside 0..{vocab - 1}", param=param)
         if ids.size > self.context_length:
             raise ContextLengthError(
-                f"{ids.size} tokens exceed the model's context length of {self.context_length}", param=param
+                f"{ids.size} tokens exceed the {self.context_name} of {self.context_length}", param=param
             )
         return ids
 

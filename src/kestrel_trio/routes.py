@@ -100,6 +100,7 @@ class ServerState:
         if engine is not None:
             body.update(busy=engine.busy, queued=engine.queued, active=engine.active, batch=engine.batch_in_flight,
                         max_queued=engine.limits.max_queued, max_batch=engine.limits.max_batch)
+            body.update(engine.memory_report())
         else:
             body.update(busy=False, queued=0, active=0, batch=0)
         return (200 if status == "ok" else 503), body
@@ -176,7 +177,9 @@ class _Routes:
         return Response(status=200, body="".join(parts).encode(), content_type=PROMETHEUS_CONTENT_TYPE)
 
     def models(self, request: Request) -> Response:
-        return _json(200, oa.models_list([self.state.model_id], self.state.created))
+        model = self.state.model
+        return _json(200, oa.models_list([self.state.model_id], self.state.created,
+                                         max_model_len=None if model is None else model.context_length))
 
     async def _parse(self, parse, body: bytes):
         """``parse(body)``; a large body is parsed in a worker thread, off the event loop."""

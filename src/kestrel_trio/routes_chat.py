@@ -112,7 +112,7 @@ class Job:
                                   f"got {fields.n}", param="n")
         params = sampling_params(model, fields)
         check_context(len(ids), params.max_tokens, model.context_length, param=prompt_param,
-                      max_tokens_param=fields.max_tokens_param)
+                      max_tokens_param=fields.max_tokens_param, context_name=model.context_name)
         self.requests = [GenerationRequest(tuple(ids), _choice_params(params, i), prompt_param=prompt_param,
                                            images=tuple(images)) for i in range(fields.n)]
         self.id = oa.new_id("cmpl" if chat is None else "chatcmpl")

@@ -129,9 +129,11 @@ def model_card(model_id: str, created: int, owned_by: str = "kestrel-trio", *, m
     return card
 
 
-def models_list(model_ids: list[str] | tuple[str, ...], created: int, owned_by: str = "kestrel-trio") -> dict:
-    """The ``GET /v1/models`` body (``created`` in Unix seconds)."""
-    return {"object": "list", "data": [model_card(model_id, created, owned_by) for model_id in model_ids]}
+def models_list(model_ids: list[str] | tuple[str, ...], created: int, owned_by: str = "kestrel-trio", *,
+                max_model_len: int | None = None) -> dict:
+    """The ``GET /v1/models`` body (``created`` in Unix seconds; ``max_model_len`` in tokens, when known)."""
+    return {"object": "list", "data": [model_card(model_id, created, owned_by, max_model_len=max_model_len)
+                                       for model_id in model_ids]}
 
 
 def chat_completion_of(id: str, created: int, model: str, choices: list[dict], usage: Usage) -> dict:

@@ -68,20 +68,22 @@ class StepResult:
 
 
 def check_context(
-    prompt_tokens: int, max_tokens: int | None, context_length: int, *, param: str, max_tokens_param: str = "max_tokens"
+    prompt_tokens: int, max_tokens: int | None, context_length: int, *, param: str, max_tokens_param: str = "max_tokens",
+    context_name: str = "model's context length",
 ) -> int:
     """The effective max_tokens, or ContextLengthError naming the field at fault.
 
     Args:
         prompt_tokens: tokens in the prompt.
         max_tokens: requested new tokens, None for "as many as fit".
-        context_length: the model's context window (tokens).
+        context_length: the context window served (tokens).
         param: the request field that carried the prompt.
         max_tokens_param: the request field that carried ``max_tokens``.
+        context_name: how the message names ``context_length`` (``Model.context_name``).
     """
     if prompt_tokens >= context_length:
         raise ContextLengthError(
-            f"The prompt is {prompt_tokens} tokens, but the model's context length is {context_length} tokens "
+            f"The prompt is {prompt_tokens} tokens, but the {context_name} is {context_length} tokens "
             f"(at least one token must remain for the answer)",
             param=param,
         )
@@ -90,8 +92,8 @@ def check_context(
         return room
     if max_tokens > room:
         raise ContextLengthError(
-            f"The prompt ({prompt_tokens} tokens) plus {max_tokens_param} ({max_tokens}) exceeds the model's "
-            f"context length of {context_length} tokens",
+            f"The prompt ({prompt_tokens} tokens) plus {max_tokens_param} ({max_tokens}) exceeds the "
+            f"{context_name} of {context_length} tokens",
             param=max_tokens_param,
         )
     return max_tokens
@@ -145,6 +147,7 @@ class Generation:
         self.vl_prompt: VLPrompt | None = None  # set by the driver's first step; dropped once the prompt is in
         self.vision_steps: Iterator[None] | None = None  # the vision tower mid-way, advanced a block per step
         self.rope_delta = 0  # position of token i is i + rope_delta once past the prompt's images
+        self.memory_failure: str | None = None  # set by advance() when sampling ran out of memory
 
     @property
     def prompt_tokens(self) -> int:
@@ -164,6 +167,22 @@ class Generation:
         if not self.fresh or self.cache.length != restored or restored >= len(self.prompt_ids):
             raise ValueError(f"cannot reuse {restored} tokens (cache {self.cache.length}, prompt {len(self.prompt_ids)})")
         self._prefilled = self.cached_tokens = restored
+
+    @property
+    def kv_tokens(self) -> int:
+        """Tokens whose KV this generation has counted as in its cache: what a failed step rolls back to."""
+        if self.phase is Phase.PREFILL:
+            return self._prefilled
+        return len(self.prompt_ids) + max(0, len(self.generated_ids) - 1)  # the newest token is not fed yet
+
+    def progress(self) -> tuple[str, int, int]:
+        """A marker that changes whenever :meth:`advance` ran (phase, prompt tokens in, tokens generated)."""
+        return self.phase.value, self._prefilled, len(self.generated_ids)
+
+    def drop_cache(self) -> None:
+        """Let go of the KV cache once the generation is over (a prefix cache may still keep it)."""
+        c = self.cache
+        self.cache = KVCache(c.num_layers, c.num_kv_heads, c.head_dim, dtype=c.dtype, max_tokens=0)
 
     def cached_token_ids(self) -> list[int]:
         """The ids of the tokens whose KV the cache holds, in order."""
@@ -191,15 +210,34 @@ class Generation:
         raise RuntimeError("the generation is finished")
 
     def advance(self, logits: np.ndarray) -> StepResult:
-        """Take the logits [vocab] of the last token fed; sample when the prompt is in."""
+        """Take the logits [vocab] of the last token fed; sample when the prompt is in.
+
+        A MemoryError while sampling does not escape (so the other generations
+        of a batched step keep their results): the step is undone when nothing
+        was emitted yet, and :attr:`memory_failure` says so ("retry"; "fatal"
+        when a token had been taken already). The driver then cuts the cache
+        back to :attr:`kv_tokens` and retries or ends the generation.
+        """
+        if self.phase is Phase.DONE:
+            raise RuntimeError("the generation is finished")
+        saved = (self.phase, self._prefilled, self.vl_prompt, len(self.generated_ids))
+        try:
+            return self._advance(logits)
+        except MemoryError:
+            if len(self.generated_ids) != saved[3]:
+                self.memory_failure = "fatal"
+            else:
+                self.phase, self._prefilled, self.vl_prompt = saved[:3]
+                self.memory_failure = "retry"
+            return StepResult()
+
+    def _advance(self, logits: np.ndarray) -> StepResult:
         if self.phase is Phase.PREFILL:
             self._prefilled += min(self._chunk, len(self.prompt_ids) - self._prefilled)
             if self._prefilled < len(self.prompt_ids):
                 return StepResult()
             self.phase = Phase.DECODE
             self.vl_prompt = None  # image features are only needed by prefill
-        elif self.phase is Phase.DONE:
-            raise RuntimeError("the generation is finished")
         return self._sample_and_emit(logits)
 
     def _sample_and_emit(self, logits: np.ndarray) -> StepResult:
