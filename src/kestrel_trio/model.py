@@ -15,6 +15,7 @@ from typing import Any, Callable, Literal, Sequence
 import numpy as np
 
 from kestrel_trio._model import Decoder, KVCache, ModelConfig, forward, read_config
+from kestrel_trio._model.layers import linear
 from kestrel_trio._model.matmul import choose_small_batch_call, product_threads, set_product_threads
 from kestrel_trio._model.weights import load_weights, resolve_residency
 from kestrel_trio._model.config import config_from_dict
@@ -213,7 +214,8 @@ class Model:
 
         Timed once per process (a few tenths of a second) on a sample of this
         model's own float32 projections in a decode step's proportions: the
-        first four layers' and the same share of lm_head's rows.
+        first four layers' and the same share of lm_head's rows. Then one
+        prefill-sized product, so BLAS's threads have their work buffers.
         """
         w = self.decoder.weights
         layers = w.layers[:_SAMPLE_LAYERS]
@@ -222,7 +224,14 @@ class Model:
                                                  getattr(layer.mlp, "down_proj", None))]
         if isinstance(w.lm_head, np.ndarray):
             sample.append(w.lm_head[: -(-w.lm_head.shape[0] * len(layers) // len(w.layers))])  # [rows, hidden]
-        choose_small_batch_call([m for m in sample if isinstance(m, np.ndarray)])
+        matrices = [m for m in sample if isinstance(m, np.ndarray)]
+        choose_small_batch_call(matrices)
+        if matrices:
+            # One prefill-sized product, so every BLAS thread takes its work buffer now: OpenBLAS ends the
+            # process when it cannot get one later (under an address-space limit), where numpy's own arrays
+            # raise a MemoryError the engine contains.
+            weight = matrices[0]  # [out, in]
+            linear(np.zeros((DEFAULT_PREFILL_CHUNK, weight.shape[1]), dtype=np.float32), weight)  # [chunk, out]
 
     def prefill(self, cache: KVCache, token_ids: Sequence[int], chunk: int = DEFAULT_PREFILL_CHUNK) -> np.ndarray:
         """Feed a prompt in chunks of ``chunk`` tokens; the last position's logits [vocab]."""

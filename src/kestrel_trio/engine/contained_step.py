@@ -64,7 +64,7 @@ def step_contained(step: Callable[..., list[StepResult]], decoder, generations: 
             results[i] = _out_of_memory(g, "while its next token was sampled, so the token is lost")
         elif failure == "retry":
             _roll_back(g)
-            results[i] = (_out_of_memory(g, "for this generation alone") if len(generations) == 1
+            results[i] = (_out_of_memory(g, "in this generation's model step, even run alone") if len(generations) == 1
                           else _alone(step, decoder, g, args))
     return results
 
@@ -78,7 +78,7 @@ def _after_a_failed_batch(step, decoder, g: Generation, mark: tuple, batch: int,
         return _out_of_memory(g, "while encoding this request's images")
     _roll_back(g)
     if batch == 1:
-        return _out_of_memory(g, "for this generation alone")
+        return _out_of_memory(g, "in this generation's model step, even run alone")
     return _alone(step, decoder, g, args)
 
 
@@ -94,7 +94,7 @@ def _alone(step, decoder, g: Generation, args: tuple) -> Outcome:
         return KestrelError("the model step failed; see the server log")
     if result is None or _take_memory_failure(g) is not None:
         _roll_back(g)
-        return _out_of_memory(g, "for this generation alone")
+        return _out_of_memory(g, "in this generation's model step, even run alone")
     return result
 
 
@@ -117,4 +117,4 @@ def _out_of_memory(g: Generation, when: str) -> OutOfMemoryError:
                 g.completion_tokens, when)
     return OutOfMemoryError(
         f"The server ran out of memory {when} ({g.prompt_tokens} prompt tokens, {g.completion_tokens} generated); "
-        "other generations go on. Retry later, or with a shorter prompt or max_tokens.")
+        "the other generations go on. Retry later, or with a shorter prompt or max_tokens.")
