@@ -65,32 +65,35 @@ def _meminfo(path: Path, field: str) -> int | None:
 
 
 def _cgroup_room(proc: Path, root: Path) -> int | None:
-    """memory.max - memory.current of this process's cgroup (v2), or limit - usage (v1); None without a limit."""
-    for folder in _cgroup_folders(proc, root):
-        limit = _read_int(folder / "memory.max")
-        if limit is not None:
-            used = _read_int(folder / "memory.current") or 0
-            return max(0, limit - used)
-    limit = _read_int(root / "memory" / "memory.limit_in_bytes")  # cgroup v1
-    if limit is not None and limit < 2**60:  # v1 writes a huge number for "no limit"
-        used = _read_int(root / "memory" / "memory.usage_in_bytes") or 0
-        return max(0, limit - used)
+    """The limit minus the usage of this process's memory cgroup (v2, else v1); None without a limit."""
+    v2, v1 = _cgroup_paths(proc)
+    if v2 is not None:
+        for folder in dict.fromkeys([root / v2, root]):  # its own cgroup; a container sees its own at the root
+            limit = _read_int(folder / "memory.max")
+            if limit is not None:
+                return max(0, limit - (_read_int(folder / "memory.current") or 0))
+    for folder in dict.fromkeys([root / "memory" / (v1 or ""), root / "memory"]):
+        limit = _read_int(folder / "memory.limit_in_bytes")
+        if limit is not None and limit < 2**60:  # v1 writes a huge number for "no limit"
+            return max(0, limit - (_read_int(folder / "memory.usage_in_bytes") or 0))
     return None
 
 
-def _cgroup_folders(proc: Path, root: Path) -> list[Path]:
-    """This process's cgroup v2 folder, then the root (a container sees its own cgroup at the root)."""
-    folders = []
+def _cgroup_paths(proc: Path) -> tuple[str | None, str | None]:
+    """This process's cgroup v2 path and v1 memory-controller path (relative, no leading slash), from /proc."""
+    v2 = v1 = None
     try:
-        for line in (proc / "self" / "cgroup").read_text().splitlines():
-            if line.startswith("0::"):
-                relative = line[3:].strip().lstrip("/")
-                if relative:
-                    folders.append(root / relative)
+        lines = (proc / "self" / "cgroup").read_text().splitlines()
     except OSError:
-        pass
-    folders.append(root)
-    return folders
+        return None, None
+    for line in lines:
+        number, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        if number == "0" and controllers == "":
+            v2 = path.strip().lstrip("/")
+        elif "memory" in controllers.split(","):
+            v1 = path.strip().lstrip("/")
+    return v2, v1
 
 
 def _read_int(path: Path) -> int | None:
