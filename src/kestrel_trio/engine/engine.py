@@ -55,10 +55,8 @@ import attrs
 import trio
 
 from kestrel_trio._model.prefix_cache import PrefixCache
-from kestrel_trio._model.resident import mapped_bytes
 from kestrel_trio.engine.contained_step import step_contained
-from kestrel_trio.engine.host_memory import read_host_memory
-from kestrel_trio.engine.kv_budget import KVBudget, derive_budget_bytes, step_temporaries_bytes
+from kestrel_trio.engine.kv_budget import budget_for
 from kestrel_trio.engine.metrics import EngineMetrics
 from kestrel_trio.engine.types import Delta, EngineLimits, GenerationRequest, KVUsage
 from kestrel_trio.errors import BadRequestError, EngineUnavailableError, KestrelError, OutOfMemoryError, QueueFullError
@@ -118,7 +116,7 @@ class Engine:
             model = model.with_context_length(limits.max_model_len)
         self.model = model
         self.limits = limits
-        self.kv = _kv_budget(model, limits)
+        self.kv = budget_for(model, limits)
         log.info("KV cache budget: %.1f MiB = %d tokens of %s KV (%s); context cap %d tokens",
                  self.kv.budget_bytes / 2**20, self.kv.budget_tokens, self.kv.dtype, self.kv.source,
                  model.context_length)
@@ -509,18 +507,6 @@ class GenerationHandle:
 def _contained(decoder, generations, prefix_cache, vision) -> list:
     """The engine's step (the module's ``step_generations``, so a test may wrap it), MemoryErrors contained."""
     return step_contained(step_generations, decoder, generations, prefix_cache, vision)
-
-
-def _kv_budget(model: Model, limits: EngineLimits) -> KVBudget:
-    """The KV budget ``limits`` set, or the one derived from the memory available now (after the weights)."""
-    token_bytes = model.decoder.kv_token_bytes(limits.kv_dtype)
-    if limits.kv_cache_bytes is not None:
-        return KVBudget(limits.kv_cache_bytes, token_bytes, limits.kv_dtype, source="set (kv_cache_bytes)")
-    step_bytes = step_temporaries_bytes(model.config, prefill_chunk=limits.prefill_chunk, max_batch=limits.max_batch,
-                                        max_model_len=model.context_length)
-    budget, how = derive_budget_bytes(read_host_memory(), mapped_weight_bytes=mapped_bytes(model.decoder.weights),
-                                      step_bytes=step_bytes)
-    return KVBudget(budget, token_bytes, limits.kv_dtype, source=how)
 
 
 def _ewma(previous: float | None, sample: float, weight: float = 0.2) -> float:

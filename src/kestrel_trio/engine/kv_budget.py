@@ -35,10 +35,14 @@ import attrs
 
 from kestrel_trio._model.config import ModelConfig
 from kestrel_trio._model.kv_cache import BLOCK_TOKENS
-from kestrel_trio.engine.host_memory import HostMemory
+from kestrel_trio._model.resident import mapped_bytes
+from kestrel_trio.engine.host_memory import HostMemory, read_host_memory
+from kestrel_trio.engine.types import EngineLimits
 from kestrel_trio.errors import ContextLengthError, KestrelError
+from kestrel_trio.model import Model
 
-__all__ = ["KVBudget", "derive_budget_bytes", "step_temporaries_bytes", "HEADROOM_BYTES", "BUDGET_SHARE"]
+__all__ = ["KVBudget", "budget_for", "derive_budget_bytes", "step_temporaries_bytes", "HEADROOM_BYTES",
+           "BUDGET_SHARE"]
 
 HEADROOM_BYTES = 256 * 2**20  # the interpreter, tokenizer, HTTP buffers and allocator slack beside the KV
 BUDGET_SHARE = 0.9  # of the memory left after the headroom: the kernel's estimate is an estimate
@@ -110,6 +114,22 @@ class KVBudget:
         """``512.0 MiB of fp32 KV at 112 KiB a token`` and how the budget was set."""
         return (f"{_mib(self.budget_bytes)} of {self.dtype} KV at {self.token_bytes / 1024:g} KiB a token, "
                 f"{self.source}")
+
+
+def budget_for(model: Model, limits: EngineLimits) -> KVBudget:
+    """The KV budget ``limits`` set for ``model`` (as served), or the one derived from the memory available now.
+
+    Raises:
+        KestrelError: no budget could be derived (see :func:`derive_budget_bytes`).
+    """
+    token_bytes = model.decoder.kv_token_bytes(limits.kv_dtype)
+    if limits.kv_cache_bytes is not None:
+        return KVBudget(limits.kv_cache_bytes, token_bytes, limits.kv_dtype, source="set (kv_cache_bytes)")
+    step_bytes = step_temporaries_bytes(model.config, prefill_chunk=limits.prefill_chunk, max_batch=limits.max_batch,
+                                        max_model_len=model.context_length)
+    budget, how = derive_budget_bytes(read_host_memory(), mapped_weight_bytes=mapped_bytes(model.decoder.weights),
+                                      step_bytes=step_bytes)
+    return KVBudget(budget, token_bytes, limits.kv_dtype, source=how)
 
 
 def step_temporaries_bytes(config: ModelConfig, *, prefill_chunk: int, max_batch: int, max_model_len: int) -> int:
