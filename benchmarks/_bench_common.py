@@ -70,3 +70,19 @@ def read_bandwidth(gib: float = 1.0, repeats: int = 5) -> dict[str, float]:
         np.matmul(matrix, vector, out=out)
         best["gemv"] = min(best["gemv"], time.perf_counter() - started)
     return {way: data.nbytes / seconds for way, seconds in best.items()}
+
+
+def cpu_vector_flags() -> str:
+    """The CPU's SIMD flags from /proc/cpuinfo (x86 ``flags`` or ARM ``Features``), vector ones only."""
+    wanted = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_bf16", "avx512_fp16", "amx",
+              "asimd", "fphp", "asimdhp", "asimddp", "bf16", "sve", "i8mm")
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                key, _, value = line.partition(":")
+                if key.strip() in ("flags", "Features"):
+                    found = value.split()
+                    return " ".join(f for f in found if f in wanted or f.startswith("amx")) or "none of the usual"
+    except OSError:
+        pass
+    return "unknown"
