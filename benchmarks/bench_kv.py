@@ -214,7 +214,7 @@ def status_of(pid: int, field: str) -> int:
     raise KeyError(field)
 
 
-def http(url: str, body: dict | None = None, timeout: float = 600) -> tuple[int, dict | str]:
+def http(url: str, body: dict | None = None, timeout: float = 3600) -> tuple[int, dict | str]:
     import urllib.error
     import urllib.request
 
@@ -268,7 +268,11 @@ def budget_run(folder: Path, kv_dtype: str, kv_mb: int, streams: int, prompt_tok
         def one(index: int) -> None:
             body = {"prompt": prompt(prompt_tokens, 1000 + index), "max_tokens": new_tokens, "temperature": 0,
                     "ignore_eos": True}
-            status, answer = http(url + "/v1/completions", body)
+            try:
+                status, answer = http(url + "/v1/completions", body)
+            except OSError as exc:
+                results[index] = {"status": "no answer", "tokens": repr(exc)}
+                return
             results[index] = {"status": status, "tokens": answer["usage"]["completion_tokens"]
                               if status == 200 else answer}
 

@@ -112,3 +112,28 @@ async def test_sampling_that_runs_out_of_memory_is_retried_alone_or_fails_alone(
     else:
         assert middle_tokens == expected[1][:10] and isinstance(middle_error, OutOfMemoryError)
         assert engine.metrics.out_of_memory.value() == 1
+
+
+@pytest.mark.parametrize("contain", [False, True])
+def test_a_generation_undoes_a_sampling_step_that_ran_out_of_memory_only_when_its_driver_asks(
+    tiny_model: Model, monkeypatch, contain: bool
+) -> None:
+    from kestrel_trio.text.generation import Generation, Phase
+
+    tokenizer = tiny_model.require_tokenizer()
+    g = Generation(prompt_of(8), SamplingParams(temperature=0, max_tokens=4), tokenizer=tokenizer,
+                   eos_token_ids=tokenizer.eos_token_ids, cache=tiny_model.new_cache(),
+                   vocab_size=tiny_model.config.vocab_size, contain_memory_errors=contain)
+    logits = tiny_model.prefill(g.cache, g.next_input())
+
+    def refuse(self, *args):
+        raise MemoryError("sampling arrays")
+
+    monkeypatch.setattr(Sampler, "sample_scored", refuse)
+    if not contain:  # the CLI's own loop: the error is the caller's, as before
+        with pytest.raises(MemoryError):
+            g.advance(logits)
+        return
+    assert g.advance(logits).token_id is None
+    assert (g.phase, g.kv_tokens, g.memory_failure, g.completion_tokens) == (Phase.PREFILL, 0, "retry", 0)
+    assert g.next_input().tolist() == prompt_of(8)  # the same prompt chunk again, once the cache is cut back

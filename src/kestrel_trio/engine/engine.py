@@ -248,6 +248,7 @@ class Engine:
             vocab_size=model.config.vocab_size,
             prefill_chunk=self.limits.prefill_chunk,
             images=request.images,
+            contain_memory_errors=True,  # step_contained rolls back and retries
         )
 
     def _abandon(self, job: Job) -> None:

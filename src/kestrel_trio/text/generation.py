@@ -111,6 +111,8 @@ class Generation:
         vocab_size: rows of the model's logits (may exceed the tokenizer's: padding rows are never sampled).
         prefill_chunk: prompt tokens per prefill step.
         images: the prompt's images in prompt order (Qwen3-VL), already preprocessed.
+        contain_memory_errors: a MemoryError while sampling is recorded in
+            :attr:`memory_failure` instead of raised (for a driver that rolls back, as the engine does).
     """
 
     def __init__(
@@ -124,6 +126,7 @@ class Generation:
         vocab_size: int,
         prefill_chunk: int = 256,
         images: tuple[ProcessedImage, ...] = (),
+        contain_memory_errors: bool = False,
     ) -> None:
         if not prompt_ids:
             raise ValueError("prompt_ids must not be empty")
@@ -148,6 +151,7 @@ class Generation:
         self.vision_steps: Iterator[None] | None = None  # the vision tower mid-way, advanced a block per step
         self.rope_delta = 0  # position of token i is i + rope_delta once past the prompt's images
         self.memory_failure: str | None = None  # set by advance() when sampling ran out of memory
+        self._contain_memory_errors = contain_memory_errors
 
     @property
     def prompt_tokens(self) -> int:
@@ -212,11 +216,12 @@ class Generation:
     def advance(self, logits: np.ndarray) -> StepResult:
         """Take the logits [vocab] of the last token fed; sample when the prompt is in.
 
-        A MemoryError while sampling does not escape (so the other generations
-        of a batched step keep their results): the step is undone when nothing
-        was emitted yet, and :attr:`memory_failure` says so ("retry"; "fatal"
-        when a token had been taken already). The driver then cuts the cache
-        back to :attr:`kv_tokens` and retries or ends the generation.
+        With ``contain_memory_errors``, a MemoryError while sampling does not
+        escape (so the other generations of a batched step keep their
+        results): the step is undone when nothing was emitted yet, and
+        :attr:`memory_failure` says so ("retry"; "fatal" when a token had been
+        taken already). The driver then cuts the cache back to
+        :attr:`kv_tokens` and retries or ends the generation.
         """
         if self.phase is Phase.DONE:
             raise RuntimeError("the generation is finished")
@@ -224,6 +229,8 @@ class Generation:
         try:
             return self._advance(logits)
         except MemoryError:
+            if not self._contain_memory_errors:
+                raise
             if len(self.generated_ids) != saved[3]:
                 self.memory_failure = "fatal"
             else:
