@@ -63,6 +63,7 @@ ALLOWED_THIRD_PARTY_IN_MODEL = {"numpy", "attrs"}
 # module -> modules it must never import, beyond its layer's rules.
 FORBIDDEN_EXTERNAL_IN_MODULE = {
     "kestrel_trio.engine.step": {"trio"},  # the batched step runs in the worker thread: synchronous, sans-IO
+    "kestrel_trio.engine.contained_step": {"trio"},  # so does its MemoryError containment around it
 }
 PRIVATE_PACKAGE = "kestrel_trio._model"
 BENCHMARKS = SRC.parent.parent / "benchmarks"

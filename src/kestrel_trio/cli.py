@@ -20,9 +20,11 @@ if sys.version_info < (3, 11):  # trio depends on the backport there
 
 import attrs
 
+from kestrel_trio._model import KV_DTYPES
 from kestrel_trio.app import ImagePolicy
 from kestrel_trio.app.state import OPEN_PATHS
 from kestrel_trio.engine import EngineLimits
+from kestrel_trio.errors import KestrelError
 from kestrel_trio.http import HttpLimits
 from kestrel_trio.server import DEMO_DEFAULT_MAX_TOKENS
 from kestrel_trio.server import serve as serve_function
@@ -215,6 +217,17 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--prefix-cache-mb", type=_SECONDS, default=prefix_cache_mb,
                        help=f"MiB of prompt KV kept for reuse by prompts with the same beginning (default "
                             f"{prefix_cache_mb:g}; 0: off)")
+    serve.add_argument("--max-model-len", type=_COUNT, default=engine["max_model_len"], metavar="TOKENS",
+                       help="longest sequence served, prompt + generated tokens (default and maximum: the model's context)")
+    kv_cache_mb = None if engine["kv_cache_bytes"] is None else engine["kv_cache_bytes"] / 2**20
+    serve.add_argument("--kv-cache-mb", type=_at_least(1.0, float), default=kv_cache_mb, metavar="MIB",
+                       help="MiB of KV cache for every running generation and the prefix cache together; a request "
+                            "waits for room, or gets 400 if it can never fit (default: "
+                            + ("derived from the memory available at start" if kv_cache_mb is None else f"{kv_cache_mb:g}")
+                            + ")")
+    serve.add_argument("--kv-dtype", choices=list(KV_DTYPES), default=engine["kv_dtype"],
+                       help=f"KV cache storage: bf16 or fp16 hold twice the tokens; compute stays fp32 "
+                            f"(default {engine['kv_dtype']})")
     serve.add_argument("--max-connections", type=_COUNT, default=http["max_connections"],
                        help=f"open connections; more get 503 (default {http['max_connections']}; the open-files limit "
                             "is raised to fit)")
@@ -337,7 +350,9 @@ def _serve(args: argparse.Namespace) -> NoReturn:
     from kestrel_trio.server import serve
 
     engine_limits = EngineLimits(max_queued=args.max_queued, max_batch=args.max_batch,
-                                 prefill_chunk=args.prefill_chunk, prefix_cache_bytes=int(args.prefix_cache_mb * 2**20))
+                                 prefill_chunk=args.prefill_chunk, prefix_cache_bytes=int(args.prefix_cache_mb * 2**20),
+                                 max_model_len=args.max_model_len, kv_dtype=args.kv_dtype,
+                                 kv_cache_bytes=None if args.kv_cache_mb is None else int(args.kv_cache_mb * 2**20))
     http_limits = HttpLimits(
         header_timeout=args.header_timeout, body_timeout=args.body_timeout, keepalive_timeout=args.keepalive_timeout,
         write_timeout=args.write_timeout, linger_timeout=args.linger_timeout, max_connections=args.max_connections,
@@ -375,15 +390,37 @@ def _serve(args: argparse.Namespace) -> NoReturn:
                     nursery.cancel_scope.cancel()  # serve returned: stop watching signals
 
                 server = await nursery.start(serve_until_done)
+                kv = server.engine.kv
+                print(f"kestrel-trio: KV cache budget {kv.budget_bytes / 2**20:.1f} MiB = {kv.budget_tokens} tokens "
+                      f"({kv.describe()}); context cap {server.engine.model.context_length} tokens", file=sys.stderr)
                 print(f"kestrel-trio: serving {server.state.model_id} at {server.url}", file=sys.stderr, flush=True)
                 nursery.start_soon(_watch_signals, signals, server, nursery.cancel_scope)
 
     try:
         trio.run(run)
+    except BaseExceptionGroup as group:
+        if progress is not None:
+            progress.close()  # a load that failed half-way leaves its bar's line open
+        if _only_kestrel_error(group) is None:
+            raise
+        from kestrel_trio.cli_errors import report
+
+        report(group, show_traceback=args.log_level == "DEBUG")
+        _exit_without_finalizing(2)  # a KestrelError that stops start-up is the configuration's (e.g. --max-model-len)
     finally:
         if progress is not None:
             progress.close()  # a load that failed half-way leaves its bar's line open
     _exit_without_finalizing(0)
+
+
+def _only_kestrel_error(group: BaseExceptionGroup) -> KestrelError | None:
+    """The KestrelError a failed start-up raised through trio's nurseries, if that is all the group holds."""
+    matched, rest = group.split(KestrelError)
+    if matched is None or rest is not None:
+        return None
+    while isinstance(matched, BaseExceptionGroup):
+        matched = matched.exceptions[0]
+    return matched
 
 
 def _exit_without_finalizing(code: int) -> NoReturn:

@@ -23,6 +23,7 @@ __all__ = [
     "EngineUnavailableError",
     "AuthenticationError",
     "ModelNotFoundError",
+    "OutOfMemoryError",
     "error_object",
     "error_body",
     "error_body_for",
@@ -88,6 +89,17 @@ class EngineUnavailableError(KestrelError):
     error_type = "server_error"
 
     def __init__(self, message: str, *, retry_after: float | None = None, code: str | None = "unavailable") -> None:
+        super().__init__(message, code=code)
+        self.retry_after = retry_after
+
+
+class OutOfMemoryError(KestrelError):
+    """A model step could not get the memory this generation needed; the server goes on serving the others."""
+
+    status = 503
+    error_type = "server_error"
+
+    def __init__(self, message: str, *, retry_after: float | None = 5, code: str | None = "out_of_memory") -> None:
         super().__init__(message, code=code)
         self.retry_after = retry_after
 

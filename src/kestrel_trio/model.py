@@ -5,6 +5,7 @@ This module joins the numpy model core with the text layer; it never imports tri
 
 from __future__ import annotations
 
+import copy
 import ctypes
 import functools
 import json
@@ -16,7 +17,7 @@ import numpy as np
 
 from kestrel_trio._model import (
     Decoder, GgufFile, KVCache, ModelConfig, Qwen3VL, assemble_weights, choose_small_batch_call, config_from_dict,
-    config_from_gguf, forward, gguf_architecture, gguf_fp32_bytes, is_gguf_file, is_qwen3_vl, load_gguf_weights,
+    config_from_gguf, forward, gguf_architecture, gguf_fp32_bytes, is_gguf_file, is_qwen3_vl, linear, load_gguf_weights,
     load_qwen3_vl, load_weights, product_threads, random_tensors, read_config, read_config_json, resolve_residency,
     set_product_threads, vl_config_from_dict, UPCAST_CHUNK, PackedMatrix, default_cache_dir, describe_weights,
 )
@@ -73,6 +74,7 @@ class Model:
         self.vision: Qwen3VL | None = None  # a Qwen3-VL's whole model; None for text-only checkpoints
         self.image_config: ImageProcessorConfig | None = None  # its preprocessor_config.json
         self._template: ChatTemplate | None = None
+        self._max_model_len: int | None = None  # a serving cap below the checkpoint's context (with_context_length)
         if tokenizer is not None and tokenizer.chat_template is not None:
             self._template = ChatTemplate(tokenizer.chat_template, special_tokens=tokenizer.special_tokens_map)
 
@@ -153,12 +155,43 @@ class Model:
 
     @property
     def context_length(self) -> int:
-        """The longest sequence (prompt plus generated tokens) the model accepts."""
+        """The longest sequence (prompt plus generated tokens) the model accepts, or is served with."""
+        if self._max_model_len is not None:
+            return self._max_model_len
         return self.decoder.config.max_position_embeddings
 
-    def new_cache(self) -> KVCache:
-        """An empty KV cache for one sequence."""
-        return self.decoder.new_cache()
+    @property
+    def context_name(self) -> str:
+        """How error messages name ``context_length``: the model's own, or the server's cap."""
+        return "model's context length" if self._max_model_len is None else "server's context cap (max_model_len)"
+
+    def with_context_length(self, max_model_len: int) -> "Model":
+        """This model served with a context cap: a view sharing everything but ``context_length``.
+
+        Every context check (``encode_prompt``, ``check_token_ids``, ``greedy``,
+        the engine's admission) then uses the cap. The model itself is unchanged.
+
+        Raises:
+            KestrelError: ``max_model_len`` is below 1 or above the checkpoint's context.
+        """
+        context = self.decoder.config.max_position_embeddings
+        if isinstance(max_model_len, bool) or not isinstance(max_model_len, int) or max_model_len < 1:
+            raise KestrelError(f"max_model_len must be a positive number of tokens, got {max_model_len!r}")
+        if max_model_len > context:
+            raise KestrelError(f"max_model_len {max_model_len} exceeds the model's context length of {context} "
+                               f"tokens (max_position_embeddings of {self.name})")
+        view = copy.copy(self)
+        view._max_model_len = max_model_len
+        return view
+
+    def new_cache(self, dtype: str = "fp32", max_tokens: int | None = None) -> KVCache:
+        """An empty KV cache for one sequence.
+
+        Args:
+            dtype: storage, "fp32", "bf16" or "fp16" (half the bytes; attention computes in float32).
+            max_tokens: the most tokens it may hold, allocated at once when first needed (None: grows as needed).
+        """
+        return self.decoder.new_cache(dtype, max_tokens)
 
     def check_token_ids(self, token_ids: Sequence[int], *, param: str = "token_ids") -> np.ndarray:
         """``token_ids`` as an int64 array, or BadRequestError naming what is wrong."""
@@ -170,7 +203,7 @@ class Model:
             raise BadRequestError(f"'{param}' has token ids outside 0..{vocab - 1}", param=param)
         if ids.size > self.context_length:
             raise ContextLengthError(
-                f"{ids.size} tokens exceed the model's context length of {self.context_length}", param=param
+                f"{ids.size} tokens exceed the {self.context_name} of {self.context_length}", param=param
             )
         return ids
 
@@ -203,7 +236,8 @@ class Model:
         first four layers' and the same share of lm_head's rows. A model whose
         matrices are packed (bf16, int8, int4, a GGUF's blocks) multiplies
         chunks just expanded, hot in cache: the sample is then such chunks,
-        one of each of the first layer's matrices (milliseconds, a few MiB).
+        one of each of the first layer's matrices (milliseconds, a few MiB). Then one
+        prefill-sized product, so BLAS's threads have their work buffers.
         """
         w = self.decoder.weights
         layers = w.layers[:_SAMPLE_LAYERS]
@@ -217,6 +251,12 @@ class Model:
             packed = [m for m in sample[:4] if isinstance(m, PackedMatrix)]
             floats = [m.rows(np.arange(min(m.shape[0], max(1, UPCAST_CHUNK // m.shape[1])))) for m in packed]
         choose_small_batch_call(floats)
+        if floats:
+            # One prefill-sized product, so every BLAS thread takes its work buffer now: OpenBLAS ends the
+            # process when it cannot get one later (under an address-space limit), where numpy's own arrays
+            # raise a MemoryError the engine contains.
+            weight = floats[0]  # [out, in]
+            linear(np.zeros((DEFAULT_PREFILL_CHUNK, weight.shape[1]), dtype=np.float32), weight)  # [chunk, out]
 
     def prefill(self, cache: KVCache, token_ids: Sequence[int], chunk: int = DEFAULT_PREFILL_CHUNK) -> np.ndarray:
         """Feed a prompt in chunks of ``chunk`` tokens; the last position's logits [vocab]."""

@@ -233,7 +233,7 @@ async def serve(
         loaded = model if isinstance(model, Model) else await trio.to_thread.run_sync(
             _load, model, weights, progress, quantized_cache)
         engine: Engine = await nursery.start(functools.partial(run_engine, loaded, limits=engine_limits))
-        state.model, state.engine, state.status = loaded, engine, "ok"
+        state.model, state.engine, state.status = engine.model, engine, "ok"  # the model as served (context cap)
         server = Server(host=http.host, port=http.port, state=state, engine=engine, http=http)
         log.info("ready: model %s at %s", state.model_id, server.url)
         task_status.started(server)

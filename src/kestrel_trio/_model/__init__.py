@@ -11,7 +11,9 @@ from kestrel_trio._model.forward import Decoder, forward
 from kestrel_trio._model.gguf_checkpoint import gguf_fp32_bytes, load_gguf_weights
 from kestrel_trio._model.gguf_config import config_from_gguf, gguf_architecture
 from kestrel_trio._model.gguf_reader import GgufFile, is_gguf_file
-from kestrel_trio._model.kv_cache import KVCache
+from kestrel_trio._model.kv_cache import BLOCK_TOKENS, KVCache, KVCacheFull, kv_token_bytes
+from kestrel_trio._model.kv_storage import KV_DTYPES, storage_dtype, to_storage
+from kestrel_trio._model.layers import linear
 from kestrel_trio._model.matmul import (
     UPCAST_CHUNK, choose_small_batch_call, product_threads, set_product_threads, small_batch_call,
 )
@@ -20,6 +22,7 @@ from kestrel_trio._model.packed import GgmlRows, PackedMatrix
 from kestrel_trio._model.prefix_cache import PrefixCache
 from kestrel_trio._model.qwen3_vl import Qwen3VL, VLPrompt, is_qwen3_vl, load_qwen3_vl, vl_config_from_dict
 from kestrel_trio._model.quant_cache import default_cache_dir
+from kestrel_trio._model.resident import mapped_bytes
 from kestrel_trio._model.random_init import random_tensors, write_random_checkpoint
 from kestrel_trio._model.safetensors import SafetensorsCheckpoint
 from kestrel_trio._model.shapes import expected_shapes
@@ -35,7 +38,9 @@ __all__ = [
     "write_random_checkpoint", "GgufFile", "is_gguf_file", "gguf_fp32_bytes", "load_gguf_weights",
     "config_from_gguf", "gguf_architecture",
     # forward passes and caches
-    "Decoder", "forward", "KVCache", "PrefixCache",
+    "Decoder", "forward", "KVCache", "PrefixCache", "linear",
+    # KV storage and its memory
+    "BLOCK_TOKENS", "KVCacheFull", "kv_token_bytes", "KV_DTYPES", "storage_dtype", "to_storage", "mapped_bytes",
     # Qwen3-VL
     "Qwen3VL", "VLPrompt", "is_qwen3_vl", "load_qwen3_vl", "vl_config_from_dict",
     # product threads and kernels

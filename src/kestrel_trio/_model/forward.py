@@ -18,7 +18,7 @@ import attrs
 import numpy as np
 
 from kestrel_trio._model.config import ModelConfig
-from kestrel_trio._model.kv_cache import KVCache
+from kestrel_trio._model.kv_cache import KVCache, kv_token_bytes
 from kestrel_trio._model.layers import causal_attention, dense_mlp, embedding, linear, rms_norm, sparse_moe
 from kestrel_trio._model.rope import Rope, apply_rope
 from kestrel_trio._model.weights import Attention, DenseMLP, Layer, Weights
@@ -38,10 +38,15 @@ class Decoder:
     def build(cls, config: ModelConfig, weights: Weights) -> "Decoder":
         return cls(config=config, weights=weights, rope=Rope.build(config.rope, config.head_dim))
 
-    def new_cache(self) -> KVCache:
-        """An empty KV cache for one sequence."""
+    def new_cache(self, dtype: str = "fp32", max_tokens: int | None = None) -> KVCache:
+        """An empty KV cache for one sequence (storage ``dtype``; at most ``max_tokens``, None: unbounded)."""
         c = self.config
-        return KVCache(c.num_hidden_layers, c.num_key_value_heads, c.head_dim)
+        return KVCache(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, dtype=dtype, max_tokens=max_tokens)
+
+    def kv_token_bytes(self, dtype: str = "fp32") -> int:
+        """Bytes one token's keys and values take in a cache of ``dtype`` (all layers)."""
+        c = self.config
+        return kv_token_bytes(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, dtype)
 
 
 @attrs.frozen

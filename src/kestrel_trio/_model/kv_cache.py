@@ -1,4 +1,4 @@
-"""A per-request key/value cache that grows in blocks.
+"""A per-request key/value cache that grows in blocks, optionally capped at a reservation.
 
 Each request owns one. Storage is preallocated per layer as
 [n_kv, capacity, head_dim] so that one head's keys are contiguous for the
@@ -7,15 +7,33 @@ decode step's key is a slice assignment, not a concatenation. Growth is by a
 quarter of the capacity at least, so that copies stay linear in the length,
 while the memory held stays within a quarter (plus a block) of what is used:
 on a board, KV bytes are the budget that limits context and the prefix cache.
+
+A cache given ``max_tokens`` (the engine's reservation for its request) is
+instead allocated at exactly that capacity the first time it needs room, and
+never grows past it: its bytes are known before the request runs, and never
+exceed what was reserved. Storage is float32, bf16 bits or float16
+(:mod:`kestrel_trio._model.kv_storage`); the values handed to attention are
+float32 either way.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["KVCache"]
+from kestrel_trio._model.kv_storage import KV_DTYPES, storage_dtype, to_storage
+
+__all__ = ["KVCache", "KVCacheFull", "BLOCK_TOKENS", "KV_DTYPES", "kv_token_bytes"]
 
 BLOCK_TOKENS = 64
+
+
+class KVCacheFull(RuntimeError):
+    """A cache was asked to hold more tokens than its ``max_tokens`` (a reservation that was too small: a bug)."""
+
+
+def kv_token_bytes(num_layers: int, num_kv_heads: int, head_dim: int, dtype: str = "fp32") -> int:
+    """Bytes one token's keys and values take in every layer."""
+    return 2 * num_layers * num_kv_heads * head_dim * storage_dtype(dtype).itemsize
 
 
 class KVCache:
@@ -26,17 +44,29 @@ class KVCache:
         num_kv_heads: key/value heads per layer.
         head_dim: channels per head.
         block_tokens: growth granularity (tokens).
+        dtype: storage, "fp32", "bf16" or "fp16".
+        max_tokens: the most tokens it may hold (None: unbounded); when set,
+            the first growth allocates exactly this capacity.
     """
 
-    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, block_tokens: int = BLOCK_TOKENS) -> None:
+    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, block_tokens: int = BLOCK_TOKENS, *,
+                 dtype: str = "fp32", max_tokens: int | None = None) -> None:
         self.num_layers = num_layers
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.block_tokens = block_tokens
+        self.dtype = dtype
+        self._storage = storage_dtype(dtype)
+        self.max_tokens = max_tokens
         self.length = 0  # tokens committed to the cache
         self.capacity = 0
         self.keys: list[np.ndarray] = []  # num_layers of [n_kv, capacity, head_dim]
         self.values: list[np.ndarray] = []  # num_layers of [n_kv, capacity, head_dim]
+
+    @property
+    def token_bytes(self) -> int:
+        """Bytes of one token's keys and values, all layers."""
+        return kv_token_bytes(self.num_layers, self.num_kv_heads, self.head_dim, self.dtype)
 
     @property
     def nbytes(self) -> int:
@@ -44,15 +74,28 @@ class KVCache:
         return sum(k.nbytes + v.nbytes for k, v in zip(self.keys, self.values))
 
     def reserve(self, new_tokens: int) -> None:
-        """Make room for ``new_tokens`` more tokens, growing in whole blocks."""
+        """Make room for ``new_tokens`` more tokens, growing in whole blocks (at once to ``max_tokens`` if set).
+
+        Raises:
+            KVCacheFull: the tokens would exceed ``max_tokens``.
+            MemoryError: the allocation was refused; the cache is unchanged
+                but for layers already grown, and a later call resumes.
+        """
         needed = self.length + new_tokens
+        if self.max_tokens is not None and needed > self.max_tokens:
+            raise KVCacheFull(f"{needed} tokens exceed this cache's reservation of {self.max_tokens}")
         if needed <= self.capacity:
             return
-        capacity = self._round_up(max(needed, self.capacity + self.capacity // 4))
+        if self.max_tokens is not None:
+            capacity = self.max_tokens
+        else:
+            capacity = self._round_up(max(needed, self.capacity + self.capacity // 4))
         shape = (self.num_kv_heads, capacity, self.head_dim)
         for store in (self.keys, self.values):
             for layer in range(self.num_layers):
-                grown = np.empty(shape, dtype=np.float32)  # [n_kv, capacity, head_dim]
+                if layer < len(store) and store[layer].shape[1] >= capacity:
+                    continue  # grown by an earlier call that ran out of memory part way
+                grown = np.empty(shape, dtype=self._storage)  # [n_kv, capacity, head_dim]
                 if layer < len(store):
                     grown[:, : self.length] = store[layer][:, : self.length]
                     store[layer] = grown
@@ -64,16 +107,17 @@ class KVCache:
         return -(-tokens // self.block_tokens) * self.block_tokens
 
     def write(self, layer: int, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Store one layer's new ``k``, ``v`` [T, n_kv, head_dim] after the committed tokens.
+        """Store one layer's new float32 ``k``, ``v`` [T, n_kv, head_dim] after the committed tokens.
 
         Returns:
-            The layer's keys and values up to and including the new tokens,
-            each [n_kv, length + T, head_dim] (views, no copy).
+            The layer's stored keys and values up to and including the new
+            tokens, each [n_kv, length + T, head_dim] (views, no copy; float32,
+            or bf16 bits / float16 that attention widens as it reads).
         """
         t = k.shape[0]
         end = self.length + t
-        self.keys[layer][:, self.length : end] = k.transpose(1, 0, 2)  # [n_kv, T, head_dim]
-        self.values[layer][:, self.length : end] = v.transpose(1, 0, 2)  # [n_kv, T, head_dim]
+        self.keys[layer][:, self.length : end] = to_storage(k.transpose(1, 0, 2), self._storage)  # [n_kv, T, head_dim]
+        self.values[layer][:, self.length : end] = to_storage(v.transpose(1, 0, 2), self._storage)  # [n_kv, T, head_dim]
         return self.keys[layer][:, :end], self.values[layer][:, :end]
 
     def commit(self, new_tokens: int) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from kestrel_trio._model.kv_storage import attend_stored
 from kestrel_trio._model.matmul import linear, run_shared, shares_of
 from kestrel_trio._model.packed import Matrix, PackedMatrix
 from kestrel_trio._model.weights import DenseMLP, SparseMoE
@@ -44,8 +45,9 @@ def causal_attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, past: 
 
     Args:
         q: [T, n_heads, head_dim], the queries of the T newest tokens.
-        keys: [n_kv, past + T, head_dim], every key of the sequence so far.
-        values: [n_kv, past + T, head_dim].
+        keys: [n_kv, past + T, head_dim], every key of the sequence so far (float32, or
+            a KV cache's bf16 bits / float16, widened as read: kestrel_trio._model.kv_storage).
+        values: [n_kv, past + T, head_dim], stored as ``keys``.
         past: tokens before the new ones.
         scale: the score multiplier (head_dim ** -0.5).
 
@@ -79,6 +81,9 @@ SHARED_ATTENTION_SCORES = 1 << 20
 def _attend(grouped: np.ndarray, keys: np.ndarray, values: np.ndarray, future: np.ndarray | None,
             out: np.ndarray) -> None:
     """Softmax attention of ``grouped`` [h, group*T, head_dim] over ``keys``, ``values`` [h, total, head_dim]."""
+    if keys.dtype != np.float32:
+        attend_stored(grouped, keys, values, future, out)
+        return
     h, rows, _ = grouped.shape
     scores = grouped @ keys.transpose(0, 2, 1)  # [h, group*T, total]
     if future is not None:

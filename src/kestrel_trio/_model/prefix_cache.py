@@ -14,6 +14,13 @@ last prompt token is always recomputed, since its logits are needed to
 sample. Entries are evicted least recently used first, until their storage
 fits the byte budget.
 
+Under an engine's KV budget, a new request's cache is capped at its
+reservation (``KVCache.max_tokens``): an idle entry is handed over only if
+its capacity fits that cap (the request's reservation then bounds it), else
+its tokens are copied. Idle entries are the prefix cache's own memory within
+the KV budget (:attr:`PrefixCache.idle_bytes`); the engine evicts them
+(:meth:`PrefixCache.evict_idle`) to make room for a request it admits.
+
 The engine calls it from its worker thread only (one step at a time), so it
 takes no lock.
 """
@@ -81,6 +88,23 @@ class PrefixCache:
         """Bytes held by the entries' caches."""
         return sum(entry.cache.nbytes for entry in self._entries.values())
 
+    @property
+    def idle_bytes(self) -> int:
+        """Bytes of the entries no running request uses: the prefix cache's own share of the KV memory."""
+        return sum(entry.cache.nbytes for entry in self._entries.values() if not entry.in_use)
+
+    def evict_idle(self, max_bytes: int) -> int:
+        """Drop idle entries, least recently used first, until they hold at most ``max_bytes``; bytes freed."""
+        idle = self.idle_bytes
+        freed = 0
+        for key, entry in list(self._entries.items()):  # oldest first
+            if idle - freed <= max_bytes:
+                break
+            if not entry.in_use:
+                del self._entries[key]
+                freed += entry.cache.nbytes
+        return freed
+
     def __len__(self) -> int:
         return len(self._entries)
 
@@ -100,11 +124,12 @@ class PrefixCache:
         best, length = self._lookup(prompt_ids)
         if best is None:
             return cache, 0
-        if best.in_use:
+        if best.in_use or not _may_hand_over(best.cache, cache):
             cache.reserve(len(prompt_ids))
             _copy_prefix(best.cache, cache, length)
             return cache, length
         best.cache.truncate(length)
+        best.cache.max_tokens = cache.max_tokens  # the new request's reservation now bounds it
         best.token_ids, best.in_use = best.token_ids[:length], True
         return best.cache, length
 
@@ -184,7 +209,14 @@ class PrefixCache:
         self._entries.clear()
 
 
+def _may_hand_over(entry: KVCache, fresh: KVCache) -> bool:
+    """Whether ``entry`` may replace the request's ``fresh`` cache: same storage, capacity within its cap."""
+    return entry.dtype == fresh.dtype and (fresh.max_tokens is None or entry.capacity <= fresh.max_tokens)
+
+
 def _copy_prefix(source: KVCache, target: KVCache, tokens: int) -> None:
+    if source.dtype != target.dtype:
+        raise ValueError(f"cannot copy {source.dtype} KV into a {target.dtype} cache")
     target.reserve(tokens)
     for layer in range(source.num_layers):
         target.keys[layer][:, :tokens] = source.keys[layer][:, :tokens]  # [n_kv, tokens, head_dim]

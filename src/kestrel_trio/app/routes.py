@@ -113,7 +113,7 @@ class _Routes:
         return ("text", "image") if self.state.accepts_images else ("text",)
 
     def models(self, request: Request) -> Response:
-        return _json(200, oa.models_list([self.state.model_id], self.state.created,
+        return _json(200, oa.models_list([self.state.model_id], self.state.created, max_model_len=self._max_model_len(),
                                          input_modalities=self._input_modalities()))
 
     def model(self, request: Request) -> Response:
@@ -122,8 +122,13 @@ class _Routes:
         if requested != self.state.model_id:
             raise ModelNotFoundError(f"The model {requested!r} does not exist; this server serves "
                                      f"{self.state.model_id!r}", param="model", code="model_not_found")
-        return _json(200, oa.model_card(self.state.model_id, self.state.created,
+        return _json(200, oa.model_card(self.state.model_id, self.state.created, max_model_len=self._max_model_len(),
                                         input_modalities=self._input_modalities()))
+
+    def _max_model_len(self) -> int | None:
+        """The served context (``--max-model-len`` or the model's), once the model is loaded."""
+        model = self.state.model
+        return None if model is None else model.context_length
 
     async def _parse(self, parse, body: bytes):
         """``parse(body)``; a large body is parsed in a worker thread, off the event loop."""

@@ -39,6 +39,15 @@ Theory of operation:
   get :class:`EngineUnavailableError`. ``end_generations(error)`` (a server's
   shutdown, once its grace is over) ends every stream at once: each handle
   raises ``error`` at its next read, and its consumer's close abandons the job.
+* Memory is planned (:mod:`kestrel_trio.engine.kv_budget`): ``open_generations``
+  refuses (400) a request whose worst-case KV (prompt + max_tokens, in whole
+  blocks) exceeds the whole KV budget, or whose length exceeds the context
+  cap (``max_model_len``). Admission reserves that worst case; a waiting job
+  that does not fit the room left (after evicting idle prefix-cache entries)
+  stays queued, first come first served, until running generations end. Its
+  cache is allocated at exactly the reservation, so the real KV bytes never
+  exceed the budget. A MemoryError inside a step fails only the generations
+  that needed the memory (:mod:`kestrel_trio.engine.contained_step`).
 """
 
 from __future__ import annotations
@@ -53,9 +62,11 @@ import attrs
 import trio
 
 from kestrel_trio._model import PrefixCache
+from kestrel_trio.engine.contained_step import step_contained
+from kestrel_trio.engine.kv_budget import budget_for
 from kestrel_trio.engine.metrics import EngineMetrics
-from kestrel_trio.engine.types import Delta, EngineLimits, GenerationRequest
-from kestrel_trio.errors import BadRequestError, EngineUnavailableError, KestrelError, QueueFullError
+from kestrel_trio.engine.types import Delta, EngineLimits, GenerationRequest, KVUsage
+from kestrel_trio.errors import BadRequestError, EngineUnavailableError, KestrelError, OutOfMemoryError, QueueFullError
 from kestrel_trio.model import Model
 from kestrel_trio.engine.step import step_generations
 from kestrel_trio.text.generation import Generation, Phase, StepResult, check_context
@@ -79,6 +90,8 @@ class Job:
     steps_after_abandon: int = 0
     admitted_at: float | None = None
     last_token_at: float | None = None
+    kv_bytes: int = 0  # KV reserved for it once admitted: prompt + max_tokens, in whole blocks
+    waited_for_kv: bool = False
 
     @property
     def phase(self) -> str:
@@ -94,12 +107,32 @@ class Engine:
 
     Args:
         model: the loaded model; the engine is its only user while running.
-        limits: queue size, batch size, prefill chunk and stall detection.
+        limits: queue size, batch size, prefill chunk, stall detection, context cap and KV budget.
+
+    Attributes:
+        model: the model as served: ``limits.max_model_len`` caps its ``context_length``.
+        kv: the KV budget (bytes, dtype, how it was set).
+        kv_usage: KV bytes reserved and used and requests waiting for KV, as of the last step.
+
+    Raises:
+        KestrelError: ``max_model_len`` exceeds the model's context, or no KV budget could be derived.
     """
 
     def __init__(self, model: Model, limits: EngineLimits = EngineLimits()) -> None:
+        if limits.max_model_len is not None:
+            model = model.with_context_length(limits.max_model_len)
         self.model = model
         self.limits = limits
+        self.kv = budget_for(model, limits)
+        log.info("KV cache budget: %.1f MiB = %d tokens of %s KV (%s); context cap %d tokens",
+                 self.kv.budget_bytes / 2**20, self.kv.budget_tokens, self.kv.dtype, self.kv.source,
+                 model.context_length)
+        if self.kv.budget_tokens < model.context_length:
+            log.warning("one sequence at the full context (%d tokens) needs %.1f MiB of KV, more than the budget: "
+                        "requests are limited to %d tokens (prompt + max_tokens); --max-model-len or "
+                        "--kv-cache-mb changes this", model.context_length,
+                        self.kv.reservation_bytes(model.context_length) / 2**20, self.kv.budget_tokens)
+        self.kv_usage = KVUsage(budget_bytes=self.kv.budget_bytes)
         self.status = "starting"  # starting -> ok -> stopped | broken
         # The live-job count (_live_queued) is the real bound; the channel has room for twice as many so that
         # jobs abandoned while queued, which leave the channel only at the next step boundary, rarely
@@ -114,10 +147,10 @@ class Engine:
         self.mean_service_seconds: float | None = None
         self.max_steps_after_abandon = 0
         self.batch_in_flight = 0
-        self.prefix_cache = PrefixCache(limits.prefix_cache_bytes)
+        self.prefix_cache = PrefixCache(min(limits.prefix_cache_bytes, self.kv.budget_bytes))
         self._ended: KestrelError | None = None  # set by end_generations: every handle raises it
         self.metrics = EngineMetrics(running=lambda: len(self._active), waiting=lambda: self._live_queued,
-                                     prefix_cache=self.prefix_cache)
+                                     prefix_cache=self.prefix_cache, kv_usage=lambda: self.kv_usage)
 
     # ---- counters read by /health (never wait on the worker thread) ----
 
@@ -145,9 +178,19 @@ class Engine:
         return trio.current_time() - self.step_started_at > allowed
 
     def report(self) -> dict:
-        """The scheduler's counters and bounds, as /health shows them (never waits on the worker thread)."""
+        """The scheduler's counters and bounds, the context cap and the KV budget's state, as /health shows them
+        (never waits on the worker thread)."""
         return {"busy": self.busy, "queued": self.queued, "active": self.active, "batch": self.batch_in_flight,
-                "max_queued": self.limits.max_queued, "max_batch": self.limits.max_batch}
+                "max_queued": self.limits.max_queued, "max_batch": self.limits.max_batch, **self.memory_report()}
+
+    def memory_report(self) -> dict:
+        """The context cap and the KV budget's state, for /health (counters only: never waits on a step)."""
+        usage, kv = self.kv_usage, self.kv
+        return {"max_model_len": self.model.context_length,
+                "kv_cache": {"dtype": kv.dtype, "budget_bytes": kv.budget_bytes, "budget_tokens": kv.budget_tokens,
+                             "token_bytes": kv.token_bytes, "reserved_bytes": usage.reserved_bytes,
+                             "used_bytes": usage.used_bytes, "prefix_cache_bytes": usage.prefix_bytes,
+                             "waiting_for_kv": usage.waiting_for_kv, "budget_from": kv.source}}
 
     def retry_after(self) -> int:
         """Seconds a refused client should wait, from observed service time (1 to 60)."""
@@ -168,7 +211,8 @@ class Engine:
         Raises:
             QueueFullError: the queue is full (HTTP 429 with ``retry_after``).
             EngineUnavailableError: the engine is not running.
-            ContextLengthError: the prompt plus max_tokens exceeds the context.
+            ContextLengthError: the prompt plus max_tokens exceeds the context cap, or
+                needs more KV than the whole KV budget.
             BadRequestError: the request has images and the model takes none.
         """
         return self.open_generations([request])[0]
@@ -234,7 +278,8 @@ class Engine:
 
     def _enqueue(self, request: GenerationRequest, generation: Generation) -> Job:
         send, recv = trio.open_memory_channel[object](generation.params.max_tokens + 2)
-        job = Job(generation=generation, results=send, receiver=recv, enqueued_at=trio.current_time())
+        job = Job(generation=generation, results=send, receiver=recv, enqueued_at=trio.current_time(),
+                  kv_bytes=generation.cache.max_tokens * self.kv.token_bytes)
         try:
             self._queue_send.send_nowait(job)
         except trio.WouldBlock:
@@ -252,20 +297,26 @@ class Engine:
         model = self.model
         if request.images:
             model.require_vision(request.prompt_param)
-        max_tokens = check_context(len(request.prompt_ids), request.params.max_tokens, model.context_length,
-                                   param=request.prompt_param, max_tokens_param=request.max_tokens_param)
+        prompt_tokens = len(request.prompt_ids)
+        max_tokens = check_context(prompt_tokens, request.params.max_tokens, model.context_length,
+                                   param=request.prompt_param, max_tokens_param=request.max_tokens_param,
+                                   context_name=model.context_name)
+        max_tokens = self.kv.max_tokens_for(prompt_tokens, max_tokens, requested=request.params.max_tokens is not None,
+                                            param=request.prompt_param, max_tokens_param=request.max_tokens_param)
         params = attrs.evolve(request.params, max_tokens=max_tokens)
         tokenizer = model.require_tokenizer()
+        reserved = self.kv.reservation_tokens(prompt_tokens + max_tokens)
         return Generation(
             list(request.prompt_ids),
             params,
             tokenizer=tokenizer,
             eos_token_ids=tokenizer.eos_token_ids,
-            cache=model.new_cache(),
+            cache=model.new_cache(self.kv.dtype, max_tokens=reserved),
             vocab_size=model.config.vocab_size,
             prefill_chunk=self.limits.prefill_chunk,
             images=request.images,
             constraint=request.constraint,
+            contain_memory_errors=True,  # step_contained rolls back and retries
         )
 
     def _abandon(self, job: Job) -> None:
@@ -305,16 +356,44 @@ class Engine:
             self._drain_queue()
         self._drop_abandoned()
         deferred = []
+        blocked = 0
         while self._waiting and len(self._active) < self.limits.max_batch:
-            job = self._waiting.popleft()
+            job = self._waiting[0]
             if self._shares_a_running_prefill(job):
-                deferred.append(job)
+                deferred.append(self._waiting.popleft())
                 continue
+            if not self._make_kv_room(job.kv_bytes):
+                blocked = min(self._live_queued, self.limits.max_batch - len(self._active))
+                if not job.waited_for_kv:
+                    job.waited_for_kv = True
+                    self.metrics.kv_waits.inc()
+                break  # first come, first served: later requests wait behind it
+            self._waiting.popleft()
             job.admitted_at = trio.current_time()
             self._live_queued -= 1
             self.metrics.queue_time.observe(job.admitted_at - job.enqueued_at)
             self._active.append(job)
         self._waiting.extendleft(reversed(deferred))
+        self._note_kv_usage(blocked)
+
+    def _make_kv_room(self, need: int) -> bool:
+        """Whether ``need`` more bytes fit the KV budget now, evicting idle prefix-cache entries to make them fit."""
+        room = self.kv.budget_bytes - sum(job.kv_bytes for job in self._active)
+        if need > room:
+            return False
+        self.prefix_cache.evict_idle(room - need)
+        if self.prefix_cache.idle_bytes > room - need:  # cannot happen: idle entries are all evictable
+            log.warning("the prefix cache holds KV no running request owns; clearing it")
+            self.prefix_cache.clear()
+        return True
+
+    def _note_kv_usage(self, blocked: int | None = None) -> None:
+        """Refresh :attr:`kv_usage` (in trio, while no step runs: the caches are not being written)."""
+        prefix = self.prefix_cache.idle_bytes
+        self.kv_usage = KVUsage(
+            budget_bytes=self.kv.budget_bytes, reserved_bytes=sum(job.kv_bytes for job in self._active),
+            used_bytes=sum(job.generation.cache.nbytes for job in self._active) + prefix, prefix_bytes=prefix,
+            waiting_for_kv=self.kv_usage.waiting_for_kv if blocked is None else blocked)
 
     def _shares_a_running_prefill(self, job: Job) -> bool:
         """Whether an active job is still prefilling this job's whole prompt but its last token."""
@@ -342,8 +421,13 @@ class Engine:
         self._waiting = collections.deque(j for j in self._waiting if not j.abandoned)
         for job in self._active:
             if job.abandoned:
-                self.prefix_cache.release(job.generation.cache)  # no step runs now: the worker is idle
+                self._retire(job)  # no step runs now: the worker is idle
         self._active = [j for j in self._active if not j.abandoned]
+
+    def _retire(self, job: Job) -> None:
+        """``job`` leaves the batch: its cache is no longer its memory (the prefix cache may keep it, idle)."""
+        self.prefix_cache.release(job.generation.cache)
+        job.generation.drop_cache()
 
     async def _step(self) -> None:
         batch = list(self._active)
@@ -352,7 +436,7 @@ class Engine:
         self.batch_in_flight = len(batch)
         try:
             results = await trio.to_thread.run_sync(
-                step_generations, self.model.decoder, generations, self.prefix_cache, self.model.vision,
+                _contained, self.model.decoder, generations, self.prefix_cache, self.model.vision,
                 limiter=self._limiter,
             )
         except Exception:
@@ -360,6 +444,7 @@ class Engine:
             for job in batch:
                 self._finish_with_error(job, KestrelError("the model step failed; see the server log"))
             self._active.clear()
+            self._note_kv_usage()
             return
         finally:
             self.step_started_at = None
@@ -370,8 +455,17 @@ class Engine:
         self.metrics.step_time.observe(elapsed)
         self.metrics.observe_masks(generations)
         for job, result in zip(batch, results):
-            self._deliver(job, result)
+            if isinstance(result, KestrelError):
+                if isinstance(result, OutOfMemoryError):
+                    self.metrics.out_of_memory.inc()
+                self._finish_with_error(job, result)
+            else:
+                self._deliver(job, result)
+        for job in self._active:
+            if job.done:
+                self._retire(job)
         self._active = [job for job in self._active if not job.done]
+        self._note_kv_usage()
 
     def _deliver(self, job: Job, result: StepResult) -> None:
         job.steps += 1
@@ -412,7 +506,7 @@ class Engine:
         if job.done:
             return
         job.done = True
-        self.prefix_cache.release(job.generation.cache)
+        self._retire(job)
         if not job.abandoned:
             self.metrics.failed.inc()
             try:
@@ -480,6 +574,11 @@ class GenerationHandle:
 
     async def __aexit__(self, *exc_info: object) -> None:
         self.cancel()
+
+
+def _contained(decoder, generations, prefix_cache, vision) -> list:
+    """The engine's step (the module's ``step_generations``, so a test may wrap it), MemoryErrors contained."""
+    return step_contained(step_generations, decoder, generations, prefix_cache, vision)
 
 
 def _ewma(previous: float | None, sample: float, weight: float = 0.2) -> float:

@@ -19,9 +19,11 @@ class EngineMetrics:
         running: returns the number of generations in the active set.
         waiting: returns the number of live queued generations.
         prefix_cache: the engine's PrefixCache, whose counters are exported.
+        kv_usage: returns the engine's KVUsage (bytes budgeted, reserved, used; waits).
     """
 
-    def __init__(self, running: Callable[[], float], waiting: Callable[[], float], prefix_cache=None) -> None:
+    def __init__(self, running: Callable[[], float], waiting: Callable[[], float], prefix_cache=None,
+                 kv_usage: Callable[[], object] | None = None) -> None:
         self.running = Gauge("kestrel:num_requests_running", "Generations in the active batch.", function=running)
         self.waiting = Gauge("kestrel:num_requests_waiting", "Generations waiting in the queue.", function=waiting)
         self.prompt_tokens = Counter("kestrel:prompt_tokens_total", "Prompt tokens processed.")
@@ -53,6 +55,24 @@ class EngineMetrics:
                                        function=lambda: prefix_cache.reused_tokens)
             self.prefix_entries = Gauge("kestrel:prefix_cache_entries", "Prompts whose KV is kept for reuse.",
                                         function=lambda: len(prefix_cache))
+        self.kv_waits = Counter("kestrel:kv_cache_waits_total",
+                                "Generations that waited in the queue for KV room (counted once each).")
+        self.out_of_memory = Counter("kestrel:request_out_of_memory_total",
+                                     "Generations ended because a model step could not get their memory.")
+        if kv_usage is not None:
+            self.kv_budget = Gauge("kestrel:kv_cache_budget_bytes", "The KV cache budget.",
+                                   function=lambda: kv_usage().budget_bytes)
+            self.kv_reserved = Gauge("kestrel:kv_cache_reserved_bytes",
+                                     "KV reserved by the generations in the batch (prompt + max_tokens each).",
+                                     function=lambda: kv_usage().reserved_bytes)
+            self.kv_used = Gauge("kestrel:kv_cache_used_bytes",
+                                 "KV really held: the batch's caches and the prefix cache's idle entries.",
+                                 function=lambda: kv_usage().used_bytes)
+            self.kv_prefix = Gauge("kestrel:kv_cache_prefix_bytes", "KV held by idle prefix-cache entries.",
+                                   function=lambda: kv_usage().prefix_bytes)
+            self.kv_waiting = Gauge("kestrel:num_requests_waiting_for_kv",
+                                    "Queued generations the batch has room for but the KV budget has not.",
+                                    function=lambda: kv_usage().waiting_for_kv)
         self.step_time = Histogram("kestrel:model_step_seconds", "Duration of one batched model step.",
                                    buckets=_TOKEN_LATENCY_BUCKETS)
         self.structured = Counter("kestrel:structured_output_requests_total",

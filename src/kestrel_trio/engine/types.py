@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import attrs
 
+from kestrel_trio._model import KV_DTYPES
 from kestrel_trio.text.constraint import Constraint
 from kestrel_trio.text.generation import DEFAULT_PREFILL_CHUNK
 from kestrel_trio.text.images import ProcessedImage
 from kestrel_trio.text.sampling import SamplingParams, TokenLogprobs
 
-__all__ = ["EngineLimits", "GenerationRequest", "Delta"]
+__all__ = ["EngineLimits", "GenerationRequest", "Delta", "KVUsage"]
 
 
 @attrs.frozen
@@ -20,9 +21,16 @@ class EngineLimits:
         max_queued: generations that may wait for the batch; one more is refused (429).
         max_batch: generations stepped together in one forward pass.
         prefill_chunk: prompt tokens per prefill step (bounds how long other streams wait).
-        prefix_cache_bytes: KV kept for reuse by later prompts with the same prefix (bytes; 0: off).
+        prefix_cache_bytes: KV kept for reuse by later prompts with the same prefix (bytes; 0: off);
+            a share inside ``kv_cache_bytes``, not beside it.
         stall_factor: a step running this many times its usual duration is a stall (/health 503).
         stall_floor: seconds a step may always run before it can count as stalled.
+        max_model_len: the longest sequence (prompt plus generated tokens) served, at most the
+            model's context (None: the model's context).
+        kv_cache_bytes: every live KV byte (running generations and the prefix cache) stays
+            within this (bytes; None: derived at start from the memory available, see
+            kestrel_trio.engine.kv_budget).
+        kv_dtype: KV cache storage, "fp32", "bf16" or "fp16" (half the bytes; compute stays fp32).
     """
 
     max_queued: int = attrs.field(default=16, validator=attrs.validators.ge(1))
@@ -31,6 +39,10 @@ class EngineLimits:
     prefix_cache_bytes: int = attrs.field(default=512 * 2**20, validator=attrs.validators.ge(0))
     stall_factor: float = 50.0
     stall_floor: float = 60.0
+    max_model_len: int | None = attrs.field(default=None, validator=attrs.validators.optional(attrs.validators.ge(1)))
+    kv_cache_bytes: int | None = attrs.field(default=None,
+                                             validator=attrs.validators.optional(attrs.validators.ge(1)))
+    kv_dtype: str = attrs.field(default="fp32", validator=attrs.validators.in_(KV_DTYPES))
 
 
 @attrs.frozen
@@ -78,3 +90,22 @@ class Delta:
     completion_tokens: int
     cached_tokens: int = 0
     logprobs: TokenLogprobs | None = None
+
+
+@attrs.frozen
+class KVUsage:
+    """The KV budget's state after the engine's last admission or step (read by /health and /metrics).
+
+    Attributes:
+        budget_bytes: the KV budget.
+        reserved_bytes: reserved by the generations in the batch (each its prompt + max_tokens, in blocks).
+        used_bytes: really held: the batch's caches plus the prefix cache's idle entries.
+        prefix_bytes: held by idle prefix-cache entries (evicted first when a request needs room).
+        waiting_for_kv: queued generations the batch had room for but the KV budget had not.
+    """
+
+    budget_bytes: int
+    reserved_bytes: int = 0
+    used_bytes: int = 0
+    prefix_bytes: int = 0
+    waiting_for_kv: int = 0

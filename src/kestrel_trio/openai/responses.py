@@ -138,9 +138,10 @@ def model_card(model_id: str, created: int, owned_by: str = "kestrel-trio", *, m
 
 
 def models_list(model_ids: list[str] | tuple[str, ...], created: int, owned_by: str = "kestrel-trio", *,
-                input_modalities: tuple[str, ...] | None = None) -> dict:
-    """The ``GET /v1/models`` body (``created`` in Unix seconds; ``input_modalities`` as in :func:`model_card`)."""
-    return {"object": "list", "data": [model_card(model_id, created, owned_by, input_modalities=input_modalities)
+                max_model_len: int | None = None, input_modalities: tuple[str, ...] | None = None) -> dict:
+    """The ``GET /v1/models`` body (``created`` in Unix seconds; ``max_model_len`` and ``input_modalities`` as in :func:`model_card`)."""
+    return {"object": "list", "data": [model_card(model_id, created, owned_by, max_model_len=max_model_len,
+                                                  input_modalities=input_modalities)
                                        for model_id in model_ids]}
 
 

@@ -32,6 +32,7 @@ step samples (:attr:`Generation.samples_next`); otherwise ``advance`` computes i
 from __future__ import annotations
 
 import enum
+import inspect
 from typing import Iterator
 
 import attrs
@@ -77,20 +78,22 @@ class StepResult:
 
 
 def check_context(
-    prompt_tokens: int, max_tokens: int | None, context_length: int, *, param: str, max_tokens_param: str = "max_tokens"
+    prompt_tokens: int, max_tokens: int | None, context_length: int, *, param: str, max_tokens_param: str = "max_tokens",
+    context_name: str = "model's context length",
 ) -> int:
     """The effective max_tokens, or ContextLengthError naming the field at fault.
 
     Args:
         prompt_tokens: tokens in the prompt.
         max_tokens: requested new tokens, None for "as many as fit".
-        context_length: the model's context window (tokens).
+        context_length: the context window served (tokens).
         param: the request field that carried the prompt.
         max_tokens_param: the request field that carried ``max_tokens``.
+        context_name: how the message names ``context_length`` (``Model.context_name``).
     """
     if prompt_tokens >= context_length:
         raise ContextLengthError(
-            f"The prompt is {prompt_tokens} tokens, but the model's context length is {context_length} tokens "
+            f"The prompt is {prompt_tokens} tokens, but the {context_name} is {context_length} tokens "
             f"(at least one token must remain for the answer)",
             param=param,
         )
@@ -99,8 +102,8 @@ def check_context(
         return room
     if max_tokens > room:
         raise ContextLengthError(
-            f"The prompt ({prompt_tokens} tokens) plus {max_tokens_param} ({max_tokens}) exceeds the model's "
-            f"context length of {context_length} tokens",
+            f"The prompt ({prompt_tokens} tokens) plus {max_tokens_param} ({max_tokens}) exceeds the "
+            f"{context_name} of {context_length} tokens",
             param=max_tokens_param,
         )
     return max_tokens
@@ -119,6 +122,8 @@ class Generation:
         prefill_chunk: prompt tokens per prefill step.
         images: the prompt's images in prompt order (Qwen3-VL), already preprocessed.
         constraint: the grammar the output must follow (structured outputs), or None.
+        contain_memory_errors: a MemoryError while sampling is recorded in
+            :attr:`memory_failure` instead of raised (for a driver that rolls back, as the engine does).
     """
 
     def __init__(
@@ -133,6 +138,7 @@ class Generation:
         prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
         images: tuple[ProcessedImage, ...] = (),
         constraint: Constraint | None = None,
+        contain_memory_errors: bool = False,
     ) -> None:
         if not prompt_ids:
             raise ValueError("prompt_ids must not be empty")
@@ -157,6 +163,8 @@ class Generation:
         self._vision_steps: Iterator[None] | None = None  # the vision tower mid-way, advanced a block per step
         self._rope_delta = 0  # position of token i is i + rope_delta once past the prompt's images
         self.constraint: ConstraintState | None = constraint.start() if constraint is not None else None
+        self._memory_failure: str | None = None  # set by advance() when sampling ran out of memory
+        self._contain_memory_errors = contain_memory_errors
 
     @property
     def prompt_tokens(self) -> int:
@@ -195,6 +203,7 @@ class Generation:
         self._cache = cache
         self._prefilled = self.cached_tokens = restored
 
+
     # ---- images (Qwen3-VL): the step runs the vision tower, the generation keeps its progress ----
 
     @property
@@ -232,6 +241,11 @@ class Generation:
             self._rope_delta = self._vl_prompt.rope_delta
             return True
 
+    def vision_failed(self) -> bool:
+        """Whether the vision tower stopped with an error part way (it cannot resume: the images are gone)."""
+        steps = self._vision_steps
+        return inspect.isgenerator(steps) and inspect.getgeneratorstate(steps) == inspect.GEN_CLOSED
+
     def chunk_has_image_rows(self) -> bool:
         """Whether the next prefill chunk holds image rows (it then goes alone through the VL prefill)."""
         if self.phase is not Phase.PREFILL or self._vl_prompt is None:
@@ -239,6 +253,38 @@ class Generation:
         start, end = self.prefill_range()
         lo, hi = np.searchsorted(self._vl_prompt.image_rows, [start, end])
         return bool(hi > lo)
+
+    # ---- memory: what a driver that contains MemoryErrors (the engine) rolls back to ----
+
+    @property
+    def kv_tokens(self) -> int:
+        """Tokens whose KV this generation has counted as in its cache: what a failed step rolls back to."""
+        if self.phase is Phase.PREFILL:
+            return self._prefilled
+        return len(self.prompt_ids) + max(0, len(self.generated_ids) - 1)  # the newest token is not fed yet
+
+    @property
+    def memory_failure(self) -> str | None:
+        """"retry" or "fatal" once sampling ran out of memory (``contain_memory_errors``; see :meth:`advance`)."""
+        return self._memory_failure
+
+    def take_memory_failure(self) -> str | None:
+        """:attr:`memory_failure`, cleared (the driver has dealt with it)."""
+        failure, self._memory_failure = self._memory_failure, None
+        return failure
+
+    def roll_back(self) -> None:
+        """Cut the cache back to :attr:`kv_tokens`, forgetting whatever a failed step half wrote."""
+        self._cache.truncate(self.kv_tokens)
+
+    def progress(self) -> tuple[str, int, int]:
+        """A marker that changes whenever :meth:`advance` ran (phase, prompt tokens in, tokens generated)."""
+        return self.phase.value, self._prefilled, len(self.generated_ids)
+
+    def drop_cache(self) -> None:
+        """Let go of the KV cache once the generation is over (a prefix cache may still keep it)."""
+        c = self._cache
+        self._cache = KVCache(c.num_layers, c.num_kv_heads, c.head_dim, dtype=c.dtype, max_tokens=0)
 
     def cached_token_ids(self) -> list[int]:
         """The ids of the tokens whose KV the cache holds, in order."""
@@ -266,15 +312,37 @@ class Generation:
         raise RuntimeError("the generation is finished")
 
     def advance(self, logits: np.ndarray) -> StepResult:
-        """Take the logits [vocab] of the last token fed; sample when the prompt is in."""
+        """Take the logits [vocab] of the last token fed; sample when the prompt is in.
+
+        With ``contain_memory_errors``, a MemoryError while sampling does not
+        escape (so the other generations of a batched step keep their
+        results): the step is undone when nothing was emitted yet, and
+        :attr:`memory_failure` says so ("retry"; "fatal" when a token had been
+        taken already). The driver then cuts the cache back to
+        :attr:`kv_tokens` and retries or ends the generation.
+        """
+        if self.phase is Phase.DONE:
+            raise RuntimeError("the generation is finished")
+        saved = (self.phase, self._prefilled, self._vl_prompt, len(self.generated_ids))
+        try:
+            return self._advance(logits)
+        except MemoryError:
+            if not self._contain_memory_errors:
+                raise
+            if len(self.generated_ids) != saved[3]:
+                self._memory_failure = "fatal"
+            else:
+                self.phase, self._prefilled, self._vl_prompt = saved[:3]
+                self._memory_failure = "retry"
+            return StepResult()
+
+    def _advance(self, logits: np.ndarray) -> StepResult:
         if self.phase is Phase.PREFILL:
             self._prefilled += min(self._chunk, len(self.prompt_ids) - self._prefilled)
             if self._prefilled < len(self.prompt_ids):
                 return StepResult()
             self.phase = Phase.DECODE
             self._vl_prompt = None  # image features are only needed by prefill
-        elif self.phase is Phase.DONE:
-            raise RuntimeError("the generation is finished")
         return self._sample_and_emit(logits)
 
     def _sample_and_emit(self, logits: np.ndarray) -> StepResult:
@@ -283,7 +351,10 @@ class Generation:
             logits[self._usable_vocab :] = -np.inf  # padding rows of the embedding are not tokens
         grammar = self.constraint
         allowed = grammar.token_mask() if grammar is not None and grammar.active else None  # [vocab] bool
-        token, scored = self._sampler.sample_scored(logits, self.generated_ids, self.prompt_ids, allowed)
+        if allowed is None:  # no grammar: the sampler's plain call
+            token, scored = self._sampler.sample_scored(logits, self.generated_ids, self.prompt_ids)
+        else:
+            token, scored = self._sampler.sample_scored(logits, self.generated_ids, self.prompt_ids, allowed)
         self.generated_ids.append(token)
         if grammar is not None:
             grammar.consume(token)
