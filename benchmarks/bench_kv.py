@@ -16,12 +16,12 @@ fixtures, is tests/model/test_kv_storage.py.
 
 ``budget``: the issue's acceptance run. A real ``kestrel-trio serve`` on a
 0.6B-shaped checkpoint (written once into ~/.cache/kestrel-trio-bench/) with
-``--kv-cache-mb`` (512: about 2,300 fp32 tokens), 4 concurrent completions of
-1,000-token prompts and 200 new tokens each. It reports every stream's token
-count, the most generations running at once, the KV waits from /metrics,
-the server's peak RSS (VmHWM) against weights + budget + 300 MiB, and that
-a request needing more than the budget or --max-model-len is refused with a
-400 before any model step.
+``--kv-cache-mb`` (512: about 2,300 fp32 tokens) and ``--max-model-len 8192``,
+4 concurrent completions of 1,000-token prompts and 200 new tokens each. It
+reports every stream's token count, the most generations running at once, the
+KV waits from /metrics, the server's peak RSS (VmHWM) against the fp32 weights
++ budget + 300 MiB, and that a request needing more than the budget, or a
+prompt as long as --max-model-len, is refused with a 400 before any model step.
 
 This machine may set OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE (for old OpenBLAS
 builds); the benchmark re-executes itself without them unless
@@ -45,6 +45,7 @@ from bench_load import QWEN3_0_6B  # noqa: E402
 
 CACHE = Path.home() / ".cache" / "kestrel-trio-bench"
 DTYPES = ("fp32", "bf16", "fp16")
+MAX_MODEL_LEN = 8192  # the budget runs' context cap: above both budgets in tokens, so each refusal is the budget's
 
 
 # ---------------------------------------------------------------- decode speed and logits
@@ -251,7 +252,7 @@ def budget_run(folder: Path, kv_dtype: str, kv_mb: int, streams: int, prompt_tok
     import threading
 
     process, url = serve(folder, ["--kv-cache-mb", str(kv_mb), "--kv-dtype", kv_dtype, "--max-batch", str(streams),
-                                  "--max-model-len", "4096", "--prefix-cache-mb", "0"])
+                                  "--max-model-len", str(MAX_MODEL_LEN), "--prefix-cache-mb", "0"])
     stderr_lines: list[str] = []
     threading.Thread(target=lambda: stderr_lines.extend(process.stderr), daemon=True).start()
     try:
@@ -291,15 +292,16 @@ def budget_run(folder: Path, kv_dtype: str, kv_mb: int, streams: int, prompt_tok
         elapsed = time.perf_counter() - started
         _, metrics = http(url + "/metrics")
         steps_before = metric(metrics, "kestrel:model_steps_total")
-        too_big = http(url + "/v1/completions", {"prompt": prompt(prompt_tokens, 1), "max_tokens": 3000})
-        too_long = http(url + "/v1/completions", {"prompt": prompt(4000, 2), "max_tokens": 200})
+        over_budget = health["kv_cache"]["budget_tokens"]  # prompt + this can never fit, whatever the dtype
+        too_big = http(url + "/v1/completions", {"prompt": prompt(prompt_tokens, 1), "max_tokens": over_budget})
+        too_long = http(url + "/v1/completions", {"prompt": prompt(MAX_MODEL_LEN, 2), "max_tokens": 200})
         _, metrics_after = http(url + "/metrics")
         return {
             "health_kv": health.get("kv_cache"), "results": results, "most_running": most_running[0],
             "seconds": elapsed, "kv_waits": metric(metrics, "kestrel:kv_cache_waits_total"),
             "queue_time_sum": metric(metrics, "kestrel:request_queue_time_seconds_sum"),
             "rss_after_load": weights_rss, "peak_rss": status_of(process.pid, "VmHWM"),
-            "too_big": too_big, "too_long": too_long,
+            "too_big": too_big, "too_long": too_long, "over_budget": over_budget,
             "steps_for_refusals": metric(metrics_after, "kestrel:model_steps_total") - steps_before,
         }
     finally:
@@ -327,8 +329,9 @@ def run_budget(args: argparse.Namespace) -> None:
               f"peak RSS (VmHWM) {r['peak_rss'] / 2**20:.0f} MiB; bound weights + {args.kv_cache_mb} + 300 MiB = "
               f"{bound / 2**20:.0f} MiB: {'within' if r['peak_rss'] <= bound else 'OVER'} "
               f"(peak - weights = {(r['peak_rss'] - weights) / 2**20:.0f} MiB)")
-        for label, (status, body) in (("max_tokens 3000 (over the budget)", r["too_big"]),
-                                      ("a 4000-token prompt + 200 (over --max-model-len 4096)", r["too_long"])):
+        for label, (status, body) in ((f"max_tokens {r['over_budget']} (over the budget)", r["too_big"]),
+                                      (f"a {MAX_MODEL_LEN}-token prompt (over --max-model-len {MAX_MODEL_LEN})",
+                                       r["too_long"])):
             message = body["error"]["message"] if isinstance(body, dict) and "error" in body else body
             print(f"  {label}: {status}: {message}")
         print(f"  model steps run for those two refusals: {r['steps_for_refusals']:.0f}")
