@@ -35,7 +35,7 @@ from kestrel_trio._model.shapes import check_tensors
 from kestrel_trio._model.weights import CheckpointReader, DenseMLP, Weights, assemble_from, stacked_vectors
 from kestrel_trio.errors import ModelLoadError
 
-__all__ = ["GgufTensorRef", "GgufCheckpoint", "load_gguf_weights", "gguf_fp32_bytes"]
+__all__ = ["GgufTensorRef", "GgufCheckpoint", "load_gguf_weights"]
 
 
 @attrs.frozen
@@ -213,8 +213,3 @@ def load_gguf_weights(gguf: GgufFile, config: ModelConfig, architecture: str,
     if residency == "gguf":
         return assemble_from(config, set(checkpoint.tensors), _StoredSource(reader))
     return assemble_resident(config, reader, residency, set(checkpoint.tensors))
-
-
-def gguf_fp32_bytes(gguf: GgufFile) -> int:
-    """Bytes the file's tensors take once expanded to float32."""
-    return sum(int(np.prod(t.shape)) * 4 for t in gguf.tensors.values())
