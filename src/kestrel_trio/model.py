@@ -17,7 +17,7 @@ import numpy as np
 
 from kestrel_trio._model import (
     Decoder, GgufFile, KVCache, ModelConfig, Qwen3VL, assemble_weights, choose_small_batch_call, config_from_dict,
-    config_from_gguf, forward, gguf_architecture, gguf_fp32_bytes, is_gguf_file, is_qwen3_vl, linear, load_gguf_weights,
+    config_from_gguf, forward, gguf_architecture, is_gguf_file, is_qwen3_vl, linear, load_gguf_weights,
     load_qwen3_vl, load_weights, product_threads, random_tensors, read_config, read_config_json, resolve_residency,
     set_product_threads, vl_config_from_dict, UPCAST_CHUNK, PackedMatrix, default_cache_dir, describe_weights,
 )

@@ -218,3 +218,26 @@ def test_a_form_that_does_not_apply_is_refused_before_loading():
     check_model_folder(gguf_file, weights="gguf")
     check_model_folder(FIXTURES / "qwen3_bf16_tied", weights="int8")
     check_model_folder(FIXTURES / "qwen3_bf16_tied", weights="auto")
+
+
+@pytest.mark.parametrize("form", ["int8", "int4"])
+def test_shared_products_equal_the_single_thread_ones(form):
+    """Several chunks over two parts; int8's column scales applied once per stretch, per thread."""
+    from kestrel_trio._model import matmul
+
+    rng = np.random.default_rng(11)
+    first, second = ((rng.standard_normal((n, 512)) * 0.02).astype(np.float32) for n in (700, 333))
+    quantize = quantize_int8 if form == "int8" else (lambda w: quantize_int4(w, 64))
+    matrix = PackedMatrix((rows_from_arrays(form, quantize(first)), rows_from_arrays(form, quantize(second))))
+    dense = matrix.dense()  # [1033, 512]
+    for n in (1, 5, 12):
+        x = rng.standard_normal((n, 512)).astype(np.float32)  # [n, 512]
+        try:
+            matmul.set_product_threads(1)
+            alone = matmul.linear_packed(x, matrix)  # [n, 1033]
+            matmul.set_product_threads(3)
+            shared = matmul.linear_packed(x, matrix)  # [n, 1033]
+        finally:
+            matmul.set_product_threads(1)
+        assert np.array_equal(alone, shared)
+        np.testing.assert_allclose(shared, x @ dense.T, rtol=1e-4, atol=1e-5)

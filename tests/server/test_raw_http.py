@@ -159,6 +159,19 @@ async def test_health_reports_the_weight_residency_chosen_at_load() -> None:
     assert completion.status == 200 and completion.json()["usage"]["completion_tokens"] == 2
 
 
+async def test_health_reports_quantized_residencies(tmp_path) -> None:
+    gguf_file = FIXTURE_CHECKPOINT.parent / "gguf" / "qwen3_quant" / "qwen3_quant.gguf"
+    with trio.fail_after(60):
+        async with running_server(gguf_file) as server:  # auto keeps a GGUF as stored
+            stored = (await fetch(server.port, "GET", "/health")).json()
+            completion = await fetch(server.port, "POST", "/v1/completions", {"prompt": "hi", "max_tokens": 2})
+        async with running_server(FIXTURE_CHECKPOINT, weights="int4", quantized_cache=tmp_path) as server:
+            quantized = (await fetch(server.port, "GET", "/health")).json()
+    assert (stored["weights"], quantized["weights"]) == ("gguf", "int4")
+    assert completion.status == 200 and completion.json()["usage"]["completion_tokens"] == 2
+    assert len(list(tmp_path.glob("*.kq"))) == 1  # the cache folder serve() was given
+
+
 async def test_metrics_count_connections_and_the_requests_the_http_layer_refused(tiny_model: Model) -> None:
     with trio.fail_after(30):
         async with running_server(tiny_model) as server:

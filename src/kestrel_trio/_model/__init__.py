@@ -8,7 +8,7 @@ rest of kestrel-trio relies on is listed here, in one place.
 
 from kestrel_trio._model.config import ModelConfig, config_from_dict, read_config, read_config_json, read_json_object
 from kestrel_trio._model.forward import Decoder, forward
-from kestrel_trio._model.gguf_checkpoint import gguf_fp32_bytes, load_gguf_weights
+from kestrel_trio._model.gguf_checkpoint import load_gguf_weights
 from kestrel_trio._model.gguf_config import config_from_gguf, gguf_architecture
 from kestrel_trio._model.gguf_reader import GgufFile, is_gguf_file
 from kestrel_trio._model.kv_cache import BLOCK_TOKENS, KVCache, KVCacheFull, kv_token_bytes
@@ -35,7 +35,7 @@ __all__ = [
     "ModelConfig", "config_from_dict", "read_config", "read_config_json", "read_json_object",
     # weights and checkpoints
     "load_weights", "assemble_weights", "resolve_residency", "expected_shapes", "random_tensors",
-    "write_random_checkpoint", "GgufFile", "is_gguf_file", "gguf_fp32_bytes", "load_gguf_weights",
+    "write_random_checkpoint", "GgufFile", "is_gguf_file", "load_gguf_weights",
     "config_from_gguf", "gguf_architecture",
     # forward passes and caches
     "Decoder", "forward", "KVCache", "PrefixCache", "linear",

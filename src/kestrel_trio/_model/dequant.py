@@ -190,18 +190,21 @@ def _k_scales_mins(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     Sub-blocks 0-3: scale = byte j & 63, min = byte j+4 & 63. Sub-blocks 4-7
     (k = j-4): the low four bits come from byte k+8 (scale low nibble, min
     high nibble), the top two from the spare bits 6-7 of bytes k (scale) and
-    k+4 (min). Each of these is one operation on a word of four bytes.
+    k+4 (min). Each is an operation on words of four bytes, scales and mins
+    side by side: a few calls whatever the block count.
     """
     words = _contiguous_words(blocks, 4, 16)  # [n, 3]: bytes 0-3, 4-7, 8-11 of the twelve
-    low, mid, high = words[:, 0], words[:, 1], words[:, 2]  # [n] each
-    six, top = np.uint32(0x3F3F3F3F), np.uint32(6)
-    packed = np.empty((words.shape[0], 4), dtype=np.uint32)  # [n, 4]: scales 0-3, 4-7, mins 0-3, 4-7
-    np.bitwise_and(low, six, out=packed[:, 0])
-    packed[:, 1] = (high & _LOW4) | (((low >> top) & _LOW2) << _FOUR)
-    np.bitwise_and(mid, six, out=packed[:, 2])
-    packed[:, 3] = ((high >> _FOUR) & _LOW4) | (((mid >> top) & _LOW2) << _FOUR)
-    values = packed.view(np.uint8).astype(np.float32)  # [n, 16]
+    packed = np.empty((words.shape[0], 2, 2), dtype=np.uint32)  # [n, scale|min, sub-blocks 0-3|4-7]
+    np.bitwise_and(words[:, :2], np.uint32(0x3F3F3F3F), out=packed[:, :, 0])
+    low = packed[:, :, 1]  # [n, 2]: the low four bits of 4-7, from byte k+8's two nibbles
+    np.right_shift(words[:, 2:3], _SHIFTS_0_4, out=low)
+    low &= _LOW4
+    low |= (words[:, :2] >> np.uint32(2)) & np.uint32(0x30303030)  # bits 6-7 of bytes k, k+4 as bits 4-5
+    values = packed.view(np.uint8).reshape(-1, 16).astype(np.float32)  # [n, 16]
     return values[:, :8], values[:, 8:]  # [n, 8] each
+
+
+_SHIFTS_0_4 = np.array([[0, 4]], dtype=np.uint32)  # [1, 2]: scales' nibble, mins' nibble
 
 
 def _k_low_nibbles(blocks: np.ndarray, start: int, fifth: np.ndarray | None, out: np.ndarray) -> None:
@@ -226,9 +229,10 @@ def _k_low_nibbles(blocks: np.ndarray, start: int, fifth: np.ndarray | None, out
 def _k_groups(blocks: np.ndarray) -> _Groups:
     """Q4_K/Q5_K: w = (d * scale) * q - dmin * min over eight sub-blocks of 32."""
     scales, mins = _k_scales_mins(blocks)  # [n, 8] each
-    scale = _fp16(blocks, 0) * scales  # [n, 8]
-    offset = _fp16(blocks, 2) * mins  # [n, 8]
-    np.negative(offset, out=offset)  # adding -(dmin * min) is subtracting it, exactly
+    d_dmin = blocks.view("<u2")[:, 0:2].view("<f2").astype(np.float32)  # [n, 2]: d, dmin
+    scale = scales * d_dmin[:, 0:1]  # [n, 8]
+    d_dmin[:, 1] *= np.float32(-1)  # -(dmin * min) == (-dmin) * min exactly: adding it is subtracting dmin * min
+    offset = mins * d_dmin[:, 1:2]  # [n, 8]
     return scale, offset, 32
 
 

@@ -32,10 +32,10 @@ from kestrel_trio._model.packed import GgmlRows, Matrix, PackedMatrix
 from kestrel_trio._model.residency import GGUF_RESIDENCIES, assemble_resident
 from kestrel_trio._model.safetensors import fp32_to_bf16_bits
 from kestrel_trio._model.shapes import check_tensors
-from kestrel_trio._model.weights import CheckpointReader, DenseMLP, Weights, _copy_into, _Fp32Source, assemble_from
+from kestrel_trio._model.weights import CheckpointReader, DenseMLP, Weights, assemble_from, stacked_vectors
 from kestrel_trio.errors import ModelLoadError
 
-__all__ = ["GgufTensorRef", "GgufCheckpoint", "load_gguf_weights", "gguf_fp32_bytes"]
+__all__ = ["GgufTensorRef", "GgufCheckpoint", "load_gguf_weights"]
 
 
 @attrs.frozen
@@ -100,12 +100,13 @@ class GgufCheckpoint:
         return repr(stored) if stored == name else f"{stored!r} ({name})"
 
     def stored_rows(self, name: str) -> GgmlRows:
-        """Checkpoint matrix ``name`` as stored: its ggml blocks, uint8 [rows, row_bytes].
+        """Checkpoint tensor ``name`` as stored: its ggml blocks, uint8 [rows, row_bytes] (a vector: one row).
 
         A view of the mapped file (one expert's rows of a stacked tensor are a
-        row range of it); for the llama architecture's q/k, whose rows the
-        converter reordered, a copy of the blocks in transformers' order (a
-        row gather: still quantized).
+        row range of it); for the llama architecture's q/k matrices, whose rows
+        the converter reordered, a copy of the blocks in transformers' order (a
+        row gather: still quantized). A reordered bias's elements are put back
+        in order only when expanded (:meth:`read`).
         """
         ref = self.tensors[name]
         stored = self.gguf.tensors[ref.gguf_name]
@@ -113,12 +114,15 @@ class GgufCheckpoint:
         if ref.expert is not None:
             per_expert = stored.rows // stored.shape[0]
             raw = raw[ref.expert * per_expert : (ref.expert + 1) * per_expert]  # [rows, row_bytes]
-        c = self.config
-        order = hf_row_order(self.architecture, name, c.num_attention_heads, c.num_key_value_heads, c.head_dim)
-        if order is not None:
+        order = self._order(name)
+        if order is not None and len(ref.shape) == 2:
             raw = raw[order]  # [rows, row_bytes] whole blocks, gathered
             raw.flags.writeable = False
         return GgmlRows(stored.ggml_type, raw)
+
+    def _order(self, name: str) -> np.ndarray | None:
+        c = self.config
+        return hf_row_order(self.architecture, name, c.num_attention_heads, c.num_key_value_heads, c.head_dim)
 
     def _expand(self, name: str, out: np.ndarray | None = None) -> np.ndarray:
         """Checkpoint tensor ``name`` expanded to float32 [rows, cols] (a vector: [1, n]), into ``out`` if given.
@@ -126,19 +130,11 @@ class GgufCheckpoint:
         Only its own rows are expanded: one expert's of a stacked tensor, in
         transformers' order where the llama converter reordered them.
         """
-        ref = self.tensors[name]
-        stored = self.gguf.tensors[ref.gguf_name]
-        raw = self.gguf.raw_rows(ref.gguf_name)  # [rows, row_bytes], mapped
-        if ref.expert is not None:
-            per_expert = stored.rows // stored.shape[0]
-            raw = raw[ref.expert * per_expert : (ref.expert + 1) * per_expert]  # [rows, row_bytes]
-        c = self.config
-        order = hf_row_order(self.architecture, name, c.num_attention_heads, c.num_key_value_heads, c.head_dim)
-        if order is None:
-            return expand_rows(stored.ggml_type, raw, out)
-        if len(ref.shape) == 2:
-            return expand_rows(stored.ggml_type, raw[order], out)  # a row gather of whole blocks
-        values = expand_rows(stored.ggml_type, raw).reshape(1, -1)[:, order]  # [1, n] a bias, reordered
+        rows = self.stored_rows(name)
+        order = self._order(name)
+        if order is None or len(self.tensors[name].shape) == 2:
+            return expand_rows(rows.ggml_type, rows.data, out)
+        values = expand_rows(rows.ggml_type, rows.data).reshape(1, -1)[:, order]  # [1, n] a bias, reordered
         if out is not None:
             out[...] = values
         return values if out is None else out
@@ -184,7 +180,7 @@ class _StoredSource:
 
     def stacked(self, parts: list[tuple[str, int]], *tail: int):
         if not tail:  # biases are small: plain float32
-            return _Fp32Source(self.vector, _copy_into(self.vector)).stacked(parts)
+            return stacked_vectors(self.vector, parts)
         rows = [self._rows(name) for name, _ in parts]
         return PackedMatrix(tuple(rows)), [PackedMatrix((r,)) for r in rows]
 
@@ -217,8 +213,3 @@ def load_gguf_weights(gguf: GgufFile, config: ModelConfig, architecture: str,
     if residency == "gguf":
         return assemble_from(config, set(checkpoint.tensors), _StoredSource(reader))
     return assemble_resident(config, reader, residency, set(checkpoint.tensors))
-
-
-def gguf_fp32_bytes(gguf: GgufFile) -> int:
-    """Bytes the file's tensors take once expanded to float32."""
-    return sum(int(np.prod(t.shape)) * 4 for t in gguf.tensors.values())

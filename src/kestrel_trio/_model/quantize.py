@@ -27,7 +27,7 @@ import numpy as np
 
 from kestrel_trio._model.packed import INT4_GROUP, Int4Rows, Int8Rows, PackedMatrix, Rows
 from kestrel_trio._model.safetensors import bf16_to_fp32
-from kestrel_trio._model.weights import CheckpointReader, DenseMLP, _copy_into, _Fp32Source
+from kestrel_trio._model.weights import CheckpointReader, DenseMLP, stacked_vectors
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +143,7 @@ class QuantizingSource:
 
     def stacked(self, parts: list[tuple[str, int]], *tail: int):
         if not tail:  # biases are small: plain float32
-            return _Fp32Source(self.vector, _copy_into(self.vector)).stacked(parts)
+            return stacked_vectors(self.vector, parts)
         rows = [self._part(name, lambda name=name: self._float_rows(name)) for name, _ in parts]
         return PackedMatrix(tuple(rows)), [PackedMatrix((r,)) for r in rows]
 

@@ -30,7 +30,7 @@ from kestrel_trio._model.shapes import moe_layout
 
 __all__ = [
     "Bf16Matrix", "Matrix", "PackedMatrix", "Attention", "DenseMLP", "SparseMoE", "Layer", "Weights",
-    "assemble_weights", "assemble_from", "fp32_source", "bf16_source", "CheckpointReader",
+    "assemble_weights", "assemble_from", "fp32_source", "bf16_source", "stacked_vectors", "CheckpointReader",
 ]
 
 
@@ -176,7 +176,7 @@ class _Bf16Source:
 
     def stacked(self, parts: list[tuple[str, int]], *tail: int) -> tuple[Matrix, list[Matrix]]:
         if not tail:  # biases are small: plain float32
-            return _Fp32Source(self.vector, _copy_into(self.vector)).stacked(parts)
+            return stacked_vectors(self.vector, parts)
         bits = [self._read_bf16(name) for name, _ in parts]  # each [rows_i, in]
         return Bf16Matrix(tuple(bits)), [Bf16Matrix((b,)) for b in bits]
 
@@ -188,6 +188,11 @@ class _Bf16Source:
             experts.append(DenseMLP(gate_proj=Bf16Matrix((gate_up[:inter],)), up_proj=Bf16Matrix((gate_up[inter:],)),
                                     down_proj=Bf16Matrix((down,)), gate_up_proj=Bf16Matrix((gate_up,))))
         return tuple(experts)
+
+
+def stacked_vectors(read: Callable[[str], np.ndarray], parts: list[tuple[str, int]]) -> tuple[np.ndarray, list]:
+    """Vectors (biases) stacked into one new float32 array, and views of their parts: what sources share."""
+    return _Fp32Source(read, _copy_into(read)).stacked(parts)
 
 
 def _copy_into(read: Callable[[str], np.ndarray]) -> ReadInto:
