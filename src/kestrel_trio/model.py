@@ -326,8 +326,11 @@ def set_blas_threads(threads: int) -> None:
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
         raise ModelLoadError(f"blas_threads must be a positive integer, got {threads!r}")
     blas, _ = _blas_at_start()
-    set_product_threads(threads, blas.set_num_threads if blas is not None else None)
+    setter = _any_thread_setter(blas)
+    set_product_threads(threads, setter)
     _threadpoolctl().threadpool_limits(limits=threads, user_api="blas")
+    if setter is not None:
+        setter(threads)  # from a worker thread threadpoolctl's call alone leaves OpenBLAS's count as it was
 
 
 def _threadpoolctl():
@@ -339,6 +342,33 @@ def _threadpoolctl():
 
 
 @functools.cache
+def _any_thread_setter(blas: Any) -> Callable[[int], None] | None:
+    """A setter of numpy's BLAS thread count that works from any thread, or None without one BLAS.
+
+    OpenBLAS's ``openblas_set_num_threads`` (threadpoolctl's setter) changes
+    nothing when called from a thread other than the main one (measured with
+    OpenBLAS 0.3.31: the count stayed 2 after a call for 1), and the engine
+    runs its steps in a worker thread. ``openblas_set_num_threads_local``
+    (0.3.27 and later), despite its name, sets the process-wide count from
+    any thread, so it is used where it exists.
+    """
+    if blas is None:
+        return None
+    if getattr(blas, "internal_api", None) == "openblas":
+        try:
+            local = ctypes.CDLL(blas.filepath).openblas_set_num_threads_local
+        except (OSError, AttributeError):
+            local = None
+        if local is not None:
+            local.argtypes, local.restype = [ctypes.c_int], ctypes.c_int
+
+            def set_count(count: int) -> None:
+                local(count)  # returns the count before, which is not needed here
+
+            return set_count
+    return blas.set_num_threads
+
+
 def _blas_at_start() -> tuple[Any, int]:
     """threadpoolctl's controller of numpy's BLAS (None unless exactly one), and its thread count, read once.
 

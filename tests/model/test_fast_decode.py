@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import attrs
@@ -159,6 +160,29 @@ def test_blas_threads_is_applied_process_wide_and_validated(tmp_path):
         with pytest.raises(ModelLoadError, match="blas_threads"):
             load_model(tmp_path, blas_threads=0)
         assert matmul.product_threads() == 3
+    finally:
+        set_blas_threads(before)
+
+
+def test_product_threads_run_one_thread_blas_when_the_caller_is_a_worker_thread(tmp_path):
+    """The engine steps in a worker thread, where OpenBLAS ignores the process-wide count: each thread is switched."""
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    write_random_checkpoint(tmp_path, TINY, seed=5)
+    blas = lambda: [i["num_threads"] for i in threadpoolctl.threadpool_info() if i["user_api"] == "blas"]  # noqa: E731
+    before = matmul.product_threads() or max(blas())
+    seen, after = [], []
+
+    def step_in_a_worker() -> None:
+        matmul._threads.run([lambda: seen.append(set(blas()))] * 2)
+        after.append(set(blas()))
+
+    try:
+        load_model(tmp_path, blas_threads=2)
+        worker = threading.Thread(target=step_in_a_worker)
+        worker.start()
+        worker.join(timeout=30)
+        assert seen == [{1}] * 2, f"BLAS threads seen inside a shared product: {seen}"
+        assert after == [{2}], "the worker's own BLAS count is given back after the product"
     finally:
         set_blas_threads(before)
 
