@@ -38,27 +38,6 @@ def blas_description() -> str:
     )
 
 
-VECTOR_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
-                "avx512_fp16", "avx_vnni", "amx_tile", "amx_bf16", "amx_int8", "asimd", "asimddp", "sve", "fphp")
-
-
-def cpu_vector_flags() -> str:
-    """The CPU model and which of VECTOR_FLAGS /proc/cpuinfo lists (x86 ``flags``, arm ``Features``)."""
-    model, flags = "unknown CPU", set()
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            for line in cpuinfo:
-                key, _, value = line.partition(":")
-                key = key.strip()
-                if key in ("model name", "Model") and model == "unknown CPU":
-                    model = value.strip()
-                elif key in ("flags", "Features") and not flags:
-                    flags = set(value.split())
-    except OSError:
-        pass
-    return f"{model}; vector flags: {' '.join(f for f in VECTOR_FLAGS if f in flags) or 'none found'}"
-
-
 def load_average() -> str:
     """The 1-minute load average and the CPU count: how busy the machine is while a figure is measured."""
     return f"{os.getloadavg()[0]:.2f} on {os.cpu_count()} cpus"
@@ -98,8 +77,9 @@ def read_bandwidth(gib: float = 1.0, repeats: int = 5) -> dict[str, float]:
     return {way: data.nbytes / seconds for way, seconds in best.items()}
 
 
-_VECTOR_FLAGS = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512_bf16", "avx512_vnni", "amx_bf16",
-                 "asimd", "asimdhp", "asimddp", "sve", "sve2", "bf16", "i8mm")
+_VECTOR_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
+                 "avx512_bf16", "avx512_fp16", "avx_vnni", "amx_tile", "amx_bf16", "amx_int8",
+                 "asimd", "asimdhp", "asimddp", "fphp", "sve", "sve2", "bf16", "i8mm")
 
 
 def cpu_vector_flags() -> str:

@@ -38,12 +38,14 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench_common import OPENBLAS_OVERRIDES, blas_description, blas_threads, read_bandwidth, status_bytes  # noqa: E402
+from _bench_common import (  # noqa: E402
+    OPENBLAS_OVERRIDES, blas_description, blas_threads, cpu_vector_flags, read_bandwidth, status_bytes,
+)
 from bench_load import QWEN3_0_6B  # noqa: E402
 
 CACHE = Path.home() / ".cache" / "kestrel-trio-bench"
 PREFILL_LENGTHS = (128, 512)
-BATCHES = (4, 8)
+BATCHES = (4, 8, 16)
 SHORT_PROMPT = 8  # tokens before a decode measurement
 
 
@@ -104,11 +106,15 @@ def kestrel_side(folder: Path, args: argparse.Namespace) -> dict:
         result[f"prefill_{length}"] = length / best_of(3, lambda: model.prefill(model.new_cache(), ids))
     steps = 16 if args.quick else 128
     result["decode_1"] = bare_decode(model, forward, 1, steps)
+    result["engine_1"] = engine_decode(model, 1, 16 if args.quick else args.batch_tokens)
     for batch in BATCHES:
         result[f"bare_{batch}"] = bare_decode(model, forward, batch, 8 if args.quick else args.batch_tokens)
         result[f"engine_{batch}"] = engine_decode(model, batch, 8 if args.quick else args.batch_tokens)
     result["peak_rss"] = status_bytes("VmHWM")
     result["bandwidth"] = max(read_bandwidth(0.5).values())  # again, next to the decode runs (after the peak RSS)
+    from kestrel_trio._model import small_batch_call
+
+    result["small_batch_call"] = small_batch_call()  # the one choice, made at load for the bare forward and the engine
     return result
 
 
@@ -161,7 +167,7 @@ def engine_decode(model, batch: int, new_tokens: int) -> float:
     if model.tokenizer is None:
         model.tokenizer = Tokenizer.from_demo()  # the engine detokenizes; random weights need some vocabulary
     params = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
-    limits = EngineLimits(max_batch=8, max_queued=16)
+    limits = EngineLimits(max_batch=max(BATCHES), max_queued=2 * max(BATCHES))
     stamps: list[list[float]] = [[] for _ in range(batch)]
 
     async def stream(engine, index: int) -> None:
@@ -368,7 +374,7 @@ def run_side(side: str, folder: Path, args: argparse.Namespace, extra: list[str]
 
 ROWS = [("ready_s", "load to ready (s)", False)] + [
     (f"prefill_{n}", f"prefill {n} tok (tok/s)", True) for n in PREFILL_LENGTHS
-] + [("decode_1", "decode batch 1 (tok/s)", True)] + [
+] + [("decode_1", "decode batch 1, bare forward (tok/s)", True), ("engine_1", "decode batch 1, engine (tok/s)", True)] + [
     (f"{way}_{b}", f"decode {b} seqs, {label} (tok/s)", True)
     for b in BATCHES for way, label in (("engine", "engine"), ("bare", "bare forward"))
 ] + [("rss_after_load", "RSS after load (GiB)", False), ("peak_rss", "peak RSS (GiB)", False)]
@@ -455,6 +461,7 @@ def main() -> None:
     if kestrel:
         args.bandwidth = max(args.bandwidth, kestrel.pop("bandwidth"))
         report_bound(kestrel["decode_1"], args)
+        check_targets(kestrel, torch)
     if "residency" in sides:
         bf16_folder = args.cache / "qwen3-0.6b-shapes-transformers-bf16"
         build_checkpoint(bf16_folder, "bfloat16")
@@ -478,9 +485,22 @@ def print_residency(modes: dict) -> None:
         print(f"{label:28} {fp32[key] / scale:10.2f} {bf16[key] / scale:10.2f} {bf16[key] / fp32[key]:10.2f}")
 
 
+def check_targets(k: dict, t: dict) -> None:
+    """Issue 19's ratios, each measured side by side in this run: met or NOT met."""
+    print(f"small-batch call (chosen once at load, for the bare forward and the engine alike): {k['small_batch_call']}")
+    checks = [(f"engine / bare forward, {b} streams", k[f"engine_{b}"] / k[f"bare_{b}"], 0.95) for b in (4, 8)]
+    checks += [(f"{b} streams through the engine / engine batch 1", k[f"engine_{b}"] / k["engine_1"], goal)
+               for b, goal in ((8, 4.0), (16, 6.0))]
+    checks += [(f"prefill {n} / PyTorch", k[f"prefill_{n}"] / t[f"prefill_{n}"], 1.3) for n in PREFILL_LENGTHS
+               if f"prefill_{n}" in k and f"prefill_{n}" in t]
+    for label, ratio, goal in checks:
+        print(f"  {label}: {ratio:.2f} (target >= {goal}): {'met' if ratio >= goal else 'NOT met'}")
+
+
 def report_machine(args: argparse.Namespace) -> None:
     unset = os.environ.get("KESTREL_BENCH_UNSET")
     print(f"machine: {os.cpu_count()} cpus, load average {os.getloadavg()[0]:.2f}; threads per side: {args.threads}")
+    print(f"CPU vector flags: {cpu_vector_flags()}")
     print(f"OpenBLAS overrides: {'unset for this run (' + unset + ')' if unset else 'as in the environment'}")
     print(f"numpy BLAS: {blas_description()}")
     bandwidth = read_bandwidth(1.0 if not args.quick else 0.25, repeats=10)
