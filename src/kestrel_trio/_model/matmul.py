@@ -4,16 +4,16 @@ Theory of operation: a decode step reads every weight once, so its cost is
 the time to stream the weights from memory, whatever the batch, as long as
 the product itself costs no more than the read. By rows:
 
-* More than 32 rows (prefill): one BLAS call on BLAS's own threads.
-* 1 row (batch-1 decode): the product threads (:func:`set_product_threads`)
-  each multiply a contiguous stretch of W's rows with one-thread BLAS.
-  BLAS's own threads hand work off faster on an idle machine, but they
-  spin-wait between calls, and beside any other busy process a step then
-  costs several times over (see :func:`_product`).
+* 1 row (batch-1 decode) and more than 32 (prefill): one BLAS call, on
+  BLAS's own threads, which hand work off in about a microsecond, or shared
+  among the product threads (:func:`set_product_threads`), each multiplying
+  a stretch of W's rows with one-thread BLAS: BLAS's threads spin-wait
+  between calls and are several times slower beside any other busy process.
+  Whichever has cost less lately runs (kestrel_trio._model.share_choice).
 * 2-32 rows (a batched decode step): OpenBLAS packs a large weight before a
   small-M GEMM, which can cost 2-3x the read itself. The fastest of three
   calls is timed once per process (:func:`small_batch_call`): ``x @ W.T`` or
-  ``W @ x.T`` (shared as for 1 row), or "row_blocks": the product threads
+  ``W @ x.T`` (run as 1 row is), or "row_blocks": the product threads
   (:func:`set_product_threads`) each take a contiguous stretch of W's rows
   (the result's columns), view it as [rows/nb, nb, in] blocks and run one
   small GEMM per block with one-thread BLAS (BLAS is set to one thread while
@@ -53,10 +53,11 @@ import numpy as np
 
 from kestrel_trio._model.dequant import Affine, apply_affine
 from kestrel_trio._model.packed import Matrix, PackedMatrix, Rows, grouped_integers, scratch_width
+from kestrel_trio._model.share_choice import ShareChooser
 
 __all__ = [
     "linear", "linear_packed", "linear_bf16", "set_product_threads", "product_threads", "run_shared", "shares_of", "small_batch_call",
-    "set_small_batch_call", "choose_small_batch_call", "SMALL_BATCH_CALLS",
+    "set_small_batch_call", "choose_small_batch_call", "SMALL_BATCH_CALLS", "share_costs",
 ]
 
 
@@ -78,32 +79,47 @@ def linear(x: np.ndarray, weight: Matrix, bias: np.ndarray | None = None) -> np.
 SHARE_MIN_ELEMENTS = 1 << 18
 # Shares start on a multiple of this many weight rows, a multiple of every block size.
 SHARE_ALIGN = 128
-# Whether decode products in a plain call (1 row; 2-32 when not "row_blocks") are shared among the product
-# threads too (see _product).
-SHARE_PLAIN_CALLS = True
 
 
 def _product(x: np.ndarray, weight: np.ndarray, call: str) -> np.ndarray:
-    """``x`` [N, in] @ ``weight`` [out, in].T in ``call``, shared among the product threads when it is large.
+    """``x`` [N, in] @ ``weight`` [out, in].T in ``call``, shared among the product threads when that is cheaper.
 
-    Every decode call (up to 32 rows), not only "row_blocks", is shared: each
-    thread multiplies its stretch of W's rows with one-thread BLAS. OpenBLAS's own threads
-    spin-wait with sched_yield between calls, and beside any other busy
-    process that costs a decode step several times over (measured: the
-    1-row products of a Qwen3-0.6B step took 944 ms on BLAS's two threads
-    while a niced process kept one core busy, 168 ms shared between
-    kestrel's threads, which block on a queue instead).
+    "row_blocks" is always shared. A plain call runs on BLAS's own threads or
+    shared (each product thread multiplying its stretch of W's rows with
+    one-thread BLAS), whichever has cost less lately for products of its
+    kind: BLAS's threads are faster on an idle machine and several times
+    slower beside any other busy process (kestrel_trio._model.share_choice).
     """
     out = np.empty((x.shape[0], weight.shape[0]), dtype=np.float32)  # [N, out]
     threads = _threads
-    if call != "row_blocks" and not (SHARE_PLAIN_CALLS and x.shape[0] <= SMALL_BATCH_ROWS[1]):
-        threads = None  # prefill: OpenBLAS's threaded GEMM, which partitions large products well
     if threads is None or weight.size < SHARE_MIN_ELEMENTS:
         _product_into(x, weight, out, call)
         return out
+    chooser = None if call == "row_blocks" else _share_choosers[_row_kind(x.shape[0])]
+    if chooser is not None and not chooser.shared():
+        started = time.perf_counter()
+        _product_into(x, weight, out, call)
+        chooser.record(False, time.perf_counter() - started, weight.size * x.shape[0])
+        return out
+    started = time.perf_counter()
     bounds = _share_bounds(weight.shape[0], threads.count)
     threads.run([(lambda a=a, b=b: _product_into(x, weight[a:b], out[:, a:b], call)) for a, b in bounds])
+    if chooser is not None:
+        chooser.record(True, time.perf_counter() - started, weight.size * x.shape[0])
     return out
+
+
+def _row_kind(rows: int) -> str:
+    return "one" if rows == 1 else "few" if rows <= SMALL_BATCH_ROWS[1] else "many"
+
+
+# Per kind of plain product (one row, a batched decode step's few, a prefill chunk's many): the way it runs.
+_share_choosers = {kind: ShareChooser() for kind in ("one", "few", "many")}
+
+
+def share_costs() -> dict[str, dict[str, float | None]]:
+    """For each kind of plain product, the recent cost of each way, ns per weight (see :class:`ShareChooser`)."""
+    return {kind: chooser.costs() | {"shared_now": chooser.prefer_shared} for kind, chooser in _share_choosers.items()}
 
 
 def run_shared(tasks: list[Callable[[], None]]) -> None:
