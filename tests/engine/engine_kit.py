@@ -15,6 +15,9 @@ from kestrel_trio.engine import Engine, EngineLimits, run_engine
 from kestrel_trio.model import Model
 from step_gate import StepGate, greedy_tokens, wait_until  # noqa: F401 (re-exported to the tests)
 
+# A prompt that repeats itself: prompt lookup (speculative decoding) finds drafts in it.
+REPEATING = "the quick brown fox jumps over the lazy dog. " * 4
+
 @contextlib.asynccontextmanager
 async def running_engine(model: Model, draft_model: Model | None = None, **limits) -> AsyncIterator[Engine]:
     """``run_engine(model, limits=EngineLimits(**limits), draft_model=draft_model)`` for the duration of the block."""

@@ -2,28 +2,22 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import trio
 
-from engine_kit import running_engine, wait_until
-from kestrel_trio import EngineLimits, GenerationRequest, KestrelError, SamplingParams, load_model
+from engine_kit import REPEATING, running_engine, wait_until
+from kestrel_trio import EngineLimits, GenerationRequest, KestrelError, SamplingParams
 from kestrel_trio.engine import Engine
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
-REPEATING = "the quick brown fox jumps over the lazy dog. " * 4
+
+@pytest.fixture(scope="module")
+def model(tiny_model):
+    return tiny_model
 
 
 @pytest.fixture(scope="module")
-def model():
-    return load_model(FIXTURES / "qwen3_bf16_tied")
-
-
-@pytest.fixture(scope="module")
-def draft():
-    """Same vocabulary, other weights: its drafts are partly rejected."""
-    return load_model(FIXTURES / "qwen3_fp32")
+def draft(other_tiny_model):
+    return other_tiny_model  # the same vocabulary, other weights
 
 
 def _request(model, text=REPEATING, **params):

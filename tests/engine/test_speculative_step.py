@@ -7,30 +7,25 @@ logprobs) must match, and the KV cache must hold exactly the tokens kept.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 
+from engine_kit import REPEATING
+
 from kestrel_trio.engine.step import step_generations
-from kestrel_trio.model import load_model
 from kestrel_trio.text.generation import Generation, Phase
 from kestrel_trio.text.sampling import SamplingParams
 from kestrel_trio.text.speculative import DraftModelDrafter, NgramDrafter, SpeculationState
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
-REPEATING = "the quick brown fox jumps over the lazy dog. " * 4
+
+@pytest.fixture(scope="module")
+def model(tiny_model):
+    return tiny_model
 
 
 @pytest.fixture(scope="module")
-def model():
-    return load_model(FIXTURES / "qwen3_bf16_tied")
-
-
-@pytest.fixture(scope="module")
-def other_model():
-    """Another tiny Qwen3 with the same 512-token vocabulary and different weights: a draft that is often wrong."""
-    return load_model(FIXTURES / "qwen3_fp32")
+def other_model(other_tiny_model):
+    return other_tiny_model  # mostly wrong drafts
 
 
 def _ngram(model, **policy):
