@@ -186,6 +186,9 @@ class DraftModelDrafter:
         del self._fed[common:]
         if self.cache.max_tokens is not None:
             k = min(k, self.cache.max_tokens - len(context) + 1)  # the cache's room: context + k - 1 tokens
+        k = min(k, self.decoder.config.max_position_embeddings - len(context))  # a shorter context than the target's
+        if k <= 0:
+            return []
         pending = list(context[common:])
         draft: list[int] = []
         while len(draft) < k:
