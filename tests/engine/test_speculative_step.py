@@ -194,6 +194,8 @@ class _Always:
 def test_a_draft_model_drafts_no_further_than_its_own_context(model):
     drafter = DraftModelDrafter(model.decoder, model.new_cache(max_tokens=1024), prefill_chunk=256,
                                 vocab_size=model.tokenizer.vocab_size)
-    context = model.encode(REPEATING * 6)[:510]  # the fixture's context is 512 tokens
+    window = model.config.max_position_embeddings  # 512 for the fixture
+    context = (model.encode(REPEATING) * window)[: window - 2]
+    assert len(context) == window - 2
     assert len(drafter.propose(context, 8)) == 2
     assert drafter.propose(context + [1, 2], 8) == []
