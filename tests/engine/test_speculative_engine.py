@@ -62,13 +62,13 @@ async def test_metrics_export_the_drafted_and_accepted_tokens(model):
             text = engine.metrics.render()
             drafted = engine.metrics.spec_draft_tokens.value()
             accepted = engine.metrics.spec_accepted_tokens.value()
+    exported = {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
+                if line.startswith("kestrel:spec_decode_")}
     assert drafted > 0
-    assert f"kestrel:spec_decode_num_draft_tokens_total {drafted:g}" in text.replace(".0\n", "\n") or \
-        f"kestrel:spec_decode_num_draft_tokens_total {drafted}" in text
-    assert "kestrel:spec_decode_num_accepted_tokens_total" in text
-    assert "kestrel:spec_decode_num_drafts_total" in text
-    rate_line = next(line for line in text.splitlines() if line.startswith("kestrel:spec_decode_draft_acceptance_rate "))
-    assert float(rate_line.split()[1]) == pytest.approx(accepted / drafted)
+    assert exported["kestrel:spec_decode_num_draft_tokens_total"] == drafted
+    assert exported["kestrel:spec_decode_num_accepted_tokens_total"] == accepted
+    assert exported["kestrel:spec_decode_num_drafts_total"] >= 1
+    assert exported["kestrel:spec_decode_draft_acceptance_rate"] == pytest.approx(accepted / drafted)
 
 
 async def test_a_consumer_that_leaves_mid_stream_stops_speculation_within_one_step(model):
