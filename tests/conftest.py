@@ -21,6 +21,13 @@ def tiny_model() -> Model:
 
 
 @pytest.fixture(scope="module")
+def other_tiny_model() -> Model:
+    """Another fixture Qwen3 with the same 512-row vocabulary (no tokenizer) and other weights: a draft model
+    whose drafts are mostly wrong (speculative decoding)."""
+    return load_model(FIXTURE_CHECKPOINT.parent / "qwen3_fp32")
+
+
+@pytest.fixture(scope="module")
 def demo_model() -> Model:
     """The built-in demo model: the real Qwen3 tokenizer, random weights, context 8192."""
     return load_demo_model()

@@ -91,6 +91,41 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
                         help="threads numpy's BLAS may use (default: one per core)")
 
 
+def _add_speculative_args(serve: argparse.ArgumentParser, engine: dict) -> None:
+    from kestrel_trio.text.speculative import DEFAULT_SPECULATIVE_TOKENS, MAX_SPECULATIVE_TOKENS, SPECULATIVE_MODES
+
+    group = serve.add_argument_group("speculative decoding (batch 1; docs/performance.md)")
+    group.add_argument("--speculative", choices=list(SPECULATIVE_MODES), default=None,
+                       help="draft tokens and verify them in one forward pass when a single generation runs: "
+                            "ngram drafts from the prompt and output so far (prompt lookup), draft from "
+                            f"--draft-model (default {engine['speculative']}; draft with --draft-model)")
+    group.add_argument("--draft-model", metavar="MODEL", default=None,
+                       help="a small model with the same tokenizer that drafts tokens (as --model: a folder, "
+                            ".gguf file, hub repo id or named model); implies --speculative draft (default: none)")
+    defaults = ", ".join(f"{count} for {mode}" for mode, count in DEFAULT_SPECULATIVE_TOKENS.items())
+    group.add_argument("--speculative-tokens", metavar="K", default=None, type=_at_least(1),
+                       help=f"tokens drafted per step, 1 to {MAX_SPECULATIVE_TOKENS} (default {defaults})")
+
+
+def _check_speculative_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Settle ``args.speculative`` from the three flags, or stop with argparse's one-line usage error."""
+    from kestrel_trio.text.speculative import MAX_SPECULATIVE_TOKENS
+
+    if args.draft_model is not None:
+        if args.speculative not in (None, "draft"):
+            parser.error(f"--draft-model drafts for --speculative draft, not {args.speculative}: choose one")
+        args.speculative = "draft"
+    elif args.speculative == "draft":
+        parser.error("--speculative draft needs --draft-model MODEL")
+    args.speculative = args.speculative or "off"
+    if args.speculative_tokens is not None:
+        if args.speculative == "off":
+            parser.error("--speculative-tokens needs --speculative ngram or --draft-model")
+        if args.speculative_tokens > MAX_SPECULATIVE_TOKENS:
+            parser.error(f"argument --speculative-tokens: must be <= {MAX_SPECULATIVE_TOKENS}, "
+                         f"got {args.speculative_tokens}")
+
+
 def _quantized_cache(args: argparse.Namespace) -> str | bool:
     """load_model's quantized_cache from --quantized-cache: True (the default folder), False ('off') or a folder."""
     if args.quantized_cache is None:
@@ -268,6 +303,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--drain-delay", type=_SECONDS, default=serving["drain_delay"],
                        help=f"seconds to keep serving after SIGTERM while /health says draining (default "
                             f"{serving['drain_delay']:g})")
+    _add_speculative_args(serve, engine)
     images = serve.add_argument_group("images (Qwen3-VL models)")
     images.add_argument("--allow-image-dir", metavar="DIR", type=_folder, default=None,
                         help="let file:// image URLs name files under DIR (default: none; http(s) URLs are never fetched)")
@@ -311,6 +347,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
+    if args.command == "serve":
+        _check_speculative_args(parser.subcommands["serve"], args)
     try:
         if args.command in HUB_COMMANDS:
             return run_hub_command(args)
@@ -320,6 +358,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             # In milliseconds, before any weights are read or any port bound.
             check_model_folder(args.model, weights=args.weights)
+        if getattr(args, "draft_model", None) is not None:
+            _check_draft_model(args)
         if args.command == "serve":
             return _serve(args)
         from kestrel_trio.cli_text import chat_loop, generate_once, load_with_progress
@@ -333,6 +373,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         from kestrel_trio.cli_errors import report
 
         return report(exc, show_traceback=args.log_level == "DEBUG")
+
+
+def _check_draft_model(args: argparse.Namespace) -> None:
+    """Resolve ``--draft-model`` as ``--model`` is, and check its config in milliseconds (``serve`` then checks
+    its vocabulary against the model's, before any weights load or any port is bound)."""
+    from kestrel_trio.hub import resolve_model
+    from kestrel_trio.model import check_model_folder
+
+    args.draft_model = str(resolve_model(args.draft_model).path)
+    check_model_folder(args.draft_model, weights=args.weights)
 
 
 def _defaults(limits: type) -> dict:
@@ -352,6 +402,7 @@ def _serve(args: argparse.Namespace) -> NoReturn:
     engine_limits = EngineLimits(max_queued=args.max_queued, max_batch=args.max_batch,
                                  prefill_chunk=args.prefill_chunk, prefix_cache_bytes=int(args.prefix_cache_mb * 2**20),
                                  max_model_len=args.max_model_len, kv_dtype=args.kv_dtype,
+                                 speculative=args.speculative, speculative_tokens=args.speculative_tokens,
                                  kv_cache_bytes=None if args.kv_cache_mb is None else int(args.kv_cache_mb * 2**20))
     http_limits = HttpLimits(
         header_timeout=args.header_timeout, body_timeout=args.body_timeout, keepalive_timeout=args.keepalive_timeout,
@@ -373,7 +424,7 @@ def _serve(args: argparse.Namespace) -> NoReturn:
         image_policy=ImagePolicy(max_bytes=args.max_image_bytes, max_pixels=args.max_image_pixels,
                                  max_images=args.max_images),
         allow_image_dir=args.allow_image_dir, default_max_tokens=args.default_max_tokens,
-        cors_origins=args.cors_origins, webui=args.webui, progress=progress,
+        cors_origins=args.cors_origins, webui=args.webui, progress=progress, draft_model=args.draft_model,
     )
 
     async def run() -> None:

@@ -26,7 +26,7 @@ from kestrel_trio.errors import BadRequestError, ContextLengthError, KestrelErro
 from kestrel_trio.text import ChatTemplate, Tokenizer, missing_template_error
 from kestrel_trio.text.generation import DEFAULT_PREFILL_CHUNK, check_context
 
-__all__ = ["Model", "load_model", "check_model_folder", "is_qwen3_vl_folder", "set_blas_threads", "load_demo_model", "DEMO_MODEL_ID", "DEFAULT_PREFILL_CHUNK"]
+__all__ = ["Model", "load_model", "check_model_folder", "check_draft_model", "is_qwen3_vl_folder", "set_blas_threads", "load_demo_model", "DEMO_MODEL_ID", "DEFAULT_PREFILL_CHUNK"]
 
 log = logging.getLogger(__name__)
 
@@ -507,6 +507,51 @@ def check_model_folder(path: str | Path, *, weights: str | None = None) -> None:
                                   "or a GGUF file")
     raw, config_path = read_config_json(folder)
     (vl_config_from_dict if is_qwen3_vl(raw) else config_from_dict)(raw, source=str(config_path))
+
+
+def check_draft_model(target: Model | str | Path | None, draft: Model | str | Path) -> None:
+    """Check that ``draft`` can draft for ``target`` (speculative decoding): the same vocabulary, id for id.
+
+    Reads only the tokenizers (a folder's tokenizer.json, a GGUF file's metadata), so it runs before
+    any weights load.
+
+    Args:
+        target: the served model, its checkpoint path, or None for the built-in demo model.
+        draft: the draft model or its checkpoint path.
+
+    Raises:
+        ModelLoadError: either has no tokenizer, or their vocabularies differ (the message says where).
+    """
+    ours, theirs = _vocabulary_of(target), _vocabulary_of(draft)
+    name = draft.name if isinstance(draft, Model) else Path(draft).name
+    if len(ours) != len(theirs):
+        raise ModelLoadError(f"draft model {name}: its tokenizer has {len(theirs)} tokens, the served model's "
+                             f"{len(ours)}: a draft model must share the served model's vocabulary")
+    differ = sorted(token_id for token, token_id in theirs.items() if ours.get(token) != token_id)
+    if differ:
+        first = differ[0]
+        raise ModelLoadError(f"draft model {name}: {len(differ)} token ids differ from the served model's "
+                             f"vocabulary (the first: id {first}): a draft model must share its tokenizer")
+
+
+def _vocabulary_of(model: Model | str | Path | None) -> dict[str, int]:
+    """A model's vocabulary (entry -> id) from its tokenizer alone; ModelLoadError when it has none."""
+    if model is None:
+        return Tokenizer.from_demo().vocabulary()
+    if isinstance(model, Model):
+        tokenizer = model.tokenizer
+    else:
+        path = Path(model)
+        if path.is_file():
+            metadata = GgufFile(path).metadata
+            tokenizer = Tokenizer.from_gguf(metadata, path.name) if "tokenizer.ggml.tokens" in metadata else None
+        else:
+            tokenizer = Tokenizer.from_folder(path) if (path / "tokenizer.json").is_file() else None
+    if tokenizer is None:
+        name = model.name if isinstance(model, Model) else Path(model).name
+        raise ModelLoadError(f"{name} has no tokenizer: a draft model and the served model must both have one, "
+                             "to check that they share a vocabulary")
+    return tokenizer.vocabulary()
 
 
 def is_qwen3_vl_folder(folder: Path) -> bool:

@@ -26,7 +26,8 @@ from kestrel_trio.engine import Engine, EngineLimits, run_engine
 from kestrel_trio.errors import EngineUnavailableError, KestrelError
 from kestrel_trio.http import CorsPolicy, HttpLimits, HttpServer, serve_http
 from kestrel_trio.model import (
-    DEMO_MODEL_ID, Model, check_model_folder, is_qwen3_vl_folder, load_demo_model, load_model, set_blas_threads,
+    DEMO_MODEL_ID, Model, check_draft_model, check_model_folder, is_qwen3_vl_folder, load_demo_model, load_model,
+    set_blas_threads,
 )
 from kestrel_trio.app import OPEN_PATHS, ImagePolicy, ServerState, build_router
 from kestrel_trio.webui import PATHS as WEBUI_PATHS
@@ -134,6 +135,30 @@ def _load(model: str | Path | None, weights: str, progress: Callable[[float], No
     return loaded
 
 
+def _speculative_limits(limits: EngineLimits, model: Model | str | Path | None,
+                        draft_model: Model | str | Path | None, weights: str) -> EngineLimits:
+    """``limits`` with the speculative mode a draft model implies; the draft checked against the model (no weights read)."""
+    if draft_model is None:
+        if limits.speculative == "draft":
+            raise KestrelError("speculative decoding 'draft' needs a draft model (draft_model, --draft-model)")
+        return limits
+    if limits.speculative == "ngram":
+        raise KestrelError("a draft model was given with speculative decoding 'ngram': choose one "
+                           "(--draft-model implies --speculative draft)")
+    if not isinstance(draft_model, Model):
+        check_model_folder(draft_model, weights=weights)
+    check_draft_model(model, draft_model)
+    return attrs.evolve(limits, speculative="draft")
+
+
+def _load_draft(draft_model: Model | str | Path | None, weights: str, quantized_cache: str | Path | bool) -> Model | None:
+    if draft_model is None or isinstance(draft_model, Model):
+        return draft_model
+    loaded = load_model(draft_model, weights=weights, quantized_cache=quantized_cache)
+    log.info("draft model %s: weights in memory as %s", loaded.name, loaded.weights_mode)
+    return loaded
+
+
 async def serve(
     model: Model | str | Path | None = None,
     *,
@@ -155,6 +180,7 @@ async def serve(
     cors_origins: Iterable[str] = (),
     webui: bool = True,
     progress: Callable[[float], None] | None = None,
+    draft_model: Model | str | Path | None = None,
     task_status: trio.TaskStatus = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the OpenAI-compatible API until cancelled or shut down.
@@ -190,10 +216,15 @@ async def serve(
         webui: serve the built-in chat page at ``/`` (its files need no API key).
         progress: called with the fraction of weight bytes read (0 to 1) while a
             checkpoint folder loads, from the loading worker thread.
+        draft_model: a small model with the same vocabulary (a loaded Model or a checkpoint path)
+            that drafts tokens for speculative decoding at batch 1; implies
+            ``engine_limits.speculative == "draft"``. Loaded with the same ``weights`` after the model.
 
     Raises:
-        ModelLoadError: ``model`` is not a checkpoint folder or its config.json is
-            refused (checked before the socket is bound), or its weights fail to load.
+        ModelLoadError: ``model`` (or ``draft_model``) is not a checkpoint folder or its config.json is
+            refused, or the draft's vocabulary differs from the model's (checked before the socket
+            is bound), or its weights fail to load.
+        KestrelError: ``engine_limits.speculative`` and ``draft_model`` disagree.
         OSError: the socket cannot be bound (e.g. the port is in use); the message
             names the address.
 
@@ -202,6 +233,7 @@ async def serve(
     """
     if model is not None and not isinstance(model, Model):
         check_model_folder(model, weights=weights)  # a wrong path fails now, before anything listens or loads
+    engine_limits = _speculative_limits(engine_limits, model, draft_model, weights)
     policy = _image_policy(image_policy, allow_image_dir)
     if default_max_tokens is not None and default_max_tokens < 1:
         raise KestrelError(f"default_max_tokens must be at least 1, got {default_max_tokens}")
@@ -232,9 +264,15 @@ async def serve(
             set_blas_threads(blas_threads)
         loaded = model if isinstance(model, Model) else await trio.to_thread.run_sync(
             _load, model, weights, progress, quantized_cache)
-        engine: Engine = await nursery.start(functools.partial(run_engine, loaded, limits=engine_limits))
+        draft = await trio.to_thread.run_sync(_load_draft, draft_model, weights, quantized_cache)
+        engine: Engine = await nursery.start(functools.partial(run_engine, loaded, limits=engine_limits,
+                                                               draft_model=draft))
         state.model, state.engine, state.status = engine.model, engine, "ok"  # the model as served (context cap)
         server = Server(host=http.host, port=http.port, state=state, engine=engine, http=http)
+        spec = engine.speculation
+        if spec.mode != "off":
+            log.info("speculative decoding: %s, %d tokens a draft%s", spec.mode, spec.tokens,
+                     f" (draft model {spec.draft_model.name})" if spec.draft_model is not None else "")
         log.info("ready: model %s at %s", state.model_id, server.url)
         task_status.started(server)
         await server._shutdown.wait()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from kestrel_trio._model.kv_storage import attend_stored
-from kestrel_trio._model.matmul import linear, run_shared, shares_of
+from kestrel_trio._model.matmul import linear, one_thread_blas, run_shared, shares_of
 from kestrel_trio._model.packed import Matrix, PackedMatrix
 from kestrel_trio._model.weights import DenseMLP, SparseMoE
 
@@ -65,7 +65,13 @@ def causal_attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, past: 
         hidden = np.arange(total)[None, :] > (past + np.arange(t))[:, None]  # [T, total]
         future = np.where(hidden, np.float32(-np.inf), np.float32(0))  # [T, total]
     out = np.empty((n_kv, group * t, head_dim), dtype=np.float32)  # [n_kv, group*T, head_dim]
-    if t * total * n_heads < SHARED_ATTENTION_SCORES:
+    if t * total * n_heads < SHARED_ATTENTION_SCORES and 1 < t <= FEW_QUERIES:
+        # A speculative verify step or a short chunk: each product is small, but big enough that OpenBLAS
+        # would hand it to its own threads, and waking them cost 2.2 s a 9-row step of SmolLM2 at 781 tokens
+        # of context on a busy machine (0.29 s on one thread).
+        with one_thread_blas():
+            _attend(grouped, keys, values, future, out)
+    elif t * total * n_heads < SHARED_ATTENTION_SCORES:
         _attend(grouped, keys, values, future, out)
     else:  # a prefill chunk: the kv heads shared among the product threads, softmax passes included
         run_shared([lambda a=a, b=b: _attend(grouped[a:b], keys[a:b], values[a:b], future, out[a:b])
@@ -76,6 +82,8 @@ def causal_attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, past: 
 
 # Scores (T x total x heads) from which attention is shared among threads: 1 Mi, a few milliseconds.
 SHARED_ATTENTION_SCORES = 1 << 20
+# Queries up to which attention's products run on one BLAS thread (a decode-sized step: matmul.SMALL_BATCH_ROWS).
+FEW_QUERIES = 32
 
 
 def _attend(grouped: np.ndarray, keys: np.ndarray, values: np.ndarray, future: np.ndarray | None,

@@ -57,7 +57,7 @@ from kestrel_trio._model.share_choice import ShareChooser
 
 __all__ = [
     "linear", "linear_packed", "linear_bf16", "set_product_threads", "product_threads", "run_shared", "shares_of", "small_batch_call",
-    "set_small_batch_call", "choose_small_batch_call", "SMALL_BATCH_CALLS", "share_costs",
+    "set_small_batch_call", "choose_small_batch_call", "SMALL_BATCH_CALLS", "share_costs", "one_thread_blas",
 ]
 
 
@@ -130,6 +130,17 @@ def run_shared(tasks: list[Callable[[], None]]) -> None:
             task()
     else:
         threads.run(tasks)
+
+
+def one_thread_blas() -> contextlib.AbstractContextManager:
+    """numpy's BLAS on one thread inside (process-wide), when the product threads manage its count.
+
+    For products too small to share: waking BLAS's own threads for them costs
+    more than they save (a thread hand-off each call), and far more when the
+    process competes for the cores.
+    """
+    threads = _threads
+    return threads.one_thread_blas() if threads is not None else contextlib.nullcontext()
 
 
 def shares_of(items: int) -> list[tuple[int, int]]:

@@ -48,6 +48,10 @@ Theory of operation:
   cache is allocated at exactly the reservation, so the real KV bytes never
   exceed the budget. A MemoryError inside a step fails only the generations
   that needed the memory (:mod:`kestrel_trio.engine.contained_step`).
+* Speculative decoding (``limits.speculative``; :mod:`kestrel_trio.engine.speculation`)
+  runs inside a step whose batch is one generation: that step may produce
+  several tokens, each delivered as its own delta, exactly as plain steps
+  would have delivered them.
 """
 
 from __future__ import annotations
@@ -65,6 +69,7 @@ from kestrel_trio._model import PrefixCache
 from kestrel_trio.engine.contained_step import step_contained
 from kestrel_trio.engine.kv_budget import budget_for
 from kestrel_trio.engine.metrics import EngineMetrics
+from kestrel_trio.engine.speculation import Speculation
 from kestrel_trio.engine.types import Delta, EngineLimits, GenerationRequest, KVUsage
 from kestrel_trio.errors import BadRequestError, EngineUnavailableError, KestrelError, OutOfMemoryError, QueueFullError
 from kestrel_trio.model import Model
@@ -107,7 +112,9 @@ class Engine:
 
     Args:
         model: the loaded model; the engine is its only user while running.
-        limits: queue size, batch size, prefill chunk, stall detection, context cap and KV budget.
+        limits: queue size, batch size, prefill chunk, stall detection, context cap, KV budget
+            and speculative decoding.
+        draft_model: the draft model of ``limits.speculative == "draft"`` (same vocabulary as ``model``).
 
     Attributes:
         model: the model as served: ``limits.max_model_len`` caps its ``context_length``.
@@ -115,14 +122,16 @@ class Engine:
         kv_usage: KV bytes reserved and used and requests waiting for KV, as of the last step.
 
     Raises:
-        KestrelError: ``max_model_len`` exceeds the model's context, or no KV budget could be derived.
+        KestrelError: ``max_model_len`` exceeds the model's context, no KV budget could be derived,
+            or the speculative mode and ``draft_model`` disagree.
     """
 
-    def __init__(self, model: Model, limits: EngineLimits = EngineLimits()) -> None:
+    def __init__(self, model: Model, limits: EngineLimits = EngineLimits(), draft_model: Model | None = None) -> None:
         if limits.max_model_len is not None:
             model = model.with_context_length(limits.max_model_len)
         self.model = model
         self.limits = limits
+        self.speculation = Speculation(limits, model, draft_model)
         self.kv = budget_for(model, limits)
         log.info("KV cache budget: %.1f MiB = %d tokens of %s KV (%s); context cap %d tokens",
                  self.kv.budget_bytes / 2**20, self.kv.budget_tokens, self.kv.dtype, self.kv.source,
@@ -181,7 +190,8 @@ class Engine:
         """The scheduler's counters and bounds, the context cap and the KV budget's state, as /health shows them
         (never waits on the worker thread)."""
         return {"busy": self.busy, "queued": self.queued, "active": self.active, "batch": self.batch_in_flight,
-                "max_queued": self.limits.max_queued, "max_batch": self.limits.max_batch, **self.memory_report()}
+                "max_queued": self.limits.max_queued, "max_batch": self.limits.max_batch, **self.memory_report(),
+                "speculative": self.speculation.report()}
 
     def memory_report(self) -> dict:
         """The context cap and the KV budget's state, for /health (counters only: never waits on a step)."""
@@ -278,8 +288,9 @@ class Engine:
 
     def _enqueue(self, request: GenerationRequest, generation: Generation) -> Job:
         send, recv = trio.open_memory_channel[object](generation.params.max_tokens + 2)
+        kv_bytes = generation.cache.max_tokens * self.kv.token_bytes + self.speculation.kv_bytes(generation.speculation)
         job = Job(generation=generation, results=send, receiver=recv, enqueued_at=trio.current_time(),
-                  kv_bytes=generation.cache.max_tokens * self.kv.token_bytes)
+                  kv_bytes=kv_bytes)
         try:
             self._queue_send.send_nowait(job)
         except trio.WouldBlock:
@@ -306,6 +317,7 @@ class Engine:
         params = attrs.evolve(request.params, max_tokens=max_tokens)
         tokenizer = model.require_tokenizer()
         reserved = self.kv.reservation_tokens(prompt_tokens + max_tokens)
+        speculation = self.speculation.state_for(request, reserved, self.kv.budget_bytes - reserved * self.kv.token_bytes)
         return Generation(
             list(request.prompt_ids),
             params,
@@ -317,6 +329,7 @@ class Engine:
             images=request.images,
             constraint=request.constraint,
             contain_memory_errors=True,  # step_contained rolls back and retries
+            speculation=speculation,
         )
 
     def _abandon(self, job: Job) -> None:
@@ -454,6 +467,7 @@ class Engine:
         self.metrics.steps.inc()
         self.metrics.step_time.observe(elapsed)
         self.metrics.observe_masks(generations)
+        self.metrics.observe_speculation(generations)
         for job, result in zip(batch, results):
             if isinstance(result, KestrelError):
                 if isinstance(result, OutOfMemoryError):
@@ -467,16 +481,22 @@ class Engine:
         self._active = [job for job in self._active if not job.done]
         self._note_kv_usage()
 
-    def _deliver(self, job: Job, result: StepResult) -> None:
+    def _deliver(self, job: Job, step: StepResult) -> None:
         job.steps += 1
-        generation = job.generation
         if job.abandoned:
             job.steps_after_abandon += 1
             self.max_steps_after_abandon = max(self.max_steps_after_abandon, job.steps_after_abandon)
             return
+        tokens = step.tokens()  # one, or several after a speculative step
+        for index, result in enumerate(tokens):
+            self._deliver_token(job, result, job.generation.completion_tokens - len(tokens) + index + 1)
+
+    def _deliver_token(self, job: Job, result: StepResult, completion_tokens: int) -> None:
+        """Send one token's delta (``completion_tokens``: generated up to and including it)."""
+        generation = job.generation
         now = trio.current_time()
         if generation.phase is Phase.DECODE or result.finish_reason is not None:
-            if generation.completion_tokens == 1:
+            if completion_tokens == 1:
                 self.metrics.prompt_tokens.inc(generation.prompt_tokens)
                 self.metrics.ttft.observe(now - job.enqueued_at)
             elif job.last_token_at is not None:
@@ -490,7 +510,7 @@ class Engine:
             token_id=result.token_id,
             finish_reason=result.finish_reason,
             prompt_tokens=generation.prompt_tokens,
-            completion_tokens=generation.completion_tokens,
+            completion_tokens=completion_tokens,
             cached_tokens=generation.cached_tokens,
             logprobs=result.logprobs,
         )
@@ -586,7 +606,8 @@ def _ewma(previous: float | None, sample: float, weight: float = 0.2) -> float:
 
 
 async def run_engine(
-    model: Model, *, limits: EngineLimits = EngineLimits(), task_status: trio.TaskStatus = trio.TASK_STATUS_IGNORED
+    model: Model, *, limits: EngineLimits = EngineLimits(), draft_model: Model | None = None,
+    task_status: trio.TaskStatus = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run the inference task for ``model`` until cancelled.
 
@@ -595,7 +616,8 @@ async def run_engine(
 
     Args:
         model: a loaded model.
-        limits: queue and batch sizes, prefill chunk, stall detection.
+        limits: queue and batch sizes, prefill chunk, stall detection, speculative decoding.
+        draft_model: the draft model when ``limits.speculative`` is "draft".
     """
-    engine = Engine(model, limits)
+    engine = Engine(model, limits, draft_model)
     await engine.run(task_status=task_status)

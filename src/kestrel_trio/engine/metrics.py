@@ -83,6 +83,28 @@ class EngineMetrics:
                                    "beside the forward pass).", buckets=_MASK_BUCKETS)
         self.mask_wait = Counter("kestrel:grammar_mask_wait_seconds_total",
                                  "Time steps waited for token masks after their forward pass was done.")
+        self.spec_drafts = Counter("kestrel:spec_decode_num_drafts_total",
+                                   "Speculative verify steps (a draft scored in one forward pass).")
+        self.spec_draft_tokens = Counter("kestrel:spec_decode_num_draft_tokens_total", "Tokens drafted.")
+        self.spec_accepted_tokens = Counter("kestrel:spec_decode_num_accepted_tokens_total",
+                                            "Drafted tokens accepted (kept as output).")
+        self.spec_acceptance = Gauge("kestrel:spec_decode_draft_acceptance_rate",
+                                     "Accepted over drafted tokens since start (0 before any draft).",
+                                     function=self._acceptance_rate)
+
+    def _acceptance_rate(self) -> float:
+        drafted = self.spec_draft_tokens.value()
+        return self.spec_accepted_tokens.value() / drafted if drafted else 0.0
+
+    def observe_speculation(self, generations: Iterable) -> None:
+        """Count the speculative decoding of the step just run (each generation's ``speculation``, if any)."""
+        for g in generations:
+            if g.speculation is not None:
+                drafted, accepted, steps = g.speculation.take_counts()
+                if steps:
+                    self.spec_drafts.inc(steps)
+                    self.spec_draft_tokens.inc(drafted)
+                    self.spec_accepted_tokens.inc(accepted)
 
     def observe_masks(self, generations: Iterable) -> None:
         """Count the grammar mask work of the step just run (each generation's ``constraint``, if any)."""

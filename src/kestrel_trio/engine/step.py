@@ -13,6 +13,12 @@ features and uses 3-D positions), while every other chunk and every decode
 token joins the batched forward at shifted positions; and they never touch
 the prefix cache.
 
+A generation alone in its step whose speculation drafts tokens
+(:mod:`kestrel_trio.text.speculative`) has ``[last token, *draft]`` scored
+in one forward pass with every row's logits, and keeps 1 to k+1 tokens.
+With more than one generation in the step, everyone decodes plainly: a
+batch already spends the weight reads speculation would save.
+
 Generations under a grammar (structured outputs) get their token masks
 computed beside the forward pass, in a helper thread, so that the masks of a
 whole batch cost the step only what is left of them when the logits are in.
@@ -58,8 +64,12 @@ def step_generations(
             continue  # this step ran one vision block for it instead
         ready.append(g)
     prefilling = [g.phase is Phase.PREFILL for g in ready]
+    draft = ready[0].draft() if len(ready) == 1 and len(generations) == 1 else []
     start_masks(g.constraint for g in ready if g.constraint is not None and g.samples_next)  # beside the forward
-    results = dict(zip(map(id, ready), _forward_and_advance(decoder, vision, ready)))
+    if draft:
+        results = {id(ready[0]): _verify(decoder, ready[0], draft)}
+    else:
+        results = dict(zip(map(id, ready), _forward_and_advance(decoder, vision, ready)))
     if prefix_cache is not None:
         for g, was_prefilling in zip(ready, prefilling):
             if g.has_images:
@@ -103,3 +113,11 @@ def _forward_and_advance(decoder: Decoder, vision: Qwen3VL | None,
         for i, row in zip(batched, rows):
             logits[i] = row
     return [g.advance(row) for g, row in zip(generations, logits)]
+
+
+def _verify(decoder: Decoder, g: Generation, draft: list[int]) -> StepResult:
+    """Score ``[last token, *draft]`` in one forward pass and let ``g`` keep what its sampler accepts."""
+    tokens = np.concatenate([g.next_input(), np.asarray(draft, dtype=np.int64)])  # [1 + k]
+    positions = np.arange(g.cache.length, g.cache.length + tokens.size, dtype=np.int64)  # [1 + k]
+    rows = forward(decoder, tokens, positions, [g.cache], [tokens.size], all_logits=True)  # [1 + k, vocab]
+    return g.advance_speculative(rows, draft)

@@ -9,6 +9,7 @@ from kestrel_trio.text.constraint import Constraint
 from kestrel_trio.text.generation import DEFAULT_PREFILL_CHUNK
 from kestrel_trio.text.images import ProcessedImage
 from kestrel_trio.text.sampling import SamplingParams, TokenLogprobs
+from kestrel_trio.text.speculative import MAX_SPECULATIVE_TOKENS, SPECULATIVE_MODES
 
 __all__ = ["EngineLimits", "GenerationRequest", "Delta", "KVUsage"]
 
@@ -31,6 +32,9 @@ class EngineLimits:
             within this (bytes; None: derived at start from the memory available, see
             kestrel_trio.engine.kv_budget).
         kv_dtype: KV cache storage, "fp32", "bf16" or "fp16" (half the bytes; compute stays fp32).
+        speculative: speculative decoding at batch 1: "off", "ngram" (prompt lookup) or "draft"
+            (a draft model, given to the engine beside the model); see kestrel_trio.text.speculative.
+        speculative_tokens: tokens drafted per step, 1 to 31 (None: 8 for ngram, 4 for draft).
     """
 
     max_queued: int = attrs.field(default=16, validator=attrs.validators.ge(1))
@@ -43,6 +47,9 @@ class EngineLimits:
     kv_cache_bytes: int | None = attrs.field(default=None,
                                              validator=attrs.validators.optional(attrs.validators.ge(1)))
     kv_dtype: str = attrs.field(default="fp32", validator=attrs.validators.in_(KV_DTYPES))
+    speculative: str = attrs.field(default="off", validator=attrs.validators.in_(SPECULATIVE_MODES))
+    speculative_tokens: int | None = attrs.field(default=None, validator=attrs.validators.optional(
+        [attrs.validators.ge(1), attrs.validators.le(MAX_SPECULATIVE_TOKENS)]))
 
 
 @attrs.frozen

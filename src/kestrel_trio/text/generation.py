@@ -21,6 +21,14 @@ encodes the images over its first steps (``vision_steps``, one vision block
 per step) and keeps the result in ``vl_prompt``
 until the prompt is in; positions are then shifted by ``rope_delta``.
 
+A generation given a :class:`~kestrel_trio.text.speculative.SpeculationState`
+may decode several tokens a step (speculative decoding): the driver asks for a
+draft (:meth:`Generation.draft`), feeds ``[last token, *draft]`` as one segment
+with every row's logits, and hands the rows to
+:meth:`Generation.advance_speculative`, whose result carries every token kept
+(:meth:`StepResult.tokens`), each through the same per-token path as a plain
+step; the cache is cut back to the tokens kept.
+
 A generation with a :class:`~kestrel_trio.text.constraint.Constraint`
 (structured outputs) keeps its own ``constraint`` state: while it is active,
 each sampled token is drawn from the grammar's mask, and the token is then fed
@@ -33,7 +41,7 @@ from __future__ import annotations
 
 import enum
 import inspect
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import attrs
 import numpy as np
@@ -44,6 +52,7 @@ from kestrel_trio.text.constraint import Constraint, ConstraintState
 from kestrel_trio.text.detokenizer import IncrementalDetokenizer
 from kestrel_trio.text.images import ProcessedImage
 from kestrel_trio.text.sampling import Sampler, SamplingParams, TokenLogprobs
+from kestrel_trio.text.speculative import SpeculationState
 from kestrel_trio.text.stops import StopStringMatcher
 from kestrel_trio.text.tokenizer import Tokenizer
 
@@ -69,12 +78,21 @@ class StepResult:
         logprobs: the sampled token's logprobs when ``params.logprobs`` is set;
             None for an EOS / stop token id that ended the generation (its text
             is never emitted, so it is not reported, as OpenAI does not).
+        before: the tokens the same step kept ahead of this one, in order, each
+            a StepResult of its own (speculative decoding); () for a plain step.
     """
 
     text: str = ""
     token_id: int | None = None
     finish_reason: str | None = None
     logprobs: TokenLogprobs | None = None
+    before: tuple["StepResult", ...] = ()
+
+    def tokens(self) -> tuple["StepResult", ...]:
+        """Every token this step produced, in order, one StepResult each (one for a plain step)."""
+        if not self.before:
+            return (self,)
+        return (*self.before, attrs.evolve(self, before=()))
 
 
 def check_context(
@@ -124,6 +142,8 @@ class Generation:
         constraint: the grammar the output must follow (structured outputs), or None.
         contain_memory_errors: a MemoryError while sampling is recorded in
             :attr:`memory_failure` instead of raised (for a driver that rolls back, as the engine does).
+        speculation: the drafter and policy of speculative decoding, or None for plain decoding
+            (the caller leaves it out where it does not apply: see ``speculative.steps_aside``).
     """
 
     def __init__(
@@ -139,6 +159,7 @@ class Generation:
         images: tuple[ProcessedImage, ...] = (),
         constraint: Constraint | None = None,
         contain_memory_errors: bool = False,
+        speculation: SpeculationState | None = None,
     ) -> None:
         if not prompt_ids:
             raise ValueError("prompt_ids must not be empty")
@@ -165,6 +186,7 @@ class Generation:
         self.constraint: ConstraintState | None = constraint.start() if constraint is not None else None
         self._memory_failure: str | None = None  # set by advance() when sampling ran out of memory
         self._contain_memory_errors = contain_memory_errors
+        self.speculation = speculation if constraint is None and not images else None
 
     @property
     def prompt_tokens(self) -> int:
@@ -285,6 +307,8 @@ class Generation:
         """Let go of the KV cache once the generation is over (a prefix cache may still keep it)."""
         c = self._cache
         self._cache = KVCache(c.num_layers, c.num_kv_heads, c.head_dim, dtype=c.dtype, max_tokens=0)
+        if self.speculation is not None:
+            self.speculation.drafter.release()
 
     def cached_token_ids(self) -> list[int]:
         """The ids of the tokens whose KV the cache holds, in order."""
@@ -321,11 +345,15 @@ class Generation:
         taken already). The driver then cuts the cache back to
         :attr:`kv_tokens` and retries or ends the generation.
         """
+        return self._contained(self._advance, logits)
+
+    def _contained(self, advance, *args) -> StepResult:
+        """``advance(*args)``, a MemoryError contained as :meth:`advance` says."""
         if self.phase is Phase.DONE:
             raise RuntimeError("the generation is finished")
         saved = (self.phase, self._prefilled, self._vl_prompt, len(self.generated_ids))
         try:
-            return self._advance(logits)
+            return advance(*args)
         except MemoryError:
             if not self._contain_memory_errors:
                 raise
@@ -343,18 +371,83 @@ class Generation:
                 return StepResult()
             self.phase = Phase.DECODE
             self._vl_prompt = None  # image features are only needed by prefill
+        elif self.speculation is not None:
+            self.speculation.plain_step()
         return self._sample_and_emit(logits)
 
-    def _sample_and_emit(self, logits: np.ndarray) -> StepResult:
+    # ---- speculative decoding: a draft verified in one forward pass (kestrel_trio.text.speculative) ----
+
+    def draft(self) -> list[int]:
+        """The tokens to verify after the last one this step ([] for a plain step).
+
+        Empty unless speculation is on for this generation and it is decoding;
+        never longer than what the length limit and the KV reservation leave
+        room for (the step also keeps the target's own next token).
+        """
+        spec = self.speculation
+        if spec is None or self.phase is not Phase.DECODE:
+            return []
+        room = self._max_tokens - len(self.generated_ids) - 1
+        if self._cache.max_tokens is not None:
+            room = min(room, self._cache.max_tokens - self._cache.length - 1)
+        return spec.propose(self.prompt_ids + self.generated_ids, room)
+
+    def advance_speculative(self, logits: np.ndarray, draft: Sequence[int]) -> StepResult:
+        """Take the logits [1 + k, vocab] of ``[last token, *draft]``; keep the draft's accepted prefix and one more.
+
+        Row i decides the token after the first i drafted tokens, through the
+        same sampler and per-token path as :meth:`advance` (stops, length,
+        EOS, logprobs): a drafted token the row accepts is kept, the first one
+        it rejects is replaced by the row's own token, and after k accepted
+        row k adds one more. A stop inside the run ends it there. The cache
+        is then cut back to the tokens kept. Memory errors: as :meth:`advance`.
+
+        Returns:
+            The last token's StepResult; the earlier ones are in its ``before``.
+        """
+        if self.phase is not Phase.DECODE or logits.shape[0] != len(draft) + 1:
+            raise ValueError(f"need a decoding generation and {len(draft) + 1} logit rows, got {logits.shape[0]}")
+        return self._contained(self._verify, logits, list(draft))
+
+    def _verify(self, logits: np.ndarray, draft: list[int]) -> StepResult:
+        results: list[StepResult] = []
+        accepted = 0
+        for i, row in enumerate(logits):  # row: [vocab]
+            row = self._usable(row)
+            if i < len(draft):
+                token, scored = self._sampler.sample_draft(row, self.generated_ids, self.prompt_ids, draft[i])
+            else:
+                token, scored = self._sampler.sample_scored(row, self.generated_ids, self.prompt_ids)
+            kept = i < len(draft) and token == draft[i]
+            accepted += kept
+            results.append(self._emit(token, scored))
+            if not kept or self.phase is Phase.DONE:
+                break
+        self._cache.truncate(self.kv_tokens)  # the KV of rejected drafts is forgotten
+        assert self.speculation is not None
+        self.speculation.record(len(draft), accepted)
+        return attrs.evolve(results[-1], before=tuple(results[:-1]))
+
+    def _usable(self, logits: np.ndarray) -> np.ndarray:
+        """``logits`` [vocab] with the embedding's padding rows (past the tokenizer's vocabulary) at -inf."""
         if self._usable_vocab < logits.shape[-1]:
             logits = logits.copy()  # [vocab]
             logits[self._usable_vocab :] = -np.inf  # padding rows of the embedding are not tokens
+        return logits
+
+    def _sample_and_emit(self, logits: np.ndarray) -> StepResult:
+        logits = self._usable(logits)  # [vocab]
         grammar = self.constraint
         allowed = grammar.token_mask() if grammar is not None and grammar.active else None  # [vocab] bool
         if allowed is None:  # no grammar: the sampler's plain call
             token, scored = self._sampler.sample_scored(logits, self.generated_ids, self.prompt_ids)
         else:
             token, scored = self._sampler.sample_scored(logits, self.generated_ids, self.prompt_ids, allowed)
+        return self._emit(token, scored)
+
+    def _emit(self, token: int, scored: TokenLogprobs | None) -> StepResult:
+        """Take ``token`` as the next generated one: grammar, stop ids, stop strings, length."""
+        grammar = self.constraint
         self.generated_ids.append(token)
         if grammar is not None:
             grammar.consume(token)

@@ -40,6 +40,7 @@ import attrs
 import numpy as np
 
 from kestrel_trio.errors import BadRequestError
+from kestrel_trio.text.speculative import accept_or_resample
 
 __all__ = ["SamplingParams", "Sampler", "TokenLogprobs", "token_logprobs", "apply_penalties", "candidate_probabilities"]
 
@@ -418,12 +419,42 @@ class Sampler:
             ids = allowed_ids[local]
             if self.params.logprobs is not None:
                 processed = np.where(allowed, processed, np.float32(-np.inf))  # [vocab]
-        if ids.size == 1:
-            token = int(ids[0])
-        else:
-            cdf = np.cumsum(probs)
-            pick = int(np.searchsorted(cdf, self._rng.random() * cdf[-1], side="right"))
-            token = int(ids[min(pick, ids.size - 1)])
+        token = self._draw(ids, probs)
         if self.params.logprobs is None:
             return token, None
         return token, token_logprobs(processed, token, self.params.logprobs)
+
+    def sample_draft(self, logits: np.ndarray, generated_ids: Sequence[int], prompt_ids: Sequence[int],
+                     draft: int) -> tuple[int, TokenLogprobs | None]:
+        """Like :meth:`sample_scored` at a position a deterministic drafter guessed ``draft`` for.
+
+        Speculative sampling (:func:`kestrel_trio.text.speculative.accept_or_resample` with a point-mass
+        draft distribution): ``draft`` is kept with its probability under the distribution :meth:`sample`
+        draws from, else a token is drawn from that distribution without ``draft``; so the token is
+        distributed exactly as :meth:`sample`'s. At temperature 0 it is the argmax, draft or not.
+
+        Returns:
+            (token id, its :class:`TokenLogprobs` or None); the draft was accepted iff the id is ``draft``.
+        """
+        if logits.shape != (self.vocab_size,):
+            raise ValueError(f"expected logits of shape ({self.vocab_size},), got {logits.shape}")
+        processed = apply_penalties(logits, self.params, generated_ids, prompt_ids)  # [vocab]
+        ids, probs = candidate_probabilities(processed, self.params)
+        where = np.flatnonzero(ids == draft)
+        if ids.size == 1 or where.size == 0:  # greedy, or p(draft) = 0: drawing from p without draft is drawing from p
+            token = self._draw(ids, probs)
+        else:
+            q = np.zeros_like(probs)  # [n] the drafter's point mass
+            q[where[0]] = 1.0
+            token = int(ids[accept_or_resample(probs, q, int(where[0]), self._rng)])
+        if self.params.logprobs is None:
+            return token, None
+        return token, token_logprobs(processed, token, self.params.logprobs)
+
+    def _draw(self, ids: np.ndarray, probs: np.ndarray) -> int:
+        """One id of ``ids`` drawn with ``probs`` (no random number used when there is one candidate)."""
+        if ids.size == 1:
+            return int(ids[0])
+        cdf = np.cumsum(probs)
+        pick = int(np.searchsorted(cdf, self._rng.random() * cdf[-1], side="right"))
+        return int(ids[min(pick, ids.size - 1)])

@@ -281,6 +281,10 @@ class Tokenizer:
         """Text of ``ids``; invalid UTF-8 becomes U+FFFD, unknown ids are dropped."""
         return self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
+    def vocabulary(self) -> dict[str, int]:
+        """Every vocabulary entry (byte-level spelling, added tokens included) -> its id."""
+        return self._backend.get_vocab(with_added_tokens=True)
+
     def token_to_id(self, token: str) -> int | None:
         """The id of a vocabulary entry (byte-level spelling), or ``None``."""
         return self._backend.token_to_id(token)
