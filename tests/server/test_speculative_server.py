@@ -67,7 +67,7 @@ async def test_the_sse_stream_with_speculation_equals_the_plain_one(model):
             health = (await fetch(server.port, "GET", "/health")).json()
             metrics = (await fetch(server.port, "GET", "/metrics")).body.decode()
     assert len(plain) > 10 and fast == plain
-    assert health["speculative"] == {"mode": "ngram", "tokens": 8, "draft_model": None}
+    assert health["speculative"] == {"mode": "ngram", "tokens": 5, "draft_model": None}  # the documented default k
     drafted = next(line for line in metrics.splitlines()
                    if line.startswith("kestrel:spec_decode_num_draft_tokens_total "))
     assert float(drafted.split()[1]) > 0

@@ -34,7 +34,7 @@ class EngineLimits:
         kv_dtype: KV cache storage, "fp32", "bf16" or "fp16" (half the bytes; compute stays fp32).
         speculative: speculative decoding at batch 1: "off", "ngram" (prompt lookup) or "draft"
             (a draft model, given to the engine beside the model); see kestrel_trio.text.speculative.
-        speculative_tokens: tokens drafted per step, 1 to 31 (None: 8 for ngram, 4 for draft).
+        speculative_tokens: tokens drafted per step, 1 to 31 (None: 5 for ngram, 4 for draft).
     """
 
     max_queued: int = attrs.field(default=16, validator=attrs.validators.ge(1))

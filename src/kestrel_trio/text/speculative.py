@@ -60,7 +60,10 @@ __all__ = [
 
 SPECULATIVE_MODES = ("off", "ngram", "draft")
 # Drafted tokens per verify step, by mode: prompt lookup is free, so it drafts more; a draft model pays per token.
-DEFAULT_SPECULATIVE_TOKENS = {"ngram": 8, "draft": 4}
+# ngram's 5: on a quiet machine (bench_speculative, SmolLM2 Q4_1) k=5 met both targets on both kernels
+# (copy-heavy 2.44x / 2.47x, free-form 0.99x / 1.00x, SkylakeX / Haswell); k=8 copied faster under
+# SkylakeX (3.28x) but cost free-form text 0.90x under Haswell, where a 9-row verify step costs more.
+DEFAULT_SPECULATIVE_TOKENS = {"ngram": 5, "draft": 4}
 MAX_SPECULATIVE_TOKENS = 31  # 32 rows a verify step at most: the small-batch product range (matmul.SMALL_BATCH_ROWS)
 
 
