@@ -341,7 +341,7 @@ def _threadpoolctl():
     return threadpoolctl
 
 
-@functools.cache
+@functools.cache  # one ctypes handle per controller, not one per call
 def _any_thread_setter(blas: Any) -> Callable[[int], None] | None:
     """A setter of numpy's BLAS thread count that works from any thread, or None without one BLAS.
 
@@ -369,6 +369,7 @@ def _any_thread_setter(blas: Any) -> Callable[[int], None] | None:
     return blas.set_num_threads
 
 
+@functools.cache
 def _blas_at_start() -> tuple[Any, int]:
     """threadpoolctl's controller of numpy's BLAS (None unless exactly one), and its thread count, read once.
 

@@ -164,6 +164,18 @@ def test_blas_threads_is_applied_process_wide_and_validated(tmp_path):
         set_blas_threads(before)
 
 
+def test_blas_default_count_is_read_once_before_kestrel_changes_it():
+    """BLAS's own count is read once, before kestrel first sets it: a load without blas_threads goes back to it."""
+    from kestrel_trio.model import _blas_at_start
+
+    first = _blas_at_start()
+    try:
+        set_blas_threads(3)
+        assert _blas_at_start() == first
+    finally:
+        set_blas_threads(first[1])
+
+
 def test_product_threads_run_one_thread_blas_when_the_caller_is_a_worker_thread(tmp_path):
     """The engine steps in a worker thread, where OpenBLAS ignores the process-wide count: each thread is switched."""
     threadpoolctl = pytest.importorskip("threadpoolctl")
