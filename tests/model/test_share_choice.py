@@ -44,7 +44,7 @@ def test_the_first_half_of_a_burst_only_warms_up():
         assert way is True
         chooser.record(way, (5e-10 if k < BURST // 2 else 0.5e-10) * 1000, 1000)
     assert chooser.prefer_shared, "the warm half alone decides, and it was cheaper"
-    assert chooser.costs()["shared"] == pytest.approx(0.05)  # ns a weight: the warm timings only
+    assert chooser.costs()["product_threads"] == pytest.approx(0.05)  # ns a weight: the warm timings only
 
 
 def test_both_ways_compute_the_same_product():

@@ -57,7 +57,7 @@ from kestrel_trio._model.share_choice import ShareChooser
 
 __all__ = [
     "linear", "linear_packed", "linear_bf16", "set_product_threads", "product_threads", "run_shared", "shares_of", "small_batch_call",
-    "set_small_batch_call", "choose_small_batch_call", "SMALL_BATCH_CALLS", "share_costs", "one_thread_blas",
+    "set_small_batch_call", "choose_small_batch_call", "SMALL_BATCH_CALLS", "one_thread_blas",
 ]
 
 
@@ -96,16 +96,15 @@ def _product(x: np.ndarray, weight: np.ndarray, call: str) -> np.ndarray:
         _product_into(x, weight, out, call)
         return out
     chooser = None if call == "row_blocks" else _share_choosers[_row_kind(x.shape[0])]
-    if chooser is not None and not chooser.shared():
-        started = time.perf_counter()
-        _product_into(x, weight, out, call)
-        chooser.record(False, time.perf_counter() - started, weight.size * x.shape[0])
-        return out
+    shared = chooser is None or chooser.shared()
     started = time.perf_counter()
-    bounds = _share_bounds(weight.shape[0], threads.count)
-    threads.run([(lambda a=a, b=b: _product_into(x, weight[a:b], out[:, a:b], call)) for a, b in bounds])
+    if shared:
+        bounds = _share_bounds(weight.shape[0], threads.count)
+        threads.run([(lambda a=a, b=b: _product_into(x, weight[a:b], out[:, a:b], call)) for a, b in bounds])
+    else:
+        _product_into(x, weight, out, call)
     if chooser is not None:
-        chooser.record(True, time.perf_counter() - started, weight.size * x.shape[0])
+        chooser.record(shared, time.perf_counter() - started, weight.size * x.shape[0])
     return out
 
 
@@ -115,11 +114,6 @@ def _row_kind(rows: int) -> str:
 
 # Per kind of plain product (one row, a batched decode step's few, a prefill chunk's many): the way it runs.
 _share_choosers = {kind: ShareChooser() for kind in ("one", "few", "many")}
-
-
-def share_costs() -> dict[str, dict[str, float | None]]:
-    """For each kind of plain product, the recent cost of each way, ns per weight (see :class:`ShareChooser`)."""
-    return {kind: chooser.costs() | {"shared_now": chooser.prefer_shared} for kind, chooser in _share_choosers.items()}
 
 
 def run_shared(tasks: list[Callable[[], None]]) -> None:

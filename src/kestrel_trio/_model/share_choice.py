@@ -78,4 +78,5 @@ class ShareChooser:
 
     def costs(self) -> dict[str, float | None]:
         """The smoothed cost of each way, in nanoseconds per weight (None: not timed yet)."""
-        return {("shared" if way else "blas_threads"): (None if c is None else c * 1e9) for way, c in self._cost.items()}
+        return {("product_threads" if way else "blas_threads"): (None if c is None else c * 1e9)
+                for way, c in self._cost.items()}
