@@ -6,6 +6,7 @@ Everything here runs inside one measured process; nothing imports torch.
 from __future__ import annotations
 
 import os
+import sys
 import time
 
 OPENBLAS_OVERRIDES = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
@@ -80,6 +81,24 @@ def read_bandwidth(gib: float = 1.0, repeats: int = 5) -> dict[str, float]:
 _VECTOR_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
                  "avx512_bf16", "avx512_fp16", "avx_vnni", "amx_tile", "amx_bf16", "amx_int8",
                  "asimd", "asimdhp", "asimddp", "fphp", "sve", "sve2", "bf16", "i8mm")
+
+
+def run_without_openblas_overrides(keep: bool) -> None:
+    """Re-execute this script without OPENBLAS_OVERRIDES (unless ``keep``), so OpenBLAS picks its own kernel.
+
+    The names and values unset go in KESTREL_BENCH_UNSET for :func:`openblas_overrides_note`.
+    """
+    overridden = [name for name in OPENBLAS_OVERRIDES if name in os.environ]
+    if overridden and not keep:
+        env = {k: v for k, v in os.environ.items() if k not in OPENBLAS_OVERRIDES}
+        env["KESTREL_BENCH_UNSET"] = ", ".join(f"{n}={os.environ[n]}" for n in overridden)
+        os.execve(sys.executable, [sys.executable, *sys.argv], env)
+
+
+def openblas_overrides_note() -> str:
+    """What became of the machine's OPENBLAS_OVERRIDES in this run, for a benchmark's header."""
+    unset = os.environ.get("KESTREL_BENCH_UNSET")
+    return f"unset for this run ({unset})" if unset else "as in the environment"
 
 
 def cpu_vector_flags() -> str:

@@ -40,7 +40,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench_common import OPENBLAS_OVERRIDES, blas_description, cpu_vector_flags  # noqa: E402
+from _bench_common import (  # noqa: E402
+    blas_description, cpu_vector_flags, openblas_overrides_note, run_without_openblas_overrides,
+)
 from bench_load import QWEN3_0_6B  # noqa: E402
 
 CACHE = Path.home() / ".cache" / "kestrel-trio-bench"
@@ -355,15 +357,10 @@ def main() -> None:
     parser.add_argument("--keep-openblas-env", action="store_true", help="keep OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE")
     parser.add_argument("--cache", type=Path, default=CACHE)
     args = parser.parse_args()
-    overridden = [name for name in OPENBLAS_OVERRIDES if name in os.environ]
-    if overridden and not args.keep_openblas_env:
-        env = {k: v for k, v in os.environ.items() if k not in OPENBLAS_OVERRIDES}
-        env["KESTREL_BENCH_UNSET"] = ", ".join(f"{n}={os.environ[n]}" for n in overridden)
-        os.execve(sys.executable, [sys.executable, __file__, *sys.argv[1:]], env)
-    unset = os.environ.get("KESTREL_BENCH_UNSET")
+    run_without_openblas_overrides(args.keep_openblas_env)
     print(f"machine: {os.cpu_count()} cpus, load average {os.getloadavg()[0]:.2f}")
     print(f"CPU vector flags: {cpu_vector_flags()}")
-    print(f"OpenBLAS overrides: {'unset for this run (' + unset + ')' if unset else 'as in the environment'}")
+    print(f"OpenBLAS overrides: {openblas_overrides_note()}")
     print(f"numpy BLAS: {blas_description()}", flush=True)
     if args.what == "decode":
         run_decode(args)

@@ -39,7 +39,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _bench_common import (  # noqa: E402
-    OPENBLAS_OVERRIDES, blas_description, blas_threads, cpu_vector_flags, read_bandwidth, status_bytes,
+    blas_description, blas_threads, cpu_vector_flags, openblas_overrides_note, read_bandwidth,
+    run_without_openblas_overrides, status_bytes,
 )
 from bench_load import QWEN3_0_6B  # noqa: E402
 
@@ -435,11 +436,7 @@ def main() -> None:
     if args.side:
         print(json.dumps(SIDES[args.side](args.folder, args)))
         return
-    overridden = [name for name in OPENBLAS_OVERRIDES if name in os.environ]
-    if overridden and not args.keep_openblas_env:
-        env = {k: v for k, v in os.environ.items() if k not in OPENBLAS_OVERRIDES}
-        env["KESTREL_BENCH_UNSET"] = ", ".join(f"{n}={os.environ[n]}" for n in overridden)
-        os.execve(sys.executable, [sys.executable, __file__, *sys.argv[1:]], env)
+    run_without_openblas_overrides(args.keep_openblas_env)
     args.threads = args.threads or blas_threads()
     args.rounds = 1 if args.quick else args.rounds
     report_machine(args)
@@ -498,10 +495,9 @@ def check_targets(k: dict, t: dict) -> None:
 
 
 def report_machine(args: argparse.Namespace) -> None:
-    unset = os.environ.get("KESTREL_BENCH_UNSET")
     print(f"machine: {os.cpu_count()} cpus, load average {os.getloadavg()[0]:.2f}; threads per side: {args.threads}")
     print(f"CPU vector flags: {cpu_vector_flags()}")
-    print(f"OpenBLAS overrides: {'unset for this run (' + unset + ')' if unset else 'as in the environment'}")
+    print(f"OpenBLAS overrides: {openblas_overrides_note()}")
     print(f"numpy BLAS: {blas_description()}")
     bandwidth = read_bandwidth(1.0 if not args.quick else 0.25, repeats=10)
     args.bandwidth = max(bandwidth.values())
