@@ -22,13 +22,14 @@ def run_cli(args: list[str], stdin: str = "", timeout: float = 120, command: lis
                           encoding="utf-8", env=env)
 
 
-def start_serve(*flags: str, deadline_s: float = 60) -> tuple[subprocess.Popen, str, list[str]]:
-    """A real ``kestrel-trio serve --port 0``, once it says where it listens.
+def start_serve(*flags: str, deadline_s: float = 60,
+                env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str, list[str]]:
+    """A real ``kestrel-trio serve --port 0``, once it says where it listens (``env``: its environment).
 
     Returns:
         (the process, its base URL http://127.0.0.1:PORT, the stderr lines read so far).
     """
-    process = subprocess.Popen(CLI + ["serve", "--port", "0", *flags], stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(CLI + ["serve", "--port", "0", *flags], stderr=subprocess.PIPE, text=True, env=env)
     lines: list[str] = []
     url = None
     deadline = time.monotonic() + deadline_s

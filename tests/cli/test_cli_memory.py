@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import json
-import re
 import signal
 import subprocess
-import sys
-import time
 import urllib.request
 
 import pytest
 
-CLI = [sys.executable, "-m", "kestrel_trio.cli"]
+from cli_kit import CLI, start_serve, stop
 
 
 def test_a_max_model_len_beyond_the_models_context_is_a_one_line_error():
@@ -36,16 +33,8 @@ def test_a_bad_memory_flag_names_itself(flag, value, message):
 
 
 def test_the_kv_budget_is_printed_at_start_and_shown_on_health():
-    process = subprocess.Popen(CLI + ["serve", "--port", "0", "--kv-cache-mb", "3", "--kv-dtype", "bf16",
-                                      "--max-model-len", "1024"], stderr=subprocess.PIPE, text=True)
+    process, url, lines = start_serve("--kv-cache-mb", "3", "--kv-dtype", "bf16", "--max-model-len", "1024")
     try:
-        lines, url = [], None
-        deadline = time.monotonic() + 60
-        while url is None and time.monotonic() < deadline and process.poll() is None:
-            lines.append(process.stderr.readline())
-            match = re.search(r"serving \S+ at (http://\S+)/v1", lines[-1])
-            url = match.group(1) if match else None
-        assert url is not None, "".join(lines)
         budget = [line for line in lines if "KV cache budget" in line and line.startswith("kestrel-trio:")]
         # The demo model: 2 layers x 2 kv heads x 16 x K and V x 2 bytes = 256 bytes a token in bf16.
         assert budget and "3.0 MiB = 12288 tokens" in budget[0] and "context cap 1024 tokens" in budget[0]
@@ -56,7 +45,4 @@ def test_the_kv_budget_is_printed_at_start_and_shown_on_health():
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=30) == 0
     finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-        process.stderr.close()
+        stop(process)
