@@ -8,16 +8,15 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
 import pytest
+from cli.cli_kit import start_serve, stop
 from hub_server import FakeHub
 from real_models import smollm2_135m
 
@@ -113,23 +112,14 @@ def test_hf_token_opens_a_gated_repo(fake_hub: FakeHub, env: dict[str, str]):
 
 def test_serve_a_repo_id_under_its_own_name(fake_hub: FakeHub, env: dict[str, str]):
     fake_hub.add_folder(REPO, FIXTURE)
-    process = subprocess.Popen(CLI + ["serve", "--port", "0", "--model", REPO, "--grace", "1"], env=env,
-                               stderr=subprocess.PIPE, text=True)
+    process, url, _ = start_serve("--model", REPO, "--grace", "1", env=env)
     try:
-        url, deadline = None, time.monotonic() + 60
-        while url is None and time.monotonic() < deadline and process.poll() is None:
-            match = re.search(r"serving (\S+) at (http://\S+)/v1", process.stderr.readline())
-            url = match.group(2) if match else None
-        assert url is not None, "the server never said where it listens"
         with urllib.request.urlopen(url + "/v1/models", timeout=10) as response:
             assert [m["id"] for m in json.load(response)["data"]] == [REPO]
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=30) == 0
     finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-        process.stderr.close()
+        stop(process)
 
 
 def test_the_named_model_is_listed_found_and_removed(env: dict[str, str], tmp_path: Path):
