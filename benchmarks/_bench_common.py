@@ -39,6 +39,22 @@ def blas_description() -> str:
     )
 
 
+# OpenBLAS core types -> the LLVM CPU that numba compiles kestrel_trio's fused products for: a side run under
+# OPENBLAS_CORETYPE=Haswell gets AVX2 code from numba as well (NUMBA_CPU_NAME), as an AVX2-only CPU would.
+NUMBA_CPU_FOR_KERNEL = {"Haswell": "haswell", "SkylakeX": "skylake-avx512"}
+
+
+def compiled_kernels_description() -> str:
+    """The compiler of kestrel's fused products and the CPU it compiles for (numba, LLVM)."""
+    try:
+        import numba
+        from llvmlite import binding
+    except ImportError as error:
+        return f"numba not importable ({error}): numpy products"
+    target = os.environ.get("NUMBA_CPU_NAME") or f"host ({binding.get_host_cpu_name()})"
+    return f"numba {numba.__version__} compiling for {target}"
+
+
 def load_average() -> str:
     """The 1-minute load average and the CPU count: how busy the machine is while a figure is measured."""
     return f"{os.getloadavg()[0]:.2f} on {os.cpu_count()} cpus"

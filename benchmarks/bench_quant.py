@@ -49,7 +49,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench_common import OPENBLAS_OVERRIDES, blas_description, cpu_vector_flags, load_average, status_bytes  # noqa: E402
+from _bench_common import (  # noqa: E402
+    NUMBA_CPU_FOR_KERNEL, OPENBLAS_OVERRIDES, blas_description, compiled_kernels_description, cpu_vector_flags,
+    load_average, status_bytes,
+)
 from bench_load import QWEN3_0_6B, build  # noqa: E402
 
 CACHE = Path.home() / ".cache" / "kestrel-trio-bench"
@@ -241,7 +244,7 @@ def form_side(args: argparse.Namespace) -> dict:
     model = load_model(args.model, weights=args.weights, blas_threads=args.threads, quantized_cache=args.qcache)
     model.logits([1, 2, 3])
     result = {"ready_s": time.perf_counter() - started, "rss_after_load": status_bytes("VmRSS"),
-              "mode": model.weights_mode, "blas": blas_description()}
+              "mode": model.weights_mode, "blas": blas_description(), "compiled": compiled_kernels_description()}
     model.greedy(prompt(8, 1), 16)
     result["rss_after_completion"] = status_bytes("VmRSS")
     result["decode_1"], result["decode_cpu_1"] = bare_decode(model, 1, args.steps, QWEN3_0_6B["vocab_size"])
@@ -303,9 +306,11 @@ SIDES = {"form": form_side, "moe": moe_side}
 
 
 def kernel_env(kernel: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in OPENBLAS_OVERRIDES}
+    env = {k: v for k, v in os.environ.items() if k not in OPENBLAS_OVERRIDES and k != "NUMBA_CPU_NAME"}
     if kernel != "native":
         env["OPENBLAS_CORETYPE"] = kernel
+        if kernel in NUMBA_CPU_FOR_KERNEL:
+            env["NUMBA_CPU_NAME"] = NUMBA_CPU_FOR_KERNEL[kernel]
     return env
 
 
@@ -354,7 +359,9 @@ def print_table(kernel: str, results: dict) -> None:
     forms = [f for f in FORMS if f in results]
     base = results.get("fp32", {})
     blas = next(iter(results.values())).get("blas", "?")
-    print(f"\nkernel {kernel}: {blas}; small-batch call {next(iter(results.values())).get('small_batch_call')}")
+    first = next(iter(results.values()))
+    print(f"\nkernel {kernel}: {blas}; small-batch call {first.get('small_batch_call')}")
+    print(f"fused products: {first.get('compiled', '?')}")
     print("(per CPU-second: tokens per second of the process's CPU time, all threads; with --threads 1 what a "
           "step costs when the core is not shared)")
     print(f"{'':30}" + "".join(f"{f:>10}" for f in forms))

@@ -4,6 +4,7 @@ Ranks, lowest first (a layer may import its own modules and every layer of a
 lower rank; two layers of the same rank may not import each other):
 
     0  errors, stats, version the error family, metric primitives, the version: standard library only
+    0  _kernels               compiled loops over numpy arrays (numba): numpy and numba only
     1  _model                 numpy model core
     2  openai, http           JSON <-> values; h11 + trio HTTP (neither knows the other)
     3  text, webui, hub       tokenizer, template, sampling, generation state machine; the chat page's files; getting model files
@@ -37,7 +38,7 @@ PACKAGE = "kestrel_trio"
 
 # layer -> rank. A module's layer is the first component of its name below kestrel_trio.
 RANKS = {
-    "errors": 0, "stats": 0, "version": 0,
+    "errors": 0, "stats": 0, "version": 0, "_kernels": 0,
     "_model": 1,
     "openai": 2, "http": 2,
     "text": 3, "webui": 3, "hub": 3,
@@ -60,6 +61,7 @@ FORBIDDEN_EXTERNAL = {
     "hub": {"trio", "h11", "numpy"},
 }
 ALLOWED_THIRD_PARTY_IN_MODEL = {"numpy", "attrs"}
+ALLOWED_THIRD_PARTY_IN_KERNELS = {"numpy", "numba"}
 # module -> modules it must never import, beyond its layer's rules.
 FORBIDDEN_EXTERNAL_IN_MODULE = {
     "kestrel_trio.engine.step": {"trio"},  # the batched step runs in the worker thread: synchronous, sans-IO
@@ -169,6 +171,8 @@ def external_violations(src: Path) -> list[str]:
                 found.append(f"{this} ({own}) imports {name}")
             if own == "_model" and top not in sys.stdlib_module_names and top not in ALLOWED_THIRD_PARTY_IN_MODEL:
                 found.append(f"{this} (_model) imports {name}")
+            if own == "_kernels" and top not in sys.stdlib_module_names and top not in ALLOWED_THIRD_PARTY_IN_KERNELS:
+                found.append(f"{this} (_kernels) imports {name}")
             if top in FORBIDDEN_EXTERNAL_IN_MODULE.get(this, ()):
                 found.append(f"{this} imports {name}")
     return found

@@ -15,11 +15,13 @@ from typing import Any, Callable, Literal, Sequence
 
 import numpy as np
 
+from kestrel_trio import _kernels
 from kestrel_trio._model import (
     Decoder, GgufFile, KVCache, ModelConfig, Qwen3VL, assemble_weights, choose_small_batch_call, config_from_dict,
     config_from_gguf, forward, gguf_architecture, is_gguf_file, is_qwen3_vl, linear, load_gguf_weights,
     load_qwen3_vl, load_weights, product_threads, random_tensors, read_config, read_config_json, resolve_residency,
     set_product_threads, vl_config_from_dict, UPCAST_CHUNK, PackedMatrix, default_cache_dir, describe_weights,
+    packed_matrices, warm_fused_products,
 )
 from kestrel_trio.text.images import ImageProcessorConfig, require_pillow
 from kestrel_trio.errors import BadRequestError, ContextLengthError, KestrelError, ModelLoadError
@@ -238,8 +240,13 @@ class Model:
         chunks just expanded, hot in cache: the sample is then such chunks,
         one of each of the first layer's matrices (milliseconds, a few MiB). Then one
         prefill-sized product, so BLAS's threads have their work buffers.
+
+        Packed matrices' fused products are compiled first (or loaded from
+        numba's cache: milliseconds; a first compilation takes seconds), so
+        that no request waits for one.
         """
         w = self.decoder.weights
+        warm_fused_products(packed_matrices(w))
         layers = w.layers[:_SAMPLE_LAYERS]
         sample = [m for layer in layers for m in (layer.attn.qkv_proj, layer.attn.o_proj,
                                                  getattr(layer.mlp, "gate_up_proj", None),
@@ -455,6 +462,8 @@ def _ready(model: Model, residency: str) -> Model:
     """Record and log how the weights are held, and choose the small-batch call."""
     model.weights_mode = residency
     log.info("%s: weights in memory as %s: %s", model.name, residency, describe_weights(model.decoder.weights))
+    if residency != "fp32":
+        log.info("%s: packed weights' products: %s", model.name, _kernels.describe())
     model.prepare_products()
     return model
 

@@ -18,7 +18,7 @@ from gguf_kit import random_rows
 
 gguf = pytest.importorskip("gguf")  # quantizes the products' test weights
 
-from kestrel_trio import load_model
+from kestrel_trio import _kernels, load_model
 from kestrel_trio._model import forward, layers, matmul
 from kestrel_trio._model.dequant import GGML_TYPE_BY_NAME, expand_rows
 from kestrel_trio._model.packed import GgmlRows, PackedMatrix
@@ -131,7 +131,11 @@ def _gguf(name: str):
 
 
 class _Expansions:
-    """Records each (part, rows) a GgmlRows expansion writes, by the part's storage address."""
+    """Records each (part, rows) a GgmlRows expansion writes, by the part's storage address.
+
+    Expansions with numpy (GgmlRows.integer) and compiled ones (kestrel_trio._kernels' products and
+    expansions, which take the storage as GgmlRows.kernel_args gives it) alike.
+    """
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.calls: list[tuple[int, int, int]] = []
@@ -142,6 +146,17 @@ class _Expansions:
             return original(part, start, stop, out)
 
         monkeypatch.setattr(GgmlRows, "integer", integer)
+        for name in ("packed_product", "packed_expand"):
+            monkeypatch.setattr(_kernels, name, self._recording(getattr(_kernels, name)))
+
+    def _recording(self, compiled):
+        def call(form, data, scales, *args):
+            start, stop = (args[1], args[2]) if compiled.__name__ == "packed_product" else (args[0], args[1])
+            self.calls.append((data.__array_interface__["data"][0], start, stop))
+            return compiled(form, data, scales, *args)
+
+        call.__name__ = compiled.__name__
+        return call
 
 
 def _address(matrix: PackedMatrix) -> set[int]:

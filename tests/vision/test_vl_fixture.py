@@ -212,7 +212,7 @@ def test_deepstack_index_beyond_depth_is_named():
 
 
 @pytest.mark.parametrize("key", ["text", "image"])
-def test_bf16_residency_gives_fp32_modes_exact_logits(pixels, key):
+def test_bf16_residency_gives_fp32_modes_logits(pixels, key):
     fp32, golden = _load("qwen3_vl_bf16")
     bf16 = load_qwen3_vl(FIXTURES / "qwen3_vl_bf16", residency="bf16")
     assert isinstance(bf16.decoder.weights.layers[0].attn.qkv_proj, Bf16Matrix)
@@ -220,7 +220,9 @@ def test_bf16_residency_gives_fp32_modes_exact_logits(pixels, key):
     assert isinstance(bf16.vision.patch_weight, Bf16Matrix)
     expected = fp32.prefill(fp32.new_cache(), _prompt(fp32, golden, pixels, key), all_logits=True)
     got = bf16.prefill(bf16.new_cache(), _prompt(bf16, golden, pixels, key), all_logits=True)
-    np.testing.assert_array_equal(got, expected)  # the bits are upcast exactly, into the same calls
+    # The bits are upcast exactly; products of up to FUSED_MAX_ROWS rows (the vision tower's merged patches)
+    # are compiled row products rather than BLAS, so they agree to float32 rounding, not bit for bit.
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5 * float(np.abs(expected).max()))
     assert _greedy(bf16, _prompt(bf16, golden, pixels, key), 16) == golden[f"{key}_greedy_ids"].tolist()
 
 

@@ -16,6 +16,7 @@ from kestrel_trio._model.kv_storage import KV_DTYPES, storage_dtype, to_storage
 from kestrel_trio._model.layers import linear
 from kestrel_trio._model.matmul import (
     UPCAST_CHUNK, choose_small_batch_call, product_threads, set_product_threads, small_batch_call,
+    warm_fused_products,
 )
 from kestrel_trio._model.gguf_names import gguf_name
 from kestrel_trio._model.packed import GgmlRows, PackedMatrix
@@ -27,7 +28,7 @@ from kestrel_trio._model.random_init import random_tensors, write_random_checkpo
 from kestrel_trio._model.safetensors import SafetensorsCheckpoint
 from kestrel_trio._model.shapes import expected_shapes
 from kestrel_trio._model.vision import vision_shapes
-from kestrel_trio._model.residency import describe_weights, load_weights, resolve_residency
+from kestrel_trio._model.residency import describe_weights, load_weights, packed_matrices, resolve_residency
 from kestrel_trio._model.weights import assemble_weights
 
 __all__ = [
@@ -45,6 +46,7 @@ __all__ = [
     "Qwen3VL", "VLPrompt", "is_qwen3_vl", "load_qwen3_vl", "vl_config_from_dict",
     # product threads and kernels
     "choose_small_batch_call", "product_threads", "set_product_threads", "small_batch_call", "UPCAST_CHUNK",
+    "warm_fused_products", "packed_matrices",
     # quantized residency
     "PackedMatrix", "GgmlRows", "default_cache_dir", "describe_weights",
     # for the benchmarks' checkpoints and tables

@@ -21,13 +21,21 @@ the product itself costs no more than the read. By rows:
   Measured on 2 cores: 8 rows of Qwen3-0.6B's products cost 1.5x one row that
   way, against 2.5x for the best single GEMM. Under the Haswell kernel
   ``x @ W.T`` wins.
-* A :class:`PackedMatrix` (bf16 bits, a GGUF's blocks, int8, int4) at any
-  row count: the product threads share its chunks of rows, each expanding
-  its own into a scratch buffer and multiplying it as it is ready, since the
-  expansion, not the read, is then the cost. One expansion serves every row
-  of the batch.
+* A :class:`PackedMatrix` (bf16 bits, a GGUF's blocks, int8, int4), up to
+  FUSED_MAX_ROWS rows (decode): compiled row products
+  (kestrel_trio._kernels): each weight row is expanded from its compact form
+  into a one-row buffer and multiplied at once with every activation row,
+  the product threads each taking a stretch of rows. The weights are read
+  once, compactly, and expanded once per step whatever the batch; numpy
+  alone cannot fuse the two (its int8-to-float32 cast cost as much as the
+  float32 product).
+* A :class:`PackedMatrix` with more rows (prefill), or where numba is
+  missing: the product threads share its chunks of rows, each expanding its
+  own into a scratch buffer (compiled, or with numpy) and multiplying it
+  with BLAS as it is ready. One expansion serves every row of the batch.
 
-Quantized chunks are not always expanded all the way. A part's integers come
+Without the compiled kernels, quantized chunks are not always expanded all
+the way. A part's integers come
 with per-group scales (kestrel_trio._model.dequant.Affine): ``w = scale * q
 (+ offset)`` over groups of 16-256 weights of a row, or one scale per row
 (int8). The product ``x @ w.T`` is then, exactly in algebra,
@@ -51,13 +59,15 @@ from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
+from kestrel_trio import _kernels
 from kestrel_trio._model.dequant import Affine, apply_affine
 from kestrel_trio._model.packed import Matrix, PackedMatrix, Rows, grouped_integers, scratch_width
 from kestrel_trio._model.share_choice import ShareChooser
 
 __all__ = [
     "linear", "linear_packed", "linear_bf16", "set_product_threads", "product_threads", "run_shared", "shares_of", "small_batch_call",
-    "set_small_batch_call", "choose_small_batch_call", "SMALL_BATCH_CALLS", "one_thread_blas",
+    "set_small_batch_call", "choose_small_batch_call", "SMALL_BATCH_CALLS", "one_thread_blas", "warm_fused_products",
+    "FUSED_MAX_ROWS",
 ]
 
 
@@ -214,12 +224,12 @@ _scratch = threading.local()  # one buffer per thread: forward may run in severa
 
 
 def linear_packed(x: np.ndarray, weight: PackedMatrix) -> np.ndarray:
-    """``x`` [N, in] @ ``weight``.T [in, out], expanding at most UPCAST_CHUNK weights at a time.
+    """``x`` [N, in] @ ``weight``.T [in, out]: compiled row products, or expanding UPCAST_CHUNK weights at a time.
 
-    Rows are gathered across the matrix's parts into each chunk, so a matrix
-    of float forms (bf16) that fits one chunk is one product over exactly the
-    float32 values the fp32 mode holds: the same call, bit-identical logits.
-    With product threads, the chunks are shared out in contiguous stretches,
+    Up to FUSED_MAX_ROWS rows, every part of a form the compiled kernels
+    know: :func:`_fused_product`. Otherwise rows are gathered across the
+    matrix's parts into each chunk, so that q/k/v or gate/up make one BLAS
+    product. With product threads, the chunks are shared out in contiguous stretches,
     each thread expanding into its own scratch buffer and writing its own
     columns. For float forms and int8 the chunk boundaries do not depend on
     the thread count, so neither does the result; grouped forms take bigger
@@ -229,6 +239,8 @@ def linear_packed(x: np.ndarray, weight: PackedMatrix) -> np.ndarray:
     out_rows, width = weight.shape
     if x.ndim != 2:
         return linear_packed(x.reshape(-1, width), weight).reshape(*x.shape[:-1], out_rows)  # [..., out]
+    if x.shape[0] <= FUSED_MAX_ROWS and _fused_forms(weight):
+        return _fused_product(x, weight)
     if _is_small_batch(x.shape[0]):
         small_batch_call()  # chosen here, before the chunks go to the product threads
     out = np.empty((x.shape[0], out_rows), dtype=np.float32)  # [N, out]
@@ -245,6 +257,72 @@ def linear_packed(x: np.ndarray, weight: PackedMatrix) -> np.ndarray:
 
 
 linear_bf16 = linear_packed  # the bf16 residency's name for the same path
+
+# Activation rows up to which packed weights are multiplied row by row as they are expanded
+# (kestrel_trio._kernels.products) rather than expanded chunk by chunk for BLAS.
+FUSED_MAX_ROWS = 16
+
+
+def warm_fused_products(matrices: Sequence[PackedMatrix]) -> None:
+    """Compile (or load from numba's disk cache) every fused product ``matrices`` will run, then drop the compiler.
+
+    One tiny product of 1 and of 2 activation rows, and one expansion, per
+    kind of storage among the matrices' parts (form, dtype, writable or
+    mapped read-only: numba compiles one version for each), so that no
+    request waits for a compilation. Then the JIT compiler's code pages are
+    handed back (kestrel_trio._kernels.release_compiler_pages): about 100 MiB
+    of resident memory that only a compilation needs.
+    """
+    if not _kernels.AVAILABLE:
+        return
+    seen = set()
+    for matrix in matrices:
+        for part in matrix.parts:
+            form, data, scales = part.kernel_args()
+            kind = (form, data.dtype.str, data.flags.writeable, data.flags.c_contiguous, scales is None)
+            if kind in seen or part.form not in _kernels.FORMS:
+                continue
+            seen.add(kind)
+            rows = min(2, part.rows)
+            for n in (1, 2):
+                x = np.zeros((n, part.cols), dtype=np.float32)  # [n, in]
+                out = np.empty((n, rows + 1), dtype=np.float32)  # [n, rows + 1]: a column slice, as shared out
+                _kernels.packed_product(form, data, scales, x, 0, rows, out[:, 1:])
+                _kernels.packed_product(form, data, scales, x, 0, rows, out[:, 1:].copy())  # C-contiguous
+            _kernels.packed_expand(form, data, scales, 0, rows, np.empty((rows, part.cols), dtype=np.float32))
+    _kernels.release_compiler_pages()
+
+
+def _fused_forms(weight: PackedMatrix) -> bool:
+    return _kernels.AVAILABLE and all(part.form in _kernels.FORMS for part in weight.parts)
+
+
+def _fused_product(x: np.ndarray, weight: PackedMatrix) -> np.ndarray:
+    """``x`` [N, in] @ ``weight``.T with each weight row expanded once and used while hot, rows shared by thread.
+
+    Each product thread takes a contiguous stretch of the matrix's rows (the
+    result's columns), across its parts, so it streams its own stretch of
+    the storage once.
+    """
+    x = np.ascontiguousarray(x, dtype=np.float32)  # [N, in]
+    out = np.empty((x.shape[0], weight.shape[0]), dtype=np.float32)  # [N, out]
+    runs, first = [], 0  # (kernel args, first column)
+    for part in weight.parts:
+        runs.append((part.kernel_args(), first, first + part.rows))
+        first += part.rows
+
+    def stretch(start: int, stop: int) -> None:
+        for (form, data, scales), lo, hi in runs:
+            a, b = max(start, lo), min(stop, hi)
+            if a < b:
+                _kernels.packed_product(form, data, scales, x, a - lo, b - lo, out[:, a:b])
+
+    threads = _threads
+    if threads is None or weight.shape[0] * weight.shape[1] < SHARE_MIN_ELEMENTS:
+        stretch(0, weight.shape[0])
+    else:
+        threads.run([(lambda a=a, b=b: stretch(a, b)) for a, b in _share_bounds(weight.shape[0], threads.count)])
+    return out
 
 
 def _chunk_weights(weight: PackedMatrix, shared: bool) -> int:
@@ -331,7 +409,7 @@ def _run_chunks(inputs: _Inputs, chunks: list[_Chunk], out: np.ndarray) -> None:
     for done, runs in chunks:
         column, filled, span = done, 0, done  # span: the output column of buffer row 0
         for part, start, take in runs:
-            if inputs.grouped(part):
+            if inputs.grouped(part) and part.form not in _kernels.FORMS:
                 if filled:
                     _product_into(x, buffer[:filled], out[:, span : span + filled])
                     filled = 0
@@ -342,6 +420,12 @@ def _run_chunks(inputs: _Inputs, chunks: list[_Chunk], out: np.ndarray) -> None:
                 if not filled:
                     span = column
                 target = buffer[filled : filled + take]  # [take, in]
+                if part.form in _kernels.FORMS:  # the weights themselves, in one compiled pass
+                    form, data, scales = part.kernel_args()
+                    _kernels.packed_expand(form, data, scales, start, start + take, target)
+                    filled += take
+                    column += take
+                    continue
                 affine = part.integer(start, start + take, target)
                 if part.scaling == "row":
                     _defer_row_scales(row_scaled, column, part, start, take)

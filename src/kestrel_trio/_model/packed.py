@@ -61,6 +61,9 @@ class Rows(Protocol):
     def select(self, ids: np.ndarray | slice) -> "Rows":
         """Rows ``ids`` as a part of the same form: a slice is a view of the storage, an index array a copy."""
 
+    def kernel_args(self) -> tuple[str, np.ndarray, np.ndarray | None]:
+        """(form, storage, scales) as kestrel_trio._kernels' packed_product and packed_expand take them."""
+
 
 def expand_part(part: Rows, start: int, stop: int, out: np.ndarray) -> np.ndarray:
     """Rows [start, stop) of ``part`` as their float32 weights, written into ``out`` [stop-start, cols]."""
@@ -125,6 +128,11 @@ class GgmlRows:
     def select(self, ids: np.ndarray | slice) -> "GgmlRows":
         return GgmlRows(self.ggml_type, self.data[ids])  # [len(ids), row_bytes], whole blocks
 
+    def kernel_args(self) -> tuple[str, np.ndarray, None]:
+        name = self.ggml_type.name
+        words = {"F32": np.uint32, "F16": np.uint16, "BF16": np.uint16}.get(name)
+        return name, (self.data if words is None else self.data.view(words)), None  # [rows, items]
+
 
 @attrs.frozen
 class Bf16Rows:
@@ -159,6 +167,9 @@ class Bf16Rows:
     def select(self, ids: np.ndarray | slice) -> "Bf16Rows":
         return Bf16Rows(self.data[ids])
 
+    def kernel_args(self) -> tuple[str, np.ndarray, None]:
+        return "bf16", self.data, None
+
 
 @attrs.frozen
 class Int8Rows:
@@ -191,6 +202,9 @@ class Int8Rows:
 
     def select(self, ids: np.ndarray | slice) -> "Int8Rows":
         return Int8Rows(self.data[ids], self.scale[ids])
+
+    def kernel_args(self) -> tuple[str, np.ndarray, np.ndarray]:
+        return "int8", self.data, self.scale[:, None]  # [rows, cols], [rows, 1]
 
 
 @attrs.frozen
@@ -235,6 +249,9 @@ class Int4Rows:
 
     def select(self, ids: np.ndarray | slice) -> "Int4Rows":
         return Int4Rows(self.data[ids], self.scale[ids], self.group)
+
+    def kernel_args(self) -> tuple[str, np.ndarray, np.ndarray]:
+        return "int4", self.data, self.scale.view(np.uint16)  # [rows, cols/2], float16 bits [rows, groups]
 
 
 @attrs.frozen

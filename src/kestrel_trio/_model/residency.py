@@ -231,6 +231,11 @@ def _matrices(weights: Weights) -> list:
     return list(found.values())
 
 
+def packed_matrices(weights: Weights) -> list[PackedMatrix]:
+    """The matrices of ``weights`` held packed (bf16, int8, int4, a GGUF's blocks), each once."""
+    return [m for m in _matrices(weights) if isinstance(m, PackedMatrix)]
+
+
 def resident_bytes(weights: Weights) -> dict[str, int]:
     """Bytes of the matrices by storage form (``"float32"`` for plain arrays); vectors not counted."""
     forms: dict[str, int] = {}

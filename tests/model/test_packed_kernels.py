@@ -1,0 +1,146 @@
+"""The compiled products of packed weights (kestrel_trio._kernels) against the numpy expansion they replace."""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+
+from kestrel_trio import _kernels
+from kestrel_trio._model import matmul
+from kestrel_trio._model.dequant import GGML_TYPE_BY_NAME
+from kestrel_trio._model.packed import Bf16Rows, GgmlRows, Int4Rows, Int8Rows, PackedMatrix, expand_part
+
+pytestmark = pytest.mark.skipif(not _kernels.AVAILABLE, reason=_kernels.UNAVAILABLE_REASON or "numba")
+
+GGML_FORMS = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"]
+OWN_FORMS = ["int8", "int4", "bf16"]
+
+
+def random_part(form: str, rows: int, cols: int, seed: int = 0):
+    """A part of ``form`` with random storage bytes (finite scales), [rows, cols]."""
+    rng = np.random.default_rng(seed)
+    if form == "int8":
+        return Int8Rows(rng.integers(-127, 128, (rows, cols), dtype=np.int8), rng.random(rows, dtype=np.float32))
+    if form == "int4":
+        scale = (rng.random((rows, cols // 64)) * 0.1).astype(np.float16)
+        return Int4Rows(rng.integers(0, 256, (rows, cols // 2), dtype=np.uint8), scale, 64)
+    floats = rng.standard_normal((rows, cols), dtype=np.float32)
+    if form == "bf16":
+        return Bf16Rows((floats.view(np.uint32) >> 16).astype(np.uint16))
+    kind = GGML_TYPE_BY_NAME[form]
+    raw = rng.integers(0, 256, (rows, cols // kind.block_size * kind.type_size), dtype=np.uint8)
+    blocks = raw.reshape(-1, kind.type_size)
+    if form in ("F32", "F16", "BF16"):
+        stored = {"F32": floats, "F16": floats.astype(np.float16),
+                  "BF16": (floats.view(np.uint32) >> 16).astype(np.uint16)}[form]
+        return GgmlRows(kind, np.ascontiguousarray(stored).view(np.uint8).reshape(rows, -1))
+    halves = {"Q6_K": [208]}.get(form, [0, 2] if form in ("Q4_1", "Q4_K", "Q5_K") else [0])
+    for at in halves:  # finite fp16 scales; every other byte random
+        blocks[:, at : at + 2] = (rng.uniform(0.001, 0.01, (blocks.shape[0], 1))).astype(np.float16).view(np.uint8)
+    return GgmlRows(kind, raw)
+
+
+def numpy_weights(part) -> np.ndarray:
+    return expand_part(part, 0, part.rows, np.empty((part.rows, part.cols), dtype=np.float32))
+
+
+@pytest.mark.parametrize("form", GGML_FORMS + OWN_FORMS)
+def test_the_compiled_expansion_equals_the_numpy_one_bit_for_bit(form):
+    part = random_part(form, 5, 512)
+    name, data, scales = part.kernel_args()
+    got = np.empty((3, 512), dtype=np.float32)
+    _kernels.packed_expand(name, data, scales, 1, 4, got)
+    np.testing.assert_array_equal(got.view(np.uint32), numpy_weights(part)[1:4].view(np.uint32))
+
+
+@pytest.mark.parametrize("form", ["Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"])
+def test_any_block_bytes_expand_as_ggufs_reference_does(form):
+    """Random bytes everywhere (the scales too: NaN and infinity included), against gguf's dequantization."""
+    kind = GGML_TYPE_BY_NAME[form]
+    raw = np.random.default_rng(7).integers(0, 256, (4, 2 * kind.type_size), dtype=np.uint8)  # [4, 2 blocks]
+    with np.errstate(all="ignore"):  # NaN and infinite scales, on purpose
+        want = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[form]).astype(np.float32)  # [4, 2 * block]
+    got = np.empty_like(want)
+    _kernels.packed_expand(form, raw, None, 0, 4, got)
+    np.testing.assert_array_equal(got, want)  # NaNs in the same places compare equal here
+
+
+@pytest.mark.parametrize("rows_in", [1, 2, 3, 4, 5, 8, 13])
+@pytest.mark.parametrize("form", GGML_FORMS + OWN_FORMS)
+def test_the_compiled_product_is_the_product_with_the_expanded_weights(form, rows_in):
+    part = random_part(form, 9, 512, seed=rows_in)
+    x = np.random.default_rng(1).standard_normal((rows_in, 512), dtype=np.float32)  # [N, in]
+    weights = numpy_weights(part)[2:8]  # [6, in]
+    out = np.full((rows_in, 10), np.nan, dtype=np.float32)  # the product lands in columns 3..8, a strided view
+    name, data, scales = part.kernel_args()
+    _kernels.packed_product(name, data, scales, x, 2, 8, out[:, 3:9])
+    scale = np.abs(x) @ np.abs(weights).T  # [N, 6] the size of each sum's terms
+    assert np.all(np.abs(out[:, 3:9] - x @ weights.T) <= 1e-6 * scale + 1e-30)
+    assert np.isnan(out[:, :3]).all() and np.isnan(out[:, 9:]).all()
+
+
+def test_mapped_read_only_storage_is_multiplied_as_it_is():
+    part = random_part("Q4_K", 4, 512)
+    data = part.data.copy()
+    data.flags.writeable = False
+    x = np.ones((2, 512), dtype=np.float32)
+    out = np.empty((2, 4), dtype=np.float32)
+    _kernels.packed_product("Q4_K", data, None, x, 0, 4, out)
+    np.testing.assert_allclose(out, x @ numpy_weights(part).T, rtol=1e-5, atol=1e-6)
+
+
+def _matrix() -> PackedMatrix:
+    """A fused q/k/v-like matrix of three parts of different forms, large enough to be shared among threads."""
+    return PackedMatrix((random_part("Q8_0", 384, 1024, 1), random_part("Q4_K", 128, 1024, 2),
+                         random_part("Q6_K", 256, 1024, 3)))
+
+
+@pytest.mark.parametrize("rows_in", [1, 4, matmul.FUSED_MAX_ROWS])
+def test_linear_packed_runs_the_fused_product_and_threads_do_not_change_it(rows_in):
+    weight = _matrix()
+    x = np.random.default_rng(2).standard_normal((rows_in, 1024), dtype=np.float32)
+    previous = matmul.product_threads() or 1
+    try:
+        matmul.set_product_threads(1)
+        alone = matmul.linear_packed(x, weight)
+        matmul.set_product_threads(2)
+        shared = matmul.linear_packed(x, weight)
+    finally:
+        matmul.set_product_threads(previous)
+    np.testing.assert_array_equal(shared, alone)  # each output is one row's own sum, whoever computes it
+    dense = weight.dense()
+    np.testing.assert_allclose(alone, x @ dense.T, rtol=1e-4, atol=1e-4 * float(np.abs(x @ dense.T).max()))
+
+
+def test_without_the_kernels_the_numpy_path_gives_the_same_products(monkeypatch):
+    weight = _matrix()
+    x = np.random.default_rng(3).standard_normal((3, 1024), dtype=np.float32)
+    fused = matmul.linear_packed(x, weight)
+    monkeypatch.setattr(_kernels, "AVAILABLE", False)
+    monkeypatch.setattr(_kernels, "FORMS", frozenset())
+    plain = matmul.linear_packed(x, weight)
+    np.testing.assert_allclose(plain, fused, rtol=1e-4, atol=1e-4 * float(np.abs(fused).max()))
+
+
+def _llvm_resident_kib() -> int:
+    total, inside = 0, False
+    with open("/proc/self/smaps", encoding="ascii", errors="replace") as smaps:
+        for line in smaps:
+            first = line.split(maxsplit=1)[0]
+            if "-" in first and not first.endswith(":"):
+                inside = "libllvmlite" in line
+            elif inside and first == "Rss:":
+                total += int(line.split()[1])
+    return total
+
+
+@pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="/proc and MADV_PAGEOUT are Linux's")
+def test_warming_compiles_the_products_and_then_hands_back_the_compilers_pages():
+    weight = _matrix()
+    before = _llvm_resident_kib()
+    matmul.warm_fused_products([weight])
+    after = _llvm_resident_kib()
+    assert before > 20_000 and after < before / 2, (before, after)
+    x = np.ones((2, 1024), dtype=np.float32)
+    np.testing.assert_allclose(matmul.linear_packed(x, weight), x @ weight.dense().T, rtol=1e-4, atol=1e-3)
