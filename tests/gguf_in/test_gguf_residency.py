@@ -133,8 +133,8 @@ def _gguf(name: str):
 class _Expansions:
     """Records each (part, rows) a GgmlRows expansion writes, by the part's storage address.
 
-    Expansions with numpy (GgmlRows.integer) and compiled ones (kestrel_trio._kernels' products and
-    expansions, which take the storage as GgmlRows.kernel_args gives it) alike.
+    Expansions with numpy (GgmlRows.integer) and in compiled products (kestrel_trio._kernels, which take
+    the storage as GgmlRows.kernel_args gives it) alike.
     """
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -146,17 +146,13 @@ class _Expansions:
             return original(part, start, stop, out)
 
         monkeypatch.setattr(GgmlRows, "integer", integer)
-        for name in ("packed_product", "packed_expand"):
-            monkeypatch.setattr(_kernels, name, self._recording(getattr(_kernels, name)))
+        compiled = _kernels.packed_product
 
-    def _recording(self, compiled):
-        def call(form, data, scales, *args):
-            start, stop = (args[1], args[2]) if compiled.__name__ == "packed_product" else (args[0], args[1])
+        def packed_product(form, data, scales, x, start, stop, out):
             self.calls.append((data.__array_interface__["data"][0], start, stop))
-            return compiled(form, data, scales, *args)
+            return compiled(form, data, scales, x, start, stop, out)
 
-        call.__name__ = compiled.__name__
-        return call
+        monkeypatch.setattr(_kernels, "packed_product", packed_product)
 
 
 def _address(matrix: PackedMatrix) -> set[int]:

@@ -1,67 +1,117 @@
 """Compiled loops over numpy arrays (numba): the products of packed weights that numpy cannot fuse.
 
-numba compiles these plain-Python loops with LLVM when first called and
-caches the machine code on disk, so a later process loads them in
-milliseconds. Nothing here knows a model: each function takes arrays and row
-ranges. kestrel_trio._model decides when to call them and keeps its numpy
-path for what they do not cover (and for a Python that numba does not
-support yet: :data:`AVAILABLE` is then False and :data:`UNAVAILABLE_REASON`
-says why).
+numba compiles these plain-Python loops with LLVM and caches the machine code
+on disk, so a later process loads them in milliseconds. Nothing here knows a
+model: each function takes arrays and row ranges. kestrel_trio._model
+decides when to call them and keeps its numpy path for what they do not
+cover, and for a Python that numba does not support: :func:`ready` is then
+False and :func:`unavailable_reason` says why.
+
+numba is imported at the first :func:`ready`, not with this package: an fp32
+model never multiplies packed weights, and importing numba costs about
+0.2 s and 50 MiB of resident memory.
 """
 
 from __future__ import annotations
 
 import ctypes
 import sys
+import threading
 
-__all__ = ["AVAILABLE", "UNAVAILABLE_REASON", "FORMS", "packed_product", "packed_expand", "release_compiler_pages",
-           "describe"]
+import numpy as np
 
-try:
-    import numpy as np
+__all__ = ["FORMS", "ready", "unavailable_reason", "describe", "packed_product", "packed_weights",
+           "release_compiler_pages"]
 
-    from kestrel_trio._kernels.products import expand as _expand, product as _product
-    from kestrel_trio._kernels.rows import ROW_EXPANDERS, f16_table
-except ImportError as error:  # numba missing or too old for this Python
-    AVAILABLE, UNAVAILABLE_REASON, FORMS = False, f"numba cannot be imported ({error})", frozenset()
-else:
-    AVAILABLE, UNAVAILABLE_REASON, FORMS = True, "", frozenset(ROW_EXPANDERS)
-    _F16 = f16_table()  # [65536]
-    _NO_SCALE = np.zeros((1, 1), dtype=np.float32)  # [1, 1]
-    _RUN = 32  # a block's inner loop length, an argument so that it stays a run-time value (rows.py)
+# The storage forms the compiled products know (kestrel_trio._kernels.products.PRODUCTS), known without numba.
+# Not int4: its nibble expansion compiled to 0.90 ns a weight here, where numpy's path takes 0.48.
+FORMS = frozenset(("int8", "bf16", "F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"))
+_RUN = 32  # a block's inner loop length, an argument so that it stays a run-time value (rows.py)
+
+_state: dict = {}  # "products": the compiled module, or "error": why it cannot be had
+_state_lock = threading.Lock()
 
 
-def _scales(scales, data):
-    """The scales as [rows, groups]; none: a stand-in row repeated (stride 0) that no expander reads."""
-    return np.broadcast_to(_NO_SCALE, (data.shape[0], 1)) if scales is None else scales
+def ready() -> bool:
+    """Whether the compiled products can run here (imports numba and loads them on the first call)."""
+    if "products" in _state:
+        return True
+    if "error" in _state:
+        return False
+    with _state_lock:
+        if not _state:
+            try:
+                from kestrel_trio._kernels import products, rows
+            except Exception as error:  # numba missing, or too old or too new for this Python or numpy
+                _state["error"] = f"numba cannot be imported ({type(error).__name__}: {error})"
+            else:
+                if set(products.PRODUCTS) != set(FORMS):
+                    raise AssertionError("kestrel_trio._kernels.FORMS and products.PRODUCTS disagree")
+                _state["table"] = rows.f16_table()  # [65536]
+                _state["products"] = products
+    return "products" in _state
+
+
+def unavailable_reason() -> str:
+    """Why the compiled products cannot run ("" if they can, or if :func:`ready` was never called)."""
+    return _state.get("error", "")
 
 
 def describe() -> str:
     """One line for the start-up log: which products packed weights get."""
-    if not AVAILABLE:
-        return f"numpy expansion and BLAS ({UNAVAILABLE_REASON})"
+    if not ready():
+        return f"numpy expansion and BLAS ({unavailable_reason()})"
     import numba
 
     return f"compiled row products (numba {numba.__version__})"
 
 
-def packed_product(form: str, data, scales, x, start: int, stop: int, out) -> None:
+def _products():
+    """The compiled module (loading it on first use); RuntimeError where it cannot be had."""
+    products = _state.get("products")
+    if products is None:
+        if not ready():
+            raise RuntimeError(unavailable_reason())
+        products = _state["products"]
+    return products
+
+
+def packed_product(form: str, data: np.ndarray, scales: np.ndarray | None, x: np.ndarray, start: int, stop: int,
+                   out: np.ndarray) -> None:
     """``out`` [N, stop-start] = ``x`` [N, cols] @ W[start:stop].T for W stored as ``form`` (one of FORMS).
 
     Args:
         form: "int8", "int4", "bf16" or a ggml type name.
-        data: the rows' storage as kestrel_trio._kernels.rows describes it.
-        scales: int8's float32 [rows, 1], int4's float16 bits [rows, groups], or None.
+        data: the rows' storage [rows, ...], C-contiguous: int8 (int8), uint16 (bf16), uint8 (a GGUF tensor's
+            bytes).
+        scales: int8's float32 [rows, 1], or None.
         x: float32 [N, cols], C-contiguous.
         start, stop: weight rows.
         out: float32 [N, stop-start], any strides.
     """
-    _product(ROW_EXPANDERS[form], data, _scales(scales, data), _F16, _RUN, x, start, stop, out)
+    product, data, scales = _typed(form, data, scales)
+    product(data, scales, _state["table"], _RUN, x, start, stop, out)
 
 
-def packed_expand(form: str, data, scales, start: int, stop: int, out) -> None:
-    """``out`` [stop-start, cols] = W[start:stop] as its float32 weights, bit for bit as ggml expands them."""
-    _expand(ROW_EXPANDERS[form], data, _scales(scales, data), _F16, _RUN, start, stop, out)
+def _typed(form: str, data: np.ndarray, scales: np.ndarray | None):
+    """(the form's product, its storage and scales as the product's signature takes them)."""
+    product, view = _products().PRODUCTS[form]
+    if scales is None:
+        scales = np.empty((data.shape[0], 0), dtype=np.uint8)  # [rows, 0]
+    return product, (data if view is None else data.view(view)), scales
+
+
+def packed_weights(form: str, data: np.ndarray, scales: np.ndarray | None, start: int, stop: int) -> np.ndarray:
+    """Rows [start, stop) as the products expand them, float32 [stop-start, cols] (tests, tools: a call a row)."""
+    from kestrel_trio._kernels import rows
+
+    product, data, scales = _typed(form, data, scales)
+    expander = getattr(rows, "row_" + product.__name__.removeprefix("product_"))
+    cols = _products().COLUMNS_PER_ITEM[form] * data.shape[1]
+    out = np.empty((stop - start, int(cols)), dtype=np.float32)  # [rows, cols]
+    for r in range(start, stop):
+        expander(data[r], scales[r], _state["table"], _RUN, out[r - start])
+    return out
 
 
 # madvise(2) advice: reclaim these pages now (Linux 5.4+); clean file pages are simply dropped.
@@ -80,7 +130,7 @@ def release_compiler_pages() -> int:
     slower once, never wrong. A no-op (0) off Linux or where the advice is
     unknown.
     """
-    if not AVAILABLE or not sys.platform.startswith("linux"):
+    if "products" not in _state or not sys.platform.startswith("linux"):
         return 0
     try:
         libc = ctypes.CDLL(None, use_errno=True)

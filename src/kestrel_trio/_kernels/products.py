@@ -12,7 +12,17 @@ form, and expanded once per step whatever the batch.
 
 The dot products are compiled with fastmath (reassociation lets LLVM keep
 vector accumulators), so they round differently from BLAS in the last bits;
-the expanded weights themselves are exact (:func:`expand`).
+the expanded weights themselves are exact (kestrel_trio._kernels.rows).
+
+One product per storage form, each with one explicit signature, compiled
+when this module is first imported and cached on disk by numba (a later
+process loads them in milliseconds). Any C-contiguous storage, writable or
+mapped read-only, converts to the signature's read-only type, so no call
+compiles another version. They are written out one by one, not made by a
+factory or handed the expander as an argument: numba cannot cache either,
+and a single product that dispatched on the form kept LLVM from fusing the
+expansion with the dot product into one pass (measured, 1 row: int8 0.21
+ns a weight that way, 0.17 per form; Q8_0 0.27 against 0.23).
 
 The functions release the GIL (``nogil``): the product threads of
 kestrel_trio._model.matmul run them on separate cores, each on its own
@@ -22,14 +32,35 @@ stretch of rows.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, types
 
-__all__ = ["product", "expand"]
+from kestrel_trio._kernels.rows import (
+    row_bf16, row_f16, row_f32, row_int8, row_q4_0, row_q4_1, row_q4_k, row_q5_k, row_q6_k, row_q8_0,
+)
 
-_FAST = dict(cache=True, nogil=True, fastmath=True)
+__all__ = ["PRODUCTS", "COLUMNS_PER_ITEM"]
 
 
-@njit(**_FAST)
+def _storage(dtype) -> types.Array:
+    return types.Array(dtype, 2, "C", readonly=True)  # [rows, row_items]
+
+
+_TABLE = types.Array(types.float32, 1, "C", readonly=True)  # [65536] float16 values
+_ACTIVATIONS = types.Array(types.float32, 2, "C")  # x [N, cols]
+_RESULT = types.Array(types.float32, 2, "A")  # out [N, rows]: a column range of a larger result
+_NO_SCALES = _storage(types.uint8)  # [rows, 0]
+
+
+def _signature(storage, scales=_NO_SCALES):
+    """(data, scales, f16, run, x, start, stop, out) -> None, for storage of dtype ``storage`` and these scales."""
+    return types.void(_storage(storage), scales, _TABLE, types.int64, _ACTIVATIONS, types.int64, types.int64, _RESULT)
+
+
+_FLOATS = _storage(types.float32)
+_COMPILE = dict(cache=True, nogil=True)
+
+
+@njit(nogil=True, fastmath=True)
 def _dot_rows(buf, x, out, column):
     """out[:, column] = x [N, cols] @ buf [cols]: four activation rows per pass over the buffer."""
     n, cols = x.shape
@@ -58,37 +89,95 @@ def _dot_rows(buf, x, out, column):
         b += 1
 
 
-@njit(cache=True, nogil=True)
-def product(expand_row, data, scales, f16, run, x, start, stop, out):
-    """out [N, stop-start] = x [N, cols] @ W[start:stop].T, W's rows expanded by ``expand_row``.
+# Each product: out [N, stop-start] = x [N, cols] @ W[start:stop].T, W's rows expanded one at a time into
+# buf (kestrel_trio._kernels.rows gives each argument's meaning) and multiplied at once.
 
-    Args:
-        expand_row: a row expander of kestrel_trio._kernels.rows.
-        data, scales, f16, run: its storage, scales, float16 table and inner run (kestrel_trio._kernels.rows).
-        x: float32 [N, cols], C-contiguous.
-        start, stop: the weight rows to multiply.
-        out: float32 [N, stop-start], any strides (a column range of a larger result).
-    """
-    buf = np.empty(x.shape[1], np.float32)  # [cols] one row of weights
+
+@njit(_signature(types.int8, _FLOATS), **_COMPILE)
+def product_int8(data, scales, f16, run, x, start, stop, out):
+    buf = np.empty(x.shape[1], np.float32)  # [cols]
     for r in range(start, stop):
-        expand_row(data[r], scales[r], f16, run, buf)
+        row_int8(data[r], scales[r], f16, run, buf)
         _dot_rows(buf, x, out, r - start)
 
 
-@njit(cache=True, nogil=True)
-def expand(expand_row, data, scales, f16, run, start, stop, out):
-    """out [stop-start, cols] = W[start:stop] as float32, exactly (out C-contiguous rows)."""
+@njit(_signature(types.uint16), **_COMPILE)
+def product_bf16(data, scales, f16, run, x, start, stop, out):
+    buf = np.empty(x.shape[1], np.float32)  # [cols]
     for r in range(start, stop):
-        expand_row(data[r], scales[r], f16, run, out[r - start])
+        row_bf16(data[r], scales[r], f16, run, buf)
+        _dot_rows(buf, x, out, r - start)
 
 
-@njit(**_FAST)
-def dense_product(weight, x, start, stop, out):
-    """out [N, stop-start] = x [N, cols] @ weight[start:stop].T for float32 weights [rows, cols], row by row.
-
-    The same four-rows-a-pass dot as the packed products, on rows already
-    float32: for a few activation rows it reads each weight once and never
-    packs it (OpenBLAS's Haswell GEMM packs every block of a small-M product).
-    """
+@njit(_signature(types.float32), **_COMPILE)
+def product_f32(data, scales, f16, run, x, start, stop, out):
     for r in range(start, stop):
-        _dot_rows(weight[r], x, out, r - start)
+        _dot_rows(data[r], x, out, r - start)  # already float32: no expansion
+
+
+@njit(_signature(types.uint16), **_COMPILE)
+def product_f16(data, scales, f16, run, x, start, stop, out):
+    buf = np.empty(x.shape[1], np.float32)  # [cols]
+    for r in range(start, stop):
+        row_f16(data[r], scales[r], f16, run, buf)
+        _dot_rows(buf, x, out, r - start)
+
+
+@njit(_signature(types.uint8), **_COMPILE)
+def product_q8_0(data, scales, f16, run, x, start, stop, out):
+    buf = np.empty(x.shape[1], np.float32)  # [cols]
+    for r in range(start, stop):
+        row_q8_0(data[r], scales[r], f16, run, buf)
+        _dot_rows(buf, x, out, r - start)
+
+
+@njit(_signature(types.uint8), **_COMPILE)
+def product_q4_0(data, scales, f16, run, x, start, stop, out):
+    buf = np.empty(x.shape[1], np.float32)  # [cols]
+    for r in range(start, stop):
+        row_q4_0(data[r], scales[r], f16, run, buf)
+        _dot_rows(buf, x, out, r - start)
+
+
+@njit(_signature(types.uint8), **_COMPILE)
+def product_q4_1(data, scales, f16, run, x, start, stop, out):
+    buf = np.empty(x.shape[1], np.float32)  # [cols]
+    for r in range(start, stop):
+        row_q4_1(data[r], scales[r], f16, run, buf)
+        _dot_rows(buf, x, out, r - start)
+
+
+@njit(_signature(types.uint8), **_COMPILE)
+def product_q4_k(data, scales, f16, run, x, start, stop, out):
+    buf = np.empty(x.shape[1], np.float32)  # [cols]
+    for r in range(start, stop):
+        row_q4_k(data[r], scales[r], f16, run, buf)
+        _dot_rows(buf, x, out, r - start)
+
+
+@njit(_signature(types.uint8), **_COMPILE)
+def product_q5_k(data, scales, f16, run, x, start, stop, out):
+    buf = np.empty(x.shape[1], np.float32)  # [cols]
+    for r in range(start, stop):
+        row_q5_k(data[r], scales[r], f16, run, buf)
+        _dot_rows(buf, x, out, r - start)
+
+
+@njit(_signature(types.uint8), **_COMPILE)
+def product_q6_k(data, scales, f16, run, x, start, stop, out):
+    buf = np.empty(x.shape[1], np.float32)  # [cols]
+    for r in range(start, stop):
+        row_q6_k(data[r], scales[r], f16, run, buf)
+        _dot_rows(buf, x, out, r - start)
+
+
+# Weights per item of each form's storage as its product takes it (34 bytes of Q8_0 hold 32).
+COLUMNS_PER_ITEM = {"int8": 1, "bf16": 1, "F32": 1, "F16": 1, "BF16": 1, "Q8_0": 32 / 34, "Q4_0": 32 / 18,
+                    "Q4_1": 32 / 20, "Q4_K": 256 / 144, "Q5_K": 256 / 176, "Q6_K": 256 / 210}
+# Storage form -> its product, and how its storage is viewed for it (None: as stored).
+PRODUCTS = {
+    "int8": (product_int8, None), "bf16": (product_bf16, None),
+    "F32": (product_f32, np.float32), "F16": (product_f16, np.uint16), "BF16": (product_bf16, np.uint16),
+    "Q8_0": (product_q8_0, None), "Q4_0": (product_q4_0, None), "Q4_1": (product_q4_1, None),
+    "Q4_K": (product_q4_k, None), "Q5_K": (product_q5_k, None), "Q6_K": (product_q6_k, None),
+}

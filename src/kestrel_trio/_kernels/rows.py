@@ -1,26 +1,25 @@
 """Row expanders: one weight row of a packed form written as its float32 weights into a buffer.
 
 Each ``row_<form>(row, scales, f16, run, buf)`` writes one row of a packed
-matrix (``row``: its storage, 1-D and contiguous, so that LLVM sees unit
-strides and vectorizes) into ``buf`` (float32 [cols]) with the same float32 operations, in
+matrix into ``buf`` (float32 [cols]) with the same float32 operations, in
 the same order, as the numpy expansion (kestrel_trio._model.dequant,
 kestrel_trio._model.packed), so the weights equal ggml's and ``gguf``'s bit
 for bit. That is why these are compiled without fastmath: a contracted
 ``d * q + m`` (one fused multiply-add) would round differently.
 
-All expanders share one signature so that one driver
-(kestrel_trio._kernels.products) serves every form:
+All expanders share one signature:
 
-* ``row``: the row's storage: int8 (int8), uint16 (bf16, F16, BF16), uint32
-  (F32) or the ggml blocks' bytes, uint8.
-* ``scales``: the row's scales: int8's float32 [1], int4's float16 bits
-  (uint16) [groups], else an unused [1].
+* ``row``: the row's storage, contiguous (so that LLVM sees unit strides and
+  vectorizes): int8 (int8), uint16 bits (bf16, F16, BF16), float32 (F32) or
+  the ggml blocks' bytes, uint8.
+* ``scales``: the row's scales: int8's float32 [1], else empty (unused).
 * ``f16``: float32 [65536], every float16 bit pattern's value (numba has no
   float16 type; a table lookup is exact).
 * ``run``: 32, the length of a block's inner loops, passed at run time: with
   a constant trip count LLVM unrolls those loops into scalar code before it
   can vectorize them (measured on Q8_0: 0.33 ns a weight unrolled, 0.17
   vectorized).
+* ``buf``: float32 [cols], the row's weights out.
 
 ggml block layouts are described in kestrel_trio._model.dequant.
 """
@@ -30,9 +29,10 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-__all__ = ["ROW_EXPANDERS", "f16_table"]
+__all__ = ["f16_table", "row_int8", "row_bf16", "row_f32", "row_f16", "row_q8_0", "row_q4_0", "row_q4_1",
+           "row_q4_k", "row_q5_k", "row_q6_k"]
 
-_EXACT = dict(cache=True, nogil=True, fastmath=False)
+_EXACT = dict(nogil=True, fastmath=False)
 
 
 def f16_table() -> np.ndarray:
@@ -47,48 +47,26 @@ def _half(row, at, f16):
 
 
 @njit(**_EXACT)
-def row_int8(row, scales, f16, run, buf):  # row int8 [cols], scales float32 [1]
+def row_int8(row, scales, f16, run, buf):  # row: int8 [cols]; scales: float32 [1]
     s = scales[0]
     for j in range(buf.size):
         buf[j] = np.float32(row[j]) * s  # w = scale * q
 
 
 @njit(**_EXACT)
-def row_int4(row, scales, f16, run, buf):  # row uint8 [cols/2], scales float16 bits [cols/group]
-    half = row.size
-    group = buf.size // scales.size
-    for first in range(0, half, group):  # weights [first, first+group) and their partners half later
-        stop = min(first + group, half)
-        s_low = f16[scales[first // group]]
-        s_high_first = f16[scales[(first + half) // group]]
-        s_high_last = f16[scales[(stop - 1 + half) // group]]
-        for j in range(first, stop):
-            byte = np.int32(row[j])
-            buf[j] = np.float32(((byte & 15) ^ 8) - 8) * s_low  # 4-bit two's complement
-        if s_high_first == s_high_last and (first + half) // group == (stop - 1 + half) // group:
-            for j in range(first, stop):
-                buf[j + half] = np.float32(((np.int32(row[j]) >> 4) ^ 8) - 8) * s_high_first
-        else:  # the high half's groups straddle this stretch (cols/2 not a multiple of group)
-            for j in range(first, stop):
-                buf[j + half] = np.float32(((np.int32(row[j]) >> 4) ^ 8) - 8) * f16[scales[(j + half) // group]]
-
-
-@njit(**_EXACT)
-def row_bf16(row, scales, f16, run, buf):  # row uint16 [cols]
+def row_bf16(row, scales, f16, run, buf):  # row: uint16 [cols], the bf16 bits
     bits = buf.view(np.uint32)
     for j in range(buf.size):
         bits[j] = np.uint32(row[j]) << 16  # bf16 is the top half of a float32: exact
 
 
 @njit(**_EXACT)
-def row_f32(row, scales, f16, run, buf):  # row uint32 [cols]: the float32 bits
-    bits = buf.view(np.uint32)
-    for j in range(buf.size):
-        bits[j] = row[j]
+def row_f32(row, scales, f16, run, buf):  # row: float32 [cols]
+    buf[:] = row
 
 
 @njit(**_EXACT)
-def row_f16(row, scales, f16, run, buf):  # row uint16 [cols]
+def row_f16(row, scales, f16, run, buf):  # row: uint16 [cols], the float16 bits
     for j in range(buf.size):
         buf[j] = f16[row[j]]
 
@@ -204,8 +182,4 @@ def row_q6_k(row, scales, f16, run, buf):  # super-blocks of 210 bytes: 128 low,
                     buf[first + l + 96] = d3 * np.float32(((b >> 4) | (((h >> 6) & 3) << 4)) - 32)
 
 
-ROW_EXPANDERS = {
-    "int8": row_int8, "int4": row_int4, "bf16": row_bf16,
-    "F32": row_f32, "F16": row_f16, "BF16": row_bf16, "Q8_0": row_q8_0, "Q4_0": row_q4_0, "Q4_1": row_q4_1,
-    "Q4_K": row_q4_k, "Q5_K": row_q5_k, "Q6_K": row_q6_k,
-}
+

@@ -31,11 +31,10 @@ the product itself costs no more than the read. By rows:
   float32 product).
 * A :class:`PackedMatrix` with more rows (prefill), or where numba is
   missing: the product threads share its chunks of rows, each expanding its
-  own into a scratch buffer (compiled, or with numpy) and multiplying it
-  with BLAS as it is ready. One expansion serves every row of the batch.
+  own into a scratch buffer with numpy and multiplying it with BLAS as it
+  is ready. One expansion serves every row of the batch.
 
-Without the compiled kernels, quantized chunks are not always expanded all
-the way. A part's integers come
+Those quantized chunks are not always expanded all the way. A part's integers come
 with per-group scales (kestrel_trio._model.dequant.Affine): ``w = scale * q
 (+ offset)`` over groups of 16-256 weights of a row, or one scale per row
 (int8). The product ``x @ w.T`` is then, exactly in algebra,
@@ -264,37 +263,21 @@ FUSED_MAX_ROWS = 16
 
 
 def warm_fused_products(matrices: Sequence[PackedMatrix]) -> None:
-    """Compile (or load from numba's disk cache) every fused product ``matrices`` will run, then drop the compiler.
+    """Load the compiled products now if ``matrices`` will use them, then drop the compiler's pages.
 
-    One tiny product of 1 and of 2 activation rows, and one expansion, per
-    kind of storage among the matrices' parts (form, dtype, writable or
-    mapped read-only: numba compiles one version for each), so that no
-    request waits for a compilation. Then the JIT compiler's code pages are
-    handed back (kestrel_trio._kernels.release_compiler_pages): about 100 MiB
-    of resident memory that only a compilation needs.
+    The first import of kestrel_trio._kernels.products compiles it (seconds,
+    once per machine: numba caches the machine code on disk) or loads it
+    from numba's cache (milliseconds), so that no request waits for it. Then
+    the JIT compiler's code pages are handed back
+    (kestrel_trio._kernels.release_compiler_pages): about 100 MiB of
+    resident memory that only a compilation needs.
     """
-    if not _kernels.AVAILABLE:
-        return
-    seen = set()
-    for matrix in matrices:
-        for part in matrix.parts:
-            form, data, scales = part.kernel_args()
-            kind = (form, data.dtype.str, data.flags.writeable, data.flags.c_contiguous, scales is None)
-            if kind in seen or part.form not in _kernels.FORMS:
-                continue
-            seen.add(kind)
-            rows = min(2, part.rows)
-            for n in (1, 2):
-                x = np.zeros((n, part.cols), dtype=np.float32)  # [n, in]
-                out = np.empty((n, rows + 1), dtype=np.float32)  # [n, rows + 1]: a column slice, as shared out
-                _kernels.packed_product(form, data, scales, x, 0, rows, out[:, 1:])
-                _kernels.packed_product(form, data, scales, x, 0, rows, out[:, 1:].copy())  # C-contiguous
-            _kernels.packed_expand(form, data, scales, 0, rows, np.empty((rows, part.cols), dtype=np.float32))
-    _kernels.release_compiler_pages()
+    if any(part.form in _kernels.FORMS for matrix in matrices for part in matrix.parts) and _kernels.ready():
+        _kernels.release_compiler_pages()
 
 
 def _fused_forms(weight: PackedMatrix) -> bool:
-    return _kernels.AVAILABLE and all(part.form in _kernels.FORMS for part in weight.parts)
+    return all(part.form in _kernels.FORMS for part in weight.parts) and _kernels.ready()
 
 
 def _fused_product(x: np.ndarray, weight: PackedMatrix) -> np.ndarray:
@@ -409,7 +392,7 @@ def _run_chunks(inputs: _Inputs, chunks: list[_Chunk], out: np.ndarray) -> None:
     for done, runs in chunks:
         column, filled, span = done, 0, done  # span: the output column of buffer row 0
         for part, start, take in runs:
-            if inputs.grouped(part) and part.form not in _kernels.FORMS:
+            if inputs.grouped(part):
                 if filled:
                     _product_into(x, buffer[:filled], out[:, span : span + filled])
                     filled = 0
@@ -420,12 +403,6 @@ def _run_chunks(inputs: _Inputs, chunks: list[_Chunk], out: np.ndarray) -> None:
                 if not filled:
                     span = column
                 target = buffer[filled : filled + take]  # [take, in]
-                if part.form in _kernels.FORMS:  # the weights themselves, in one compiled pass
-                    form, data, scales = part.kernel_args()
-                    _kernels.packed_expand(form, data, scales, start, start + take, target)
-                    filled += take
-                    column += take
-                    continue
                 affine = part.integer(start, start + take, target)
                 if part.scaling == "row":
                     _defer_row_scales(row_scaled, column, part, start, take)

@@ -62,7 +62,7 @@ class Rows(Protocol):
         """Rows ``ids`` as a part of the same form: a slice is a view of the storage, an index array a copy."""
 
     def kernel_args(self) -> tuple[str, np.ndarray, np.ndarray | None]:
-        """(form, storage, scales) as kestrel_trio._kernels' packed_product and packed_expand take them."""
+        """(form, storage, scales) as kestrel_trio._kernels.packed_product takes them (forms it knows)."""
 
 
 def expand_part(part: Rows, start: int, stop: int, out: np.ndarray) -> np.ndarray:
@@ -129,9 +129,7 @@ class GgmlRows:
         return GgmlRows(self.ggml_type, self.data[ids])  # [len(ids), row_bytes], whole blocks
 
     def kernel_args(self) -> tuple[str, np.ndarray, None]:
-        name = self.ggml_type.name
-        words = {"F32": np.uint32, "F16": np.uint16, "BF16": np.uint16}.get(name)
-        return name, (self.data if words is None else self.data.view(words)), None  # [rows, items]
+        return self.ggml_type.name, self.data, None  # [rows, row_bytes]
 
 
 @attrs.frozen
@@ -204,7 +202,7 @@ class Int8Rows:
         return Int8Rows(self.data[ids], self.scale[ids])
 
     def kernel_args(self) -> tuple[str, np.ndarray, np.ndarray]:
-        return "int8", self.data, self.scale[:, None]  # [rows, cols], [rows, 1]
+        return "int8", self.data, self.scale[:, None]  # [rows, cols], float32 [rows, 1]
 
 
 @attrs.frozen
@@ -250,8 +248,6 @@ class Int4Rows:
     def select(self, ids: np.ndarray | slice) -> "Int4Rows":
         return Int4Rows(self.data[ids], self.scale[ids], self.group)
 
-    def kernel_args(self) -> tuple[str, np.ndarray, np.ndarray]:
-        return "int4", self.data, self.scale.view(np.uint16)  # [rows, cols/2], float16 bits [rows, groups]
 
 
 @attrs.frozen
