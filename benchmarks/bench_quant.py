@@ -260,7 +260,7 @@ def moe_side(args: argparse.Namespace) -> dict:
     """The reduced MoE GGUF in gguf mode: expert bytes expanded per decode step, against all experts' bytes."""
     import numpy as np
 
-    from kestrel_trio import load_model
+    from kestrel_trio import _kernels, load_model
     from kestrel_trio._model import GgmlRows
 
     model = load_model(args.model, weights="gguf", blas_threads=args.threads)
@@ -273,15 +273,22 @@ def moe_side(args: argparse.Namespace) -> dict:
                 owner[part.data.__array_interface__["data"][0]] = (index, part.data.nbytes)
     total = sum(size for _, size in owner.values())
     touched: list[tuple[int, int]] = []
-    original = GgmlRows.integer
+    original, compiled = GgmlRows.integer, _kernels.packed_product
 
-    def integer(part, start, stop, out):
-        found = owner.get(part.data.__array_interface__["data"][0])
+    def record(data, start: int, stop: int) -> None:
+        found = owner.get(data.__array_interface__["data"][0])
         if found is not None:
-            touched.append((found[0], (stop - start) * part.data.shape[1]))
+            touched.append((found[0], (stop - start) * data.shape[1]))
+
+    def integer(part, start, stop, out):  # numpy's expansion (prefill, or where numba is missing)
+        record(part.data, start, stop)
         return original(part, start, stop, out)
 
-    GgmlRows.integer = integer
+    def packed_product(form, data, scales, x, start, stop, out):  # compiled products (decode steps)
+        record(data, start, stop)
+        return compiled(form, data, scales, x, start, stop, out)
+
+    GgmlRows.integer, _kernels.packed_product = integer, packed_product
     cache = model.new_cache()
     model.prefill(cache, [t % MOE["vocab"] for t in prompt(6, 3)])
     per_step, routed = [], []
@@ -292,7 +299,7 @@ def moe_side(args: argparse.Namespace) -> dict:
         token = int(np.argmax(logits))
         per_step.append(sum(size for _, size in touched))
         routed.append(len({e for e, _ in touched}))
-    GgmlRows.integer = original
+    GgmlRows.integer, _kernels.packed_product = original, compiled
     return {"expert_bytes": total, "expanded_per_step": per_step, "experts_per_step": routed,
             "layers": MOE["layers"], "experts": MOE["experts"], "top_k": MOE["top_k"],
             "rss_after_load": rss_load, "rss_after_steps": status_bytes("VmRSS"),

@@ -20,10 +20,10 @@ import threading
 
 import numpy as np
 
-__all__ = ["FORMS", "ready", "unavailable_reason", "describe", "packed_product", "packed_weights",
+__all__ = ["FORMS", "ready", "unavailable_reason", "describe", "prepare", "packed_product", "packed_weights",
            "release_compiler_pages"]
 
-# The storage forms the compiled products know (kestrel_trio._kernels.products.PRODUCTS), known without numba.
+# The storage forms the compiled products know (kestrel_trio._kernels.products.FORMS), known without numba.
 # Not int4: its nibble expansion compiled to 0.90 ns a weight here, where numpy's path takes 0.48.
 FORMS = frozenset(("int8", "bf16", "F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"))
 _RUN = 32  # a block's inner loop length, an argument so that it stays a run-time value (rows.py)
@@ -45,8 +45,8 @@ def ready() -> bool:
             except Exception as error:  # numba missing, or too old or too new for this Python or numpy
                 _state["error"] = f"numba cannot be imported ({type(error).__name__}: {error})"
             else:
-                if set(products.PRODUCTS) != set(FORMS):
-                    raise AssertionError("kestrel_trio._kernels.FORMS and products.PRODUCTS disagree")
+                if products.FORMS != FORMS:
+                    raise AssertionError("kestrel_trio._kernels.FORMS and products.FORMS disagree")
                 _state["table"] = rows.f16_table()  # [65536]
                 _state["products"] = products
     return "products" in _state
@@ -93,9 +93,19 @@ def packed_product(form: str, data: np.ndarray, scales: np.ndarray | None, x: np
     product(data, scales, _state["table"], _RUN, x, start, stop, out)
 
 
+def prepare(forms) -> None:
+    """Compile, or load from numba's cache, the products of ``forms`` (names in FORMS) now, then hand back
+    the compiler's pages (:func:`release_compiler_pages`): loading uses LLVM too, so a form loaded later
+    would touch them again."""
+    products = _products()
+    for form in sorted(set(forms) & FORMS):
+        products.product_for(form)
+    release_compiler_pages()
+
+
 def _typed(form: str, data: np.ndarray, scales: np.ndarray | None):
     """(the form's product, its storage and scales as the product's signature takes them)."""
-    product, view = _products().PRODUCTS[form]
+    product, view = _products().product_for(form)
     if scales is None:
         scales = np.empty((data.shape[0], 0), dtype=np.uint8)  # [rows, 0]
     return product, (data if view is None else data.view(view)), scales

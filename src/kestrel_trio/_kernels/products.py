@@ -15,8 +15,8 @@ vector accumulators), so they round differently from BLAS in the last bits;
 the expanded weights themselves are exact (kestrel_trio._kernels.rows).
 
 One product per storage form, each with one explicit signature, compiled
-when this module is first imported and cached on disk by numba (a later
-process loads them in milliseconds). Any C-contiguous storage, writable or
+at its first use (:func:`product_for`) and cached on disk by numba (a later
+process loads it in milliseconds). Any C-contiguous storage, writable or
 mapped read-only, converts to the signature's read-only type, so no call
 compiles another version. They are written out one by one, not made by a
 factory or handed the expander as an argument: numba cannot cache either,
@@ -31,6 +31,8 @@ stretch of rows.
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 from numba import njit, types
 
@@ -38,7 +40,7 @@ from kestrel_trio._kernels.rows import (
     row_bf16, row_f16, row_f32, row_int8, row_q4_0, row_q4_1, row_q4_k, row_q5_k, row_q6_k, row_q8_0,
 )
 
-__all__ = ["PRODUCTS", "COLUMNS_PER_ITEM"]
+__all__ = ["FORMS", "product_for", "COLUMNS_PER_ITEM"]
 
 
 def _storage(dtype) -> types.Array:
@@ -93,7 +95,6 @@ def _dot_rows(buf, x, out, column):
 # buf (kestrel_trio._kernels.rows gives each argument's meaning) and multiplied at once.
 
 
-@njit(_signature(types.int8, _FLOATS), **_COMPILE)
 def product_int8(data, scales, f16, run, x, start, stop, out):
     buf = np.empty(x.shape[1], np.float32)  # [cols]
     for r in range(start, stop):
@@ -101,7 +102,6 @@ def product_int8(data, scales, f16, run, x, start, stop, out):
         _dot_rows(buf, x, out, r - start)
 
 
-@njit(_signature(types.uint16), **_COMPILE)
 def product_bf16(data, scales, f16, run, x, start, stop, out):
     buf = np.empty(x.shape[1], np.float32)  # [cols]
     for r in range(start, stop):
@@ -109,13 +109,11 @@ def product_bf16(data, scales, f16, run, x, start, stop, out):
         _dot_rows(buf, x, out, r - start)
 
 
-@njit(_signature(types.float32), **_COMPILE)
 def product_f32(data, scales, f16, run, x, start, stop, out):
     for r in range(start, stop):
         _dot_rows(data[r], x, out, r - start)  # already float32: no expansion
 
 
-@njit(_signature(types.uint16), **_COMPILE)
 def product_f16(data, scales, f16, run, x, start, stop, out):
     buf = np.empty(x.shape[1], np.float32)  # [cols]
     for r in range(start, stop):
@@ -123,7 +121,6 @@ def product_f16(data, scales, f16, run, x, start, stop, out):
         _dot_rows(buf, x, out, r - start)
 
 
-@njit(_signature(types.uint8), **_COMPILE)
 def product_q8_0(data, scales, f16, run, x, start, stop, out):
     buf = np.empty(x.shape[1], np.float32)  # [cols]
     for r in range(start, stop):
@@ -131,7 +128,6 @@ def product_q8_0(data, scales, f16, run, x, start, stop, out):
         _dot_rows(buf, x, out, r - start)
 
 
-@njit(_signature(types.uint8), **_COMPILE)
 def product_q4_0(data, scales, f16, run, x, start, stop, out):
     buf = np.empty(x.shape[1], np.float32)  # [cols]
     for r in range(start, stop):
@@ -139,7 +135,6 @@ def product_q4_0(data, scales, f16, run, x, start, stop, out):
         _dot_rows(buf, x, out, r - start)
 
 
-@njit(_signature(types.uint8), **_COMPILE)
 def product_q4_1(data, scales, f16, run, x, start, stop, out):
     buf = np.empty(x.shape[1], np.float32)  # [cols]
     for r in range(start, stop):
@@ -147,7 +142,6 @@ def product_q4_1(data, scales, f16, run, x, start, stop, out):
         _dot_rows(buf, x, out, r - start)
 
 
-@njit(_signature(types.uint8), **_COMPILE)
 def product_q4_k(data, scales, f16, run, x, start, stop, out):
     buf = np.empty(x.shape[1], np.float32)  # [cols]
     for r in range(start, stop):
@@ -155,7 +149,6 @@ def product_q4_k(data, scales, f16, run, x, start, stop, out):
         _dot_rows(buf, x, out, r - start)
 
 
-@njit(_signature(types.uint8), **_COMPILE)
 def product_q5_k(data, scales, f16, run, x, start, stop, out):
     buf = np.empty(x.shape[1], np.float32)  # [cols]
     for r in range(start, stop):
@@ -163,7 +156,6 @@ def product_q5_k(data, scales, f16, run, x, start, stop, out):
         _dot_rows(buf, x, out, r - start)
 
 
-@njit(_signature(types.uint8), **_COMPILE)
 def product_q6_k(data, scales, f16, run, x, start, stop, out):
     buf = np.empty(x.shape[1], np.float32)  # [cols]
     for r in range(start, stop):
@@ -174,10 +166,33 @@ def product_q6_k(data, scales, f16, run, x, start, stop, out):
 # Weights per item of each form's storage as its product takes it (34 bytes of Q8_0 hold 32).
 COLUMNS_PER_ITEM = {"int8": 1, "bf16": 1, "F32": 1, "F16": 1, "BF16": 1, "Q8_0": 32 / 34, "Q4_0": 32 / 18,
                     "Q4_1": 32 / 20, "Q4_K": 256 / 144, "Q5_K": 256 / 176, "Q6_K": 256 / 210}
-# Storage form -> its product, and how its storage is viewed for it (None: as stored).
-PRODUCTS = {
-    "int8": (product_int8, None), "bf16": (product_bf16, None),
-    "F32": (product_f32, np.float32), "F16": (product_f16, np.uint16), "BF16": (product_bf16, np.uint16),
-    "Q8_0": (product_q8_0, None), "Q4_0": (product_q4_0, None), "Q4_1": (product_q4_1, None),
-    "Q4_K": (product_q4_k, None), "Q5_K": (product_q5_k, None), "Q6_K": (product_q6_k, None),
+# Storage form -> its product (as Python), the dtype of its storage in the product's signature, the scales'
+# type, and how the storage is viewed for it (None: as stored).
+_PRODUCTS = {
+    "int8": (product_int8, types.int8, _FLOATS, None), "bf16": (product_bf16, types.uint16, _NO_SCALES, None),
+    "F32": (product_f32, types.float32, _NO_SCALES, np.float32),
+    "F16": (product_f16, types.uint16, _NO_SCALES, np.uint16), "BF16": (product_bf16, types.uint16, _NO_SCALES, np.uint16),
+    **{name: (function, types.uint8, _NO_SCALES, None) for name, function in (
+        ("Q8_0", product_q8_0), ("Q4_0", product_q4_0), ("Q4_1", product_q4_1), ("Q4_K", product_q4_k),
+        ("Q5_K", product_q5_k), ("Q6_K", product_q6_k))},
 }
+FORMS = frozenset(_PRODUCTS)
+_compiled: dict = {}
+_compile_lock = threading.Lock()
+
+
+def product_for(form: str):
+    """(form's compiled product, how to view its storage): compiled, or loaded from numba's cache, on first use.
+
+    Only the forms a process uses are loaded: each costs about 3 MiB of
+    resident memory, loaded or compiled (a compilation: about a second).
+    """
+    found = _compiled.get(form)
+    if found is None:
+        with _compile_lock:
+            found = _compiled.get(form)
+            if found is None:
+                function, storage, scales, view = _PRODUCTS[form]
+                compiled = njit(_signature(storage, scales), **_COMPILE)(function)
+                found = _compiled[form] = (compiled, view)
+    return found

@@ -263,17 +263,18 @@ FUSED_MAX_ROWS = 16
 
 
 def warm_fused_products(matrices: Sequence[PackedMatrix]) -> None:
-    """Load the compiled products now if ``matrices`` will use them, then drop the compiler's pages.
+    """Load the compiled products ``matrices`` will use now, then drop the compiler's pages.
 
-    The first import of kestrel_trio._kernels.products compiles it (seconds,
-    once per machine: numba caches the machine code on disk) or loads it
-    from numba's cache (milliseconds), so that no request waits for it. Then
-    the JIT compiler's code pages are handed back
+    Each form's product is compiled at its first use (about a second, once
+    per machine: numba caches the machine code on disk) or loaded from
+    numba's cache (milliseconds), so that no request waits for it. Then the
+    JIT compiler's code pages are handed back
     (kestrel_trio._kernels.release_compiler_pages): about 100 MiB of
-    resident memory that only a compilation needs.
+    resident memory that only compiling and loading need.
     """
-    if any(part.form in _kernels.FORMS for matrix in matrices for part in matrix.parts) and _kernels.ready():
-        _kernels.release_compiler_pages()
+    forms = {part.form for matrix in matrices for part in matrix.parts} & _kernels.FORMS
+    if forms and _kernels.ready():
+        _kernels.prepare(forms)
 
 
 def _fused_forms(weight: PackedMatrix) -> bool:
