@@ -39,8 +39,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _bench_common import (  # noqa: E402
-    blas_description, blas_threads, cpu_vector_flags, openblas_overrides_note, read_bandwidth,
-    run_without_openblas_overrides, status_bytes,
+    blas_description, blas_threads, compiled_kernels_description, cpu_vector_flags, openblas_overrides_note,
+    read_bandwidth, run_without_openblas_overrides, status_bytes,
 )
 from bench_load import QWEN3_0_6B  # noqa: E402
 
@@ -499,6 +499,7 @@ def report_machine(args: argparse.Namespace) -> None:
     print(f"CPU vector flags: {cpu_vector_flags()}")
     print(f"OpenBLAS overrides: {openblas_overrides_note()}")
     print(f"numpy BLAS: {blas_description()}")
+    print(f"compiled products: {compiled_kernels_description()} (NUMBA_CPU_NAME=haswell gives an AVX2 machine's code)")
     bandwidth = read_bandwidth(1.0 if not args.quick else 0.25, repeats=10)
     args.bandwidth = max(bandwidth.values())
     print("memory read bandwidth: " + ", ".join(f"{way} {bps / 1e9:.1f} GB/s" for way, bps in bandwidth.items()), flush=True)

@@ -271,8 +271,16 @@ def test_a_sample_replaces_a_choice_timed_on_stand_in_weights_or_a_smaller_sampl
         set_small_batch_call(None)
 
 
-def test_row_blocks_is_kept_unless_a_plain_call_is_clearly_faster_on_the_sample():
+def test_a_shared_call_is_kept_unless_a_plain_call_is_clearly_faster_on_the_sample():
     pick = matmul._pick_small_batch_call
-    assert pick({"weight_left": 1.0, "weight_right": 1.5, "row_blocks": 1.2}) == "row_blocks"
-    assert pick({"weight_left": 1.0, "weight_right": 0.9, "row_blocks": 1.2}) == "weight_right"
-    assert pick({"weight_left": 2.0, "weight_right": 3.0, "row_blocks": 1.0}) == "row_blocks"
+    untimed = float("inf")  # numba missing: the compiled call is not timed
+    assert pick({"weight_left": 1.0, "weight_right": 1.5, "row_blocks": 1.2, "compiled": untimed}) == "row_blocks"
+    assert pick({"weight_left": 1.0, "weight_right": 0.9, "row_blocks": 1.2, "compiled": untimed}) == "weight_right"
+    assert pick({"weight_left": 2.0, "weight_right": 3.0, "row_blocks": 1.0, "compiled": untimed}) == "row_blocks"
+
+
+def test_the_compiled_call_is_kept_unless_row_blocks_is_clearly_faster():
+    pick = matmul._pick_small_batch_call
+    assert pick({"weight_left": 2.0, "weight_right": 2.0, "row_blocks": 1.0, "compiled": 1.2}) == "compiled"
+    assert pick({"weight_left": 2.0, "weight_right": 2.0, "row_blocks": 1.0, "compiled": 1.3}) == "row_blocks"
+    assert pick({"weight_left": 1.0, "weight_right": 2.0, "row_blocks": 3.0, "compiled": 1.3}) == "weight_left"

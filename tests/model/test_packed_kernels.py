@@ -154,9 +154,9 @@ def test_warming_loads_the_products_and_hands_back_the_compilers_pages():
     assert _llvm_resident_kib() < 20_000  # running the compiled code needs none of the compiler
 
 
-def test_an_fp32_model_never_imports_numba():
-    code = ("import sys; from kestrel_trio import load_model; from pathlib import Path; "
+def test_an_fp32_model_loads_at_most_the_float32_product_and_drops_the_compilers_pages():
+    code = ("import sys; from kestrel_trio import load_model, _kernels; from pathlib import Path; "
             f"m = load_model(Path({str(FIXTURES / 'qwen3_fp32')!r})); m.logits([1, 2, 3]); "
-            "print('numba' in sys.modules)")
+            "from kestrel_trio._kernels import products; print(sorted(products._compiled))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
-    assert out.stdout.strip() == "False"
+    assert out.stdout.strip() in ("[]", "['F32']")

@@ -26,7 +26,7 @@ __all__ = ["FORMS", "ready", "unavailable_reason", "describe", "prepare", "packe
 # The storage forms the compiled products know (kestrel_trio._kernels.products.FORMS), known without numba.
 # Not int4: its nibble expansion compiled to 0.90 ns a weight here, where numpy's path takes 0.48.
 FORMS = frozenset(("int8", "bf16", "F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"))
-_RUN = 32  # a block's inner loop length, an argument so that it stays a run-time value (rows.py)
+_RUN = 32  # a block's inner loop length, an argument so that it stays a run-time value (products.py)
 
 _state: dict = {}  # "products": the compiled module, or "error": why it cannot be had
 _state_lock = threading.Lock()
@@ -41,13 +41,13 @@ def ready() -> bool:
     with _state_lock:
         if not _state:
             try:
-                from kestrel_trio._kernels import products, rows
+                from kestrel_trio._kernels import products
             except Exception as error:  # numba missing, or too old or too new for this Python or numpy
                 _state["error"] = f"numba cannot be imported ({type(error).__name__}: {error})"
             else:
                 if products.FORMS != FORMS:
                     raise AssertionError("kestrel_trio._kernels.FORMS and products.FORMS disagree")
-                _state["table"] = rows.f16_table()  # [65536]
+                _state["table"] = products.f16_table()  # [65536]
                 _state["products"] = products
     return "products" in _state
 
@@ -113,10 +113,10 @@ def _typed(form: str, data: np.ndarray, scales: np.ndarray | None):
 
 def packed_weights(form: str, data: np.ndarray, scales: np.ndarray | None, start: int, stop: int) -> np.ndarray:
     """Rows [start, stop) as the products expand them, float32 [stop-start, cols] (tests, tools: a call a row)."""
-    from kestrel_trio._kernels import rows
+    from kestrel_trio._kernels import products
 
     product, data, scales = _typed(form, data, scales)
-    expander = getattr(rows, "row_" + product.__name__.removeprefix("product_"))
+    expander = getattr(products, "row_" + product.__name__.removeprefix("product_"))
     cols = _products().COLUMNS_PER_ITEM[form] * data.shape[1]
     out = np.empty((stop - start, int(cols)), dtype=np.float32)  # [rows, cols]
     for r in range(start, stop):

@@ -5,28 +5,56 @@ GGUF's blocks) used to expand cache-sized chunks with numpy and multiply them
 with BLAS. numpy has no mixed-precision kernel: its int8-to-float32 cast
 alone cost about as much as the whole float32 product it was meant to beat
 (0.18-0.21 ns a weight against 0.20). Here each row of weights is expanded
-by its form's exact expander (kestrel_trio._kernels.rows) into a buffer of
-one row (a few KiB, in L1) and multiplied at once with every activation row,
-four at a time, so the weights are read from memory once, in their compact
-form, and expanded once per step whatever the batch.
+by its form's exact expander (below) into a buffer in L1 and multiplied at
+once with every activation row (four weight rows by four activation rows a
+pass, from four rows up), so the weights are read from memory once, in
+their compact form, and expanded once per step whatever the batch.
 
 The dot products are compiled with fastmath (reassociation lets LLVM keep
 vector accumulators), so they round differently from BLAS in the last bits;
-the expanded weights themselves are exact (kestrel_trio._kernels.rows).
+the expanded weights themselves are exact (the expanders, below).
 
 One product per storage form, each with one explicit signature, compiled
 at its first use (:func:`product_for`) and cached on disk by numba (a later
 process loads it in milliseconds). Any C-contiguous storage, writable or
 mapped read-only, converts to the signature's read-only type, so no call
-compiles another version. They are written out one by one, not made by a
-factory or handed the expander as an argument: numba cannot cache either,
-and a single product that dispatched on the form kept LLVM from fusing the
-expansion with the dot product into one pass (measured, 1 row: int8 0.21
-ns a weight that way, 0.17 per form; Q8_0 0.27 against 0.23).
+compiles another version. The per-form functions are written out, each
+calling its own expander: numba caches neither a function made by a
+factory nor one that calls a function handed to it, and a single product
+dispatching on the form kept
+LLVM from fusing the expansion with the dot product into one pass
+(measured, 1 row: int8 0.21 ns a weight that way, 0.17 per form; Q8_0 0.27
+against 0.23).
 
 The functions release the GIL (``nogil``): the product threads of
 kestrel_trio._model.matmul run them on separate cores, each on its own
 stretch of rows.
+
+Row expanders: each ``row_<form>(row, scales, f16, run, buf)`` writes one
+row of a packed matrix into ``buf`` (float32 [cols]) with the same float32
+operations, in the same order, as the numpy expansion
+(kestrel_trio._model.dequant, kestrel_trio._model.packed), so the weights
+equal ggml's and ``gguf``'s bit for bit. That is why they are compiled
+without fastmath: a contracted ``d * q + m`` (one fused multiply-add) would
+round differently. They share one signature:
+
+* ``row``: the row's storage, contiguous (so that LLVM sees unit strides and
+  vectorizes): int8 (int8), uint16 bits (bf16, F16, BF16), float32 (F32) or
+  the ggml blocks' bytes, uint8.
+* ``scales``: the row's scales: int8's float32 [1], else empty (unused).
+* ``f16``: float32 [65536], every float16 bit pattern's value (numba has no
+  float16 type; a table lookup is exact).
+* ``run``: 32, the length of a block's inner loops, passed at run time: with
+  a constant trip count LLVM unrolls those loops into scalar code before it
+  can vectorize them (measured on Q8_0: 0.33 ns a weight unrolled, 0.17
+  vectorized).
+* ``buf``: float32 [cols], the row's weights out.
+
+ggml block layouts are described in kestrel_trio._model.dequant.
+
+The expanders live in this file with the products on purpose: numba
+invalidates a cached function when its own file changes, not when a
+function it calls changes in another file.
 """
 
 from __future__ import annotations
@@ -36,11 +64,12 @@ import threading
 import numpy as np
 from numba import njit, types
 
-from kestrel_trio._kernels.rows import (
-    row_bf16, row_f16, row_f32, row_int8, row_q4_0, row_q4_1, row_q4_k, row_q5_k, row_q6_k, row_q8_0,
-)
+__all__ = ["FORMS", "product_for", "f16_table", "COLUMNS_PER_ITEM"]
 
-__all__ = ["FORMS", "product_for", "COLUMNS_PER_ITEM"]
+
+def f16_table() -> np.ndarray:
+    """Every float16 bit pattern's float32 value: float32 [65536]."""
+    return np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)  # [65536]
 
 
 def _storage(dtype) -> types.Array:
@@ -62,11 +91,161 @@ _FLOATS = _storage(types.float32)
 _COMPILE = dict(cache=True, nogil=True)
 
 
+# ---------------------------------------------------------------- row expanders (exact)
+
+_EXACT = dict(nogil=True, fastmath=False)
+
+
+@njit(**_EXACT)
+def _half(row, at, f16):
+    """The little-endian float16 at byte ``at``, as float32."""
+    return f16[np.int32(row[at]) | (np.int32(row[at + 1]) << 8)]
+
+
+@njit(**_EXACT)
+def row_int8(row, scales, f16, run, buf):  # row: int8 [cols]; scales: float32 [1]
+    s = scales[0]
+    for j in range(buf.size):
+        buf[j] = np.float32(row[j]) * s  # w = scale * q
+
+
+@njit(**_EXACT)
+def row_bf16(row, scales, f16, run, buf):  # row: uint16 [cols], the bf16 bits
+    bits = buf.view(np.uint32)
+    for j in range(buf.size):
+        bits[j] = np.uint32(row[j]) << 16  # bf16 is the top half of a float32: exact
+
+
+@njit(**_EXACT)
+def row_f32(row, scales, f16, run, buf):  # row: float32 [cols]
+    buf[:] = row
+
+
+@njit(**_EXACT)
+def row_f16(row, scales, f16, run, buf):  # row: uint16 [cols], the float16 bits
+    for j in range(buf.size):
+        buf[j] = f16[row[j]]
+
+
+@njit(**_EXACT)
+def row_q8_0(row, scales, f16, run, buf):  # blocks of 34 bytes: fp16 d, 32 int8 q
+    quants = row.view(np.int8)
+    for block in range(buf.size // 32):
+        at = 34 * block
+        d = _half(row, at, f16)
+        for i in range(run):
+            buf[32 * block + i] = np.float32(quants[at + 2 + i]) * d  # w = q * d
+
+
+@njit(**_EXACT)
+def row_q4_0(row, scales, f16, run, buf):  # blocks of 18 bytes: fp16 d, 16 bytes of nibbles
+    for block in range(buf.size // 32):
+        at = 18 * block
+        d = _half(row, at, f16)
+        for i in range(run // 2):
+            byte = np.int32(row[at + 2 + i])
+            buf[32 * block + i] = np.float32((byte & 15) - 8) * d  # w = d * (q - 8)
+            buf[32 * block + 16 + i] = np.float32((byte >> 4) - 8) * d
+
+
+@njit(**_EXACT)
+def row_q4_1(row, scales, f16, run, buf):  # blocks of 20 bytes: fp16 d, fp16 m, 16 bytes of nibbles
+    for block in range(buf.size // 32):
+        at = 20 * block
+        d = _half(row, at, f16)
+        m = _half(row, at + 2, f16)
+        for i in range(run // 2):
+            byte = np.int32(row[at + 4 + i])
+            buf[32 * block + i] = np.float32(byte & 15) * d + m  # w = d * q + m, two roundings as ggml
+            buf[32 * block + 16 + i] = np.float32(byte >> 4) * d + m
+
+
+@njit(**_EXACT)
+def _k_scale_min(row, at, j):
+    """Q4_K/Q5_K: sub-block ``j``'s 6-bit scale and min from the 12 bytes at ``at``."""
+    if j < 4:
+        return np.int32(row[at + j]) & 63, np.int32(row[at + j + 4]) & 63
+    packed = np.int32(row[at + j + 4])
+    scale = (packed & 15) | ((np.int32(row[at + j - 4]) >> 6) << 4)
+    low_min = (packed >> 4) | ((np.int32(row[at + j]) >> 6) << 4)
+    return scale, low_min
+
+
+@njit(**_EXACT)
+def _k_affine(row, at, f16, j):
+    """Q4_K/Q5_K sub-block ``j`` of the super-block at ``at``: (d * scale, -(dmin * min)), ggml's roundings."""
+    scale, low_min = _k_scale_min(row, at + 4, j)
+    return _half(row, at, f16) * np.float32(scale), np.float32(low_min) * -_half(row, at + 2, f16)
+
+
+@njit(**_EXACT)
+def row_q4_k(row, scales, f16, run, buf):  # super-blocks of 144 bytes: d, dmin, 12 scale bytes, 128 of nibbles
+    for block in range(buf.size // 256):
+        at = 144 * block
+        for pair in range(4):  # 32 bytes: sub-block 2 * pair in the low nibbles, 2 * pair + 1 in the high
+            d_low, offset_low = _k_affine(row, at, f16, 2 * pair)
+            d_high, offset_high = _k_affine(row, at, f16, 2 * pair + 1)
+            nibbles = at + 16 + 32 * pair
+            first = 256 * block + 64 * pair
+            for i in range(run):
+                byte = np.int32(row[nibbles + i])
+                buf[first + i] = d_low * np.float32(byte & 15) + offset_low  # (d * scale) * q - dmin * min
+                buf[first + 32 + i] = d_high * np.float32(byte >> 4) + offset_high
+
+
+@njit(**_EXACT)
+def row_q5_k(row, scales, f16, run, buf):  # super-blocks of 176 bytes: as Q4_K with 32 bytes of fifth bits at 16
+    for block in range(buf.size // 256):
+        at = 176 * block
+        for pair in range(4):
+            d_low, offset_low = _k_affine(row, at, f16, 2 * pair)
+            d_high, offset_high = _k_affine(row, at, f16, 2 * pair + 1)
+            nibbles = at + 48 + 32 * pair
+            first = 256 * block + 64 * pair
+            for i in range(run):
+                byte = np.int32(row[nibbles + i])
+                fifth = np.int32(row[at + 16 + i]) >> (2 * pair)  # bit j of byte i: weight i of sub-block j
+                q_low = (byte & 15) | ((fifth & 1) << 4)
+                q_high = (byte >> 4) | ((fifth & 2) << 3)
+                buf[first + i] = d_low * np.float32(q_low) + offset_low
+                buf[first + 32 + i] = d_high * np.float32(q_high) + offset_high
+
+
+@njit(**_EXACT)
+def row_q6_k(row, scales, f16, run, buf):  # super-blocks of 210 bytes: 128 low, 64 high, 16 int8 scales, fp16 d
+    signed = row.view(np.int8)
+    for block in range(buf.size // 256):
+        at = 210 * block
+        d = _half(row, at + 208, f16)
+        for half in range(2):  # 128 weights: 64 bytes of nibbles (ql), 32 of 2-bit pairs (qh), 8 scales
+            ql = at + 64 * half
+            qh = at + 128 + 32 * half
+            sc = at + 192 + 8 * half
+            first = 256 * block + 128 * half
+            for part in range(2):  # l in [16 part, 16 part + 16): weights l, l+32, l+64, l+96, scales part + 2k
+                d0 = d * np.float32(signed[sc + part])
+                d1 = d * np.float32(signed[sc + part + 2])
+                d2 = d * np.float32(signed[sc + part + 4])
+                d3 = d * np.float32(signed[sc + part + 6])
+                for i in range(run // 2):
+                    l = 16 * part + i
+                    a = np.int32(row[ql + l])
+                    b = np.int32(row[ql + l + 32])
+                    h = np.int32(row[qh + l])
+                    buf[first + l] = d0 * np.float32(((a & 15) | ((h & 3) << 4)) - 32)  # (d * scale) * (q - 32)
+                    buf[first + l + 32] = d1 * np.float32(((b & 15) | (((h >> 2) & 3) << 4)) - 32)
+                    buf[first + l + 64] = d2 * np.float32(((a >> 4) | (((h >> 4) & 3) << 4)) - 32)
+                    buf[first + l + 96] = d3 * np.float32(((b >> 4) | (((h >> 6) & 3) << 4)) - 32)
+
+
+# ---------------------------------------------------------------- dot products (fastmath)
+
+
 @njit(nogil=True, fastmath=True)
-def _dot_rows(buf, x, out, column):
-    """out[:, column] = x [N, cols] @ buf [cols]: four activation rows per pass over the buffer."""
+def _dot_rows(buf, x, out, column, first):
+    """out[first:, column] = x[first:] [N-first, cols] @ buf [cols]: four activation rows per pass."""
     n, cols = x.shape
-    b = 0
+    b = first
     while b + 4 <= n:
         a0 = np.float32(0.0)
         a1 = np.float32(0.0)
@@ -91,76 +270,202 @@ def _dot_rows(buf, x, out, column):
         b += 1
 
 
-# Each product: out [N, stop-start] = x [N, cols] @ W[start:stop].T, W's rows expanded one at a time into
-# buf (kestrel_trio._kernels.rows gives each argument's meaning) and multiplied at once.
+@njit(nogil=True, fastmath=True)
+def _dot_block(w, x, out, column):
+    """out[:, column:column+4] = x [N, cols] @ w [4, cols].T: four weight rows by four activation rows a pass.
+
+    Sixteen accumulators, each weight and activation loaded once per four
+    multiply-adds (a row at a time it is one load per multiply-add, which
+    bounds the product by the loads: 8 rows measured 0.65 ns a weight that
+    way, 0.39 this way, on one core).
+    """
+    n, cols = x.shape
+    b = 0
+    while b + 4 <= n:
+        a00 = a01 = a02 = a03 = a10 = a11 = a12 = a13 = np.float32(0.0)
+        a20 = a21 = a22 = a23 = a30 = a31 = a32 = a33 = np.float32(0.0)
+        for j in range(cols):
+            w0 = w[0, j]
+            w1 = w[1, j]
+            w2 = w[2, j]
+            w3 = w[3, j]
+            x0 = x[b, j]
+            x1 = x[b + 1, j]
+            x2 = x[b + 2, j]
+            x3 = x[b + 3, j]
+            a00 += w0 * x0
+            a01 += w0 * x1
+            a02 += w0 * x2
+            a03 += w0 * x3
+            a10 += w1 * x0
+            a11 += w1 * x1
+            a12 += w1 * x2
+            a13 += w1 * x3
+            a20 += w2 * x0
+            a21 += w2 * x1
+            a22 += w2 * x2
+            a23 += w2 * x3
+            a30 += w3 * x0
+            a31 += w3 * x1
+            a32 += w3 * x2
+            a33 += w3 * x3
+        out[b, column], out[b + 1, column], out[b + 2, column], out[b + 3, column] = a00, a01, a02, a03
+        out[b, column + 1], out[b + 1, column + 1], out[b + 2, column + 1], out[b + 3, column + 1] = a10, a11, a12, a13
+        out[b, column + 2], out[b + 1, column + 2], out[b + 2, column + 2], out[b + 3, column + 2] = a20, a21, a22, a23
+        out[b, column + 3], out[b + 1, column + 3], out[b + 2, column + 3], out[b + 3, column + 3] = a30, a31, a32, a33
+        b += 4
+    if b < n:
+        for k in range(4):
+            _dot_rows(w[k], x, out, column + k, b)
+
+
+@njit(nogil=True, fastmath=True)
+def _multiply(bufs, count, x, out, column):
+    """out[:, column:column+count] = x @ bufs[:count].T: a block of four weight rows, or rows one by one."""
+    if count == 4 and x.shape[0] >= 4:
+        _dot_block(bufs, x, out, column)
+    else:
+        for k in range(count):
+            _dot_rows(bufs[k], x, out, column + k, 0)
+
+
+# ---------------------------------------------------------------- the products, one per form
+# Each: out [N, stop-start] = x [N, cols] @ W[start:stop].T: weight rows expanded into L1 buffers, four at a
+# time from four activation rows up (:func:`_dot_block`), else one at a time, where LLVM fuses the expansion
+# with the dot product into one pass over the row. Written out: numba caches neither a function made by a
+# factory nor one that calls an expander handed to it (a "dynamic global").
 
 
 def product_int8(data, scales, f16, run, x, start, stop, out):
-    buf = np.empty(x.shape[1], np.float32)  # [cols]
-    for r in range(start, stop):
-        row_int8(data[r], scales[r], f16, run, buf)
-        _dot_rows(buf, x, out, r - start)
+    if x.shape[0] < 4:
+        buf = np.empty(x.shape[1], np.float32)  # [cols]
+        for r in range(start, stop):
+            row_int8(data[r], scales[r], f16, run, buf)
+            _dot_rows(buf, x, out, r - start, 0)
+        return
+    bufs = np.empty((4, x.shape[1]), np.float32)  # [4, cols]
+    for first in range(start, stop, 4):
+        for r in range(first, min(first + 4, stop)):
+            row_int8(data[r], scales[r], f16, run, bufs[r - first])
+        _multiply(bufs, min(4, stop - first), x, out, first - start)
 
 
 def product_bf16(data, scales, f16, run, x, start, stop, out):
-    buf = np.empty(x.shape[1], np.float32)  # [cols]
-    for r in range(start, stop):
-        row_bf16(data[r], scales[r], f16, run, buf)
-        _dot_rows(buf, x, out, r - start)
+    if x.shape[0] < 4:
+        buf = np.empty(x.shape[1], np.float32)  # [cols]
+        for r in range(start, stop):
+            row_bf16(data[r], scales[r], f16, run, buf)
+            _dot_rows(buf, x, out, r - start, 0)
+        return
+    bufs = np.empty((4, x.shape[1]), np.float32)  # [4, cols]
+    for first in range(start, stop, 4):
+        for r in range(first, min(first + 4, stop)):
+            row_bf16(data[r], scales[r], f16, run, bufs[r - first])
+        _multiply(bufs, min(4, stop - first), x, out, first - start)
 
 
 def product_f32(data, scales, f16, run, x, start, stop, out):
-    for r in range(start, stop):
-        _dot_rows(data[r], x, out, r - start)  # already float32: no expansion
+    step = 4 if x.shape[0] >= 4 else 1  # already float32: the rows themselves are the buffers
+    for first in range(start, stop, step):
+        _multiply(data[first : min(first + step, stop)], min(step, stop - first), x, out, first - start)
 
 
 def product_f16(data, scales, f16, run, x, start, stop, out):
-    buf = np.empty(x.shape[1], np.float32)  # [cols]
-    for r in range(start, stop):
-        row_f16(data[r], scales[r], f16, run, buf)
-        _dot_rows(buf, x, out, r - start)
+    if x.shape[0] < 4:
+        buf = np.empty(x.shape[1], np.float32)  # [cols]
+        for r in range(start, stop):
+            row_f16(data[r], scales[r], f16, run, buf)
+            _dot_rows(buf, x, out, r - start, 0)
+        return
+    bufs = np.empty((4, x.shape[1]), np.float32)  # [4, cols]
+    for first in range(start, stop, 4):
+        for r in range(first, min(first + 4, stop)):
+            row_f16(data[r], scales[r], f16, run, bufs[r - first])
+        _multiply(bufs, min(4, stop - first), x, out, first - start)
 
 
 def product_q8_0(data, scales, f16, run, x, start, stop, out):
-    buf = np.empty(x.shape[1], np.float32)  # [cols]
-    for r in range(start, stop):
-        row_q8_0(data[r], scales[r], f16, run, buf)
-        _dot_rows(buf, x, out, r - start)
+    if x.shape[0] < 4:
+        buf = np.empty(x.shape[1], np.float32)  # [cols]
+        for r in range(start, stop):
+            row_q8_0(data[r], scales[r], f16, run, buf)
+            _dot_rows(buf, x, out, r - start, 0)
+        return
+    bufs = np.empty((4, x.shape[1]), np.float32)  # [4, cols]
+    for first in range(start, stop, 4):
+        for r in range(first, min(first + 4, stop)):
+            row_q8_0(data[r], scales[r], f16, run, bufs[r - first])
+        _multiply(bufs, min(4, stop - first), x, out, first - start)
 
 
 def product_q4_0(data, scales, f16, run, x, start, stop, out):
-    buf = np.empty(x.shape[1], np.float32)  # [cols]
-    for r in range(start, stop):
-        row_q4_0(data[r], scales[r], f16, run, buf)
-        _dot_rows(buf, x, out, r - start)
+    if x.shape[0] < 4:
+        buf = np.empty(x.shape[1], np.float32)  # [cols]
+        for r in range(start, stop):
+            row_q4_0(data[r], scales[r], f16, run, buf)
+            _dot_rows(buf, x, out, r - start, 0)
+        return
+    bufs = np.empty((4, x.shape[1]), np.float32)  # [4, cols]
+    for first in range(start, stop, 4):
+        for r in range(first, min(first + 4, stop)):
+            row_q4_0(data[r], scales[r], f16, run, bufs[r - first])
+        _multiply(bufs, min(4, stop - first), x, out, first - start)
 
 
 def product_q4_1(data, scales, f16, run, x, start, stop, out):
-    buf = np.empty(x.shape[1], np.float32)  # [cols]
-    for r in range(start, stop):
-        row_q4_1(data[r], scales[r], f16, run, buf)
-        _dot_rows(buf, x, out, r - start)
+    if x.shape[0] < 4:
+        buf = np.empty(x.shape[1], np.float32)  # [cols]
+        for r in range(start, stop):
+            row_q4_1(data[r], scales[r], f16, run, buf)
+            _dot_rows(buf, x, out, r - start, 0)
+        return
+    bufs = np.empty((4, x.shape[1]), np.float32)  # [4, cols]
+    for first in range(start, stop, 4):
+        for r in range(first, min(first + 4, stop)):
+            row_q4_1(data[r], scales[r], f16, run, bufs[r - first])
+        _multiply(bufs, min(4, stop - first), x, out, first - start)
 
 
 def product_q4_k(data, scales, f16, run, x, start, stop, out):
-    buf = np.empty(x.shape[1], np.float32)  # [cols]
-    for r in range(start, stop):
-        row_q4_k(data[r], scales[r], f16, run, buf)
-        _dot_rows(buf, x, out, r - start)
+    if x.shape[0] < 4:
+        buf = np.empty(x.shape[1], np.float32)  # [cols]
+        for r in range(start, stop):
+            row_q4_k(data[r], scales[r], f16, run, buf)
+            _dot_rows(buf, x, out, r - start, 0)
+        return
+    bufs = np.empty((4, x.shape[1]), np.float32)  # [4, cols]
+    for first in range(start, stop, 4):
+        for r in range(first, min(first + 4, stop)):
+            row_q4_k(data[r], scales[r], f16, run, bufs[r - first])
+        _multiply(bufs, min(4, stop - first), x, out, first - start)
 
 
 def product_q5_k(data, scales, f16, run, x, start, stop, out):
-    buf = np.empty(x.shape[1], np.float32)  # [cols]
-    for r in range(start, stop):
-        row_q5_k(data[r], scales[r], f16, run, buf)
-        _dot_rows(buf, x, out, r - start)
+    if x.shape[0] < 4:
+        buf = np.empty(x.shape[1], np.float32)  # [cols]
+        for r in range(start, stop):
+            row_q5_k(data[r], scales[r], f16, run, buf)
+            _dot_rows(buf, x, out, r - start, 0)
+        return
+    bufs = np.empty((4, x.shape[1]), np.float32)  # [4, cols]
+    for first in range(start, stop, 4):
+        for r in range(first, min(first + 4, stop)):
+            row_q5_k(data[r], scales[r], f16, run, bufs[r - first])
+        _multiply(bufs, min(4, stop - first), x, out, first - start)
 
 
 def product_q6_k(data, scales, f16, run, x, start, stop, out):
-    buf = np.empty(x.shape[1], np.float32)  # [cols]
-    for r in range(start, stop):
-        row_q6_k(data[r], scales[r], f16, run, buf)
-        _dot_rows(buf, x, out, r - start)
+    if x.shape[0] < 4:
+        buf = np.empty(x.shape[1], np.float32)  # [cols]
+        for r in range(start, stop):
+            row_q6_k(data[r], scales[r], f16, run, buf)
+            _dot_rows(buf, x, out, r - start, 0)
+        return
+    bufs = np.empty((4, x.shape[1]), np.float32)  # [4, cols]
+    for first in range(start, stop, 4):
+        for r in range(first, min(first + 4, stop)):
+            row_q6_k(data[r], scales[r], f16, run, bufs[r - first])
+        _multiply(bufs, min(4, stop - first), x, out, first - start)
 
 
 # Weights per item of each form's storage as its product takes it (34 bytes of Q8_0 hold 32).

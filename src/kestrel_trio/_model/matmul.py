@@ -11,16 +11,18 @@ the product itself costs no more than the read. By rows:
   between calls and are several times slower beside any other busy process.
   Whichever has cost less lately runs (kestrel_trio._model.share_choice).
 * 2-32 rows (a batched decode step): OpenBLAS packs a large weight before a
-  small-M GEMM, which can cost 2-3x the read itself. The fastest of three
-  calls is timed once per process (:func:`small_batch_call`): ``x @ W.T`` or
-  ``W @ x.T`` (run as 1 row is), or "row_blocks": the product threads
+  small-M GEMM, which can cost 2-3x the read itself. The calls are timed
+  once per process (:func:`small_batch_call`): ``x @ W.T`` or ``W @ x.T``
+  (run as 1 row is); "row_blocks": the product threads
   (:func:`set_product_threads`) each take a contiguous stretch of W's rows
   (the result's columns), view it as [rows/nb, nb, in] blocks and run one
   small GEMM per block with one-thread BLAS (BLAS is set to one thread while
-  they run), which OpenBLAS's SkylakeX kernels compute without packing.
-  Measured on 2 cores: 8 rows of Qwen3-0.6B's products cost 1.5x one row that
-  way, against 2.5x for the best single GEMM. Under the Haswell kernel
-  ``x @ W.T`` wins.
+  they run), which OpenBLAS's SkylakeX kernels compute without packing; or
+  "compiled": the same stretches through kestrel_trio._kernels' float32
+  product, which never packs on any CPU. Measured on 2 cores: 8 rows of
+  Qwen3-0.6B's products cost 1.5x one row with row_blocks, against 2.5x
+  for the best single GEMM; under the Haswell kernel, which packs every
+  block, the compiled product is the one near that (:func:`_pick_small_batch_call`).
 * A :class:`PackedMatrix` (bf16 bits, a GGUF's blocks, int8, int4), up to
   FUSED_MAX_ROWS rows (decode): compiled row products
   (kestrel_trio._kernels): each weight row is expanded from its compact form
@@ -93,7 +95,7 @@ SHARE_ALIGN = 128
 def _product(x: np.ndarray, weight: np.ndarray, call: str) -> np.ndarray:
     """``x`` [N, in] @ ``weight`` [out, in].T in ``call``, shared among the product threads when that is cheaper.
 
-    "row_blocks" is always shared. A plain call runs on BLAS's own threads or
+    "row_blocks" and "compiled" are always shared. A plain call runs on BLAS's own threads or
     shared (each product thread multiplying its stretch of W's rows with
     one-thread BLAS), whichever has cost less lately for products of its
     kind: BLAS's threads are faster on an idle machine and several times
@@ -104,7 +106,7 @@ def _product(x: np.ndarray, weight: np.ndarray, call: str) -> np.ndarray:
     if threads is None or weight.size < SHARE_MIN_ELEMENTS:
         _product_into(x, weight, out, call)
         return out
-    chooser = None if call == "row_blocks" else _share_choosers[_row_kind(x.shape[0])]
+    chooser = None if call in ("row_blocks", "compiled") else _share_choosers[_row_kind(x.shape[0])]
     shared = chooser is None or chooser.shared()
     started = time.perf_counter()
     if shared:
@@ -174,6 +176,8 @@ def _product_into(x: np.ndarray, weight: np.ndarray, out: np.ndarray, call: str 
         call = _small_batch_call[0] if _small_batch_call and _is_small_batch(x.shape[0]) else "weight_right"
     if call == "row_blocks":
         _row_blocks_into(x, weight, out)
+    elif call == "compiled":
+        _kernels.packed_product("F32", weight, None, np.ascontiguousarray(x), 0, weight.shape[0], out)
     elif call == "weight_left":
         out[...] = (weight @ x.T).T  # [N, out]
     else:
@@ -563,7 +567,7 @@ def product_threads() -> int | None:
 
 # Batch sizes of a batched decode step, and the calls timed for them.
 SMALL_BATCH_ROWS = (2, 32)
-SMALL_BATCH_CALLS = ("weight_left", "weight_right", "row_blocks")
+SMALL_BATCH_CALLS = ("weight_left", "weight_right", "row_blocks", "compiled")
 _small_batch_call: list[str] = []  # the chosen call, once chosen
 # How the call was chosen: "none", "synthetic" (stand-in weights), "sample" (a model's), "forced"; and sample bytes.
 _small_batch_call_source: list = ["none", 0]
@@ -578,9 +582,10 @@ def small_batch_call() -> str:
 
     "weight_left" (``W @ x.T``) and "weight_right" (``x @ W.T``) are one BLAS
     call on BLAS's own threads; "row_blocks" is one small GEMM per block of
-    W's rows (:func:`block_rows`), shared among the product threads. Each is
-    timed as :func:`linear` runs it; a bf16 chunk, already in a product
-    thread, is multiplied in the same call on one thread.
+    W's rows (:func:`block_rows`), shared among the product threads;
+    "compiled" is kestrel_trio._kernels' float32 product (four weight rows
+    by four activation rows a pass), shared the same way, where numba can
+    be imported. Each is timed as :func:`linear` runs it.
     """
     if not _small_batch_call:
         with _timing_lock:
@@ -594,6 +599,8 @@ def set_small_batch_call(call: str | None) -> None:
     """Force the 2-32-row call (one of SMALL_BATCH_CALLS), or None to time it again on next use."""
     if call is not None and call not in SMALL_BATCH_CALLS:
         raise ValueError(f"unknown small-batch call {call!r}")
+    if call == "compiled" and not _kernels.ready():
+        raise ValueError(f"the compiled small-batch call cannot run here: {_kernels.unavailable_reason()}")
     _small_batch_call.clear()
     _small_batch_call_source[:] = ["forced" if call is not None else "none", 0]
     if call is not None:
@@ -625,7 +632,8 @@ def _time_small_batch_calls(weights: Sequence[np.ndarray] | None = None, rounds:
         weights = [np.full((6144, 1024), 0.01, dtype=np.float32) for _ in range(4)]  # 4 x [out, in]
     inputs = {w.shape[1]: np.full((8, w.shape[1]), 0.5, dtype=np.float32) for w in weights}  # [8, in] by width
     best = dict.fromkeys(SMALL_BATCH_CALLS, float("inf"))
-    for call in SMALL_BATCH_CALLS:
+    calls = [c for c in SMALL_BATCH_CALLS if c != "compiled" or _compiled_float_products()]
+    for call in calls:
         # One untimed pass first: after calls on BLAS's own threads, those threads spin for
         # ~0.1 s and slow a shared call meanwhile, which steady batched decoding never sees.
         for timed in [False] + [True] * rounds:
@@ -638,13 +646,27 @@ def _time_small_batch_calls(weights: Sequence[np.ndarray] | None = None, rounds:
 
 
 def _pick_small_batch_call(seconds: dict[str, float]) -> str:
-    """The call to keep, given each call's best time on the sample."""
+    """The call to keep, given each call's best time on the sample (inf: not timed)."""
     plain = min(("weight_left", "weight_right"), key=seconds.__getitem__)
-    # A sample timed once at load understates row_blocks: on Qwen3-0.6B under SkylakeX it timed 19-23 ms
-    # against 17-24 ms for W @ x.T, where a whole decode step's products take 78 against 135 ms. So it
-    # is kept unless a plain call is clearly faster (under Haswell the two are within ~10% on a step).
-    return "row_blocks" if seconds["row_blocks"] <= ROW_BLOCKS_SLACK * seconds[plain] else plain
+    # The compiled products (kestrel_trio._kernels: four weight rows by four activation rows a pass, never
+    # packed) measured as fast as row_blocks at 8 rows and faster at 16 under SkylakeX (Qwen3-0.6B's shapes,
+    # bare forward on 2 threads: 16 streams 6.95x batch 1 against 6.40x), and faster at both under Haswell,
+    # which packs every block (8: 4.67x against 3.78x; 16: 6.30x against 4.63x). A sample of 8 rows timed
+    # once does not show the 16-row gain, so they are kept unless row_blocks is clearly faster.
+    shared = "compiled" if seconds["compiled"] <= SHARED_SLACK * seconds["row_blocks"] else "row_blocks"
+    # A sample timed once at load understates the shared calls: on Qwen3-0.6B under SkylakeX row_blocks
+    # timed 19-23 ms against 17-24 ms for W @ x.T, where a whole decode step's products take 78 against
+    # 135 ms. So a shared call is kept unless a plain call is clearly faster.
+    return shared if seconds[shared] <= SHARED_SLACK * seconds[plain] else plain
 
 
-# How much slower than the best plain call row_blocks may time on the sample and still be chosen.
-ROW_BLOCKS_SLACK = 1.25
+# How much slower than the call it is weighed against a shared call may time on the sample and still be chosen.
+SHARED_SLACK = 1.25
+
+
+def _compiled_float_products() -> bool:
+    """Whether the compiled float32 product can run (loading it, and then dropping the compiler's pages)."""
+    if not _kernels.ready():
+        return False
+    _kernels.prepare({"F32"})
+    return True
