@@ -246,7 +246,7 @@ class Model:
         that no request waits for one.
         """
         w = self.decoder.weights
-        warm_fused_products(packed_matrices(w))
+        warm_fused_products(packed_matrices(w) + (packed_matrices(self.vision.vision) if self.vision else []))
         layers = w.layers[:_SAMPLE_LAYERS]
         sample = [m for layer in layers for m in (layer.attn.qkv_proj, layer.attn.o_proj,
                                                  getattr(layer.mlp, "gate_up_proj", None),

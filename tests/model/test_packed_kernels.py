@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ast
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -160,3 +162,15 @@ def test_an_fp32_model_loads_at_most_the_float32_product_and_drops_the_compilers
             "from kestrel_trio._kernels import products; print(sorted(products._compiled))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     assert out.stdout.strip() in ("[]", "['F32']")
+
+
+def test_a_qwen3_vl_loads_its_vision_towers_forms_too(tmp_path):
+    """int8 quantizes the language model and keeps the tower bf16: both forms are loaded at load, not at the
+    first image (which would wait for them, and touch the compiler's pages again)."""
+    folder = tmp_path / "vl"
+    shutil.copytree(FIXTURES / "qwen3_vl_bf16", folder)
+    shutil.copy(FIXTURES / "qwen3_vl" / "preprocessor_config.json", folder)
+    code = ("from kestrel_trio import load_model; from kestrel_trio._kernels import products; "
+            f"load_model({str(folder)!r}, weights='int8', quantized_cache=False); print(sorted(products._compiled))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert {"int8", "bf16"} <= set(ast.literal_eval(out.stdout.strip()))

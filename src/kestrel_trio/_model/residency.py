@@ -27,6 +27,8 @@ import math
 from pathlib import Path
 from typing import Callable, Iterable
 
+import attrs
+
 from kestrel_trio._model import quant_cache
 from kestrel_trio._model.config import ModelConfig
 from kestrel_trio._model.packed import INT4_GROUP, PackedMatrix
@@ -231,9 +233,21 @@ def _matrices(weights: Weights) -> list:
     return list(found.values())
 
 
-def packed_matrices(weights: Weights) -> list[PackedMatrix]:
-    """The matrices of ``weights`` held packed (bf16, int8, int4, a GGUF's blocks), each once."""
-    return [m for m in _matrices(weights) if isinstance(m, PackedMatrix)]
+def packed_matrices(weights) -> list[PackedMatrix]:
+    """The matrices of ``weights`` (a decoder's, a vision tower's: attrs classes) held packed, each once."""
+    if isinstance(weights, Weights):
+        return [m for m in _matrices(weights) if isinstance(m, PackedMatrix)]
+    found: dict[int, PackedMatrix] = {}
+    pending = [weights]
+    while pending:
+        value = pending.pop()
+        if isinstance(value, PackedMatrix):
+            found[id(value)] = value
+        elif isinstance(value, (tuple, list)):
+            pending.extend(value)
+        elif attrs.has(type(value)):
+            pending.extend(getattr(value, field.name) for field in attrs.fields(type(value)))
+    return list(found.values())
 
 
 def resident_bytes(weights: Weights) -> dict[str, int]:
