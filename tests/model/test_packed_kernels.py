@@ -21,7 +21,7 @@ pytestmark = pytest.mark.skipif(not _kernels.ready(), reason=_kernels.unavailabl
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 GGML_FORMS = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"]
-OWN_FORMS = ["int8", "bf16"]  # int4 keeps the numpy path (kestrel_trio._kernels.FORMS says why)
+OWN_FORMS = ["int8", "int4", "bf16"]
 
 
 def random_part(form: str, rows: int, cols: int, seed: int = 0):
@@ -42,7 +42,7 @@ def random_part(form: str, rows: int, cols: int, seed: int = 0):
         stored = {"F32": floats, "F16": floats.astype(np.float16),
                   "BF16": (floats.view(np.uint32) >> 16).astype(np.uint16)}[form]
         return GgmlRows(kind, np.ascontiguousarray(stored).view(np.uint8).reshape(rows, -1))
-    halves = {"Q6_K": [208]}.get(form, [0, 2] if form in ("Q4_1", "Q4_K", "Q5_K") else [0])
+    halves = {"Q6_K": [208]}.get(form, [0, 2] if form in ("Q4_1", "Q5_1", "Q4_K", "Q5_K") else [0])
     for at in halves:  # finite fp16 scales; every other byte random
         blocks[:, at : at + 2] = (rng.uniform(0.001, 0.01, (blocks.shape[0], 1))).astype(np.float16).view(np.uint8)
     return GgmlRows(kind, raw)
@@ -118,8 +118,8 @@ def test_linear_packed_runs_the_fused_product_and_threads_do_not_change_it(rows_
 
 
 def test_a_form_without_a_compiled_product_takes_the_numpy_path():
-    assert "int4" not in _kernels.FORMS
-    weight = PackedMatrix((random_part("int4", 256, 1024, 4),))
+    assert "Q5_0" not in _kernels.FORMS
+    weight = PackedMatrix((random_part("Q5_0", 256, 1024, 4), random_part("Q8_0", 128, 1024, 5)))
     x = np.random.default_rng(5).standard_normal((2, 1024), dtype=np.float32)
     want = x @ weight.dense().T
     np.testing.assert_allclose(matmul.linear_packed(x, weight), want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
@@ -174,3 +174,11 @@ def test_a_qwen3_vl_loads_its_vision_towers_forms_too(tmp_path):
             f"load_model({str(folder)!r}, weights='int8', quantized_cache=False); print(sorted(products._compiled))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     assert {"int8", "bf16"} <= set(ast.literal_eval(out.stdout.strip()))
+
+
+def test_int4_rows_whose_halves_straddle_groups_expand_exactly():
+    """cols 192 in groups of 64: the high nibbles (weights 96-191) start mid-group."""
+    rng = np.random.default_rng(9)
+    part = Int4Rows(rng.integers(0, 256, (3, 96), dtype=np.uint8), (rng.random((3, 3)) * 0.1).astype(np.float16), 64)
+    got = _kernels.packed_weights(*part.kernel_args(), 0, 3)
+    np.testing.assert_array_equal(got, numpy_weights(part))

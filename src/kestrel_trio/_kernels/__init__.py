@@ -24,8 +24,7 @@ __all__ = ["FORMS", "ready", "unavailable_reason", "describe", "prepare", "packe
            "release_compiler_pages"]
 
 # The storage forms the compiled products know (kestrel_trio._kernels.products.FORMS), known without numba.
-# Not int4: its nibble expansion compiled to 0.90 ns a weight here, where numpy's path takes 0.48.
-FORMS = frozenset(("int8", "bf16", "F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"))
+FORMS = frozenset(("int8", "int4", "bf16", "F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"))
 _RUN = 32  # a block's inner loop length, an argument so that it stays a run-time value (products.py)
 
 _state: dict = {}  # "products": the compiled module, or "error": why it cannot be had
@@ -82,9 +81,9 @@ def packed_product(form: str, data: np.ndarray, scales: np.ndarray | None, x: np
 
     Args:
         form: "int8", "int4", "bf16" or a ggml type name.
-        data: the rows' storage [rows, ...], C-contiguous: int8 (int8), uint16 (bf16), uint8 (a GGUF tensor's
-            bytes).
-        scales: int8's float32 [rows, 1], or None.
+        data: the rows' storage [rows, ...], C-contiguous: int8 (int8), uint16 (bf16), uint8 (int4's nibbles,
+            a GGUF tensor's bytes).
+        scales: int8's float32 [rows, 1], int4's float16 [rows, groups], or None.
         x: float32 [N, cols], C-contiguous.
         start, stop: weight rows.
         out: float32 [N, stop-start], any strides.
@@ -108,6 +107,8 @@ def _typed(form: str, data: np.ndarray, scales: np.ndarray | None):
     product, view = _products().product_for(form)
     if scales is None:
         scales = np.empty((data.shape[0], 0), dtype=np.uint8)  # [rows, 0]
+    elif scales.dtype == np.float16:
+        scales = scales.view(np.uint16)  # numba has no float16: the bits, looked up in the table
     return product, (data if view is None else data.view(view)), scales
 
 

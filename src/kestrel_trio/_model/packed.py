@@ -248,6 +248,9 @@ class Int4Rows:
     def select(self, ids: np.ndarray | slice) -> "Int4Rows":
         return Int4Rows(self.data[ids], self.scale[ids], self.group)
 
+    def kernel_args(self) -> tuple[str, np.ndarray, np.ndarray]:
+        return "int4", self.data, self.scale  # [rows, cols/2], float16 [rows, groups]
+
 
 
 @attrs.frozen
