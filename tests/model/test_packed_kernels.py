@@ -20,7 +20,7 @@ from kestrel_trio._model.packed import Bf16Rows, GgmlRows, Int4Rows, Int8Rows, P
 pytestmark = pytest.mark.skipif(not _kernels.ready(), reason=_kernels.unavailable_reason())
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
-GGML_FORMS = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"]
+GGML_FORMS = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"]
 OWN_FORMS = ["int8", "int4", "bf16"]
 
 
@@ -59,7 +59,7 @@ def test_the_compiled_expansion_equals_the_numpy_one_bit_for_bit(form):
     np.testing.assert_array_equal(got.view(np.uint32), numpy_weights(part)[1:4].view(np.uint32))
 
 
-@pytest.mark.parametrize("form", ["Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"])
+@pytest.mark.parametrize("form", ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"])
 def test_any_block_bytes_expand_as_ggufs_reference_does(form):
     """Random bytes everywhere (the scales too: NaN and infinity included), against gguf's dequantization."""
     kind = GGML_TYPE_BY_NAME[form]
@@ -117,12 +117,15 @@ def test_linear_packed_runs_the_fused_product_and_threads_do_not_change_it(rows_
     np.testing.assert_allclose(alone, x @ dense.T, rtol=1e-4, atol=1e-4 * float(np.abs(x @ dense.T).max()))
 
 
-def test_a_form_without_a_compiled_product_takes_the_numpy_path():
-    assert "Q5_0" not in _kernels.FORMS
+def test_a_matrix_with_a_part_of_a_form_not_compiled_takes_the_numpy_path(monkeypatch):
     weight = PackedMatrix((random_part("Q5_0", 256, 1024, 4), random_part("Q8_0", 128, 1024, 5)))
+    monkeypatch.setattr(_kernels, "FORMS", _kernels.FORMS - {"Q5_0"})
+    forms, compiled = [], _kernels.packed_product
+    monkeypatch.setattr(_kernels, "packed_product", lambda form, *args: forms.append(form) or compiled(form, *args))
     x = np.random.default_rng(5).standard_normal((2, 1024), dtype=np.float32)
     want = x @ weight.dense().T
     np.testing.assert_allclose(matmul.linear_packed(x, weight), want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
+    assert set(forms) <= {"F32"}  # at most the small-batch call's float32 product of the expanded chunks
 
 
 def test_without_the_kernels_the_numpy_path_gives_the_same_products(monkeypatch):

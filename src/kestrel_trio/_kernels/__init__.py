@@ -24,7 +24,8 @@ __all__ = ["FORMS", "ready", "unavailable_reason", "describe", "prepare", "packe
            "release_compiler_pages"]
 
 # The storage forms the compiled products know (kestrel_trio._kernels.products.FORMS), known without numba.
-FORMS = frozenset(("int8", "int4", "bf16", "F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"))
+FORMS = frozenset(("int8", "int4", "bf16", "F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K",
+                    "Q5_K", "Q6_K"))
 _RUN = 32  # a block's inner loop length, an argument so that it stays a run-time value (products.py)
 
 _state: dict = {}  # "products": the compiled module, or "error": why it cannot be had

@@ -124,7 +124,8 @@ def row_int4(row, halves, f16, run, buf):  # row: uint8 [cols/2]; halves: the fl
     groups = half // group
     for g in range(groups):
         first = g * group
-        low, high, source = buf[first : first + group], buf[half + first : half + first + group], row[first : first + group]
+        low, high = buf[first : first + group], buf[half + first : half + first + group]
+        source = row[first : first + group]
         s_low, s_high = f16[halves[g]], f16[halves[g + groups]]
         for i in range(group):  # int32 arithmetic and separate views: LLVM vectorizes it (0.29 ns a weight, not 0.9)
             v = np.int32(source[i])
@@ -181,6 +182,38 @@ def row_q4_1(row, scales, f16, run, buf):  # blocks of 20 bytes: fp16 d, fp16 m,
             byte = np.int32(row[at + 4 + i])
             buf[32 * block + i] = np.float32(byte & 15) * d + m  # w = d * q + m, two roundings as ggml
             buf[32 * block + 16 + i] = np.float32(byte >> 4) * d + m
+
+
+@njit(**_EXACT)
+def _word(row, at):
+    """The little-endian uint32 at byte ``at``, as int64."""
+    return (np.int64(row[at]) | (np.int64(row[at + 1]) << 8) | (np.int64(row[at + 2]) << 16)
+            | (np.int64(row[at + 3]) << 24))
+
+
+@njit(**_EXACT)
+def row_q5_0(row, scales, f16, run, buf):  # blocks of 22 bytes: fp16 d, uint32 of fifth bits, 16 of nibbles
+    for block in range(buf.size // 32):
+        at = 22 * block
+        d = _half(row, at, f16)
+        fifth = _word(row, at + 2)  # bit j: weight j's fifth bit
+        for i in range(run // 2):
+            byte = np.int64(row[at + 6 + i])
+            buf[32 * block + i] = np.float32(((byte & 15) | (((fifth >> i) & 1) << 4)) - 16) * d  # d * (q - 16)
+            buf[32 * block + 16 + i] = np.float32(((byte >> 4) | (((fifth >> (i + 16)) & 1) << 4)) - 16) * d
+
+
+@njit(**_EXACT)
+def row_q5_1(row, scales, f16, run, buf):  # blocks of 24 bytes: fp16 d, fp16 m, uint32 of fifth bits, nibbles
+    for block in range(buf.size // 32):
+        at = 24 * block
+        d = _half(row, at, f16)
+        m = _half(row, at + 2, f16)
+        fifth = _word(row, at + 4)
+        for i in range(run // 2):
+            byte = np.int64(row[at + 8 + i])
+            buf[32 * block + i] = np.float32((byte & 15) | (((fifth >> i) & 1) << 4)) * d + m  # d * q + m
+            buf[32 * block + 16 + i] = np.float32((byte >> 4) | (((fifth >> (i + 16)) & 1) << 4)) * d + m
 
 
 @njit(**_EXACT)
@@ -463,6 +496,34 @@ def product_q4_1(data, scales, f16, run, x, start, stop, out):
         _multiply(bufs, min(4, stop - first), x, out, first - start)
 
 
+def product_q5_0(data, scales, f16, run, x, start, stop, out):
+    if x.shape[0] < 4:
+        buf = np.empty(x.shape[1], np.float32)  # [cols]
+        for r in range(start, stop):
+            row_q5_0(data[r], scales[r], f16, run, buf)
+            _dot_rows(buf, x, out, r - start, 0)
+        return
+    bufs = np.empty((4, x.shape[1]), np.float32)  # [4, cols]
+    for first in range(start, stop, 4):
+        for r in range(first, min(first + 4, stop)):
+            row_q5_0(data[r], scales[r], f16, run, bufs[r - first])
+        _multiply(bufs, min(4, stop - first), x, out, first - start)
+
+
+def product_q5_1(data, scales, f16, run, x, start, stop, out):
+    if x.shape[0] < 4:
+        buf = np.empty(x.shape[1], np.float32)  # [cols]
+        for r in range(start, stop):
+            row_q5_1(data[r], scales[r], f16, run, buf)
+            _dot_rows(buf, x, out, r - start, 0)
+        return
+    bufs = np.empty((4, x.shape[1]), np.float32)  # [4, cols]
+    for first in range(start, stop, 4):
+        for r in range(first, min(first + 4, stop)):
+            row_q5_1(data[r], scales[r], f16, run, bufs[r - first])
+        _multiply(bufs, min(4, stop - first), x, out, first - start)
+
+
 def product_q4_k(data, scales, f16, run, x, start, stop, out):
     if x.shape[0] < 4:
         buf = np.empty(x.shape[1], np.float32)  # [cols]
@@ -506,17 +567,21 @@ def product_q6_k(data, scales, f16, run, x, start, stop, out):
 
 
 # Weights per item of each form's storage as its product takes it (34 bytes of Q8_0 hold 32).
-COLUMNS_PER_ITEM = {"int8": 1, "int4": 2, "bf16": 1, "F32": 1, "F16": 1, "BF16": 1, "Q8_0": 32 / 34, "Q4_0": 32 / 18,
-                    "Q4_1": 32 / 20, "Q4_K": 256 / 144, "Q5_K": 256 / 176, "Q6_K": 256 / 210}
+COLUMNS_PER_ITEM = {
+    "int8": 1, "int4": 2, "bf16": 1, "F32": 1, "F16": 1, "BF16": 1, "Q8_0": 32 / 34, "Q4_0": 32 / 18, "Q4_1": 32 / 20,
+    "Q5_0": 32 / 22, "Q5_1": 32 / 24, "Q4_K": 256 / 144, "Q5_K": 256 / 176, "Q6_K": 256 / 210,
+}
 # Storage form -> its product (as Python), the dtype of its storage in the product's signature, the scales'
 # type, and how the storage is viewed for it (None: as stored).
 _PRODUCTS = {
     "int8": (product_int8, types.int8, _FLOATS, None), "bf16": (product_bf16, types.uint16, _NO_SCALES, None),
     "int4": (product_int4, types.uint8, _storage(types.uint16), None),
     "F32": (product_f32, types.float32, _NO_SCALES, np.float32),
-    "F16": (product_f16, types.uint16, _NO_SCALES, np.uint16), "BF16": (product_bf16, types.uint16, _NO_SCALES, np.uint16),
+    "F16": (product_f16, types.uint16, _NO_SCALES, np.uint16),
+    "BF16": (product_bf16, types.uint16, _NO_SCALES, np.uint16),
     **{name: (function, types.uint8, _NO_SCALES, None) for name, function in (
-        ("Q8_0", product_q8_0), ("Q4_0", product_q4_0), ("Q4_1", product_q4_1), ("Q4_K", product_q4_k),
+        ("Q8_0", product_q8_0), ("Q4_0", product_q4_0), ("Q4_1", product_q4_1), ("Q5_0", product_q5_0),
+        ("Q5_1", product_q5_1), ("Q4_K", product_q4_k),
         ("Q5_K", product_q5_k), ("Q6_K", product_q6_k))},
 }
 FORMS = frozenset(_PRODUCTS)
