@@ -15,8 +15,10 @@ model never multiplies packed weights, and importing numba costs about
 from __future__ import annotations
 
 import ctypes
+import logging
 import sys
 import threading
+import time
 
 import numpy as np
 
@@ -27,6 +29,8 @@ __all__ = ["FORMS", "ready", "unavailable_reason", "describe", "prepare", "packe
 FORMS = frozenset(("int8", "int4", "bf16", "F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K",
                     "Q5_K", "Q6_K"))
 _RUN = 32  # a block's inner loop length, an argument so that it stays a run-time value (products.py)
+
+log = logging.getLogger("kestrel_trio.kernels")
 
 _state: dict = {}  # "products": the compiled module, or "error": why it cannot be had
 _state_lock = threading.Lock()
@@ -98,8 +102,13 @@ def prepare(forms) -> None:
     the compiler's pages (:func:`release_compiler_pages`): loading uses LLVM too, so a form loaded later
     would touch them again."""
     products = _products()
-    for form in sorted(set(forms) & FORMS):
+    started = time.perf_counter()
+    wanted = sorted(set(forms) & FORMS)
+    for form in wanted:
         products.product_for(form)
+    seconds = time.perf_counter() - started
+    if seconds > 0.5:  # a compilation, not a load from numba's cache: say why the start took longer
+        log.info("compiled the products of %s in %.1f s (cached on disk for later starts)", ", ".join(wanted), seconds)
     release_compiler_pages()
 
 
