@@ -185,3 +185,16 @@ def test_int4_rows_whose_halves_straddle_groups_expand_exactly():
     part = Int4Rows(rng.integers(0, 256, (3, 96), dtype=np.uint8), (rng.random((3, 3)) * 0.1).astype(np.float16), 64)
     got = _kernels.packed_weights(*part.kernel_args(), 0, 3)
     np.testing.assert_array_equal(got, numpy_weights(part))
+
+
+@pytest.mark.parametrize("call", ["compiled", "row_blocks"])
+def test_more_rows_than_the_fused_product_takes_expand_chunks_for_the_small_batch_call(call):
+    weight = _matrix()
+    x = np.random.default_rng(6).standard_normal((matmul.FUSED_MAX_ROWS + 4, 1024), dtype=np.float32)  # [20, in]
+    matmul.set_small_batch_call(call)
+    try:
+        got = matmul.linear_packed(x, weight)
+    finally:
+        matmul.set_small_batch_call(None)
+    want = x @ weight.dense().T
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
