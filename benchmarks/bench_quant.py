@@ -273,7 +273,7 @@ def moe_side(args: argparse.Namespace) -> dict:
                 owner[part.data.__array_interface__["data"][0]] = (index, part.data.nbytes)
     total = sum(size for _, size in owner.values())
     touched: list[tuple[int, int]] = []
-    original, compiled = GgmlRows.integer, _kernels.packed_product
+    original, compiled, expanded = GgmlRows.integer, _kernels.packed_product, _kernels.packed_expand
 
     def record(data, start: int, stop: int) -> None:
         found = owner.get(data.__array_interface__["data"][0])
@@ -288,7 +288,11 @@ def moe_side(args: argparse.Namespace) -> dict:
         record(data, start, stop)
         return compiled(form, data, scales, x, start, stop, out)
 
-    GgmlRows.integer, _kernels.packed_product = integer, packed_product
+    def packed_expand(form, data, scales, start, stop, out):  # compiled expansions (prefill chunks)
+        record(data, start, stop)
+        return expanded(form, data, scales, start, stop, out)
+
+    GgmlRows.integer, _kernels.packed_product, _kernels.packed_expand = integer, packed_product, packed_expand
     cache = model.new_cache()
     model.prefill(cache, [t % MOE["vocab"] for t in prompt(6, 3)])
     per_step, routed = [], []
@@ -299,7 +303,7 @@ def moe_side(args: argparse.Namespace) -> dict:
         token = int(np.argmax(logits))
         per_step.append(sum(size for _, size in touched))
         routed.append(len({e for e, _ in touched}))
-    GgmlRows.integer, _kernels.packed_product = original, compiled
+    GgmlRows.integer, _kernels.packed_product, _kernels.packed_expand = original, compiled, expanded
     return {"expert_bytes": total, "expanded_per_step": per_step, "experts_per_step": routed,
             "layers": MOE["layers"], "experts": MOE["experts"], "top_k": MOE["top_k"],
             "rss_after_load": rss_load, "rss_after_steps": status_bytes("VmRSS"),

@@ -133,8 +133,8 @@ def _gguf(name: str):
 class _Expansions:
     """Records each (part, rows) a GgmlRows expansion writes, by the part's storage address.
 
-    Expansions with numpy (GgmlRows.integer) and in compiled products (kestrel_trio._kernels, which take
-    the storage as GgmlRows.kernel_args gives it) alike.
+    Expansions with numpy (GgmlRows.integer) and compiled ones (kestrel_trio._kernels' products and
+    expansions, which take the storage as GgmlRows.kernel_args gives it) alike.
     """
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -146,13 +146,18 @@ class _Expansions:
             return original(part, start, stop, out)
 
         monkeypatch.setattr(GgmlRows, "integer", integer)
-        compiled = _kernels.packed_product
+        product, expand = _kernels.packed_product, _kernels.packed_expand
 
         def packed_product(form, data, scales, x, start, stop, out):
             self.calls.append((data.__array_interface__["data"][0], start, stop))
-            return compiled(form, data, scales, x, start, stop, out)
+            return product(form, data, scales, x, start, stop, out)
+
+        def packed_expand(form, data, scales, start, stop, out):
+            self.calls.append((data.__array_interface__["data"][0], start, stop))
+            return expand(form, data, scales, start, stop, out)
 
         monkeypatch.setattr(_kernels, "packed_product", packed_product)
+        monkeypatch.setattr(_kernels, "packed_expand", packed_expand)
 
 
 def _address(matrix: PackedMatrix) -> set[int]:

@@ -22,8 +22,8 @@ import time
 
 import numpy as np
 
-__all__ = ["FORMS", "ready", "unavailable_reason", "describe", "prepare", "packed_product", "packed_weights",
-           "release_compiler_pages"]
+__all__ = ["FORMS", "ready", "unavailable_reason", "describe", "prepare", "packed_product", "packed_expand",
+           "packed_weights", "release_compiler_pages"]
 
 # The storage forms the compiled products know (kestrel_trio._kernels.products.FORMS), known without numba.
 FORMS = frozenset(("int8", "int4", "bf16", "F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K",
@@ -93,14 +93,23 @@ def packed_product(form: str, data: np.ndarray, scales: np.ndarray | None, x: np
         start, stop: weight rows.
         out: float32 [N, stop-start], any strides.
     """
-    product, data, scales = _typed(form, data, scales)
+    product, _, data, scales = _typed(form, data, scales)
     product(data, scales, _state["table"], _RUN, x, start, stop, out)
 
 
+def packed_expand(form: str, data: np.ndarray, scales: np.ndarray | None, start: int, stop: int,
+                  out: np.ndarray) -> None:
+    """``out`` [stop-start, cols] (float32, C-contiguous) = W[start:stop], exactly (arguments as packed_product)."""
+    _, expand, data, scales = _typed(form, data, scales)
+    expand(data, scales, _state["table"], _RUN, start, stop, out)
+
+
 def prepare(forms) -> None:
-    """Compile, or load from numba's cache, the products of ``forms`` (names in FORMS) now, then hand back
-    the compiler's pages (:func:`release_compiler_pages`): loading uses LLVM too, so a form loaded later
-    would touch them again."""
+    """Compile, or load from numba's cache, the products and expansions of ``forms`` (names in FORMS) now.
+
+    Then hand back the compiler's pages (:func:`release_compiler_pages`):
+    loading uses LLVM too, so a form loaded later would touch them again.
+    """
     products = _products()
     started = time.perf_counter()
     wanted = sorted(set(forms) & FORMS)
@@ -113,25 +122,21 @@ def prepare(forms) -> None:
 
 
 def _typed(form: str, data: np.ndarray, scales: np.ndarray | None):
-    """(the form's product, its storage and scales as the product's signature takes them)."""
-    product, view = _products().product_for(form)
+    """(the form's product and expansion, its storage and scales as their signatures take them)."""
+    product, expand, view = _products().product_for(form)
     if scales is None:
         scales = np.empty((data.shape[0], 0), dtype=np.uint8)  # [rows, 0]
     elif scales.dtype == np.float16:
         scales = scales.view(np.uint16)  # numba has no float16: the bits, looked up in the table
-    return product, (data if view is None else data.view(view)), scales
+    return product, expand, (data if view is None else data.view(view)), scales
 
 
 def packed_weights(form: str, data: np.ndarray, scales: np.ndarray | None, start: int, stop: int) -> np.ndarray:
-    """Rows [start, stop) as the products expand them, float32 [stop-start, cols] (tests, tools: a call a row)."""
-    from kestrel_trio._kernels import products
-
-    product, data, scales = _typed(form, data, scales)
-    expander = getattr(products, "row_" + product.__name__.removeprefix("product_"))
-    cols = _products().COLUMNS_PER_ITEM[form] * data.shape[1]
-    out = np.empty((stop - start, int(cols)), dtype=np.float32)  # [rows, cols]
-    for r in range(start, stop):
-        expander(data[r], scales[r], _state["table"], _RUN, out[r - start])
+    """Rows [start, stop) as the compiled code expands them, float32 [stop-start, cols] (tests, tools)."""
+    viewed = _typed(form, data, scales)[2]  # [rows, items] as the expansion reads it
+    cols = round(_products().COLUMNS_PER_ITEM[form] * viewed.shape[1])
+    out = np.empty((stop - start, cols), dtype=np.float32)  # [rows, cols]
+    packed_expand(form, data, scales, start, stop, out)
     return out
 
 

@@ -88,6 +88,12 @@ def _signature(storage, scales=_NO_SCALES):
     return types.void(_storage(storage), scales, _TABLE, types.int64, _ACTIVATIONS, types.int64, types.int64, _RESULT)
 
 
+def _expand_signature(storage, scales=_NO_SCALES):
+    """(data, scales, f16, run, start, stop, out) -> None: ``out`` float32 [stop-start, cols], C-contiguous."""
+    return types.void(_storage(storage), scales, _TABLE, types.int64, types.int64, types.int64,
+                      types.Array(types.float32, 2, "C"))
+
+
 _FLOATS = _storage(types.float32)
 _COMPILE = dict(cache=True, nogil=True)
 
@@ -566,23 +572,93 @@ def product_q6_k(data, scales, f16, run, x, start, stop, out):
         _multiply(bufs, min(4, stop - first), x, out, first - start)
 
 
+# ---------------------------------------------------------------- the expansions, one per form
+# Each: out [stop-start, cols] = W[start:stop] as float32, exactly (a prefill's chunks, multiplied by BLAS).
+
+
+def expand_int8(data, scales, f16, run, start, stop, out):
+    for r in range(start, stop):
+        row_int8(data[r], scales[r], f16, run, out[r - start])
+
+
+def expand_int4(data, scales, f16, run, start, stop, out):
+    for r in range(start, stop):
+        row_int4(data[r], scales[r], f16, run, out[r - start])
+
+
+def expand_bf16(data, scales, f16, run, start, stop, out):
+    for r in range(start, stop):
+        row_bf16(data[r], scales[r], f16, run, out[r - start])
+
+
+def expand_f32(data, scales, f16, run, start, stop, out):
+    for r in range(start, stop):
+        row_f32(data[r], scales[r], f16, run, out[r - start])
+
+
+def expand_f16(data, scales, f16, run, start, stop, out):
+    for r in range(start, stop):
+        row_f16(data[r], scales[r], f16, run, out[r - start])
+
+
+def expand_q8_0(data, scales, f16, run, start, stop, out):
+    for r in range(start, stop):
+        row_q8_0(data[r], scales[r], f16, run, out[r - start])
+
+
+def expand_q4_0(data, scales, f16, run, start, stop, out):
+    for r in range(start, stop):
+        row_q4_0(data[r], scales[r], f16, run, out[r - start])
+
+
+def expand_q4_1(data, scales, f16, run, start, stop, out):
+    for r in range(start, stop):
+        row_q4_1(data[r], scales[r], f16, run, out[r - start])
+
+
+def expand_q5_0(data, scales, f16, run, start, stop, out):
+    for r in range(start, stop):
+        row_q5_0(data[r], scales[r], f16, run, out[r - start])
+
+
+def expand_q5_1(data, scales, f16, run, start, stop, out):
+    for r in range(start, stop):
+        row_q5_1(data[r], scales[r], f16, run, out[r - start])
+
+
+def expand_q4_k(data, scales, f16, run, start, stop, out):
+    for r in range(start, stop):
+        row_q4_k(data[r], scales[r], f16, run, out[r - start])
+
+
+def expand_q5_k(data, scales, f16, run, start, stop, out):
+    for r in range(start, stop):
+        row_q5_k(data[r], scales[r], f16, run, out[r - start])
+
+
+def expand_q6_k(data, scales, f16, run, start, stop, out):
+    for r in range(start, stop):
+        row_q6_k(data[r], scales[r], f16, run, out[r - start])
+
+
 # Weights per item of each form's storage as its product takes it (34 bytes of Q8_0 hold 32).
 COLUMNS_PER_ITEM = {
     "int8": 1, "int4": 2, "bf16": 1, "F32": 1, "F16": 1, "BF16": 1, "Q8_0": 32 / 34, "Q4_0": 32 / 18, "Q4_1": 32 / 20,
     "Q5_0": 32 / 22, "Q5_1": 32 / 24, "Q4_K": 256 / 144, "Q5_K": 256 / 176, "Q6_K": 256 / 210,
 }
-# Storage form -> its product (as Python), the dtype of its storage in the product's signature, the scales'
-# type, and how the storage is viewed for it (None: as stored).
+# Storage form -> its product and expansion (as Python), the dtype of its storage in their signatures, the
+# scales' type, and how the storage is viewed for them (None: as stored).
 _PRODUCTS = {
-    "int8": (product_int8, types.int8, _FLOATS, None), "bf16": (product_bf16, types.uint16, _NO_SCALES, None),
-    "int4": (product_int4, types.uint8, _storage(types.uint16), None),
-    "F32": (product_f32, types.float32, _NO_SCALES, np.float32),
-    "F16": (product_f16, types.uint16, _NO_SCALES, np.uint16),
-    "BF16": (product_bf16, types.uint16, _NO_SCALES, np.uint16),
-    **{name: (function, types.uint8, _NO_SCALES, None) for name, function in (
-        ("Q8_0", product_q8_0), ("Q4_0", product_q4_0), ("Q4_1", product_q4_1), ("Q5_0", product_q5_0),
-        ("Q5_1", product_q5_1), ("Q4_K", product_q4_k),
-        ("Q5_K", product_q5_k), ("Q6_K", product_q6_k))},
+    "int8": (product_int8, expand_int8, types.int8, _FLOATS, None),
+    "int4": (product_int4, expand_int4, types.uint8, _storage(types.uint16), None),
+    "bf16": (product_bf16, expand_bf16, types.uint16, _NO_SCALES, None),
+    "F32": (product_f32, expand_f32, types.float32, _NO_SCALES, np.float32),
+    "F16": (product_f16, expand_f16, types.uint16, _NO_SCALES, np.uint16),
+    "BF16": (product_bf16, expand_bf16, types.uint16, _NO_SCALES, np.uint16),
+    **{name: (product, expand, types.uint8, _NO_SCALES, None) for name, product, expand in (
+        ("Q8_0", product_q8_0, expand_q8_0), ("Q4_0", product_q4_0, expand_q4_0), ("Q4_1", product_q4_1, expand_q4_1),
+        ("Q5_0", product_q5_0, expand_q5_0), ("Q5_1", product_q5_1, expand_q5_1), ("Q4_K", product_q4_k, expand_q4_k),
+        ("Q5_K", product_q5_k, expand_q5_k), ("Q6_K", product_q6_k, expand_q6_k))},
 }
 FORMS = frozenset(_PRODUCTS)
 _compiled: dict = {}
@@ -590,17 +666,21 @@ _compile_lock = threading.Lock()
 
 
 def product_for(form: str):
-    """(form's compiled product, how to view its storage): compiled, or loaded from numba's cache, on first use.
+    """(form's compiled product, its compiled expansion, how to view its storage), on first use.
 
-    Only the forms a process uses are loaded: each costs about 3 MiB of
-    resident memory, loaded or compiled (a compilation: about a second).
+    Compiled, or loaded from numba's cache. Only the forms a process uses are
+    loaded: each costs about 1-3 MiB of resident memory, loaded or compiled
+    (a compilation: about a second).
     """
     found = _compiled.get(form)
     if found is None:
         with _compile_lock:
             found = _compiled.get(form)
             if found is None:
-                function, storage, scales, view = _PRODUCTS[form]
-                compiled = njit(_signature(storage, scales), **_COMPILE)(function)
-                found = _compiled[form] = (compiled, view)
+                product, expand, storage, scales, view = _PRODUCTS[form]
+                found = _compiled[form] = (
+                    njit(_signature(storage, scales), **_COMPILE)(product),
+                    njit(_expand_signature(storage, scales), **_COMPILE)(expand),
+                    view,
+                )
     return found

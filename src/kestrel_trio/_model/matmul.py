@@ -31,12 +31,13 @@ the product itself costs no more than the read. By rows:
   once, compactly, and expanded once per step whatever the batch; numpy
   alone cannot fuse the two (its int8-to-float32 cast cost as much as the
   float32 product).
-* A :class:`PackedMatrix` with more rows (prefill), or where numba is
-  missing: the product threads share its chunks of rows, each expanding its
-  own into a scratch buffer with numpy and multiplying it with BLAS as it
-  is ready. One expansion serves every row of the batch.
+* A :class:`PackedMatrix` with more rows (prefill): the product threads
+  share its chunks of rows, each expanding its own into a scratch buffer
+  (compiled: kestrel_trio._kernels.packed_expand) and multiplying it with
+  BLAS as it is ready. One expansion serves every row of the batch.
 
-Those quantized chunks are not always expanded all the way. A part's integers come
+Where numba is missing, numpy expands the chunks, and then quantized chunks
+are not always expanded all the way. A part's integers come
 with per-group scales (kestrel_trio._model.dequant.Affine): ``w = scale * q
 (+ offset)`` over groups of 16-256 weights of a row, or one scale per row
 (int8). The product ``x @ w.T`` is then, exactly in algebra,
@@ -66,8 +67,8 @@ from kestrel_trio._model.packed import Matrix, PackedMatrix, Rows, grouped_integ
 from kestrel_trio._model.share_choice import ShareChooser
 
 __all__ = [
-    "linear", "linear_packed", "linear_bf16", "set_product_threads", "product_threads", "run_shared", "shares_of", "small_batch_call",
-    "set_small_batch_call", "choose_small_batch_call", "SMALL_BATCH_CALLS", "one_thread_blas", "warm_fused_products",
+    "linear", "linear_packed", "linear_bf16", "set_product_threads", "product_threads", "run_shared", "shares_of",
+    "small_batch_call", "set_small_batch_call", "choose_small_batch_call", "SMALL_BATCH_CALLS", "one_thread_blas", "warm_fused_products",
     "FUSED_MAX_ROWS",
 ]
 
@@ -397,7 +398,8 @@ def _run_chunks(inputs: _Inputs, chunks: list[_Chunk], out: np.ndarray) -> None:
     for done, runs in chunks:
         column, filled, span = done, 0, done  # span: the output column of buffer row 0
         for part, start, take in runs:
-            if inputs.grouped(part):
+            compiled = part.form in _kernels.FORMS and _kernels.ready()
+            if inputs.grouped(part) and not compiled:
                 if filled:
                     _product_into(x, buffer[:filled], out[:, span : span + filled])
                     filled = 0
@@ -408,11 +410,13 @@ def _run_chunks(inputs: _Inputs, chunks: list[_Chunk], out: np.ndarray) -> None:
                 if not filled:
                     span = column
                 target = buffer[filled : filled + take]  # [take, in]
-                affine = part.integer(start, start + take, target)
-                if part.scaling == "row":
+                if compiled:  # the weights themselves, in one compiled pass (numpy's takes several)
+                    _kernels.packed_expand(*part.kernel_args(), start, start + take, target)
+                elif part.scaling == "row":
+                    part.integer(start, start + take, target)
                     _defer_row_scales(row_scaled, column, part, start, take)
                 else:
-                    apply_affine(affine, target)
+                    apply_affine(part.integer(start, start + take, target), target)
                 filled += take
             column += take
         if filled:
