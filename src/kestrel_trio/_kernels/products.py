@@ -159,12 +159,11 @@ def row_f16(row, scales, f16, run, buf):  # row: uint16 [cols], the float16 bits
 
 @njit(**_EXACT)
 def row_q8_0(row, scales, f16, run, buf):  # blocks of 34 bytes: fp16 d, 32 int8 q
-    quants = row.view(np.int8)
     for block in range(buf.size // 32):
         at = 34 * block
         d = _half(row, at, f16)
-        for i in range(run):
-            buf[32 * block + i] = np.float32(quants[at + 2 + i]) * d  # w = q * d
+        for i in range(run):  # the int8 q from its byte: (b ^ 128) - 128, in int32 lanes
+            buf[32 * block + i] = np.float32((np.int32(row[at + 2 + i]) ^ np.int32(128)) - np.int32(128)) * d
 
 
 @njit(**_EXACT)
