@@ -22,7 +22,7 @@ import time
 
 import numpy as np
 
-__all__ = ["FORMS", "ready", "unavailable_reason", "describe", "prepare", "packed_product", "packed_expand",
+__all__ = ["FORMS", "ready", "compiled", "unavailable_reason", "describe", "prepare", "packed_product", "packed_expand",
            "packed_weights", "release_compiler_pages"]
 
 # The storage forms the compiled products know (kestrel_trio._kernels.products.FORMS), known without numba.
@@ -54,6 +54,11 @@ def ready() -> bool:
                 _state["table"] = products.f16_table()  # [65536]
                 _state["products"] = products
     return "products" in _state
+
+
+def compiled(form: str) -> bool:
+    """Whether storage form ``form`` gets the compiled product and expansion here (a form of FORMS, and ready)."""
+    return form in FORMS and ready()
 
 
 def unavailable_reason() -> str:
@@ -133,10 +138,10 @@ def _typed(form: str, data: np.ndarray, scales: np.ndarray | None):
 
 def packed_weights(form: str, data: np.ndarray, scales: np.ndarray | None, start: int, stop: int) -> np.ndarray:
     """Rows [start, stop) as the compiled code expands them, float32 [stop-start, cols] (tests, tools)."""
-    viewed = _typed(form, data, scales)[2]  # [rows, items] as the expansion reads it
-    cols = round(_products().COLUMNS_PER_ITEM[form] * viewed.shape[1])
+    _, expand, data, scales = _typed(form, data, scales)
+    cols = round(_products().COLUMNS_PER_ITEM[form] * data.shape[1])  # data: [rows, items] as the expansion reads it
     out = np.empty((stop - start, cols), dtype=np.float32)  # [rows, cols]
-    packed_expand(form, data, scales, start, stop, out)
+    expand(data, scales, _state["table"], _RUN, start, stop, out)
     return out
 
 

@@ -68,8 +68,8 @@ from kestrel_trio._model.share_choice import ShareChooser
 
 __all__ = [
     "linear", "linear_packed", "linear_bf16", "set_product_threads", "product_threads", "run_shared", "shares_of",
-    "small_batch_call", "set_small_batch_call", "choose_small_batch_call", "SMALL_BATCH_CALLS", "one_thread_blas", "warm_fused_products",
-    "FUSED_MAX_ROWS",
+    "small_batch_call", "set_small_batch_call", "choose_small_batch_call", "SMALL_BATCH_CALLS", "one_thread_blas",
+    "warm_fused_products", "FUSED_MAX_ROWS",
 ]
 
 
@@ -277,13 +277,13 @@ def warm_fused_products(matrices: Sequence[PackedMatrix]) -> None:
     (kestrel_trio._kernels.release_compiler_pages): about 100 MiB of
     resident memory that only compiling and loading need.
     """
-    forms = {part.form for matrix in matrices for part in matrix.parts} & _kernels.FORMS
-    if forms and _kernels.ready():
+    forms = {part.form for matrix in matrices for part in matrix.parts if _kernels.compiled(part.form)}
+    if forms:
         _kernels.prepare(forms)
 
 
 def _fused_forms(weight: PackedMatrix) -> bool:
-    return all(part.form in _kernels.FORMS for part in weight.parts) and _kernels.ready()
+    return all(_kernels.compiled(part.form) for part in weight.parts)
 
 
 def _fused_product(x: np.ndarray, weight: PackedMatrix) -> np.ndarray:
@@ -398,7 +398,7 @@ def _run_chunks(inputs: _Inputs, chunks: list[_Chunk], out: np.ndarray) -> None:
     for done, runs in chunks:
         column, filled, span = done, 0, done  # span: the output column of buffer row 0
         for part, start, take in runs:
-            compiled = part.form in _kernels.FORMS and _kernels.ready()
+            compiled = _kernels.compiled(part.form)
             if inputs.grouped(part) and not compiled:
                 if filled:
                     _product_into(x, buffer[:filled], out[:, span : span + filled])

@@ -252,7 +252,6 @@ class Int4Rows:
         return "int4", self.data, self.scale  # [rows, cols/2], float16 [rows, groups]
 
 
-
 @attrs.frozen
 class PackedMatrix:
     """A float32 matrix [out, in] kept as ``parts`` stacked by rows, expanded chunk by chunk at each use."""

@@ -235,8 +235,6 @@ def _matrices(weights: Weights) -> list:
 
 def packed_matrices(weights) -> list[PackedMatrix]:
     """The matrices of ``weights`` (a decoder's, a vision tower's: attrs classes) held packed, each once."""
-    if isinstance(weights, Weights):
-        return [m for m in _matrices(weights) if isinstance(m, PackedMatrix)]
     found: dict[int, PackedMatrix] = {}
     pending = [weights]
     while pending:
