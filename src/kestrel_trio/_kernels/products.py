@@ -381,6 +381,69 @@ def _dot_block(w, x, out, column):
 
 
 @njit(nogil=True, fastmath=True)
+def _dot_block_3x8(w, x, out, column):
+    """out[:, column:column+3] = x [N, cols] @ w [3, cols].T, for N >= 8: three weight rows by eight activation rows.
+
+    24 accumulators, eleven loads per 24 multiply-adds, each weight row read
+    once per eight activation rows (the 4x4 block reads it twice for eight).
+    Measured on the 2-core Xeon, 2 threads, float32 weights from memory, ns a
+    weight: 8 rows 0.179 against 0.196 for 4x4, 16 rows 0.255 against 0.265;
+    4x8 spilled at 16 rows (0.443).
+    """
+    n, cols = x.shape
+    b = 0
+    while b + 8 <= n:
+        a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = np.float32(0.0)
+        c0 = c1 = c2 = c3 = c4 = c5 = c6 = c7 = np.float32(0.0)
+        d0 = d1 = d2 = d3 = d4 = d5 = d6 = d7 = np.float32(0.0)
+        for j in range(cols):
+            w0 = w[0, j]
+            w1 = w[1, j]
+            w2 = w[2, j]
+            x0 = x[b, j]
+            x1 = x[b + 1, j]
+            x2 = x[b + 2, j]
+            x3 = x[b + 3, j]
+            x4 = x[b + 4, j]
+            x5 = x[b + 5, j]
+            x6 = x[b + 6, j]
+            x7 = x[b + 7, j]
+            a0 += w0 * x0
+            a1 += w0 * x1
+            a2 += w0 * x2
+            a3 += w0 * x3
+            a4 += w0 * x4
+            a5 += w0 * x5
+            a6 += w0 * x6
+            a7 += w0 * x7
+            c0 += w1 * x0
+            c1 += w1 * x1
+            c2 += w1 * x2
+            c3 += w1 * x3
+            c4 += w1 * x4
+            c5 += w1 * x5
+            c6 += w1 * x6
+            c7 += w1 * x7
+            d0 += w2 * x0
+            d1 += w2 * x1
+            d2 += w2 * x2
+            d3 += w2 * x3
+            d4 += w2 * x4
+            d5 += w2 * x5
+            d6 += w2 * x6
+            d7 += w2 * x7
+        for k, (e0, e1, e2, e3, e4, e5, e6, e7) in enumerate(
+                ((a0, a1, a2, a3, a4, a5, a6, a7), (c0, c1, c2, c3, c4, c5, c6, c7), (d0, d1, d2, d3, d4, d5, d6, d7))):
+            out[b, column + k], out[b + 1, column + k], out[b + 2, column + k], out[b + 3, column + k] = e0, e1, e2, e3
+            out[b + 4, column + k], out[b + 5, column + k] = e4, e5
+            out[b + 6, column + k], out[b + 7, column + k] = e6, e7
+        b += 8
+    if b < n:
+        for k in range(3):
+            _dot_rows(w[k], x, out, column + k, b)
+
+
+@njit(nogil=True, fastmath=True)
 def _multiply(bufs, count, x, out, column):
     """out[:, column:column+count] = x @ bufs[:count].T: a block of four weight rows, or rows one by one."""
     if count == 4 and x.shape[0] >= 4:
@@ -440,8 +503,14 @@ def product_bf16(data, scales, f16, run, x, start, stop, out):
 
 
 def product_f32(data, scales, f16, run, x, start, stop, out):
-    step = 4 if x.shape[0] >= 4 else 1  # already float32: the rows themselves are the buffers
-    for first in range(start, stop, step):
+    # already float32: the rows themselves are the buffers
+    first = start
+    if x.shape[0] >= 8:
+        while first + 3 <= stop:
+            _dot_block_3x8(data[first : first + 3], x, out, first - start)
+            first += 3
+    step = 4 if x.shape[0] >= 4 else 1
+    for first in range(first, stop, step):
         _multiply(data[first : min(first + step, stop)], min(step, stop - first), x, out, first - start)
 
 
