@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import time
 
 import pytest
 import trio
@@ -85,6 +87,28 @@ async def test_shutdown_closes_idle_keep_alive_connections_at_once(nursery, auto
         assert await fresh.read_until_closed() == b""
         await running.stopped.wait()
         assert trio.current_time() - began < 0.1
+
+
+async def test_shutdown_serves_requests_whose_bytes_had_already_arrived(nursery):
+    """A request sent before the shutdown, still unread in the socket, is answered, not dropped unanswered."""
+    with trio.fail_after(BUDGET):
+        running = await start_server(nursery, HttpLimits(keepalive_timeout=5.0, shutdown_grace=3.0))
+        kept = await RawClient.connect(running.port)
+        assert (await kept.request("GET", "/hello")).status == 200
+        fresh = await RawClient.connect(running.port)
+        await trio.testing.wait_all_tasks_blocked()  # both connections wait for a next request
+        for client in (kept, fresh):  # written without a checkpoint: the server cannot read them yet
+            os.write(client.stream.socket.fileno(), build_request("GET", "/hello"))
+        waiting_until = time.monotonic() + 2.0  # loopback delivers at once; a blocking wait keeps trio still
+        while not all(c._transport.has_bytes_waiting() for c in running.server._live):
+            assert time.monotonic() < waiting_until, "the requests never reached the server's sockets"
+            time.sleep(0.001)
+        running.server.begin_shutdown()
+        for client in (kept, fresh):
+            got = await client.read_response()
+            assert got.status == 200 and got.headers["connection"] == "close"
+            assert await client.read_until_closed() == b""
+        await running.stopped.wait()
 
 
 async def test_response_finished_during_shutdown_says_connection_close(nursery):

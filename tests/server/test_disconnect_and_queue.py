@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import json
 
+import h11
 import trio
 
 from kestrel_trio.engine import EngineLimits
@@ -170,6 +171,8 @@ async def test_during_the_drain_delay_health_says_draining_and_requests_are_stil
                 while True:  # once the delay is over, the listener closes
                     try:
                         await fetch(server.port, "GET", "/health")
-                    except OSError:
+                    except (OSError, EOFError, h11.RemoteProtocolError):
+                        # refused, or accepted just before the close and closed before the request's bytes
+                        # arrived (a request already in the socket is served: tests/http/test_http_lifecycle.py)
                         break
                     await trio.sleep(0.05)

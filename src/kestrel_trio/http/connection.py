@@ -8,7 +8,8 @@ request cycles until one of them says to stop:
 1. IDLE - wait for the first byte of the next request (bytes a pipelining
    client already sent count). A fresh connection may idle until its header
    deadline, a kept-alive one for ``keepalive_timeout``. Timeout, EOF and
-   shutdown (which cancels the idle scope) end the connection quietly.
+   shutdown (which cancels the idle scope) end the connection quietly;
+   shutdown spares a connection whose next request's bytes already arrived.
 2. HEAD - read until h11 yields the request head, before ``header_timeout``
    counted from accept (first request) or from the first byte, each
    connection's read deadlines stretched by its own 0-5 %; events
@@ -118,8 +119,14 @@ class HttpConnection:
         self._body_timeout = limits.body_timeout * stretch
 
     def close_if_idle(self) -> None:
-        """End the connection now if it is waiting for a next request."""
-        if self._idle_scope is not None:
+        """End the connection now if it is waiting for a next request and none has arrived.
+
+        A request whose bytes are already in the socket was sent before the
+        server closed: it is served (its response says ``Connection: close``)
+        rather than dropped unanswered, which the client could not tell from a
+        crash.
+        """
+        if self._idle_scope is not None and not self._transport.has_bytes_waiting():
             self._idle_scope.cancel()
 
     async def serve(self) -> None:
@@ -172,7 +179,7 @@ class HttpConnection:
             deadline = trio.current_time() + self._limits.keepalive_timeout
         with trio.CancelScope(deadline=deadline) as idle:
             self._idle_scope = idle
-            if self._shutting_down.is_set():
+            if self._shutting_down.is_set() and not self._transport.has_bytes_waiting():
                 idle.cancel()
             data = await self._transport.receive()
         self._idle_scope = None

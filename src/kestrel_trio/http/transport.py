@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import select
 import socket
 import struct
 
@@ -42,6 +43,12 @@ class Transport:
         self._write_timeout = write_timeout
         self._linger_timeout = linger_timeout
         self._drain_limit = drain_limit
+
+    def has_bytes_waiting(self) -> bool:
+        """Whether bytes (or the peer's close) are already here to be read, without waiting: poll(2), timeout 0."""
+        poller = select.poll()
+        poller.register(self._stream.socket.fileno(), select.POLLIN)
+        return bool(poller.poll(0))
 
     async def receive(self) -> bytes:
         """The next bytes from the peer; ``b""`` once it closed or reset the connection."""
