@@ -25,6 +25,7 @@ EXPECTED = {
     "ContextLengthError",
     "QueueFullError",
     "EngineUnavailableError",
+    "OutOfMemoryError",
     "ImagePolicy",
 }
 

@@ -9,6 +9,7 @@ from kestrel_trio.errors import (
     EngineUnavailableError,
     KestrelError,
     ModelLoadError,
+    OutOfMemoryError,
     QueueFullError,
 )
 from kestrel_trio.engine import Delta, Engine, EngineLimits, GenerationHandle, GenerationRequest, run_engine
@@ -41,5 +42,6 @@ __all__ = [
     "ContextLengthError",
     "QueueFullError",
     "EngineUnavailableError",
+    "OutOfMemoryError",
     "ImagePolicy",
 ]
