@@ -33,7 +33,6 @@ import attrs
 import numpy as np
 
 from kestrel_trio._model.dequant import GGML_TYPES, GgmlType
-from kestrel_trio._model.resident import map_read_only
 from kestrel_trio.errors import ModelLoadError
 
 __all__ = ["GGUF_MAGIC", "SUPPORTED_VERSIONS", "GgufTensor", "GgufFile", "is_gguf_file"]
@@ -118,7 +117,7 @@ class GgufFile:
                 size = os.fstat(file.fileno()).st_size
                 if size == 0:
                     raise ModelLoadError(f"{self.path.name}: empty file, not a GGUF model")
-                self._map = map_read_only(file)
+                self._map = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
         except OSError as exc:
             raise ModelLoadError(f"{self.path.name}: cannot read: {exc}") from None
         self.size = size

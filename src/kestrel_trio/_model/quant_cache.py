@@ -26,13 +26,12 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import mmap
 import os
 import struct
 from pathlib import Path
 
 import numpy as np
-
-from kestrel_trio._model.resident import map_read_only
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +97,7 @@ def read_arrays(path: Path, key: str) -> dict[str, np.ndarray] | None:
     try:
         with open(path, "rb") as file:
             size = os.fstat(file.fileno()).st_size
-            mapped = map_read_only(file)
+            mapped = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
     except (OSError, ValueError) as exc:
         log.warning("%s: cannot map the quantized cache file (%s): quantizing again", path, exc)
         return None

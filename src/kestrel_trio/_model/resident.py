@@ -1,19 +1,18 @@
-"""Mapping checkpoint files, and which bytes of a model's weights are memory-mapped from them.
+"""Which bytes of a model's weights are memory-mapped from the checkpoint file.
 
 Mapped pages are page cache: the kernel counts them in MemAvailable as if it
 could drop them, but the model reads every one of them at every step. A
 memory budget computed from MemAvailable must take them off first.
 
-Page size decides how fast a step reads them. A decode step streams every
-weight once, and with 4 KiB pages each page is a TLB miss and a stop for
-the hardware prefetcher. Measured on the 2-core Xeon (kernel 6.18, ext4), a
-2.2 GiB float32 gemv on 2 threads: 22 GB/s over a mapping of 4 KiB pages,
-30 GB/s over one of 2 MiB pages, 32 GB/s over an anonymous copy (numpy
-asks for transparent huge pages for large arrays). So mappings are made
-with ``MADV_HUGEPAGE`` before anything reads them: where the filesystem
-keeps large folios (ext4, xfs on recent kernels), pages read in through
-the mapping come in 2 MiB at a time. Pages already in the page cache stay
-as they were read.
+Mappings keep the kernel's default pages. Asking for huge pages
+(``MADV_HUGEPAGE``) would speed the dense matrices' streaming where the page
+cache holds large folios, but a tensor read sparsely then maps 2 MiB for
+each row or expert it touches: a Qwen3-MoE GGUF (128 MiB, 32 experts),
+read from a cold page cache, measured 193 MiB of RSS after a 48-token
+prompt and 16 new tokens without the advice and 228-231 MiB with it (the
+2-core Xeon, kernel 6.18, ext4). The quantized forms are bound by their
+expansion, not by the page walk, so they would gain little. fp32 residency
+reads its matrices into arrays instead (kestrel_trio._model.weights).
 """
 
 from __future__ import annotations
@@ -23,19 +22,7 @@ import mmap
 import attrs
 import numpy as np
 
-__all__ = ["mapped_bytes", "map_read_only", "is_mapped"]
-
-
-def map_read_only(file) -> mmap.mmap:
-    """A read-only memory map of the whole of the open ``file``, advised to use huge pages (see above)."""
-    mapped = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
-    advice = getattr(mmap, "MADV_HUGEPAGE", None)  # Linux only
-    if advice is not None:
-        try:
-            mapped.madvise(advice)
-        except OSError:  # a kernel without transparent huge pages: 4 KiB pages, slower but correct
-            pass
-    return mapped
+__all__ = ["mapped_bytes", "is_mapped"]
 
 
 def mapped_bytes(obj: object) -> int:

@@ -24,7 +24,6 @@ from pathlib import Path
 import attrs
 import numpy as np
 
-from kestrel_trio._model.resident import map_read_only
 from kestrel_trio.errors import ModelLoadError
 
 __all__ = ["TensorInfo", "SafetensorsCheckpoint", "bf16_to_fp32", "fp32_to_bf16_bits"]
@@ -171,7 +170,7 @@ class SafetensorsCheckpoint:
     def _map(self, path: Path) -> mmap.mmap:
         if path not in self._maps:
             with open(path, "rb") as file:
-                self._maps[path] = map_read_only(file)
+                self._maps[path] = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
         return self._maps[path]
 
 
