@@ -94,12 +94,14 @@ def test_only_weights_mapped_from_the_checkpoint_count_as_mapped(demo_model: Mod
     bf16 = load_model(FIXTURE, weights="bf16")  # bf16 storage, mapped as is
     upcast = load_model(FIXTURE, weights="fp32")  # bf16 storage read into float32 copies
     fp32_folder = FIXTURE.parent / "qwen3_fp32"
-    fp32 = load_model(fp32_folder, weights="fp32")  # fp32 storage: matrices read into arrays, only vectors mapped
+    fp32 = load_model(fp32_folder, weights="fp32")  # fp32 storage: streamed matrices read into arrays
     assert mapped_bytes(demo_model.decoder.weights) == mapped_bytes(upcast.decoder.weights) == 0
     assert 0 < mapped_bytes(bf16.decoder.weights) <= sum(f.stat().st_size for f in FIXTURE.glob("*.safetensors"))
-    assert 0 < mapped_bytes(fp32.decoder.weights)  # its vectors (norms)
-    matrices = [m for m in weight_matrices(fp32.decoder.weights) if m.ndim == 2]
-    assert matrices and not any(is_mapped(m) for m in matrices)  # huge pages, not the page cache's (resident.py)
+    weights = fp32.decoder.weights
+    assert not fp32.config.tie_word_embeddings and is_mapped(weights.embed_tokens)  # looked up by row only
+    streamed = [m for m in weight_matrices(weights) if m is not weights.embed_tokens]
+    assert streamed and not any(is_mapped(m) for m in streamed)  # huge pages, not the page cache's (weights.py)
+    assert mapped_bytes(weights) < weights.embed_tokens.nbytes + 4096  # the embedding and the vectors
 
 
 async def test_an_engine_without_a_set_budget_derives_one_from_this_machine(tiny_model: Model) -> None:

@@ -176,7 +176,7 @@ def assemble_resident(config: ModelConfig, reader: CheckpointReader, residency: 
             log.warning("%s: %s weights are rounded to bf16 once at load (weights=bf16)", reader.checkpoint.folder,
                         "/".join(rounded))
         return assemble_from(config, names, bf16_source(reader, rename))
-    return assemble_from(config, names, fp32_source(reader, rename))
+    return assemble_from(config, names, fp32_source(reader, rename, tied_embeddings=config.tie_word_embeddings))
 
 
 def _assemble_quantized(config: ModelConfig, reader: CheckpointReader, form: str, names: set[str],

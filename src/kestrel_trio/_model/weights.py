@@ -144,11 +144,13 @@ ReadInto = Callable[[str, np.ndarray], None]
 
 
 class _Fp32Source:
-    """float32 matrices, each an array of its own; stacked ones are copied into one new array (their parts views of it)."""
+    """float32 matrices, each an array of its own (but row tables); stacked ones are copied into one new array."""
 
-    def __init__(self, read: Callable[[str], np.ndarray], read_into: ReadInto) -> None:
+    def __init__(self, read: Callable[[str], np.ndarray], read_into: ReadInto,
+                 row_tables: frozenset[str] = frozenset()) -> None:
         self.vector = self._read = read
         self._read_into = read_into
+        self._row_tables = row_tables
 
     def matrix(self, name: str) -> np.ndarray:
         """Matrix ``name``, read into a new array where the checkpoint's float32 storage would be mapped.
@@ -156,12 +158,15 @@ class _Fp32Source:
         A mapped matrix lives in the page cache's pages, 4 KiB ones unless the
         file was read in as large folios; a new array is numpy's, which asks
         for transparent huge pages. Measured on the 2-core Xeon, Qwen3-0.6B
-        shapes from an fp32 checkpoint (its o/down projections and the
+        shapes from an fp32 checkpoint (its o/down projections and the tied
         embedding mapped, the rest fused copies): a decode step took 108 ms
         mapped, 89 ms read into arrays (kestrel_trio._model.resident).
+        A matrix in ``row_tables`` (an untied embedding: only its tokens' rows
+        are read, never the whole of it in a step) stays mapped, so that the
+        rows no prompt uses never take memory.
         """
         array = self._read(name)
-        if not is_mapped(array):
+        if name in self._row_tables or not is_mapped(array):
             return array
         out = np.empty(array.shape, dtype=np.float32)  # [*shape]
         self._read_into(name, out)
@@ -237,9 +242,14 @@ def assemble_weights(
     return assemble_from(config, names, _Fp32Source(read, read_into or _copy_into(read)))
 
 
-def fp32_source(reader: CheckpointReader, rename: Callable[[str], str] = lambda name: name) -> _Fp32Source:
-    """Where fp32 residency's matrices come from: float32 reads of ``reader``'s tensors, fused by copying."""
-    return _Fp32Source(lambda n: reader.read(rename(n)), lambda n, out: reader.read_into(rename(n), out))
+def fp32_source(reader: CheckpointReader, rename: Callable[[str], str] = lambda name: name, *,
+                tied_embeddings: bool = True) -> _Fp32Source:
+    """Where fp32 residency's matrices come from: float32 reads of ``reader``'s tensors, fused by copying.
+
+    An untied embedding is only looked up by row: it may stay mapped (:meth:`_Fp32Source.matrix`).
+    """
+    row_tables = frozenset() if tied_embeddings else frozenset({"model.embed_tokens.weight"})
+    return _Fp32Source(lambda n: reader.read(rename(n)), lambda n, out: reader.read_into(rename(n), out), row_tables)
 
 
 def bf16_source(reader: CheckpointReader, rename: Callable[[str], str] = lambda name: name) -> _Bf16Source:
