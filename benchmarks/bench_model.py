@@ -8,7 +8,9 @@ exact shapes and random weights, written by transformers in fp32 (and a bf16
 copy of the same weights for the residency comparison). Then each side runs in
 its own fresh subprocess, so peak RSS (VmHWM) is not shared, with the same
 thread count (numpy's BLAS threads = torch.set_num_threads): load time,
-prefill tok/s for 128- and 512-token prompts (best of 3), decode tok/s at
+prefill tok/s for 128- and 512-token prompts (best of 3; again with bf16
+products where the CPU has AMX: kestrel's ``prefill_precision="bf16"`` and
+PyTorch's ``set_float32_matmul_precision("medium")``), decode tok/s at
 batch 1, and aggregate decode tok/s with 4 and 8 concurrent sequences (kestrel
 both through the engine and through the bare forward; PyTorch through a
 batched decode loop with its KV cache). Decode rates come from the median step
@@ -105,6 +107,7 @@ def kestrel_side(folder: Path, args: argparse.Namespace) -> dict:
     for length in PREFILL_LENGTHS[: 1 if args.quick else 2]:
         ids = prompt(length, length)
         result[f"prefill_{length}"] = length / best_of(3, lambda: model.prefill(model.new_cache(), ids))
+    result.update(tile_prefill(model, args))
     steps = 16 if args.quick else 128
     result["decode_1"] = bare_decode(model, forward, 1, steps)
     result["engine_1"] = engine_decode(model, 1, 16 if args.quick else args.batch_tokens)
@@ -266,11 +269,33 @@ def torch_side(folder: Path, args: argparse.Namespace) -> dict:
         for length in PREFILL_LENGTHS[: 1 if args.quick else 2]:
             ids = torch.tensor([prompt(length, length)])
             result[f"prefill_{length}"] = length / best_of(3, lambda: model(ids, use_cache=True, logits_to_keep=1))
+        torch.set_float32_matmul_precision("medium")  # PyTorch's own bf16 products for float32 weights (oneDNN)
+        for length in PREFILL_LENGTHS[: 1 if args.quick else 2]:
+            ids = torch.tensor([prompt(length, length)])
+            result[f"prefill_bf16_{length}"] = length / best_of(
+                3, lambda: model(ids, use_cache=True, logits_to_keep=1))
+        torch.set_float32_matmul_precision("highest")
         result["decode_1"] = torch_decode(model, torch, 1, 16 if args.quick else 128)
         for batch in BATCHES:
             result[f"bare_{batch}"] = torch_decode(model, torch, batch, 8 if args.quick else args.batch_tokens)
     result["peak_rss"] = status_bytes("VmHWM")
     return result
+
+
+def tile_prefill(model, args: argparse.Namespace) -> dict:
+    """Prefill tok/s with ``prefill_precision="bf16"`` (AMX tiles), or why this machine cannot run it."""
+    from kestrel_trio._kernels import enable_tiles
+    from kestrel_trio.model import set_prefill_precision
+
+    reason = enable_tiles()
+    if reason is not None:
+        return {"tiles": reason}
+    set_prefill_precision("bf16")
+    try:
+        return {f"prefill_bf16_{n}": n / best_of(3, lambda: model.prefill(model.new_cache(), prompt(n, n)))
+                for n in PREFILL_LENGTHS[: 1 if args.quick else 2]}
+    finally:
+        set_prefill_precision("fp32")
 
 
 def torch_decode(model, torch, batch: int, steps: int) -> float:
@@ -375,7 +400,8 @@ def run_side(side: str, folder: Path, args: argparse.Namespace, extra: list[str]
 
 ROWS = [("ready_s", "load to ready (s)", False)] + [
     (f"prefill_{n}", f"prefill {n} tok (tok/s)", True) for n in PREFILL_LENGTHS
-] + [("decode_1", "decode batch 1, bare forward (tok/s)", True), ("engine_1", "decode batch 1, engine (tok/s)", True)] + [
+] + [(f"prefill_bf16_{n}", f"prefill {n} tok, bf16 products (tok/s)", True) for n in PREFILL_LENGTHS] + [
+    ("decode_1", "decode batch 1, bare forward (tok/s)", True), ("engine_1", "decode batch 1, engine (tok/s)", True)] + [
     (f"{way}_{b}", f"decode {b} seqs, {label} (tok/s)", True)
     for b in BATCHES for way, label in (("engine", "engine"), ("bare", "bare forward"))
 ] + [("rss_after_load", "RSS after load (GiB)", False), ("peak_rss", "peak RSS (GiB)", False)]
@@ -490,6 +516,13 @@ def check_targets(k: dict, t: dict) -> None:
                for b, goal in ((8, 4.0), (16, 6.0))]
     checks += [(f"prefill {n} / PyTorch", k[f"prefill_{n}"] / t[f"prefill_{n}"], 1.3) for n in PREFILL_LENGTHS
                if f"prefill_{n}" in k and f"prefill_{n}" in t]
+    checks += [(f"prefill {n}, kestrel bf16 tiles / PyTorch fp32", k[f"prefill_bf16_{n}"] / t[f"prefill_{n}"], 1.3)
+               for n in PREFILL_LENGTHS if f"prefill_bf16_{n}" in k and f"prefill_{n}" in t]
+    checks += [(f"prefill {n}, kestrel bf16 tiles / PyTorch bf16 (medium)", k[f"prefill_bf16_{n}"]
+                / t[f"prefill_bf16_{n}"], 1.3)
+               for n in PREFILL_LENGTHS if f"prefill_bf16_{n}" in k and f"prefill_bf16_{n}" in t]
+    if "tiles" in k:
+        print(f"  bf16 tile prefill not measured: {k['tiles']}")
     for label, ratio, goal in checks:
         print(f"  {label}: {ratio:.2f} (target >= {goal}): {'met' if ratio >= goal else 'NOT met'}")
 

@@ -4,7 +4,7 @@ Ranks, lowest first (a layer may import its own modules and every layer of a
 lower rank; two layers of the same rank may not import each other):
 
     0  errors, stats, version the error family, metric primitives, the version: standard library only
-    0  _kernels               compiled loops over numpy arrays (numba): numpy and numba only
+    0  _kernels               compiled loops over numpy arrays (numba): numpy, numba and its llvmlite only
     1  _model                 numpy model core
     2  openai, http           JSON <-> values; h11 + trio HTTP (neither knows the other)
     3  text, webui, hub       tokenizer, template, sampling, generation state machine; the chat page's files; getting model files
@@ -61,7 +61,7 @@ FORBIDDEN_EXTERNAL = {
     "hub": {"trio", "h11", "numpy"},
 }
 ALLOWED_THIRD_PARTY_IN_MODEL = {"numpy", "attrs"}
-ALLOWED_THIRD_PARTY_IN_KERNELS = {"numpy", "numba"}
+ALLOWED_THIRD_PARTY_IN_KERNELS = {"numpy", "numba", "llvmlite"}  # llvmlite: numba's LLVM, for the AMX tiles' assembly
 # module -> modules it must never import, beyond its layer's rules.
 FORBIDDEN_EXTERNAL_IN_MODULE = {
     "kestrel_trio.engine.step": {"trio"},  # the batched step runs in the worker thread: synchronous, sans-IO

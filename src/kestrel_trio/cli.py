@@ -89,6 +89,10 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
                              "(default: ~/.cache/kestrel-trio/quantized)")
     parser.add_argument("--blas-threads", type=_COUNT, default=None,
                         help="threads numpy's BLAS may use (default: one per core)")
+    parser.add_argument("--prefill-precision", choices=("fp32", "bf16"), default=None,
+                        help="how prompts are multiplied with float32 weights: fp32, or bf16 in AMX tiles "
+                             "(Intel Sapphire Rapids and later; faster prefill, logits within about 0.5%%; "
+                             "docs/performance.md) (default fp32)")
 
 
 def _add_speculative_args(serve: argparse.ArgumentParser, engine: dict) -> None:
@@ -358,6 +362,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             # In milliseconds, before any weights are read or any port bound.
             check_model_folder(args.model, weights=args.weights)
+        if getattr(args, "prefill_precision", None) is not None:
+            from kestrel_trio.model import set_prefill_precision
+
+            set_prefill_precision(args.prefill_precision)  # process-wide; a CPU without AMX fails here, in one line
         if getattr(args, "draft_model", None) is not None:
             _check_draft_model(args)
         if args.command == "serve":

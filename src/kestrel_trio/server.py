@@ -27,7 +27,7 @@ from kestrel_trio.errors import EngineUnavailableError, KestrelError
 from kestrel_trio.http import CorsPolicy, HttpLimits, HttpServer, serve_http
 from kestrel_trio.model import (
     DEMO_MODEL_ID, Model, check_draft_model, check_model_folder, is_qwen3_vl_folder, load_demo_model, load_model,
-    set_blas_threads,
+    set_blas_threads, set_prefill_precision,
 )
 from kestrel_trio.app import OPEN_PATHS, ImagePolicy, ServerState, build_router
 from kestrel_trio.webui import PATHS as WEBUI_PATHS
@@ -170,6 +170,7 @@ async def serve(
     weights: str = "auto",
     quantized_cache: str | Path | bool = True,
     blas_threads: int | None = None,
+    prefill_precision: str | None = None,
     engine_limits: EngineLimits = EngineLimits(),
     http_limits: HttpLimits = HttpLimits(),
     grace: float = 10.0,
@@ -198,6 +199,8 @@ async def serve(
         weights: "auto", "fp32", "bf16", "int8", "int4" or "gguf": how the weights stay in memory (see load_model).
         quantized_cache: where int8/int4 weights are cached (True: the default folder; False: no cache; see load_model).
         blas_threads: threads numpy's BLAS may use, process-wide (None: one per core).
+        prefill_precision: "fp32" or "bf16" (AMX tiles), process-wide (None: as set, at first
+            "fp32"; see kestrel_trio.model.set_prefill_precision).
         engine_limits: queue and batch bounds.
         http_limits: HTTP deadlines (seconds) and size limits (bytes).
         grace: seconds running requests may take to finish once the listener is closed.
@@ -262,6 +265,8 @@ async def serve(
         log.info("listening on http://%s:%d (model %s loading)", http.host, http.port, state.model_id)
         if blas_threads is not None:
             set_blas_threads(blas_threads)
+        if prefill_precision is not None:
+            set_prefill_precision(prefill_precision)
         loaded = model if isinstance(model, Model) else await trio.to_thread.run_sync(
             _load, model, weights, progress, quantized_cache)
         draft = await trio.to_thread.run_sync(_load_draft, draft_model, weights, quantized_cache)

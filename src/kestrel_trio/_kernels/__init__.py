@@ -19,11 +19,13 @@ import logging
 import sys
 import threading
 import time
+from typing import Callable
 
 import numpy as np
 
 __all__ = ["FORMS", "ready", "compiled", "unavailable_reason", "describe", "prepare", "packed_product", "packed_expand",
-           "packed_weights", "release_compiler_pages"]
+           "packed_weights", "release_compiler_pages", "enable_tiles", "tile_product", "tile_pack", "tile_multiply",
+           "TILE_BLOCK_ROWS", "TILE_K_STEP"]
 
 # The storage forms the compiled products know (kestrel_trio._kernels.products.FORMS), known without numba.
 FORMS = frozenset(("int8", "int4", "bf16", "F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K",
@@ -177,3 +179,87 @@ def release_compiler_pages() -> int:
         if madvise(start, stop - start, _MADV_PAGEOUT) == 0:
             advised += stop - start
     return advised
+
+
+# ---------------------------------------------------------------- bf16 tile products (AMX)
+
+TILE_BLOCK_ROWS = 32  # weight rows a tile product takes at a time (kestrel_trio._kernels.tiles.BLOCK_ROWS)
+TILE_K_STEP = 32  # the product's K must be a multiple of this (tiles.K_STEP)
+
+
+def enable_tiles() -> str | None:
+    """Make the bf16 tile products (AMX) usable in this process: None if they are, else why not (one line)."""
+    if "tiles" in _state:
+        return None
+    if "tiles_error" in _state:
+        return _state["tiles_error"]
+    with _state_lock:
+        if "tiles" not in _state and "tiles_error" not in _state:
+            try:
+                from kestrel_trio._kernels import tiles
+            except Exception as error:  # numba or llvmlite missing or unusable
+                _state["tiles_error"] = f"numba cannot be imported ({type(error).__name__}: {error})"
+            else:
+                try:
+                    reason = tiles.enable() or _tiles_self_test(tiles)
+                except Exception as error:  # e.g. numba told to compile for a CPU without AMX (NUMBA_CPU_NAME)
+                    reason = f"the AMX tile product cannot be compiled here ({type(error).__name__}: {error})"
+                if reason is None:
+                    _state["tiles"] = tiles
+                else:
+                    _state["tiles_error"] = reason
+    return _state.get("tiles_error")
+
+
+def _tiles_self_test(tiles) -> str | None:
+    """Compile (or load) the tile product and check it on 33 x 64 times 64 x 64 against numpy; None if it agrees."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((33, 64)).astype(np.float32)  # [33, 64]
+    w = rng.standard_normal((64, 64)).astype(np.float32)  # [64, 64]
+    packed = np.empty((4, 2, 16, 16, 2), dtype=np.uint16)  # [m_tiles, K/32, 16, 16, 2]
+    tiles.pack_rows(x, packed)
+    got = np.empty((33, 64), dtype=np.float32)  # [33, 64]
+    tiles.product(packed, 33, w, 0, 64, got, tiles.CONFIG)
+    expected = _bf16_values(x) @ _bf16_values(w).T  # [33, 64]
+    if not np.allclose(got, expected, rtol=1e-5, atol=1e-4):
+        return "the AMX tile product disagreed with numpy in its self-test"
+    return None
+
+
+def _bf16_values(x: np.ndarray) -> np.ndarray:
+    """float32 rounded to bf16 (nearest even), as float32."""
+    bits = x.view(np.uint32)
+    rounded = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
+    return (rounded << np.uint32(16)).astype(np.uint32).view(np.float32)
+
+
+def tile_product(x: np.ndarray, w: np.ndarray, run: Callable[[list[Callable[[], None]]], None],
+                 shares: Callable[[int], list[tuple[int, int]]]) -> np.ndarray:
+    """``x`` [M, K] @ ``w`` [N, K].T through bf16 tiles (:mod:`kestrel_trio._kernels.tiles`), float32 [M, N].
+
+    ``x`` float32, ``w`` float32 or bf16 bits (uint16), both C-contiguous; K and N multiples of 32. The
+    weight rows are split into ``shares(N // 32)`` ranges of 32-row blocks, run by ``run`` (a list of
+    tasks, each on its own thread). :func:`enable_tiles` first.
+    """
+    out = np.empty((x.shape[0], w.shape[0]), dtype=np.float32)  # [M, N]
+    tile_multiply(tile_pack(x), x.shape[0], w, out, run, shares)
+    return out
+
+
+def tile_pack(x: np.ndarray) -> np.ndarray:
+    """``x`` float32 [M, K] rounded to bf16 and packed as the tile products take it (once for several products)."""
+    m, k = x.shape
+    m_tiles = -(-m // 32) * 2  # the kernel takes activation tiles two at a time
+    packed = np.empty((m_tiles, k // TILE_K_STEP, 16, 16, 2), dtype=np.uint16)  # [m_tiles, K/32, 16, 16, 2]
+    _state["tiles"].pack_rows(x, packed)
+    return packed
+
+
+def tile_multiply(packed: np.ndarray, m: int, w: np.ndarray, out: np.ndarray,
+                  run: Callable[[list[Callable[[], None]]], None],
+                  shares: Callable[[int], list[tuple[int, int]]]) -> None:
+    """``out`` [m, N] (any row stride, unit column stride) = the rows :func:`tile_pack` packed @ ``w``.T."""
+    tiles = _state["tiles"]
+    kernel = tiles.product_bits if w.dtype == np.uint16 else tiles.product
+    run([(lambda a=a, b=b: kernel(packed, m, w, a * TILE_BLOCK_ROWS, b * TILE_BLOCK_ROWS, out, tiles.CONFIG))
+         for a, b in shares(w.shape[0] // TILE_BLOCK_ROWS) if b > a])

@@ -15,8 +15,8 @@ from kestrel_trio._model.kv_cache import BLOCK_TOKENS, KVCache, KVCacheFull, kv_
 from kestrel_trio._model.kv_storage import KV_DTYPES, storage_dtype, to_storage
 from kestrel_trio._model.layers import linear
 from kestrel_trio._model.matmul import (
-    UPCAST_CHUNK, choose_small_batch_call, product_threads, set_product_threads, small_batch_call,
-    warm_fused_products,
+    PREFILL_PRECISIONS, UPCAST_CHUNK, choose_small_batch_call, prefill_precision, product_threads,
+    set_prefill_precision, set_product_threads, small_batch_call, warm_fused_products,
 )
 from kestrel_trio._model.gguf_names import gguf_name
 from kestrel_trio._model.packed import GgmlRows, PackedMatrix
@@ -46,7 +46,7 @@ __all__ = [
     "Qwen3VL", "VLPrompt", "is_qwen3_vl", "load_qwen3_vl", "vl_config_from_dict",
     # product threads and kernels
     "choose_small_batch_call", "product_threads", "set_product_threads", "small_batch_call", "UPCAST_CHUNK",
-    "warm_fused_products", "packed_matrices",
+    "warm_fused_products", "packed_matrices", "set_prefill_precision", "prefill_precision", "PREFILL_PRECISIONS",
     # quantized residency
     "PackedMatrix", "GgmlRows", "default_cache_dir", "describe_weights",
     # for the benchmarks' checkpoints and tables

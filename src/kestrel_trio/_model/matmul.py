@@ -63,13 +63,13 @@ import numpy as np
 
 from kestrel_trio import _kernels
 from kestrel_trio._model.dequant import Affine, apply_affine
-from kestrel_trio._model.packed import Matrix, PackedMatrix, Rows, grouped_integers, scratch_width
+from kestrel_trio._model.packed import Bf16Rows, Matrix, PackedMatrix, Rows, grouped_integers, scratch_width
 from kestrel_trio._model.share_choice import ShareChooser
 
 __all__ = [
     "linear", "linear_packed", "linear_bf16", "set_product_threads", "product_threads", "run_shared", "shares_of",
     "small_batch_call", "set_small_batch_call", "choose_small_batch_call", "SMALL_BATCH_CALLS", "one_thread_blas",
-    "warm_fused_products", "FUSED_MAX_ROWS",
+    "warm_fused_products", "FUSED_MAX_ROWS", "set_prefill_precision", "prefill_precision", "PREFILL_PRECISIONS",
 ]
 
 
@@ -80,11 +80,47 @@ def linear(x: np.ndarray, weight: Matrix, bias: np.ndarray | None = None) -> np.
         return y.reshape(*x.shape[:-1], weight.shape[0])  # [..., out]
     if isinstance(weight, PackedMatrix):
         y = linear_packed(x, weight)  # [N, out]
+    elif _on_tiles(x, weight):
+        y = _kernels.tile_product(np.ascontiguousarray(x, dtype=np.float32), weight, run_shared, shares_of)  # [N, out]
     else:
         y = _product(x, weight, small_batch_call() if _is_small_batch(x.shape[0]) else "weight_right")  # [N, out]
     if bias is not None:
         y += bias
     return y
+
+
+# How products of more than SMALL_BATCH_ROWS[1] rows (prefill chunks) multiply float32 weights: "fp32" (BLAS), or
+# "bf16": both operands rounded to bf16 and multiplied in AMX tiles (kestrel_trio._kernels.tiles), on CPUs that
+# have them. Decode steps and speculative verify steps (at most 32 rows) stay float32 either way.
+PREFILL_PRECISIONS = ("fp32", "bf16")
+_prefill_precision = ["fp32"]
+
+
+def set_prefill_precision(precision: str) -> None:
+    """Set how prefill products multiply float32 weights, process-wide (one of PREFILL_PRECISIONS).
+
+    Raises:
+        ValueError: an unknown precision, or "bf16" where the tiles cannot run (the reason, in one line).
+    """
+    if precision not in PREFILL_PRECISIONS:
+        raise ValueError(f"unknown prefill precision {precision!r}; one of {', '.join(PREFILL_PRECISIONS)}")
+    if precision == "bf16":
+        reason = _kernels.enable_tiles()
+        if reason is not None:
+            raise ValueError(f"bf16 prefill needs AMX tiles: {reason}")
+    _prefill_precision[0] = precision
+
+
+def prefill_precision() -> str:
+    """The precision set by :func:`set_prefill_precision` ("fp32" until then)."""
+    return _prefill_precision[0]
+
+
+def _on_tiles(x: np.ndarray, weight: np.ndarray) -> bool:
+    """Whether this float32 product goes through bf16 tiles: bf16 prefill set, prefill rows, shapes they take."""
+    return (_prefill_precision[0] == "bf16" and x.shape[0] > SMALL_BATCH_ROWS[1] and weight.dtype == np.float32
+            and weight.flags.c_contiguous and weight.shape[1] % _kernels.TILE_K_STEP == 0
+            and weight.shape[0] % _kernels.TILE_BLOCK_ROWS == 0)
 
 
 # Below this many weights a product is not worth a thread hand-off (tens of microseconds).
@@ -245,6 +281,8 @@ def linear_packed(x: np.ndarray, weight: PackedMatrix) -> np.ndarray:
         return linear_packed(x.reshape(-1, width), weight).reshape(*x.shape[:-1], out_rows)  # [..., out]
     if x.shape[0] <= FUSED_MAX_ROWS and _fused_forms(weight):
         return _fused_product(x, weight)
+    if _packed_on_tiles(x, weight):
+        return _tile_parts(x, weight)
     if _is_small_batch(x.shape[0]):
         small_batch_call()  # chosen here, before the chunks go to the product threads
     out = np.empty((x.shape[0], out_rows), dtype=np.float32)  # [N, out]
@@ -261,6 +299,24 @@ def linear_packed(x: np.ndarray, weight: PackedMatrix) -> np.ndarray:
 
 
 linear_bf16 = linear_packed  # the bf16 residency's name for the same path
+
+
+def _packed_on_tiles(x: np.ndarray, weight: PackedMatrix) -> bool:
+    """Whether a packed product goes through bf16 tiles: bf16 prefill set, prefill rows, bf16 parts they take."""
+    return _prefill_precision[0] == "bf16" and x.shape[0] > SMALL_BATCH_ROWS[1] and all(
+        isinstance(part, Bf16Rows) and part.data.flags.c_contiguous and part.rows % _kernels.TILE_BLOCK_ROWS == 0
+        and part.cols % _kernels.TILE_K_STEP == 0 for part in weight.parts)
+
+
+def _tile_parts(x: np.ndarray, weight: PackedMatrix) -> np.ndarray:
+    """``x`` [N, in] @ ``weight``.T, each bf16 part read in place by the tile product (no expansion)."""
+    packed = _kernels.tile_pack(np.ascontiguousarray(x, dtype=np.float32))  # once for every part
+    out = np.empty((x.shape[0], weight.shape[0]), dtype=np.float32)  # [N, out]
+    first = 0
+    for part in weight.parts:
+        _kernels.tile_multiply(packed, x.shape[0], part.data, out[:, first : first + part.rows], run_shared, shares_of)
+        first += part.rows
+    return out
 
 # Activation rows up to which packed weights are multiplied row by row as they are expanded
 # (kestrel_trio._kernels.products) rather than expanded chunk by chunk for BLAS.

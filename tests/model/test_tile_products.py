@@ -1,0 +1,87 @@
+"""bf16 tile products (AMX) for prefill: exact to the bf16-rounded float32 product where the CPU has them, a clear
+refusal where it does not (kestrel_trio._kernels.tiles, kestrel_trio._model.matmul)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kestrel_trio import _kernels
+from kestrel_trio._model import matmul
+from kestrel_trio.errors import ModelLoadError
+from kestrel_trio.model import load_model, prefill_precision, set_prefill_precision
+
+FP32_FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "qwen3_fp32"
+
+
+@pytest.fixture(autouse=True)
+def _float32_prefill_after():
+    yield
+    set_prefill_precision("fp32")
+
+
+def _bf16(x: np.ndarray) -> np.ndarray:
+    """float32 rounded to bf16 (nearest even), as float32."""
+    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    rounded = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
+    return (rounded << np.uint32(16)).astype(np.uint32).view(np.float32)
+
+
+def _serially(tasks):
+    for task in tasks:
+        task()
+
+
+def test_tiles_give_the_bf16_rounded_product_or_a_reason_they_cannot_run():
+    reason = _kernels.enable_tiles()
+    if reason is not None:  # this CPU or OS has no AMX: asking for it says why, and nothing changes
+        with pytest.raises(ModelLoadError, match="bf16 prefill needs AMX tiles"):
+            set_prefill_precision("bf16")
+        assert prefill_precision() == "fp32"
+        return
+    rng = np.random.default_rng(7)
+    for m, n, k in [(1, 32, 32), (17, 64, 96), (33, 96, 64), (100, 128, 2048)]:
+        x = rng.standard_normal((m, k), dtype=np.float32)
+        w = rng.standard_normal((n, k), dtype=np.float32)
+        expected = _bf16(x) @ _bf16(w).T  # [m, n]: products of bf16 values are exact in float32
+        for shares in (lambda blocks: [(0, blocks)], lambda blocks: [(0, blocks // 2), (blocks // 2, blocks)]):
+            got = _kernels.tile_product(x, w, _serially, shares)  # [m, n]
+            assert got.shape == (m, n) and got.dtype == np.float32
+            np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5 * np.abs(expected).max())
+        assert not np.allclose(got, x @ w.T, rtol=1e-6, atol=0)  # not the float32 product: the check has teeth
+
+
+def test_a_cpu_without_tiles_is_refused_with_its_reason(monkeypatch):
+    monkeypatch.delitem(_kernels._state, "tiles", raising=False)
+    monkeypatch.setitem(_kernels._state, "tiles_error", "this CPU has no amx-tile or amx-bf16 (znver3)")
+    with pytest.raises(ModelLoadError, match=r"bf16 prefill needs AMX tiles: this CPU has no amx-tile"):
+        load_model(FP32_FIXTURE, weights="fp32", prefill_precision="bf16")
+    with pytest.raises(ModelLoadError, match="unknown prefill precision 'fp16'"):
+        set_prefill_precision("fp16")
+    assert prefill_precision() == "fp32"
+
+
+@pytest.mark.parametrize(("weights", "products_a_layer"), [("fp32", 4), ("bf16", 7)])  # bf16: each q/k/v, gate/up part
+def test_bf16_prefill_runs_its_chunks_on_tiles_and_keeps_decode_in_float32(monkeypatch, weights, products_a_layer):
+    model = load_model(FP32_FIXTURE, weights=weights)
+    prompt = [(i * 37) % 500 + 3 for i in range(48)]  # one 48-row chunk: more rows than a decode step's 32
+    reference = model.prefill(model.new_cache(), prompt)  # [vocab]
+    if _kernels.enable_tiles() is not None:
+        with pytest.raises(ModelLoadError):
+            set_prefill_precision("bf16")
+        return
+    rows = []
+    real = _kernels.tile_multiply
+    monkeypatch.setattr(_kernels, "tile_multiply", lambda packed, m, *rest: rows.append(m) or real(packed, m, *rest))
+    set_prefill_precision("bf16")
+    cache = model.new_cache()
+    logits = model.prefill(cache, prompt)  # [vocab]
+    products = len(rows)
+    assert products == products_a_layer * model.config.num_hidden_layers and set(rows) == {48}
+    np.testing.assert_allclose(logits, reference, rtol=0, atol=0.05 * np.abs(reference).max())
+    assert not np.array_equal(logits, reference)  # bf16 arithmetic did run
+    model.step(cache, [int(np.argmax(logits))])  # a decode step: 1 row, float32
+    model.step(cache, list(range(3, 35)))  # 32 rows, a speculative verify's most: float32 too
+    assert len(rows) == products
