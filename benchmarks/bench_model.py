@@ -207,6 +207,9 @@ def residency_side(folder: Path, args: argparse.Namespace) -> dict:
     result["decode_1"] = bare_decode(model, forward, 1, 16 if args.quick else 64)
     result["bare_8"] = bare_decode(model, forward, 8, 8 if args.quick else 32)
     result["peak_rss"] = status_bytes("VmHWM")
+    for n in PREFILL_LENGTHS[: 1 if args.quick else 2]:
+        result[f"prefill_{n}"] = n / best_of(3, lambda: model.prefill(model.new_cache(), prompt(n, n)))
+    result.update(tile_prefill(model, args))
     return result
 
 
@@ -506,6 +509,10 @@ def print_residency(modes: dict) -> None:
                               ("peak_rss", "peak RSS (GiB)", 2**30), ("ready_s", "load to ready (s)", 1),
                               ("decode_1", "decode batch 1 (tok/s)", 1), ("bare_8", "decode 8 seqs (tok/s)", 1)):
         print(f"{label:28} {fp32[key] / scale:10.2f} {bf16[key] / scale:10.2f} {bf16[key] / fp32[key]:10.2f}")
+    for key in [f"prefill_{n}" for n in PREFILL_LENGTHS] + [f"prefill_bf16_{n}" for n in PREFILL_LENGTHS]:
+        if key in fp32 and key in bf16:
+            label = key.replace("prefill_bf16_", "prefill (bf16 tiles) ").replace("prefill_", "prefill ") + " tok/s"
+            print(f"{label:28} {fp32[key]:10.2f} {bf16[key]:10.2f} {bf16[key] / fp32[key]:10.2f}")
 
 
 def check_targets(k: dict, t: dict) -> None:
