@@ -140,3 +140,17 @@ def test_report_counts_further_errors_and_points_to_debug_for_a_bug(capsys):
     assert capsys.readouterr().err == ("kestrel-trio: error: RuntimeError: boom "
                                        "(--log-level DEBUG shows the traceback)\n")
     assert report(KeyboardInterrupt(), show_traceback=False) == 130
+
+
+def test_bf16_prefill_runs_where_the_cpu_has_amx_and_is_refused_in_one_line_elsewhere():
+    from kestrel_trio import _kernels
+
+    reason = _kernels.enable_tiles()
+    result = run_cli(["generate", "--model", str(FIXTURE), "--prefill-precision", "bf16", "--max-tokens", "2",
+                      "--temperature", "0", "hello " * 40], timeout=120)
+    if reason is None:  # this machine has AMX: the prompt's 40+ rows go through bf16 tiles
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.strip()
+    else:
+        assert result.returncode == 2, result.stderr
+        assert _one_error_line(result.stderr) == f"kestrel-trio: error: bf16 prefill needs AMX tiles: {reason}"
