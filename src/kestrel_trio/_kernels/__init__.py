@@ -25,7 +25,7 @@ import numpy as np
 
 __all__ = ["FORMS", "ready", "compiled", "unavailable_reason", "describe", "prepare", "packed_product", "packed_expand",
            "packed_weights", "release_compiler_pages", "enable_tiles", "tile_product", "tile_pack", "tile_multiply",
-           "TILE_BLOCK_ROWS", "TILE_K_STEP"]
+           "TILE_BLOCK_ROWS", "TILE_K_STEP", "rotate_half"]
 
 # The storage forms the compiled products know (kestrel_trio._kernels.products.FORMS), known without numba.
 FORMS = frozenset(("int8", "int4", "bf16", "F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K",
@@ -263,3 +263,22 @@ def tile_multiply(packed: np.ndarray, m: int, w: np.ndarray, out: np.ndarray,
     kernel = tiles.product_bits if w.dtype == np.uint16 else tiles.product
     run([(lambda a=a, b=b: kernel(packed, m, w, a * TILE_BLOCK_ROWS, b * TILE_BLOCK_ROWS, out, tiles.CONFIG))
          for a, b in shares(w.shape[0] // TILE_BLOCK_ROWS) if b > a])
+
+
+# ---------------------------------------------------------------- rotary embedding
+
+
+def rotate_half(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray | None:
+    """``x`` float32 [T, heads, dim] rotated by ``cos``, ``sin`` float32 [T, dim/2], in one compiled pass.
+
+    None where the compiled loops cannot run (:func:`ready`): the caller keeps its numpy path.
+    """
+    if not ready():
+        return None
+    rope = _state.get("rope")
+    if rope is None:
+        from kestrel_trio._kernels import rope
+        _state["rope"] = rope
+    out = np.empty(x.shape, dtype=np.float32)  # [T, heads, dim]
+    rope.rotate_half(x, cos, sin, out)
+    return out

@@ -14,6 +14,7 @@ import math
 import attrs
 import numpy as np
 
+from kestrel_trio import _kernels
 from kestrel_trio._model.config import RopeConfig
 
 __all__ = ["Rope"]
@@ -59,7 +60,19 @@ class Rope:
 
 
 def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
-    """Rotate ``x`` [T, heads, head_dim] by per-position angles (cos, sin [T, head_dim/2])."""
+    """Rotate ``x`` [T, heads, head_dim] by per-position angles (cos, sin [T, head_dim/2]).
+
+    In one compiled pass where numba runs (kestrel_trio._kernels.rotate_half, the same values bit for bit),
+    else in numpy.
+    """
+    if x.dtype == cos.dtype == sin.dtype == np.float32 and cos.ndim == 2:
+        rotated = _kernels.rotate_half(x, cos, sin)  # [T, heads, head_dim]
+        if rotated is not None:
+            return rotated
+    return _apply_rope_numpy(x, cos, sin)
+
+
+def _apply_rope_numpy(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
     half = x.shape[-1] // 2
     x1 = x[..., :half]  # [T, heads, head_dim/2]
     x2 = x[..., half:]  # [T, heads, head_dim/2]
