@@ -61,15 +61,17 @@ class ScriptedModel:
 
     def __init__(self, model: Model) -> None:
         self.model = model
-        self._scripts: dict[int, list[int]] = {}
+        # id -> (the generation, its script): holding the generation keeps its id from being reused by a later
+        # one (the agent loop's second turn once drew the first turn's script, a second tool call, that way).
+        self._scripts: dict[int, tuple[Generation, list[int]]] = {}
 
     def tokens_for(self, generation: Generation) -> list[int]:
         key = id(generation)
         if key not in self._scripts:
             tokenizer = self.model.require_tokenizer()
             prompt = tokenizer.decode(generation.prompt_ids, skip_special_tokens=False)
-            self._scripts[key] = self.model.encode(script(prompt)) + [min(tokenizer.eos_token_ids)]
-        return self._scripts[key]
+            self._scripts[key] = (generation, self.model.encode(script(prompt)) + [min(tokenizer.eos_token_ids)])
+        return self._scripts[key][1]
 
     def install(self, monkeypatch: pytest.MonkeyPatch) -> ScriptedModel:
         real_advance = Generation.advance
