@@ -40,6 +40,7 @@ Shapes: K a multiple of 32, and the weight rows a thread takes a multiple of
 from __future__ import annotations
 
 import ctypes
+import os
 import platform
 import sys
 
@@ -180,47 +181,46 @@ def product(packed, m, w, start, stop, out, config):
     ``w``: float32 [N, K], rounded to bf16 a block of 32 rows at a time;
     ``stop - start`` a multiple of 32; ``out``: float32 [m, >= stop].
     """
-    m_tiles, k_tiles = packed.shape[0], packed.shape[1]
     k = w.shape[1]
-    rows = m_tiles * 16
     block = np.empty((BLOCK_ROWS, k), dtype=np.uint16)  # [32, K] the weights' bf16 bits
-    scratch = np.empty((BLOCK_ROWS, rows), dtype=np.float32)  # [32, m_tiles*16] C^T's rows
+    scratch = np.empty((BLOCK_ROWS, packed.shape[0] * TILE_ROWS), dtype=np.float32)  # [32, m_tiles*16] C^T's rows
     wbits = w.view(np.uint32)
-    packed_at = packed.ctypes.data
-    tile_bytes = k_tiles * 1024
     _load_config(config.ctypes.data)
     for n0 in range(start, stop, BLOCK_ROWS):
         for r in range(BLOCK_ROWS):
             for j in range(k):
                 block[r, j] = _to_bf16(wbits[n0 + r, j])
-        for mt in range(0, m_tiles, 2):
-            _tiles_2x2(block.ctypes.data, k * 2, packed_at + mt * tile_bytes, packed_at + (mt + 1) * tile_bytes,
-                       k_tiles, scratch.ctypes.data + mt * 64, rows * 4)
-        for row in range(m):
-            for r in range(BLOCK_ROWS):
-                out[row, n0 + r] = scratch[r, row]
+        _block_product(block.ctypes.data, k * 2, packed, m, scratch, out, n0)
     _release()
 
 
 @njit(nogil=True, cache=True)
 def product_bits(packed, m, bits, start, stop, out, config):
     """As :func:`product`, for weights already bf16: ``bits`` uint16 [N, K], C-contiguous, read in place."""
-    m_tiles, k_tiles = packed.shape[0], packed.shape[1]
     k = bits.shape[1]
-    rows = m_tiles * 16
-    scratch = np.empty((BLOCK_ROWS, rows), dtype=np.float32)  # [32, m_tiles*16] C^T's rows
-    packed_at = packed.ctypes.data
-    weights_at = bits.ctypes.data
-    tile_bytes = k_tiles * 1024
+    scratch = np.empty((BLOCK_ROWS, packed.shape[0] * TILE_ROWS), dtype=np.float32)  # [32, m_tiles*16] C^T's rows
     _load_config(config.ctypes.data)
     for n0 in range(start, stop, BLOCK_ROWS):
-        for mt in range(0, m_tiles, 2):
-            _tiles_2x2(weights_at + n0 * k * 2, k * 2, packed_at + mt * tile_bytes, packed_at + (mt + 1) * tile_bytes,
-                       k_tiles, scratch.ctypes.data + mt * 64, rows * 4)
-        for row in range(m):
-            for r in range(BLOCK_ROWS):
-                out[row, n0 + r] = scratch[r, row]
+        _block_product(bits.ctypes.data + n0 * k * 2, k * 2, packed, m, scratch, out, n0)
     _release()
+
+
+@njit(nogil=True, cache=True)
+def _block_product(weights_at, row_bytes, packed, m, scratch, out, n0):
+    """``out[:, n0:n0+32]`` from the 32 bf16 weight rows at address ``weights_at`` (``row_bytes`` apart).
+
+    Every pair of activation tiles in 2x2 output tiles into ``scratch`` [32, m_tiles*16] (C^T's rows), then
+    the scratch transposed into ``out``'s 32 columns. The tiles must be configured (:func:`_load_config`).
+    """
+    m_tiles, k_tiles = packed.shape[0], packed.shape[1]
+    tile_bytes = k_tiles * 1024
+    packed_at = packed.ctypes.data
+    for mt in range(0, m_tiles, 2):
+        _tiles_2x2(weights_at, row_bytes, packed_at + mt * tile_bytes, packed_at + (mt + 1) * tile_bytes, k_tiles,
+                   scratch.ctypes.data + mt * 64, m_tiles * TILE_ROWS * 4)
+    for row in range(m):
+        for r in range(BLOCK_ROWS):
+            out[row, n0 + r] = scratch[r, row]
 
 
 def enable() -> str | None:
@@ -234,5 +234,5 @@ def enable() -> str | None:
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.syscall(_SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA) != 0:
         errno = ctypes.get_errno()
-        return f"Linux refused the AMX tile state (arch_prctl: errno {errno}, {__import__('os').strerror(errno)})"
+        return f"Linux refused the AMX tile state (arch_prctl: errno {errno}, {os.strerror(errno)})"
     return None
