@@ -85,3 +85,15 @@ def test_bf16_prefill_runs_its_chunks_on_tiles_and_keeps_decode_in_float32(monke
     model.step(cache, [int(np.argmax(logits))])  # a decode step: 1 row, float32
     model.step(cache, list(range(3, 35)))  # 32 rows, a speculative verify's most: float32 too
     assert len(rows) == products
+
+
+def test_asking_for_the_tiles_first_leaves_the_compiled_products_available():
+    """A process that sets bf16 prefill before loading (the CLI does) still gets the compiled products and rope."""
+    import subprocess
+    import sys
+
+    script = ("from kestrel_trio import _kernels; reason = _kernels.enable_tiles(); "
+              "print(_kernels.ready(), _kernels.unavailable_reason() or '-')")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[0] == "True", done.stdout

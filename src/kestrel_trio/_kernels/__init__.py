@@ -45,7 +45,7 @@ def ready() -> bool:
     if "error" in _state:
         return False
     with _state_lock:
-        if not _state:
+        if "products" not in _state and "error" not in _state:  # not ``not _state``: the tiles keep theirs here too
             try:
                 from kestrel_trio._kernels import products
             except Exception as error:  # numba missing, or too old or too new for this Python or numpy
