@@ -47,7 +47,7 @@ def test_tiles_give_the_bf16_rounded_product_or_a_reason_they_cannot_run():
         w = rng.standard_normal((n, k), dtype=np.float32)
         expected = _bf16(x) @ _bf16(w).T  # [m, n]: products of bf16 values are exact in float32
         for shares in (lambda blocks: [(0, blocks)], lambda blocks: [(0, blocks // 2), (blocks // 2, blocks)]):
-            got = _kernels.tile_product(x, w, _serially, shares)  # [m, n]
+            got = _kernels.tile_product(x, [w], _serially, shares)  # [m, n]
             assert got.shape == (m, n) and got.dtype == np.float32
             np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5 * np.abs(expected).max())
         assert not np.allclose(got, x @ w.T, rtol=1e-6, atol=0)  # not the float32 product: the check has teeth

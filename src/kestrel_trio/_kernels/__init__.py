@@ -233,21 +233,26 @@ def _bf16_values(x: np.ndarray) -> np.ndarray:
     return (rounded << np.uint32(16)).astype(np.uint32).view(np.float32)
 
 
-def tile_product(x: np.ndarray, w: np.ndarray, run: Callable[[list[Callable[[], None]]], None],
+def tile_product(x: np.ndarray, matrices: list[np.ndarray], run: Callable[[list[Callable[[], None]]], None],
                  shares: Callable[[int], list[tuple[int, int]]]) -> np.ndarray:
-    """``x`` [M, K] @ ``w`` [N, K].T through bf16 tiles (:mod:`kestrel_trio._kernels.tiles`), float32 [M, N].
+    """``x`` [M, K] @ the matrices stacked by rows, transposed, through bf16 tiles: float32 [M, sum of their rows].
 
-    ``x`` float32, ``w`` float32 or bf16 bits (uint16), both C-contiguous; K and N multiples of 32. The
-    weight rows are split into ``shares(N // 32)`` ranges of 32-row blocks, run by ``run`` (a list of
-    tasks, each on its own thread). :func:`enable_tiles` first.
+    ``x`` is rounded and packed once (:func:`tile_pack`) for all of them. Each matrix [N_i, K], float32 or
+    bf16 bits (uint16), C-contiguous, K and N_i multiples of 32, its rows split into ``shares(N_i // 32)``
+    ranges of 32-row blocks, run by ``run`` (a list of tasks, each on its own thread). :func:`enable_tiles` first.
     """
-    out = np.empty((x.shape[0], w.shape[0]), dtype=np.float32)  # [M, N]
-    tile_multiply(tile_pack(x), x.shape[0], w, out, run, shares)
+    m = x.shape[0]
+    packed = tile_pack(np.ascontiguousarray(x, dtype=np.float32))
+    out = np.empty((m, sum(w.shape[0] for w in matrices)), dtype=np.float32)  # [M, sum N_i]
+    first = 0
+    for w in matrices:
+        tile_multiply(packed, m, w, out[:, first : first + w.shape[0]], run, shares)
+        first += w.shape[0]
     return out
 
 
 def tile_pack(x: np.ndarray) -> np.ndarray:
-    """``x`` float32 [M, K] rounded to bf16 and packed as the tile products take it (once for several products)."""
+    """``x`` float32 [M, K], C-contiguous, rounded to bf16 and packed as the tile products take it."""
     m, k = x.shape
     m_tiles = -(-m // 32) * 2  # the kernel takes activation tiles two at a time
     packed = np.empty((m_tiles, k // TILE_K_STEP, 16, 16, 2), dtype=np.uint16)  # [m_tiles, K/32, 16, 16, 2]
@@ -275,10 +280,8 @@ def rotate_half(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray |
     """
     if not ready():
         return None
-    rope = _state.get("rope")
-    if rope is None:
-        from kestrel_trio._kernels import rope
-        _state["rope"] = rope
+    from kestrel_trio._kernels import rope  # numba is imported: this only compiles or loads the loop
+
     out = np.empty(x.shape, dtype=np.float32)  # [T, heads, dim]
     rope.rotate_half(x, cos, sin, out)
     return out

@@ -81,7 +81,7 @@ def linear(x: np.ndarray, weight: Matrix, bias: np.ndarray | None = None) -> np.
     if isinstance(weight, PackedMatrix):
         y = linear_packed(x, weight)  # [N, out]
     elif _on_tiles(x, weight):
-        y = _kernels.tile_product(np.ascontiguousarray(x, dtype=np.float32), weight, run_shared, shares_of)  # [N, out]
+        y = _kernels.tile_product(x, [weight], run_shared, shares_of)  # [N, out]
     else:
         y = _product(x, weight, small_batch_call() if _is_small_batch(x.shape[0]) else "weight_right")  # [N, out]
     if bias is not None:
@@ -117,10 +117,14 @@ def prefill_precision() -> str:
 
 
 def _on_tiles(x: np.ndarray, weight: np.ndarray) -> bool:
-    """Whether this float32 product goes through bf16 tiles: bf16 prefill set, prefill rows, shapes they take."""
-    return (_prefill_precision[0] == "bf16" and x.shape[0] > SMALL_BATCH_ROWS[1] and weight.dtype == np.float32
-            and weight.flags.c_contiguous and weight.shape[1] % _kernels.TILE_K_STEP == 0
-            and weight.shape[0] % _kernels.TILE_BLOCK_ROWS == 0)
+    """Whether this float32 product goes through bf16 tiles: bf16 prefill set, prefill rows, a shape they take."""
+    return weight.dtype == np.float32 and _tiles_take(x, weight)
+
+
+def _tiles_take(x: np.ndarray, storage: np.ndarray) -> bool:
+    """Whether the tiles multiply ``x`` by ``storage`` [rows, cols] (float32 or bf16 bits) when bf16 prefill is set."""
+    return (_prefill_precision[0] == "bf16" and x.shape[0] > SMALL_BATCH_ROWS[1] and storage.flags.c_contiguous
+            and storage.shape[0] % _kernels.TILE_BLOCK_ROWS == 0 and storage.shape[1] % _kernels.TILE_K_STEP == 0)
 
 
 # Below this many weights a product is not worth a thread hand-off (tens of microseconds).
@@ -303,20 +307,12 @@ linear_bf16 = linear_packed  # the bf16 residency's name for the same path
 
 def _packed_on_tiles(x: np.ndarray, weight: PackedMatrix) -> bool:
     """Whether a packed product goes through bf16 tiles: bf16 prefill set, prefill rows, bf16 parts they take."""
-    return _prefill_precision[0] == "bf16" and x.shape[0] > SMALL_BATCH_ROWS[1] and all(
-        isinstance(part, Bf16Rows) and part.data.flags.c_contiguous and part.rows % _kernels.TILE_BLOCK_ROWS == 0
-        and part.cols % _kernels.TILE_K_STEP == 0 for part in weight.parts)
+    return all(isinstance(part, Bf16Rows) and _tiles_take(x, part.data) for part in weight.parts)
 
 
 def _tile_parts(x: np.ndarray, weight: PackedMatrix) -> np.ndarray:
     """``x`` [N, in] @ ``weight``.T, each bf16 part read in place by the tile product (no expansion)."""
-    packed = _kernels.tile_pack(np.ascontiguousarray(x, dtype=np.float32))  # once for every part
-    out = np.empty((x.shape[0], weight.shape[0]), dtype=np.float32)  # [N, out]
-    first = 0
-    for part in weight.parts:
-        _kernels.tile_multiply(packed, x.shape[0], part.data, out[:, first : first + part.rows], run_shared, shares_of)
-        first += part.rows
-    return out
+    return _kernels.tile_product(x, [part.data for part in weight.parts], run_shared, shares_of)  # [N, out]
 
 # Activation rows up to which packed weights are multiplied row by row as they are expanded
 # (kestrel_trio._kernels.products) rather than expanded chunk by chunk for BLAS.
