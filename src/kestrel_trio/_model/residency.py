@@ -27,12 +27,11 @@ import math
 from pathlib import Path
 from typing import Callable, Iterable
 
-import attrs
-
 from kestrel_trio._model import quant_cache
 from kestrel_trio._model.config import ModelConfig
 from kestrel_trio._model.packed import INT4_GROUP, PackedMatrix
 from kestrel_trio._model.quantize import QUANTIZED_FORMS, QuantizingSource
+from kestrel_trio._model.resident import reachable
 from kestrel_trio._model.safetensors import SafetensorsCheckpoint
 from kestrel_trio._model.shapes import check_tensors
 from kestrel_trio._model.weights import CheckpointReader, Weights, assemble_from, bf16_source, fp32_source
@@ -235,17 +234,7 @@ def _matrices(weights: Weights) -> list:
 
 def packed_matrices(weights) -> list[PackedMatrix]:
     """The matrices of ``weights`` (a decoder's, a vision tower's: attrs classes) held packed, each once."""
-    found: dict[int, PackedMatrix] = {}
-    pending = [weights]
-    while pending:
-        value = pending.pop()
-        if isinstance(value, PackedMatrix):
-            found[id(value)] = value
-        elif isinstance(value, (tuple, list)):
-            pending.extend(value)
-        elif attrs.has(type(value)):
-            pending.extend(getattr(value, field.name) for field in attrs.fields(type(value)))
-    return list(found.values())
+    return reachable(weights, PackedMatrix)
 
 
 def resident_bytes(weights: Weights) -> dict[str, int]:

@@ -22,35 +22,41 @@ import mmap
 import attrs
 import numpy as np
 
-__all__ = ["mapped_bytes", "is_mapped"]
+__all__ = ["mapped_bytes", "is_mapped", "reachable"]
 
 
 def mapped_bytes(obj: object) -> int:
     """Bytes of the distinct memory-mapped arrays reachable from ``obj`` (attrs classes, tuples, lists, arrays)."""
-    spans: list[tuple[int, int]] = []
-    _collect(obj, spans, set())
+    spans = sorted((a.__array_interface__["data"][0], a.__array_interface__["data"][0] + a.nbytes)
+                   for a in reachable(obj, np.ndarray) if a.size and is_mapped(a))
     total, reach = 0, 0
-    for start, end in sorted(spans):  # overlapping views of one mapped tensor count once
+    for start, end in spans:  # overlapping views of one mapped tensor count once
         if end > reach:
             total += end - max(start, reach)
             reach = end
     return total
 
 
-def _collect(obj: object, spans: list[tuple[int, int]], seen: set[int]) -> None:
-    if id(obj) in seen:
-        return
-    seen.add(id(obj))
-    if isinstance(obj, np.ndarray):
-        if is_mapped(obj) and obj.size:
-            start = obj.__array_interface__["data"][0]
-            spans.append((start, start + obj.nbytes))
-    elif isinstance(obj, (tuple, list)):
-        for item in obj:
-            _collect(item, spans, seen)
-    elif attrs.has(type(obj)):
-        for field in attrs.fields(type(obj)):
-            _collect(getattr(obj, field.name), spans, seen)
+def reachable(obj: object, kind: type) -> list:
+    """Each distinct ``kind`` object reachable from ``obj`` through tuples, lists and attrs classes' fields.
+
+    A ``kind`` object found is not looked into (weights: every array, or every packed matrix, of a model).
+    """
+    found: dict[int, object] = {}
+    seen: set[int] = set()
+    pending = [obj]
+    while pending:
+        value = pending.pop()
+        if id(value) in seen:
+            continue
+        seen.add(id(value))
+        if isinstance(value, kind):
+            found[id(value)] = value
+        elif isinstance(value, (tuple, list)):
+            pending.extend(value)
+        elif attrs.has(type(value)):
+            pending.extend(getattr(value, field.name) for field in attrs.fields(type(value)))
+    return list(found.values())
 
 
 def is_mapped(array: np.ndarray) -> bool:
