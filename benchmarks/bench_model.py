@@ -104,10 +104,7 @@ def kestrel_side(folder: Path, args: argparse.Namespace) -> dict:
     model = load_model(folder, blas_threads=args.threads, weights="fp32")
     model.logits([1, 2, 3])
     result = {"ready_s": time.perf_counter() - started, "rss_after_load": status_bytes("VmRSS"), "blas": blas_description()}
-    for length in PREFILL_LENGTHS[: 1 if args.quick else 2]:
-        ids = prompt(length, length)
-        result[f"prefill_{length}"] = length / best_of(3, lambda: model.prefill(model.new_cache(), ids))
-    result.update(tile_prefill(model, args))
+    result.update(kestrel_prefill(model, args))
     steps = 16 if args.quick else 128
     result["decode_1"] = bare_decode(model, forward, 1, steps)
     result["engine_1"] = engine_decode(model, 1, 16 if args.quick else args.batch_tokens)
@@ -207,9 +204,7 @@ def residency_side(folder: Path, args: argparse.Namespace) -> dict:
     result["decode_1"] = bare_decode(model, forward, 1, 16 if args.quick else 64)
     result["bare_8"] = bare_decode(model, forward, 8, 8 if args.quick else 32)
     result["peak_rss"] = status_bytes("VmHWM")
-    for n in PREFILL_LENGTHS[: 1 if args.quick else 2]:
-        result[f"prefill_{n}"] = n / best_of(3, lambda: model.prefill(model.new_cache(), prompt(n, n)))
-    result.update(tile_prefill(model, args))
+    result.update(kestrel_prefill(model, args))
     return result
 
 
@@ -285,18 +280,23 @@ def torch_side(folder: Path, args: argparse.Namespace) -> dict:
     return result
 
 
-def tile_prefill(model, args: argparse.Namespace) -> dict:
-    """Prefill tok/s with ``prefill_precision="bf16"`` (AMX tiles), or why this machine cannot run it."""
+def kestrel_prefill(model, args: argparse.Namespace) -> dict:
+    """Prefill tok/s of each length, float32, then with ``prefill_precision="bf16"`` (AMX tiles) or why not."""
     from kestrel_trio._kernels import enable_tiles
     from kestrel_trio.model import set_prefill_precision
 
+    prompts = {n: prompt(n, n) for n in PREFILL_LENGTHS[: 1 if args.quick else 2]}
+
+    def rates(key: str) -> dict:
+        return {f"{key}_{n}": n / best_of(3, lambda: model.prefill(model.new_cache(), ids)) for n, ids in prompts.items()}
+
+    result = rates("prefill")
     reason = enable_tiles()
     if reason is not None:
-        return {"tiles": reason}
+        return {**result, "tiles": reason}
     set_prefill_precision("bf16")
     try:
-        return {f"prefill_bf16_{n}": n / best_of(3, lambda: model.prefill(model.new_cache(), prompt(n, n)))
-                for n in PREFILL_LENGTHS[: 1 if args.quick else 2]}
+        return {**result, **rates("prefill_bf16")}
     finally:
         set_prefill_precision("fp32")
 
