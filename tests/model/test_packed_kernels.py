@@ -198,3 +198,44 @@ def test_more_rows_than_the_fused_product_takes_expand_chunks_for_the_small_batc
         matmul.set_small_batch_call(None)
     want = x @ weight.dense().T
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
+
+
+# ---------------------------------------------------------------- float32 rows: the AVX-512 block (x86-64)
+
+
+def test_the_avx512_float32_block_is_used_exactly_where_the_cpu_has_avx512():
+    import os
+    import platform
+
+    import llvmlite.binding as llvm_binding
+
+    from kestrel_trio._kernels import products
+
+    expected = (platform.machine() in ("x86_64", "AMD64") and os.environ.get("NUMBA_CPU_NAME", "host") == "host"
+                and llvm_binding.get_host_cpu_features().get("avx512f", False))
+    assert products.avx512_f32() == expected
+
+
+@pytest.mark.parametrize("rows_in", [8, 9, 15, 16, 24, 31, 32])
+@pytest.mark.parametrize("cols", [512, 1040, 40])  # 40: not a multiple of 16, the compiled loops' path
+def test_float32_products_from_eight_rows_match_numpy(rows_in, cols):
+    rng = np.random.default_rng(rows_in + cols)
+    weights = rng.standard_normal((23, cols), dtype=np.float32)  # [23, in]: blocks of three and two rows left
+    x = rng.standard_normal((rows_in, cols), dtype=np.float32)  # [N, in]
+    out = np.full((rows_in, 24), np.nan, dtype=np.float32)  # the product lands in columns 2..22, a strided view
+    _kernels.packed_product("F32", weights, None, x, 1, 22, out[:, 2:23])
+    scale = np.abs(x) @ np.abs(weights[1:22]).T  # [N, 21] the size of each sum's terms
+    assert np.all(np.abs(out[:, 2:23] - x @ weights[1:22].T) <= 1e-6 * scale + 1e-30)
+    assert np.isnan(out[:, :2]).all() and np.isnan(out[:, 23:]).all()
+
+
+def test_compiled_for_a_cpu_without_avx512_the_float32_product_takes_the_portable_loops():
+    code = ("import numpy as np; from kestrel_trio import _kernels; from kestrel_trio._kernels import products; "
+            "assert _kernels.ready(); w = np.arange(96 * 64, dtype=np.float32).reshape(96, 64) % 7; "
+            "x = np.ones((8, 64), np.float32); out = np.empty((8, 96), np.float32); "
+            "_kernels.packed_product('F32', w, None, x, 0, 96, out); "
+            "assert np.array_equal(out, x @ w.T); print(products.avx512_f32())")
+    env = {**__import__("os").environ, "NUMBA_CPU_NAME": "haswell", "NUMBA_CPU_FEATURES": ""}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
