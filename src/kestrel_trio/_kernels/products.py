@@ -459,90 +459,119 @@ def _multiply(bufs, count, x, out, column):
 # ---------------------------------------------------------------- float32 rows, AVX-512 (x86-64)
 # LLVM compiles _dot_block_3x8's 24 accumulators, 8 activation vectors and a weight vector into 33 zmm
 # registers of 32: on Zen 5 it spilled and rotated registers every pass (about 50 register moves a pass),
-# and 8 rows cost 2.5-3x one row. Written as a few instructions of assembly instead, the same 3x8 block keeps
-# its 24 accumulators, three weight vectors and one activation vector in 28 registers, and asks for each
-# weight row 1 KiB ahead (the hardware prefetcher alone left an 8-row product at half the memory
-# bandwidth a 1-row one reaches). Measured on the 2-core Zen 5, one thread, weights from memory, ns a weight:
-# 8 rows 0.24 against 0.35-0.39 for the compiled loop.
+# and 8 rows cost 2.5-3x one row. Written as a few instructions of assembly instead, a block of three weight
+# rows by eight (or four) activation rows keeps its accumulators, the three weight vectors and one activation
+# vector in at most 28 registers. Each call also asks for a share of the next block's weight rows
+# (prefetcht2, into L2): a product of 16 rows makes two passes over a block, and without it the memory sat idle
+# during the second, served from L1. Measured on the 2-core Zen 5, 2 threads, 3072 x 1024 weights from
+# memory, ns a weight: 8 rows 0.14-0.15 against 0.35 for the compiled loop, 16 rows 0.21 against 0.31.
 
-def _f32_3x8_text() -> str:
-    """The 3x8 block: 24 zmm sums of w[3, cols] x x[8, cols], 16 columns a pass, stored to a [24, 16] scratch."""
+
+def _f32_block_text(rows: int) -> str:
+    """The 3 x ``rows`` block (rows 4 or 8): zmm sums of w[3, cols] by x[rows, cols], 16 columns a pass.
+
+    Operands at the address in $0, int64 [8]: weight row 0's address, the weight rows' stride (bytes),
+    activation row 0's address, its stride, cols/16, the scratch [3*rows, 16] the sums go to (weight row i,
+    activation row r at i*rows + r), where to prefetch, bytes to advance that a pass.
+    """
     weights = ["(%r8)", "(%r8,%r9,1)", "(%r8,%r9,2)"]
     acts = ["(%r10)", "(%r10,%r11,1)", "(%r10,%r11,2)", "(%r10,%r12,1)",
-            "(%r13)", "(%r13,%r11,1)", "(%r13,%r11,2)", "(%r13,%r12,1)"]
+            "(%r13)", "(%r13,%r11,1)", "(%r13,%r11,2)", "(%r13,%r12,1)"][:rows]
+    sums = 3 * rows
+    w_reg, x_reg = 24, 27  # zmm24-26: the weight rows' vectors, zmm27: an activation row's
     lines = ["mov 0($0), %r8", "mov 8($0), %r9", "mov 16($0), %r10", "mov 24($0), %r11", "lea (%r11,%r11,2), %r12",
              "lea (%r10,%r11,4), %r13", "mov 32($0), %rcx", "mov 48($0), %rsi", "mov 56($0), %rdi"]
-    lines += [f"vpxord %zmm{a}, %zmm{a}, %zmm{a}" for a in range(24)]
+    lines += [f"vpxord %zmm{a}, %zmm{a}, %zmm{a}" for a in range(sums)]
     lines.append("1:")
-    lines += [f"vmovups {at}, %zmm{24 + i}" for i, at in enumerate(weights)]
-    lines += [f"prefetcht2 {at.replace('%r8', '%rsi')}" for at in weights]  # the next block's rows
+    lines += [f"vmovups {at}, %zmm{w_reg + i}" for i, at in enumerate(weights)]
+    lines += [f"prefetcht2 {at.replace('%r8', '%rsi')}" for at in weights]
     lines.append("add %rdi, %rsi")
     for r, at in enumerate(acts):
-        lines.append(f"vmovups {at}, %zmm27")
-        lines += [f"vfmadd231ps %zmm27, %zmm{24 + i}, %zmm{i * 8 + r}" for i in range(3)]
+        lines.append(f"vmovups {at}, %zmm{x_reg}")
+        lines += [f"vfmadd231ps %zmm{x_reg}, %zmm{w_reg + i}, %zmm{i * rows + r}" for i in range(3)]
     lines += ["add $$64, %r8", "add $$64, %r10", "add $$64, %r13", "dec %rcx", "jnz 1b", "mov 40($0), %rax"]
-    lines += [f"vmovups %zmm{a}, {64 * a}(%rax)" for a in range(24)]
+    lines += [f"vmovups %zmm{a}, {64 * a}(%rax)" for a in range(sums)]
     lines.append("vzeroupper")
     return "\n".join(lines)
 
 
-def _f32_3x8_codegen(context, builder, signature, args):
-    from llvmlite import ir
+def _block_codegen(rows: int):
+    def codegen(context, builder, signature, args):
+        from llvmlite import ir
 
-    clobbers = ",".join(["~{r8}", "~{r9}", "~{r10}", "~{r11}", "~{r12}", "~{r13}", "~{rcx}", "~{rax}", "~{rsi}", "~{rdi}"]
-                        + [f"~{{zmm{i}}}" for i in range(28)]
-                        + ["~{memory}", "~{cc}", "~{dirflag}", "~{fpsr}", "~{flags}"])
-    i64 = ir.IntType(64)
-    asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [i64]), _f32_3x8_text(), "r," + clobbers,
-                       side_effect=True)
-    builder.call(asm, list(args))
-    return context.get_dummy_value()
+        clobbers = ",".join([f"~{{{r}}}" for r in ("r8", "r9", "r10", "r11", "r12", "r13", "rcx", "rax", "rsi", "rdi")]
+                            + [f"~{{zmm{i}}}" for i in range(28)]
+                            + ["~{memory}", "~{cc}", "~{dirflag}", "~{fpsr}", "~{flags}"])
+        asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [ir.IntType(64)]), _f32_block_text(rows), "r," + clobbers,
+                           side_effect=True)
+        builder.call(asm, list(args))
+        return context.get_dummy_value()
+    return codegen
 
 
 @intrinsic
 def _f32_3x8(typingctx, operands):
-    """The address of int64 [8]: (weight row 0's address, weight row stride in bytes, activation row 0's, its stride,
-    cols/16, scratch's, where to prefetch, bytes to advance it a pass)."""
-    return types.void(types.int64), _f32_3x8_codegen
+    """The 3x8 block (:func:`_f32_block_text`); ``operands``: the address of its int64 [8] operands."""
+    return types.void(types.int64), _block_codegen(8)
+
+
+@intrinsic
+def _f32_3x4(typingctx, operands):
+    """The 3x4 block (:func:`_f32_block_text`); ``operands``: the address of its int64 [8] operands."""
+    return types.void(types.int64), _block_codegen(4)
 
 
 @njit(nogil=True, fastmath=True)
-def _reduce_3x8(scratch, out, b, column):
-    """out[b:b+8, column:column+3] = the [24, 16] scratch's lanes summed (sum i*8+r: weight row i, activation row r)."""
+def _reduce_block(scratch, rows, out, b, column):
+    """out[b:b+rows, column:column+3] = the scratch's lanes summed (weight row i, activation row r at i*rows+r)."""
     for i in range(3):
-        for r in range(8):
+        for r in range(rows):
             s = np.float32(0.0)
             for lane in range(16):
-                s += scratch[i * 8 + r, lane]
+                s += scratch[i * rows + r, lane]
             out[b + r, column + i] = s
 
 
+@njit(nogil=True)
+def _f32_blocks(data, x, first, column, out, scratch, operands, calls):
+    """out[:, column:column+3] = x @ data[first:first+3].T in 3x8 blocks, then a 3x4, then rows one by one."""
+    n, cols = x.shape
+    row_bytes = cols * 4
+    x_bytes = x.strides[0]
+    operands[1] = row_bytes
+    operands[3] = x_bytes
+    operands[4] = cols // 16
+    operands[5] = scratch.ctypes.data
+    operands[7] = 64 // calls  # each of the block's calls prefetches its share of the next block's rows
+    b = 0
+    call = 0
+    while b + 4 <= n:
+        rows = 8 if b + 8 <= n else 4
+        operands[0] = data.ctypes.data + first * row_bytes
+        operands[2] = x.ctypes.data + b * x_bytes
+        operands[6] = data.ctypes.data + (first + 3) * row_bytes + call * (row_bytes // calls)
+        if rows == 8:
+            _f32_3x8(operands.ctypes.data)
+        else:
+            _f32_3x4(operands.ctypes.data)
+        _reduce_block(scratch, rows, out, b, column)
+        b += rows
+        call += 1
+    if b < n:
+        for k in range(3):
+            _dot_rows(data[first + k], x, out, column + k, b)
+
+
 def product_f32_avx512(data, scales, f16, run, x, start, stop, out):
-    # As product_f32, with the assembly 3x8 block where it applies: eight rows up and columns a multiple of 16.
+    # As product_f32, with the assembly blocks where they apply: four rows up, columns a multiple of 16.
     n, cols = x.shape
     first = start
-    if n >= 8 and cols % 16 == 0:
-        scratch = np.empty((24, 16), np.float32)  # [3 weight rows x 8 activation rows, 16 lanes]
+    if n >= 4 and cols % 16 == 0:
+        scratch = np.empty((24, 16), np.float32)  # [3 weight rows x up to 8 activation rows, 16 lanes]
         operands = np.empty(8, np.int64)
-        row_bytes = cols * 4
-        x_bytes = x.strides[0]
-        whole = n - n % 8
-        passes = whole // 8
+        calls = n // 8 + (n % 8) // 4
         while first + 3 <= stop:
-            for b in range(0, whole, 8):
-                operands[0] = data.ctypes.data + first * row_bytes
-                operands[1] = row_bytes
-                operands[2] = x.ctypes.data + b * x_bytes
-                operands[3] = x_bytes
-                operands[4] = cols // 16
-                operands[5] = scratch.ctypes.data
-                operands[6] = data.ctypes.data + (first + 3) * row_bytes + (b // 8) * row_bytes // passes
-                operands[7] = 64 // passes
-                _f32_3x8(operands.ctypes.data)
-                _reduce_3x8(scratch, out, b, first - start)
-            if whole < n:
-                for k in range(3):
-                    _dot_rows(data[first + k], x, out, first - start + k, whole)
+            _f32_blocks(data, x, first, first - start, out, scratch, operands, calls)
             first += 3
     step = 4 if n >= 4 else 1
     for first in range(first, stop, step):
