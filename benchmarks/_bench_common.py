@@ -52,7 +52,10 @@ def compiled_kernels_description() -> str:
     except ImportError as error:
         return f"numba not importable ({error}): numpy products"
     target = os.environ.get("NUMBA_CPU_NAME") or f"host ({binding.get_host_cpu_name()})"
-    return f"numba {numba.__version__} compiling for {target}"
+    from kestrel_trio._kernels import products
+
+    f32 = "AVX-512 assembly blocks" if products.avx512_f32() else "compiled loops"
+    return f"numba {numba.__version__} compiling for {target}; float32 rows from 4 up: {f32}"
 
 
 def load_average() -> str:

@@ -26,6 +26,12 @@ LLVM from fusing the expansion with the dot product into one pass
 (measured, 1 row: int8 0.21 ns a weight that way, 0.17 per form; Q8_0 0.27
 against 0.23).
 
+float32 weights (the fp32 residency's small-batch call) need no expansion:
+their rows are multiplied in place. On x86-64 with AVX-512, from four
+activation rows up, by a few instructions of assembly (3x8 and 3x4 blocks,
+:func:`product_f32_avx512`, chosen once by :func:`avx512_f32`), since LLVM's
+compiled 3x8 loop spilled its registers; elsewhere by the compiled loops.
+
 The functions release the GIL (``nogil``): the product threads of
 kestrel_trio._model.matmul run them on separate cores, each on its own
 stretch of rows.
