@@ -591,11 +591,16 @@ def avx512_f32() -> bool:
     """Whether this process multiplies float32 weights with the AVX-512 block (made once, on first call).
 
     Needs x86-64, a CPU with AVX-512F, and numba compiling for this host
-    (``NUMBA_CPU_NAME`` unset or "host": code for another CPU may lack the instructions).
+    (``NUMBA_CPU_NAME`` unset or "host", ``NUMBA_CPU_FEATURES`` unset or with
+    +avx512f: code for another CPU may lack the instructions). The check is
+    the only gate: LLVM reports an instruction it cannot assemble as a fatal
+    error, which ends the process rather than raising.
     """
     if not _avx512_f32_state:
         usable = False
-        if platform.machine() in ("x86_64", "AMD64") and os.environ.get("NUMBA_CPU_NAME", "host") == "host":
+        features = os.environ.get("NUMBA_CPU_FEATURES", "")
+        if (platform.machine() in ("x86_64", "AMD64") and os.environ.get("NUMBA_CPU_NAME", "host") == "host"
+                and (not features or "+avx512f" in features.split(","))):
             import llvmlite.binding as llvm_binding
 
             if llvm_binding.get_host_cpu_features().get("avx512f", False):
@@ -885,6 +890,12 @@ _compiled: dict = {}
 _compile_lock = threading.Lock()
 
 
+def _compiled_f32(storage, scales):
+    """The float32 product: the assembly blocks' where they apply (:func:`avx512_f32`), else the compiled loops'."""
+    product = product_f32_avx512 if avx512_f32() else product_f32
+    return njit(_signature(storage, scales), **_COMPILE)(product)
+
+
 def product_for(form: str):
     """(form's compiled product, its compiled expansion, how to view its storage), on first use.
 
@@ -898,10 +909,10 @@ def product_for(form: str):
             found = _compiled.get(form)
             if found is None:
                 product, expand, storage, scales, view = _PRODUCTS[form]
-                if form == "F32" and avx512_f32():
-                    product = product_f32_avx512
+                compiled = (_compiled_f32(storage, scales) if form == "F32"
+                            else njit(_signature(storage, scales), **_COMPILE)(product))
                 found = _compiled[form] = (
-                    njit(_signature(storage, scales), **_COMPILE)(product),
+                    compiled,
                     njit(_expand_signature(storage, scales), **_COMPILE)(expand),
                     view,
                 )
