@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -204,9 +206,6 @@ def test_more_rows_than_the_fused_product_takes_expand_chunks_for_the_small_batc
 
 
 def test_the_avx512_float32_block_is_used_exactly_where_the_cpu_has_avx512():
-    import os
-    import platform
-
     import llvmlite.binding as llvm_binding
 
     from kestrel_trio._kernels import products
@@ -237,7 +236,7 @@ def test_compiled_for_a_cpu_without_avx512_the_float32_product_takes_the_portabl
             "x = np.ones((8, 64), np.float32); out = np.empty((8, 96), np.float32); "
             "_kernels.packed_product('F32', w, None, x, 0, 96, out); "
             "assert np.array_equal(out, x @ w.T); print(products.avx512_f32())")
-    env = {**__import__("os").environ, "NUMBA_CPU_NAME": "haswell", "NUMBA_CPU_FEATURES": ""}
+    env = {**os.environ, "NUMBA_CPU_NAME": "haswell", "NUMBA_CPU_FEATURES": ""}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"

@@ -462,6 +462,14 @@ def _multiply(bufs, count, x, out, column):
             _dot_rows(bufs[k], x, out, column + k, 0)
 
 
+@njit(nogil=True)
+def _f32_rest(data, x, first, start, stop, out):
+    """out[:, first-start:stop-start] = x @ data[first:stop].T: the rows the float32 products' blocks left."""
+    step = 4 if x.shape[0] >= 4 else 1
+    for first in range(first, stop, step):
+        _multiply(data[first : min(first + step, stop)], min(step, stop - first), x, out, first - start)
+
+
 # ---------------------------------------------------------------- float32 rows, AVX-512 (x86-64)
 # LLVM compiles _dot_block_3x8's 24 accumulators, 8 activation vectors and a weight vector into 33 zmm
 # registers of 32: on Zen 5 it spilled and rotated registers every pass (about 50 register moves a pass),
@@ -540,15 +548,13 @@ def _reduce_block(scratch, rows, out, b, column):
 
 @njit(nogil=True)
 def _f32_blocks(data, x, first, column, out, scratch, operands, calls):
-    """out[:, column:column+3] = x @ data[first:first+3].T in 3x8 blocks, then a 3x4, then rows one by one."""
-    n, cols = x.shape
-    row_bytes = cols * 4
-    x_bytes = x.strides[0]
-    operands[1] = row_bytes
-    operands[3] = x_bytes
-    operands[4] = cols // 16
-    operands[5] = scratch.ctypes.data
-    operands[7] = 64 // calls  # each of the block's calls prefetches its share of the next block's rows
+    """out[:, column:column+3] = x @ data[first:first+3].T in 3x8 blocks, then a 3x4, then rows one by one.
+
+    ``operands``' strides, pass count, scratch and prefetch step are the caller's (the same for every block).
+    """
+    n = x.shape[0]
+    row_bytes = operands[1]
+    x_bytes = operands[3]
     b = 0
     call = 0
     while b + 4 <= n:
@@ -574,14 +580,17 @@ def product_f32_avx512(data, scales, f16, run, x, start, stop, out):
     first = start
     if n >= 4 and cols % 16 == 0:
         scratch = np.empty((24, 16), np.float32)  # [3 weight rows x up to 8 activation rows, 16 lanes]
-        operands = np.empty(8, np.int64)
-        calls = n // 8 + (n % 8) // 4
+        calls = n // 8 + (n % 8) // 4  # of the blocks, for each three weight rows
+        operands = np.empty(8, np.int64)  # as _f32_block_text reads them; _f32_blocks sets 0, 2 and 6
+        operands[1] = cols * 4
+        operands[3] = x.strides[0]
+        operands[4] = cols // 16
+        operands[5] = scratch.ctypes.data
+        operands[7] = 64 // calls  # each of a block's calls prefetches its share of the next block's rows
         while first + 3 <= stop:
             _f32_blocks(data, x, first, first - start, out, scratch, operands, calls)
             first += 3
-    step = 4 if n >= 4 else 1
-    for first in range(first, stop, step):
-        _multiply(data[first : min(first + step, stop)], min(step, stop - first), x, out, first - start)
+    _f32_rest(data, x, first, start, stop, out)
 
 
 _avx512_f32_state: list = []  # [bool]: whether F32 uses product_f32_avx512 in this process
@@ -666,9 +675,7 @@ def product_f32(data, scales, f16, run, x, start, stop, out):
         while first + 3 <= stop:
             _dot_block_3x8(data[first : first + 3], x, out, first - start)
             first += 3
-    step = 4 if x.shape[0] >= 4 else 1
-    for first in range(first, stop, step):
-        _multiply(data[first : min(first + step, stop)], min(step, stop - first), x, out, first - start)
+    _f32_rest(data, x, first, start, stop, out)
 
 
 def product_f16(data, scales, f16, run, x, start, stop, out):
@@ -890,12 +897,6 @@ _compiled: dict = {}
 _compile_lock = threading.Lock()
 
 
-def _compiled_f32(storage, scales):
-    """The float32 product: the assembly blocks' where they apply (:func:`avx512_f32`), else the compiled loops'."""
-    product = product_f32_avx512 if avx512_f32() else product_f32
-    return njit(_signature(storage, scales), **_COMPILE)(product)
-
-
 def product_for(form: str):
     """(form's compiled product, its compiled expansion, how to view its storage), on first use.
 
@@ -909,10 +910,10 @@ def product_for(form: str):
             found = _compiled.get(form)
             if found is None:
                 product, expand, storage, scales, view = _PRODUCTS[form]
-                compiled = (_compiled_f32(storage, scales) if form == "F32"
-                            else njit(_signature(storage, scales), **_COMPILE)(product))
+                if form == "F32" and avx512_f32():
+                    product = product_f32_avx512  # the assembly blocks where they apply
                 found = _compiled[form] = (
-                    compiled,
+                    njit(_signature(storage, scales), **_COMPILE)(product),
                     njit(_expand_signature(storage, scales), **_COMPILE)(expand),
                     view,
                 )
