@@ -54,7 +54,7 @@ def compiled_kernels_description() -> str:
     target = os.environ.get("NUMBA_CPU_NAME") or f"host ({binding.get_host_cpu_name()})"
     from kestrel_trio._kernels import products
 
-    f32 = "AVX-512 assembly blocks" if products.avx512_f32() else "compiled loops"
+    f32 = {"avx512": "AVX-512 assembly blocks", "avx2": "AVX2 assembly block"}.get(products.f32_assembly(), "compiled loops")
     return f"numba {numba.__version__} compiling for {target}; float32 rows from 4 up: {f32}"
 
 

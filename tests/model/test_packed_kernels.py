@@ -202,23 +202,35 @@ def test_more_rows_than_the_fused_product_takes_expand_chunks_for_the_small_batc
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
 
 
-# ---------------------------------------------------------------- float32 rows: the AVX-512 block (x86-64)
+# ---------------------------------------------------------------- float32 rows: the assembly blocks (x86-64)
 
 
-def test_the_avx512_float32_block_is_used_exactly_where_the_cpu_has_avx512():
+def test_the_float32_assembly_is_the_widest_the_cpu_and_the_compiled_code_both_have():
     import llvmlite.binding as llvm_binding
 
     from kestrel_trio._kernels import products
 
+    host = llvm_binding.get_host_cpu_features()
     features = os.environ.get("NUMBA_CPU_FEATURES", "")
-    expected = (platform.machine() in ("x86_64", "AMD64") and os.environ.get("NUMBA_CPU_NAME", "host") == "host"
-                and (not features or "+avx512f" in features.split(","))
-                and llvm_binding.get_host_cpu_features().get("avx512f", False))
-    assert products.avx512_f32() == expected
+    listed = set(features.split(",")) if features else None
+    name = os.environ.get("NUMBA_CPU_NAME", "host")
+
+    def has(*wanted):
+        return all(host.get(f, False) and (listed is None or f"+{f}" in listed) for f in wanted)
+
+    expected = None
+    if platform.machine() in ("x86_64", "AMD64"):
+        if name == "host" and has("avx512f"):
+            expected = "avx512"
+        elif name in ("host", "haswell", "znver3") and has("avx2", "fma"):
+            expected = "avx2"
+    if name not in ("host", "haswell", "znver3"):
+        pytest.skip(f"NUMBA_CPU_NAME={name}: the expectation is the subprocess tests' below")
+    assert products.f32_assembly() == expected
 
 
 @pytest.mark.parametrize("rows_in", [4, 5, 7, 8, 9, 12, 15, 16, 24, 31, 32])
-@pytest.mark.parametrize("cols", [512, 1040, 40])  # 40: not a multiple of 16, the compiled loops' path
+@pytest.mark.parametrize("cols", [512, 1040, 40, 36])  # 40: of 8, not 16 (the AVX2 block, not AVX-512's); 36: neither
 def test_float32_products_from_four_rows_match_numpy(rows_in, cols):
     rng = np.random.default_rng(rows_in + cols)
     weights = rng.standard_normal((23, cols), dtype=np.float32)  # [23, in]: blocks of three and two rows left
@@ -230,14 +242,28 @@ def test_float32_products_from_four_rows_match_numpy(rows_in, cols):
     assert np.isnan(out[:, :2]).all() and np.isnan(out[:, 23:]).all()
 
 
-def test_compiled_for_a_cpu_without_avx512_the_float32_product_takes_the_portable_loops():
+def _f32_product_in_a_process_compiling_for(cpu_name: str) -> str:
+    """The float32 assembly a process compiling for ``cpu_name`` uses, after checking its 8-row product."""
     code = ("import numpy as np; from kestrel_trio import _kernels; from kestrel_trio._kernels import products; "
             "assert _kernels.ready(); w = np.arange(96 * 64, dtype=np.float32).reshape(96, 64) % 7; "
             "x = np.ones((8, 64), np.float32); out = np.empty((8, 96), np.float32); "
             "_kernels.packed_product('F32', w, None, x, 0, 96, out); "
-            "assert np.array_equal(out, x @ w.T); print(products.avx512_f32())")
-    env = {**os.environ, "NUMBA_CPU_NAME": "haswell", "NUMBA_CPU_FEATURES": ""}
+            "assert np.array_equal(out, x @ w.T); print(products.f32_assembly())")
+    env = {**os.environ, "NUMBA_CPU_NAME": cpu_name, "NUMBA_CPU_FEATURES": ""}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "False"
+    return out.stdout.strip()
 
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86-64 CPU names")
+def test_compiled_for_a_cpu_without_avx2_the_float32_product_takes_the_portable_loops():
+    assert _f32_product_in_a_process_compiling_for("core2") == "None"
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86-64 CPU names")
+def test_compiled_for_an_avx2_cpu_the_float32_product_takes_the_avx2_block_where_the_host_has_it():
+    import llvmlite.binding as llvm_binding
+
+    host = llvm_binding.get_host_cpu_features()
+    expected = "avx2" if host.get("avx2", False) and host.get("fma", False) else "None"
+    assert _f32_product_in_a_process_compiling_for("haswell") == expected

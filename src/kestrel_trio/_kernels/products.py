@@ -29,7 +29,8 @@ against 0.23).
 float32 weights (the fp32 residency's small-batch call) need no expansion:
 their rows are multiplied in place. On x86-64 with AVX-512, from four
 activation rows up, by a few instructions of assembly (3x8 and 3x4 blocks,
-:func:`product_f32_avx512`, chosen once by :func:`avx512_f32`), since LLVM's
+:func:`product_f32_avx512`; with AVX2, a 3x4 block, :func:`product_f32_avx2`; chosen once by
+:func:`f32_assembly`), since LLVM's
 compiled 3x8 loop spilled its registers; elsewhere by the compiled loops.
 
 The functions release the GIL (``nogil``): the product threads of
@@ -470,7 +471,7 @@ def _f32_rest(data, x, first, start, stop, out):
         _multiply(data[first : min(first + step, stop)], min(step, stop - first), x, out, first - start)
 
 
-# ---------------------------------------------------------------- float32 rows, AVX-512 (x86-64)
+# ---------------------------------------------------------------- float32 rows in assembly (x86-64)
 # LLVM compiles _dot_block_3x8's 24 accumulators, 8 activation vectors and a weight vector into 33 zmm
 # registers of 32: on Zen 5 it spilled and rotated registers every pass (about 50 register moves a pass),
 # and 8 rows cost 2.5-3x one row. Written as a few instructions of assembly instead, a block of three weight
@@ -479,60 +480,91 @@ def _f32_rest(data, x, first, start, stop, out):
 # (prefetcht2, into L2): a product of 16 rows makes two passes over a block, and without it the memory sat idle
 # during the second, served from L1. Measured on the 2-core Zen 5, 2 threads, 3072 x 1024 weights from
 # memory, ns a weight: 8 rows 0.14-0.15 against 0.35 for the compiled loop, 16 rows 0.21 against 0.31.
+#
+# AVX2 has 16 ymm registers: the 3x4 block fills them exactly (12 sums, 3 weight vectors, 1 activation
+# vector), and sums its lanes itself (three vhaddps and a 128-bit add per weight row), so each call leaves 12
+# floats rather than 96 lanes to add up.
+
+# Operands at the address in $0, int64 [8]: weight row 0's address, the weight rows' stride (bytes),
+# activation row 0's address, its stride, passes (cols / lanes), the scratch the sums go to, where to
+# prefetch, bytes to advance that a pass.
+_LOAD_OPERANDS = ["mov 0($0), %r8", "mov 8($0), %r9", "mov 16($0), %r10", "mov 24($0), %r11",
+                  "lea (%r11,%r11,2), %r12", "lea (%r10,%r11,4), %r13", "mov 32($0), %rcx", "mov 48($0), %rsi",
+                  "mov 56($0), %rdi"]
+_WEIGHT_ROWS = ["(%r8)", "(%r8,%r9,1)", "(%r8,%r9,2)"]
+_ACTIVATION_ROWS = ["(%r10)", "(%r10,%r11,1)", "(%r10,%r11,2)", "(%r10,%r12,1)",
+                    "(%r13)", "(%r13,%r11,1)", "(%r13,%r11,2)", "(%r13,%r12,1)"]
+
+
+def _block_passes(reg: str, rows: int, w_reg: int, x_reg: int, vector_bytes: int) -> list[str]:
+    """The loop of a 3 x ``rows`` block: sums in registers 0..3*rows-1 (weight row i, activation row r at i*rows+r)."""
+    lines = ["1:"]
+    lines += [f"vmovups {at}, %{reg}{w_reg + i}" for i, at in enumerate(_WEIGHT_ROWS)]
+    lines += [f"prefetcht2 {at.replace('%r8', '%rsi')}" for at in _WEIGHT_ROWS]
+    lines.append("add %rdi, %rsi")
+    for r, at in enumerate(_ACTIVATION_ROWS[:rows]):
+        lines.append(f"vmovups {at}, %{reg}{x_reg}")
+        lines += [f"vfmadd231ps %{reg}{x_reg}, %{reg}{w_reg + i}, %{reg}{i * rows + r}" for i in range(3)]
+    lines += [f"add $${vector_bytes}, %r8", f"add $${vector_bytes}, %r10", f"add $${vector_bytes}, %r13",
+              "dec %rcx", "jnz 1b", "mov 40($0), %rax"]
+    return lines
 
 
 def _f32_block_text(rows: int) -> str:
-    """The 3 x ``rows`` block (rows 4 or 8): zmm sums of w[3, cols] by x[rows, cols], 16 columns a pass.
-
-    Operands at the address in $0, int64 [8]: weight row 0's address, the weight rows' stride (bytes),
-    activation row 0's address, its stride, cols/16, the scratch [3*rows, 16] the sums go to (weight row i,
-    activation row r at i*rows + r), where to prefetch, bytes to advance that a pass.
-    """
-    weights = ["(%r8)", "(%r8,%r9,1)", "(%r8,%r9,2)"]
-    acts = ["(%r10)", "(%r10,%r11,1)", "(%r10,%r11,2)", "(%r10,%r12,1)",
-            "(%r13)", "(%r13,%r11,1)", "(%r13,%r11,2)", "(%r13,%r12,1)"][:rows]
+    """The AVX-512 3 x ``rows`` block (rows 4 or 8): the scratch gets each sum's 16 lanes, [3*rows, 16]."""
     sums = 3 * rows
-    w_reg, x_reg = 24, 27  # zmm24-26: the weight rows' vectors, zmm27: an activation row's
-    lines = ["mov 0($0), %r8", "mov 8($0), %r9", "mov 16($0), %r10", "mov 24($0), %r11", "lea (%r11,%r11,2), %r12",
-             "lea (%r10,%r11,4), %r13", "mov 32($0), %rcx", "mov 48($0), %rsi", "mov 56($0), %rdi"]
-    lines += [f"vpxord %zmm{a}, %zmm{a}, %zmm{a}" for a in range(sums)]
-    lines.append("1:")
-    lines += [f"vmovups {at}, %zmm{w_reg + i}" for i, at in enumerate(weights)]
-    lines += [f"prefetcht2 {at.replace('%r8', '%rsi')}" for at in weights]
-    lines.append("add %rdi, %rsi")
-    for r, at in enumerate(acts):
-        lines.append(f"vmovups {at}, %zmm{x_reg}")
-        lines += [f"vfmadd231ps %zmm{x_reg}, %zmm{w_reg + i}, %zmm{i * rows + r}" for i in range(3)]
-    lines += ["add $$64, %r8", "add $$64, %r10", "add $$64, %r13", "dec %rcx", "jnz 1b", "mov 40($0), %rax"]
+    lines = _LOAD_OPERANDS + [f"vpxord %zmm{a}, %zmm{a}, %zmm{a}" for a in range(sums)]
+    lines += _block_passes("zmm", rows, 24, 27, 64)  # zmm24-26: the weight rows' vectors, zmm27: an activation's
     lines += [f"vmovups %zmm{a}, {64 * a}(%rax)" for a in range(sums)]
     lines.append("vzeroupper")
     return "\n".join(lines)
 
 
-def _block_codegen(rows: int):
+def _f32_avx2_block_text() -> str:
+    """The AVX2 3x4 block: the scratch gets the 12 sums, [3, 4] (weight row i, activation row r)."""
+    lines = _LOAD_OPERANDS + [f"vxorps %ymm{a}, %ymm{a}, %ymm{a}" for a in range(12)]
+    lines += _block_passes("ymm", 4, 12, 15, 32)  # ymm12-14: the weight rows' vectors, ymm15: an activation's
+    for i in range(3):  # lanes [r0 r1 r2 r3] of weight row i: pairs, then quads, then the two halves
+        a = 4 * i
+        lines += [f"vhaddps %ymm{a + 1}, %ymm{a}, %ymm{a}", f"vhaddps %ymm{a + 3}, %ymm{a + 2}, %ymm{a + 2}",
+                  f"vhaddps %ymm{a + 2}, %ymm{a}, %ymm{a}", f"vextractf128 $$1, %ymm{a}, %xmm{a + 1}",
+                  f"vaddps %xmm{a + 1}, %xmm{a}, %xmm{a}", f"vmovups %xmm{a}, {16 * i}(%rax)"]
+    lines.append("vzeroupper")
+    return "\n".join(lines)
+
+
+def _asm_codegen(text: str, vectors: list[str]):
     def codegen(context, builder, signature, args):
         from llvmlite import ir
 
         clobbers = ",".join([f"~{{{r}}}" for r in ("r8", "r9", "r10", "r11", "r12", "r13", "rcx", "rax", "rsi", "rdi")]
-                            + [f"~{{zmm{i}}}" for i in range(28)]
+                            + [f"~{{{v}}}" for v in vectors]
                             + ["~{memory}", "~{cc}", "~{dirflag}", "~{fpsr}", "~{flags}"])
-        asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [ir.IntType(64)]), _f32_block_text(rows), "r," + clobbers,
-                           side_effect=True)
+        asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [ir.IntType(64)]), text, "r," + clobbers, side_effect=True)
         builder.call(asm, list(args))
         return context.get_dummy_value()
     return codegen
 
 
+_ZMM = [f"zmm{i}" for i in range(28)]
+
+
 @intrinsic
 def _f32_3x8(typingctx, operands):
-    """The 3x8 block (:func:`_f32_block_text`); ``operands``: the address of its int64 [8] operands."""
-    return types.void(types.int64), _block_codegen(8)
+    """The AVX-512 3x8 block (:func:`_f32_block_text`); ``operands``: the address of its int64 [8] operands."""
+    return types.void(types.int64), _asm_codegen(_f32_block_text(8), _ZMM)
 
 
 @intrinsic
 def _f32_3x4(typingctx, operands):
-    """The 3x4 block (:func:`_f32_block_text`); ``operands``: the address of its int64 [8] operands."""
-    return types.void(types.int64), _block_codegen(4)
+    """The AVX-512 3x4 block (:func:`_f32_block_text`); ``operands``: the address of its int64 [8] operands."""
+    return types.void(types.int64), _asm_codegen(_f32_block_text(4), _ZMM)
+
+
+@intrinsic
+def _f32_3x4_avx2(typingctx, operands):
+    """The AVX2 3x4 block (:func:`_f32_avx2_block_text`); ``operands``: the address of its int64 [8] operands."""
+    return types.void(types.int64), _asm_codegen(_f32_avx2_block_text(), [f"ymm{i}" for i in range(16)])
 
 
 @njit(nogil=True, fastmath=True)
@@ -548,20 +580,16 @@ def _reduce_block(scratch, rows, out, b, column):
 
 @njit(nogil=True)
 def _f32_blocks(data, x, first, column, out, scratch, operands, calls):
-    """out[:, column:column+3] = x @ data[first:first+3].T in 3x8 blocks, then a 3x4, then rows one by one.
+    """out[:, column:column+3] = x @ data[first:first+3].T in AVX-512 3x8 blocks, then a 3x4, then rows one by one.
 
     ``operands``' strides, pass count, scratch and prefetch step are the caller's (the same for every block).
     """
     n = x.shape[0]
-    row_bytes = operands[1]
-    x_bytes = operands[3]
     b = 0
     call = 0
     while b + 4 <= n:
         rows = 8 if b + 8 <= n else 4
-        operands[0] = data.ctypes.data + first * row_bytes
-        operands[2] = x.ctypes.data + b * x_bytes
-        operands[6] = data.ctypes.data + (first + 3) * row_bytes + call * (row_bytes // calls)
+        _point_block(data, x, first, b, call, calls, operands)
         if rows == 8:
             _f32_3x8(operands.ctypes.data)
         else:
@@ -569,54 +597,127 @@ def _f32_blocks(data, x, first, column, out, scratch, operands, calls):
         _reduce_block(scratch, rows, out, b, column)
         b += rows
         call += 1
-    if b < n:
+    _rows_left(data, x, first, column, out, b)
+
+
+@njit(nogil=True)
+def _f32_blocks_avx2(data, x, first, column, out, sums, operands, calls):
+    """out[:, column:column+3] = x @ data[first:first+3].T in AVX2 3x4 blocks, then rows one by one."""
+    n = x.shape[0]
+    b = 0
+    call = 0
+    while b + 4 <= n:
+        _point_block(data, x, first, b, call, calls, operands)
+        _f32_3x4_avx2(operands.ctypes.data)
+        for i in range(3):
+            for r in range(4):
+                out[b + r, column + i] = sums[i, r]
+        b += 4
+        call += 1
+    _rows_left(data, x, first, column, out, b)
+
+
+@njit(nogil=True)
+def _point_block(data, x, first, b, call, calls, operands):
+    """Aim a block's operands at weight rows first.. and activation rows b.., and at its share of the next rows."""
+    row_bytes = operands[1]
+    operands[0] = data.ctypes.data + first * row_bytes
+    operands[2] = x.ctypes.data + b * operands[3]
+    operands[6] = data.ctypes.data + (first + 3) * row_bytes + call * (row_bytes // calls)
+
+
+@njit(nogil=True, fastmath=True)
+def _rows_left(data, x, first, column, out, b):
+    """out[b:, column:column+3] = x[b:] @ data[first:first+3].T: the activation rows the blocks left."""
+    if b < x.shape[0]:
         for k in range(3):
             _dot_rows(data[first + k], x, out, column + k, b)
 
 
+@njit(nogil=True)
+def _block_operands(x, row_bytes, lanes, scratch, calls):
+    """A block's int64 [8] operands (:data:`_LOAD_OPERANDS`) with those the same for every block set."""
+    operands = np.empty(8, np.int64)  # the blocks' drivers set 0, 2 and 6 (_point_block)
+    operands[1] = row_bytes
+    operands[3] = x.strides[0]
+    operands[4] = x.shape[1] // lanes
+    operands[5] = scratch.ctypes.data
+    operands[7] = 4 * lanes // calls  # each of a block's calls prefetches its share of the next block's rows
+    return operands
+
+
 def product_f32_avx512(data, scales, f16, run, x, start, stop, out):
-    # As product_f32, with the assembly blocks where they apply: four rows up, columns a multiple of 16.
+    # As product_f32, with the AVX-512 blocks where they apply: four rows up, columns a multiple of 16.
     n, cols = x.shape
     first = start
     if n >= 4 and cols % 16 == 0:
         scratch = np.empty((24, 16), np.float32)  # [3 weight rows x up to 8 activation rows, 16 lanes]
         calls = n // 8 + (n % 8) // 4  # of the blocks, for each three weight rows
-        operands = np.empty(8, np.int64)  # as _f32_block_text reads them; _f32_blocks sets 0, 2 and 6
-        operands[1] = cols * 4
-        operands[3] = x.strides[0]
-        operands[4] = cols // 16
-        operands[5] = scratch.ctypes.data
-        operands[7] = 64 // calls  # each of a block's calls prefetches its share of the next block's rows
+        operands = _block_operands(x, cols * 4, 16, scratch, calls)
         while first + 3 <= stop:
             _f32_blocks(data, x, first, first - start, out, scratch, operands, calls)
             first += 3
     _f32_rest(data, x, first, start, stop, out)
 
 
-_avx512_f32_state: list = []  # [bool]: whether F32 uses product_f32_avx512 in this process
+def product_f32_avx2(data, scales, f16, run, x, start, stop, out):
+    # As product_f32, with the AVX2 3x4 block where it applies: four rows up, columns a multiple of 8.
+    n, cols = x.shape
+    first = start
+    if n >= 4 and cols % 8 == 0:
+        sums = np.empty((3, 4), np.float32)  # [weight row, activation row] of one block
+        operands = _block_operands(x, cols * 4, 8, sums, n // 4)
+        while first + 3 <= stop:
+            _f32_blocks_avx2(data, x, first, first - start, out, sums, operands, n // 4)
+            first += 3
+    _f32_rest(data, x, first, start, stop, out)
 
 
-def avx512_f32() -> bool:
-    """Whether this process multiplies float32 weights with the AVX-512 block (made once, on first call).
+# Host CPU names whose code has AVX2 and FMA (NUMBA_CPU_NAME set to one of them still allows the AVX2 block).
+_AVX2_CPU_NAMES = frozenset({"haswell", "broadwell", "skylake", "skylake-avx512", "cascadelake", "cooperlake",
+                             "icelake-client", "icelake-server", "tigerlake", "sapphirerapids", "alderlake",
+                             "raptorlake", "znver1", "znver2", "znver3", "znver4", "znver5", "x86-64-v3", "x86-64-v4"})
+_f32_assembly_state: list = []  # [str | None]: the assembly F32 uses in this process
 
-    Needs x86-64, a CPU with AVX-512F, and numba compiling for this host
-    (``NUMBA_CPU_NAME`` unset or "host", ``NUMBA_CPU_FEATURES`` unset or with
-    +avx512f: code for another CPU may lack the instructions). The check is
-    the only gate: LLVM reports an instruction it cannot assemble as a fatal
-    error, which ends the process rather than raising.
+
+def f32_assembly() -> str | None:
+    """The assembly blocks this process multiplies float32 weights with: "avx512", "avx2" or None (compiled loops).
+
+    Made once, on first call. Needs x86-64 and a CPU with the instructions
+    (AVX-512F; or AVX2 and FMA). The code numba compiles must have them too:
+    "avx512" only for ``NUMBA_CPU_NAME`` unset or "host", "avx2" also for a
+    named CPU with AVX2 (``haswell``, ``znver3``...), and
+    ``NUMBA_CPU_FEATURES``, where set, must list the features (+avx512f;
+    +avx2 and +fma). The check is the only gate: LLVM reports an instruction
+    it cannot assemble as a fatal error, which ends the process rather than
+    raising.
     """
-    if not _avx512_f32_state:
-        usable = False
-        features = os.environ.get("NUMBA_CPU_FEATURES", "")
-        if (platform.machine() in ("x86_64", "AMD64") and os.environ.get("NUMBA_CPU_NAME", "host") == "host"
-                and (not features or "+avx512f" in features.split(","))):
-            import llvmlite.binding as llvm_binding
+    if not _f32_assembly_state:
+        _f32_assembly_state.append(_usable_f32_assembly())
+    return _f32_assembly_state[0]
 
-            if llvm_binding.get_host_cpu_features().get("avx512f", False):
-                llvm_binding.initialize_native_asmparser()  # the block is assembly that LLVM assembles
-                usable = True
-        _avx512_f32_state.append(usable)
-    return _avx512_f32_state[0]
+
+def _usable_f32_assembly() -> str | None:
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return None
+    import llvmlite.binding as llvm_binding
+
+    host = llvm_binding.get_host_cpu_features()
+    name = os.environ.get("NUMBA_CPU_NAME", "host")
+    features = os.environ.get("NUMBA_CPU_FEATURES", "")
+    listed = set(features.split(",")) if features else None
+
+    def allowed(*wanted: str) -> bool:
+        return all(host.get(f, False) for f in wanted) and (listed is None or all(f"+{f}" in listed for f in wanted))
+
+    if name == "host" and allowed("avx512f"):
+        found = "avx512"
+    elif (name == "host" or name in _AVX2_CPU_NAMES) and allowed("avx2", "fma"):
+        found = "avx2"
+    else:
+        return None
+    llvm_binding.initialize_native_asmparser()  # the blocks are assembly that LLVM assembles
+    return found
 
 
 # ---------------------------------------------------------------- the products, one per form
@@ -910,8 +1011,8 @@ def product_for(form: str):
             found = _compiled.get(form)
             if found is None:
                 product, expand, storage, scales, view = _PRODUCTS[form]
-                if form == "F32" and avx512_f32():
-                    product = product_f32_avx512  # the assembly blocks where they apply
+                if form == "F32" and f32_assembly():  # the assembly blocks where they apply
+                    product = {"avx512": product_f32_avx512, "avx2": product_f32_avx2}[f32_assembly()]
                 found = _compiled[form] = (
                     njit(_signature(storage, scales), **_COMPILE)(product),
                     njit(_expand_signature(storage, scales), **_COMPILE)(expand),
