@@ -213,7 +213,7 @@ def _reference_attention(q, keys, values, past, scale):
     return out.reshape(t, n_heads * head_dim)
 
 
-@pytest.mark.parametrize(("t", "past"), [(1, 0), (1, 9), (6, 0), (6, 5)])
+@pytest.mark.parametrize(("t", "past"), [(1, 0), (1, 9), (6, 0), (6, 5), (64, 0), (150, 20)])  # 150: three query blocks
 def test_attention_shared_among_threads_equals_the_reference(monkeypatch, t, past):
     rng = np.random.default_rng(t + past)
     q = rng.standard_normal((t, 6, 8), dtype=np.float32)  # [T, n_heads, head_dim]

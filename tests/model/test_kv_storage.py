@@ -65,21 +65,19 @@ def test_chunked_attention_over_stored_kv_equals_the_float32_path(monkeypatch, d
     monkeypatch.setattr(kv_storage, "CHUNK_ELEMENTS", 2 * 16 * 40)  # 40-token chunks: several, a ragged last one
     rng = np.random.default_rng(t * 1000 + total)
     h, group, d = 2, 3, 16
-    grouped = rng.standard_normal((h, group * t, d), dtype=np.float32)  # [h, group*T, head_dim]
+    grouped = rng.standard_normal((h, t * group, d), dtype=np.float32)  # [h, T*group, head_dim]
     raw = rng.standard_normal((2, h, total, d), dtype=np.float32)  # keys, values
     if dtype == np.uint16:
         keys, values = (fp32_to_bf16_bits(x).reshape(x.shape) for x in raw)
     else:
         keys, values = raw.astype(np.float16)
-    future = None
+    diagonal = None  # the T queries are the last T keys: each hides the keys after it
     if t > 1:
-        past = total - t
-        hidden = np.arange(total)[None, :] > (past + np.arange(t))[:, None]  # [T, total]
-        future = np.where(hidden, np.float32(-np.inf), np.float32(0))
-    expected = np.empty((h, group * t, d), dtype=np.float32)
-    _attend(grouped, _widened(keys), _widened(values), future, expected)
+        diagonal = np.where(np.arange(t)[None, :] > np.arange(t)[:, None], np.float32(-np.inf), np.float32(0))
+    expected = np.empty((h, t * group, d), dtype=np.float32)
+    _attend(grouped, _widened(keys), _widened(values), diagonal, expected)
     got = np.empty_like(expected)
-    _attend(grouped, keys, values, future, got)  # stored dtype: the chunked path
+    _attend(grouped, keys, values, diagonal, got)  # stored dtype: the chunked path
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
 
 

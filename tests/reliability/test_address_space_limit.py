@@ -1,26 +1,34 @@
 """A real `kestrel-trio serve` under an address-space limit too small for one long prompt's prefill.
 
 The limit (RLIMIT_AS, set with prlimit on the running server) leaves room
-for everything the server does but one thing: the attention scores of an
-8,000-token prompt prefilled in one chunk (1 GiB, and its causal mask). That
-request must end with an out-of-memory error while three streams already
-running complete, /health answers all along, and the next request succeeds.
+for everything the server does but one thing: the MLP activations of an
+8,000-token prompt prefilled in one chunk, on the demo model's shapes with
+an MLP of 8,192 (gate and up: 500 MiB). That request must end with an
+out-of-memory error while three streams already running complete, /health
+answers all along, and the next request succeeds. (Attention no longer
+makes such a chunk big: its scores are a query block's at a time.)
 Real process, real sockets, real clock: the refusal is the kernel's.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import resource
 import subprocess
 import sys
+from importlib import resources
+from pathlib import Path
 
 import pytest
 import trio
 from rel_kit import LatencyProbe, connected, fetch
 
+from kestrel_trio._model.random_init import write_random_checkpoint
+from kestrel_trio.model import DEMO_CONFIG
+
 HEALTH_BOUND = 0.25  # s, five times the issue's 50 ms budget: only a real stall can exceed it
-ROOM = 256 * 2**20  # address space left above the server's size: thread stacks and BLAS buffers, not 1 GiB of scores
+ROOM = 256 * 2**20  # address space left above the server's size: thread stacks and BLAS buffers, not 500 MiB
 STREAM_TOKENS = 120
 LONG_PROMPT = 8000  # tokens; the demo model's context is 8192
 
@@ -33,8 +41,19 @@ def vm_size(pid: int) -> int:
     raise KeyError("VmSize")
 
 
-async def start_server() -> tuple[trio.Process, int, list[str]]:
-    command = [sys.executable, "-m", "kestrel_trio.cli", "serve", "--port", "0", "--prefill-chunk", "8192",
+def write_wide_mlp_model(folder: Path) -> Path:
+    """The demo model's shapes and tokenizer with an MLP of 8,192: an 8,000-token chunk's gate and up are 500 MiB."""
+    write_random_checkpoint(folder, {**DEMO_CONFIG, "intermediate_size": 8192}, seed=0)
+    demo = resources.files("kestrel_trio") / "_demo"
+    (folder / "tokenizer.json").write_bytes(gzip.decompress((demo / "tokenizer.json.gz").read_bytes()))
+    for name in ("tokenizer_config.json", "generation_config.json"):
+        (folder / name).write_bytes((demo / name).read_bytes())
+    return folder
+
+
+async def start_server(model: Path) -> tuple[trio.Process, int, list[str]]:
+    command = [sys.executable, "-m", "kestrel_trio.cli", "serve", "--model", str(model), "--port", "0",
+               "--prefill-chunk", "8192",
                "--kv-cache-mb", "64", "--max-batch", "4", "--prefix-cache-mb", "0"]
     process = await trio.lowlevel.open_process(command, stderr=subprocess.PIPE)
     lines: list[str] = []
@@ -65,9 +84,10 @@ async def stream_completion(port: int, prompt: list[int], results: list, started
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="prlimit(2) and /proc are Linux")
-async def test_a_prompt_too_long_for_the_address_space_fails_alone_and_the_server_serves_on() -> None:
+async def test_a_prompt_too_long_for_the_address_space_fails_alone_and_the_server_serves_on(tmp_path) -> None:
+    model = write_wide_mlp_model(tmp_path / "wide-mlp")
     with trio.fail_after(120):
-        process, port, lines = await start_server()
+        process, port, lines = await start_server(model)
         try:
             _, hard = resource.prlimit(process.pid, resource.RLIMIT_AS)
             resource.prlimit(process.pid, resource.RLIMIT_AS, (vm_size(process.pid) + ROOM, hard))

@@ -25,7 +25,7 @@ import numpy as np
 
 __all__ = ["FORMS", "ready", "compiled", "unavailable_reason", "describe", "prepare", "packed_product", "packed_expand",
            "packed_weights", "release_compiler_pages", "enable_tiles", "tile_product", "tile_pack", "tile_multiply",
-           "TILE_BLOCK_ROWS", "TILE_K_STEP", "rotate_half"]
+           "TILE_BLOCK_ROWS", "TILE_K_STEP", "rotate_half", "softmax_numerators", "swiglu"]
 
 # The storage forms the compiled products know (kestrel_trio._kernels.products.FORMS), known without numba.
 FORMS = frozenset(("int8", "int4", "bf16", "F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K",
@@ -288,4 +288,35 @@ def rotate_half(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray |
 
     out = np.empty(x.shape, dtype=np.float32)  # [T, heads, dim]
     rope.rotate_half(x, cos, sin, out)
+    return out
+
+
+# ---------------------------------------------------------------- exponentials (softmax, SiLU)
+
+
+def softmax_numerators(scores: np.ndarray) -> np.ndarray | None:
+    """``scores`` float32 [..., S], C-contiguous, to e^(s - its row's max) in place; the row sums [..., 1].
+
+    None (``scores`` untouched) where the compiled loops cannot run or the array is not of that kind.
+    """
+    if not (ready() and scores.dtype == np.float32 and scores.flags.c_contiguous and scores.size):
+        return None
+    from kestrel_trio._kernels import exp  # numba is imported: this only compiles or loads the loops
+
+    sums = np.empty(scores.shape[:-1] + (1,), dtype=np.float32)  # [..., 1]
+    exp.softmax_numerators(scores.reshape(-1, scores.shape[-1]), sums.reshape(-1))
+    return sums
+
+
+def swiglu(gate_up: np.ndarray) -> np.ndarray | None:
+    """silu(gate) * up, float32 [N, D], for ``gate_up`` float32 [N, 2D] (C-contiguous) holding gate, then up.
+
+    None where the compiled loops cannot run or the array is not of that kind.
+    """
+    if not (ready() and gate_up.dtype == np.float32 and gate_up.flags.c_contiguous and gate_up.ndim == 2):
+        return None
+    from kestrel_trio._kernels import exp
+
+    out = np.empty((gate_up.shape[0], gate_up.shape[1] // 2), dtype=np.float32)  # [N, D]
+    exp.swiglu(gate_up, out)
     return out

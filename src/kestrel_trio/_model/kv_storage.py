@@ -24,9 +24,10 @@ import threading
 
 import numpy as np
 
+from kestrel_trio import _kernels
 from kestrel_trio._model.safetensors import fp32_to_bf16_bits
 
-__all__ = ["KV_DTYPES", "storage_dtype", "to_storage", "attend_stored"]
+__all__ = ["KV_DTYPES", "storage_dtype", "to_storage", "attend_stored", "mask_future", "softmax_numerators"]
 
 KV_DTYPES = ("fp32", "bf16", "fp16")
 _STORAGE = {"fp32": np.dtype(np.float32), "bf16": np.dtype(np.uint16), "fp16": np.dtype(np.float16)}
@@ -57,7 +58,34 @@ def to_storage(x: np.ndarray, dtype: np.dtype) -> np.ndarray:
     return np.clip(x, -_FP16_MAX, _FP16_MAX).astype(np.float16)  # [...]
 
 
-def attend_stored(grouped: np.ndarray, keys: np.ndarray, values: np.ndarray, future: np.ndarray | None,
+def mask_future(scores: np.ndarray, diagonal: np.ndarray | None) -> None:
+    """Add the causal mask of B queries over their own keys to ``scores`` [h, B*group, seen], in place.
+
+    Rows are in (query, group) order; the last B keys are the queries' own,
+    ``diagonal`` [B, B] is 0 or -inf (key after query). None: one query, nothing hidden.
+    """
+    if diagonal is None:
+        return
+    h, rows, seen = scores.shape
+    b = diagonal.shape[0]
+    own = scores.reshape(h, b, rows // b, seen)[..., seen - b :]  # [h, B, group, B]
+    np.add(own, diagonal[None, :, None, :], out=own)
+
+
+def softmax_numerators(scores: np.ndarray) -> np.ndarray:
+    """``scores`` [h, rows, seen] to e^(s - its row's max) in place; the row sums [h, rows, 1].
+
+    In one compiled pass where numba runs (kestrel_trio._kernels.softmax_numerators), else in numpy.
+    """
+    sums = _kernels.softmax_numerators(scores)  # [h, rows, 1]
+    if sums is None:
+        scores -= scores.max(axis=-1, keepdims=True)
+        np.exp(scores, out=scores)
+        sums = scores.sum(axis=-1, keepdims=True)  # [h, rows, 1]
+    return sums
+
+
+def attend_stored(grouped: np.ndarray, keys: np.ndarray, values: np.ndarray, diagonal: np.ndarray | None,
                   out: np.ndarray) -> None:
     """Softmax attention of float32 ``grouped`` [h, rows, head_dim] over stored ``keys``, ``values`` [h, total, head_dim].
 
@@ -65,34 +93,30 @@ def attend_stored(grouped: np.ndarray, keys: np.ndarray, values: np.ndarray, fut
     one division), over keys and values widened chunk by chunk.
 
     Args:
-        grouped: scaled queries, [h, group*T, head_dim].
-        keys: bf16 bits (uint16) or float16, [h, total, head_dim].
+        grouped: scaled queries, [h, B*group, head_dim], rows in (query, group) order.
+        keys: bf16 bits (uint16) or float16, [h, total, head_dim], the last B the queries' own.
         values: as ``keys``.
-        future: [T, total] 0 or -inf (the causal mask of a prefill chunk), or None for one query row.
-        out: float32 [h, group*T, head_dim], written.
+        diagonal: [B, B] 0 or -inf, the queries' mask over their own keys (:func:`mask_future`), or None.
+        out: float32 [h, B*group, head_dim], written.
     """
     h, rows, head_dim = grouped.shape
     total = keys.shape[1]
     step = max(16, CHUNK_ELEMENTS // (h * head_dim))  # tokens per chunk
     widened = _widening_buffer(h * min(step, total) * head_dim, keys.dtype)
-    scores = np.empty((h, rows, total), dtype=np.float32)  # [h, group*T, total]
+    scores = np.empty((h, rows, total), dtype=np.float32)  # [h, B*group, total]
     for start in range(0, total, step):
         stop = min(start + step, total)
         chunk = _widen(keys[:, start:stop], widened)  # [h, c, head_dim]
-        np.matmul(grouped, chunk.transpose(0, 2, 1), out=scores[:, :, start:stop])  # [h, group*T, c]
-    if future is not None:
-        by_query = scores.reshape(h, rows // future.shape[0], future.shape[0], total)  # [h, group, T, total]
-        np.add(by_query, future, out=by_query)
-    scores -= scores.max(axis=-1, keepdims=True)
-    np.exp(scores, out=scores)
-    sums = scores.sum(axis=-1, keepdims=True)  # [h, group*T, 1]
+        np.matmul(grouped, chunk.transpose(0, 2, 1), out=scores[:, :, start:stop])  # [h, B*group, c]
+    mask_future(scores, diagonal)
+    sums = softmax_numerators(scores)  # [h, B*group, 1]
     partial = None
     for start in range(0, total, step):
         stop = min(start + step, total)
         chunk = _widen(values[:, start:stop], widened)  # [h, c, head_dim]
         if partial is None:
-            np.matmul(scores[:, :, start:stop], chunk, out=out)  # [h, group*T, head_dim]
-            partial = np.empty_like(out)  # [h, group*T, head_dim]
+            np.matmul(scores[:, :, start:stop], chunk, out=out)  # [h, B*group, head_dim]
+            partial = np.empty_like(out)  # [h, B*group, head_dim]
         else:
             np.matmul(scores[:, :, start:stop], chunk, out=partial)
             out += partial

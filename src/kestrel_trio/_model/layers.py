@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from kestrel_trio._model.kv_storage import attend_stored
+from kestrel_trio import _kernels
+from kestrel_trio._model.kv_storage import attend_stored, mask_future, softmax_numerators
 from kestrel_trio._model.matmul import linear, one_thread_blas, run_shared, shares_of
 from kestrel_trio._model.packed import Matrix, PackedMatrix
 from kestrel_trio._model.weights import DenseMLP, SparseMoE
@@ -58,25 +59,22 @@ def causal_attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, past: 
     n_kv, total, _ = keys.shape
     group = n_heads // n_kv
     scaled = q * np.float32(scale)  # [T, n_heads, head_dim]: fewer multiplies than scaling the scores
-    grouped = scaled.reshape(t, n_kv, group, head_dim).transpose(1, 2, 0, 3)  # [n_kv, group, T, head_dim]
-    grouped = grouped.reshape(n_kv, group * t, head_dim)  # [n_kv, group*T, head_dim]
-    future = None
-    if t > 1:  # adding 0 or -inf: what a boolean-mask assignment does, 10x faster
-        hidden = np.arange(total)[None, :] > (past + np.arange(t))[:, None]  # [T, total]
-        future = np.where(hidden, np.float32(-np.inf), np.float32(0))  # [T, total]
-    out = np.empty((n_kv, group * t, head_dim), dtype=np.float32)  # [n_kv, group*T, head_dim]
+    # Rows in (query, group) order, so that a block of queries is a run of rows.
+    grouped = scaled.reshape(t, n_kv, group, head_dim).transpose(1, 0, 2, 3)  # [n_kv, T, group, head_dim]
+    grouped = grouped.reshape(n_kv, t * group, head_dim)  # [n_kv, T*group, head_dim]
+    out = np.empty((n_kv, t * group, head_dim), dtype=np.float32)  # [n_kv, T*group, head_dim]
     if t * total * n_heads < SHARED_ATTENTION_SCORES and 1 < t <= FEW_QUERIES:
         # A speculative verify step or a short chunk: each product is small, but big enough that OpenBLAS
         # would hand it to its own threads, and waking them cost 2.2 s a 9-row step of SmolLM2 at 781 tokens
         # of context on a busy machine (0.29 s on one thread).
         with one_thread_blas():
-            _attend(grouped, keys, values, future, out)
+            _attend_blocks(grouped, keys, values, past, t, out)
     elif t * total * n_heads < SHARED_ATTENTION_SCORES:
-        _attend(grouped, keys, values, future, out)
+        _attend_blocks(grouped, keys, values, past, t, out)
     else:  # a prefill chunk: the kv heads shared among the product threads, softmax passes included
-        run_shared([lambda a=a, b=b: _attend(grouped[a:b], keys[a:b], values[a:b], future, out[a:b])
+        run_shared([lambda a=a, b=b: _attend_blocks(grouped[a:b], keys[a:b], values[a:b], past, t, out[a:b])
                     for a, b in shares_of(n_kv)])
-    out = out.reshape(n_kv, group, t, head_dim).transpose(2, 0, 1, 3)  # [T, n_kv, group, head_dim]
+    out = out.reshape(n_kv, t, group, head_dim).transpose(1, 0, 2, 3)  # [T, n_kv, group, head_dim]
     return out.reshape(t, n_heads * head_dim)  # [T, n_heads*head_dim]
 
 
@@ -84,23 +82,40 @@ def causal_attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, past: 
 SHARED_ATTENTION_SCORES = 1 << 20
 # Queries up to which attention's products run on one BLAS thread (a decode-sized step: matmul.SMALL_BATCH_ROWS).
 FEW_QUERIES = 32
+# Queries a block of a prefill chunk's attention: each block scores only the keys its queries see (the keys
+# before the chunk and the chunk's own up to the block's last query), so a causal chunk computes a little
+# over half of the scores of the whole square, and a block's scores stay in L2 between their passes.
+QUERY_BLOCK = 64
+# The causal mask of a block of queries over its own keys: -inf above the diagonal.
+_DIAGONAL = np.where(np.arange(QUERY_BLOCK)[None, :] > np.arange(QUERY_BLOCK)[:, None], np.float32(-np.inf),
+                     np.float32(0))  # [QUERY_BLOCK, QUERY_BLOCK]
 
 
-def _attend(grouped: np.ndarray, keys: np.ndarray, values: np.ndarray, future: np.ndarray | None,
+def _attend_blocks(grouped: np.ndarray, keys: np.ndarray, values: np.ndarray, past: int, t: int,
+                   out: np.ndarray) -> None:
+    """Causal attention of ``grouped`` [h, T*group, head_dim] (T new queries after ``past`` keys), a block at a time."""
+    group = grouped.shape[1] // t
+    for first in range(0, t, QUERY_BLOCK):
+        last = min(first + QUERY_BLOCK, t)
+        rows = slice(first * group, last * group)
+        seen = past + last  # keys the block's queries see, at most
+        diagonal = _DIAGONAL[: last - first, : last - first] if last - first > 1 else None
+        _attend(grouped[:, rows], keys[:, :seen], values[:, :seen], diagonal, out[:, rows])
+
+
+def _attend(grouped: np.ndarray, keys: np.ndarray, values: np.ndarray, diagonal: np.ndarray | None,
             out: np.ndarray) -> None:
-    """Softmax attention of ``grouped`` [h, group*T, head_dim] over ``keys``, ``values`` [h, total, head_dim]."""
+    """Softmax attention of ``grouped`` [h, B*group, head_dim] over ``keys``, ``values`` [h, seen, head_dim].
+
+    ``diagonal`` [B, B] masks the last B keys for the B queries (:func:`mask_future`), None for one query.
+    """
     if keys.dtype != np.float32:
-        attend_stored(grouped, keys, values, future, out)
+        attend_stored(grouped, keys, values, diagonal, out)
         return
-    h, rows, _ = grouped.shape
-    scores = grouped @ keys.transpose(0, 2, 1)  # [h, group*T, total]
-    if future is not None:
-        by_query = scores.reshape(h, rows // future.shape[0], future.shape[0], -1)  # [h, group, T, total]
-        np.add(by_query, future, out=by_query)
-    scores -= scores.max(axis=-1, keepdims=True)
-    np.exp(scores, out=scores)
-    sums = scores.sum(axis=-1, keepdims=True)  # [h, group*T, 1]
-    np.matmul(scores, values, out=out)  # [h, group*T, head_dim]
+    scores = grouped @ keys.transpose(0, 2, 1)  # [h, B*group, seen]
+    mask_future(scores, diagonal)
+    sums = softmax_numerators(scores)  # [h, B*group, 1]
+    np.matmul(scores, values, out=out)  # [h, B*group, head_dim]
     out /= sums  # normalising the output: head_dim / total of the divisions
 
 
@@ -110,13 +125,21 @@ def dense_mlp(x: np.ndarray, mlp: DenseMLP) -> np.ndarray:
         gate = silu(linear(x, mlp.gate_proj, mlp.gate_bias))  # [N, inter]
         gate *= linear(x, mlp.up_proj, mlp.up_bias)  # [N, inter]
         return linear(gate, mlp.down_proj, mlp.down_bias)  # [N, hidden]
-    inter = mlp.down_proj.shape[1]
     gate_up = linear(x, mlp.gate_up_proj, mlp.gate_up_bias)  # [N, 2*inter]
-    return linear(swiglu(gate_up[:, :inter], gate_up[:, inter:]), mlp.down_proj, mlp.down_bias)  # [N, hidden]
+    return linear(swiglu(gate_up), mlp.down_proj, mlp.down_bias)  # [N, hidden]
 
 
-def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
-    """silu(gate) * up in one fresh array, rounding as ``silu(gate) * up`` does."""
+def swiglu(gate_up: np.ndarray) -> np.ndarray:
+    """silu(gate) * up in one fresh array [N, inter], for ``gate_up`` [N, 2*inter] holding gate, then up.
+
+    In one compiled pass where numba runs (kestrel_trio._kernels.swiglu: its exponential within about an ulp
+    of numpy's), else as ``silu(gate) * up`` rounds in numpy.
+    """
+    fused = _kernels.swiglu(gate_up)  # [N, inter]
+    if fused is not None:
+        return fused
+    inter = gate_up.shape[1] // 2
+    gate, up = gate_up[:, :inter], gate_up[:, inter:]  # [N, inter] each
     out = np.negative(gate)  # [N, inter]
     np.exp(out, out=out)
     out += np.float32(1.0)
