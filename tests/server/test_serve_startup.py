@@ -43,3 +43,19 @@ async def test_a_port_in_use_is_an_oserror_naming_the_address():
     (error,) = failed.value.exceptions
     assert isinstance(error, OSError) and error.errno == errno.EADDRINUSE
     assert error.strerror.startswith(f"cannot listen on 127.0.0.1:{port}: ")
+
+
+async def test_what_start_up_made_is_out_of_the_collector_s_reach_once_the_server_is_ready(tiny_model):
+    import gc
+
+    made_at_start = object.__new__(type("MadeAtStart", (), {}))  # a tracked object that exists before ready
+    gc.unfreeze()
+    try:
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                server = await nursery.start(serve, tiny_model)
+                assert gc.get_freeze_count() > 0  # full collections no longer scan start-up's objects
+                assert made_at_start not in gc.get_objects()  # frozen objects are not listed as tracked
+                server.shutdown()
+    finally:
+        gc.unfreeze()

@@ -59,6 +59,20 @@ def test_long_texts_encode_exactly_as_short_ones(qwen_tokenizer: Tokenizer) -> N
     assert qwen_tokenizer.encode(text[:100]) == backend.encode(text[:100], add_special_tokens=False).ids
 
 
+def test_very_long_texts_encode_in_pieces_cut_after_added_tokens_with_the_same_ids(qwen_tokenizer: Tokenizer) -> None:
+    # Past two pieces' length the text is encoded piece by piece, each cut right after an added token.
+    piece = "Ünïcode 文字 <|im_start|>user\n  spaces\t\ttabs<|im_end|>\n<think>x</think> 😀 "
+    text = piece * (300_000 // len(piece) + 1)
+    pieces = list(qwen_tokenizer._pieces(text))
+    assert len(pieces) > 2 and "".join(pieces) == text
+    assert all(any(p.endswith(t) for t in ("<|im_start|>", "<|im_end|>", "<think>", "</think>")) for p in pieces[:-1])
+    whole = qwen_tokenizer._backend.encode(text, add_special_tokens=False).ids
+    assert qwen_tokenizer.encode(text) == whole
+    assert qwen_tokenizer.encode_bounded(text, 1000) == (None, len(whole))  # too long: counted, no list built
+    plain = "abc def " * 40_000  # no added token to cut after: one piece
+    assert list(qwen_tokenizer._pieces(plain)) == [plain]
+
+
 def test_decode_skips_special_tokens_only_when_asked(qwen_tokenizer: Tokenizer) -> None:
     ids = [IM_START, *qwen_tokenizer.encode("hi"), THINK, IM_END]
     assert qwen_tokenizer.decode(ids) == "hi<think>"

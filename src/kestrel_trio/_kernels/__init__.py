@@ -7,9 +7,9 @@ decides when to call them and keeps its numpy path for what they do not
 cover, and for a Python that numba does not support: :func:`ready` is then
 False and :func:`unavailable_reason` says why.
 
-numba is imported at the first :func:`ready`, not with this package: an fp32
-model never multiplies packed weights, and importing numba costs about
-0.2 s and 50 MiB of resident memory.
+numba is imported at the first :func:`ready`, not with this package:
+importing numba costs about 0.2 s and 50 MiB of resident memory, which a
+process that only reads checkpoints or serves no model need not pay.
 """
 
 from __future__ import annotations
@@ -115,18 +115,31 @@ def packed_expand(form: str, data: np.ndarray, scales: np.ndarray | None, start:
 def prepare(forms) -> None:
     """Compile, or load from numba's cache, the products and expansions of ``forms`` (names in FORMS) now.
 
-    Then hand back the compiler's pages (:func:`release_compiler_pages`):
-    loading uses LLVM too, so a form loaded later would touch them again.
+    And the layers' loops every model steps with (exponentials, decode
+    attention). Then hand back the compiler's pages
+    (:func:`release_compiler_pages`): loading uses LLVM too, so a loop loaded
+    later would touch them again.
     """
     products = _products()
     started = time.perf_counter()
     wanted = sorted(set(forms) & FORMS)
     for form in wanted:
         products.product_for(form)
+    _load_layer_loops()
     seconds = time.perf_counter() - started
     if seconds > 0.5:  # a compilation, not a load from numba's cache: say why the start took longer
-        log.info("compiled the products of %s in %.1f s (cached on disk for later starts)", ", ".join(wanted), seconds)
+        log.info("compiled the products of %s and the layers' loops in %.1f s (cached on disk for later starts)",
+                 ", ".join(wanted) or "no packed form", seconds)
     release_compiler_pages()
+
+
+def _load_layer_loops() -> None:
+    """Run the exponentials' loops and decode attention once on tiny arrays of the types a forward passes them."""
+    scores = np.zeros((1, 2, 3), dtype=np.float32)  # [h, rows, seen]
+    softmax_numerators(scores)
+    swiglu(np.zeros((1, 4), dtype=np.float32))  # [N, 2*inter]
+    cache = np.zeros((1, 2, 4), dtype=np.float32)  # [n_kv, capacity, hd]
+    decode_attention(np.zeros((2, 4), dtype=np.float32), cache[:, :1], cache[:, :1], 0.5)
 
 
 def _typed(form: str, data: np.ndarray, scales: np.ndarray | None):

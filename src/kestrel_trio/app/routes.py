@@ -158,10 +158,7 @@ class _Routes:
         images = await prepare_images(model, chat.messages, self.state.images, self.state.image_workers)
         tool_choice = chat.tool_choice or ("auto" if chat.tools else "none")
         tools = list(chat.tools) if chat.tools and tool_choice != "none" else None
-        prompt = await self._off_loop(functools.partial(
-            model.apply_chat_template, template_parts(chat.template_messages()), add_generation_prompt=True,
-            tools=tools, **chat.chat_template_kwargs,
-        ))
+        prompt = await self._off_loop(_render_chat, model, chat, tools)
         thinking = model.tokenizer is not None and model.tokenizer.token_to_id("<think>") is not None
         forced = oa.forced_tool_prefix(tool_choice) if tools else ""
         if forced:
@@ -226,3 +223,13 @@ class _Routes:
         if req.tokens:
             model.check_token_ids(list(req.tokens), param="tokens")
         return _json(200, {"prompt": model.decode(list(req.tokens))})
+
+
+def _render_chat(model: Model, chat: oa.ChatRequest, tools: list | None) -> str:
+    """The prompt text of a validated chat request, generation prompt added (a worker thread's work).
+
+    Copying the messages for the template is part of it: for 60,000 messages the copy alone held the event loop
+    185 ms on the 2-core Zen 3.
+    """
+    return model.apply_chat_template(template_parts(chat.template_messages()), add_generation_prompt=True,
+                                     tools=tools, **chat.chat_template_kwargs)

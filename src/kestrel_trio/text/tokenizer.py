@@ -13,7 +13,7 @@ import json
 from collections.abc import Iterable, Mapping
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import tokenizers
 from tokenizers import decoders
@@ -104,6 +104,12 @@ def _config_chat_template(config: Mapping[str, Any]) -> str | None:
 
 
 _GIL_FREE_FROM_CHARS = 4096
+# A longer text is encoded in pieces of about this many characters, each ending right after an added token
+# (``<|im_end|>``...): the tokenizer splits its input at added tokens before anything else, so the pieces'
+# tokens are the whole text's. Even the batch call holds the GIL for a time that grows with the text (measured
+# on the 2-core Zen 3: a 1.7 MB prompt of 60,000 chat turns, 84 ms in one call, against 20 ms for a quarter of
+# it); pieces let the event loop in between.
+_PIECE_CHARS = 1 << 16
 
 
 class Tokenizer:
@@ -149,6 +155,9 @@ class Tokenizer:
                 "kestrel-trio serves byte-level BPE (Qwen) tokenizers"
             )
         self._backend = backend
+        # Added tokens matched in the raw text: the tokenizer cuts its input at them first (see _PIECE_CHARS).
+        self._splitting_tokens = tuple(sorted({t.content for t in backend.get_added_tokens_decoder().values()
+                                               if not t.normalized and t.content}))
         config = dict(tokenizer_config or {})
         gen_config = dict(generation_config or {})
         added = backend.get_added_tokens_decoder()
@@ -266,12 +275,29 @@ class Tokenizer:
         Building a Python list of millions of ids holds the GIL for tens of
         milliseconds; a prompt that cannot fit the context needs only its count.
         """
-        if len(text) >= _GIL_FREE_FROM_CHARS:
-            encoding = self._backend.encode_batch([text], add_special_tokens=False)[0]
-        else:
+        if len(text) < _GIL_FREE_FROM_CHARS:
             encoding = self._backend.encode(text, add_special_tokens=False)
-        total = len(encoding)
-        return (None if limit is not None and total > limit else encoding.ids), total
+            total = len(encoding)
+            return (None if limit is not None and total > limit else encoding.ids), total
+        encodings = [self._backend.encode_batch([piece], add_special_tokens=False)[0] for piece in self._pieces(text)]
+        total = sum(len(e) for e in encodings)
+        if limit is not None and total > limit:
+            return None, total
+        return [i for e in encodings for i in e.ids], total
+
+    def _pieces(self, text: str) -> Iterator[str]:
+        """``text`` cut right after added tokens into pieces of about _PIECE_CHARS (fewer where it has none)."""
+        start = 0
+        while len(text) - start > 2 * _PIECE_CHARS:
+            window = start + _PIECE_CHARS
+            ends = [at + len(token) for token in self._splitting_tokens
+                    if (at := text.find(token, window, window + _PIECE_CHARS)) >= 0]
+            if not ends:
+                break
+            cut = min(ends)
+            yield text[start:cut]
+            start = cut
+        yield text[start:]
 
     def to_json(self) -> str:
         """The backend tokenizer serialized as tokenizer.json text (what grammar engines build their vocabulary from)."""
