@@ -77,28 +77,3 @@ def test_swiglu_without_the_compiled_loop_rounds_as_numpy(monkeypatch):
     gate, up = gate_up[:, :32], gate_up[:, 32:]
     np.testing.assert_array_equal(layers.swiglu(gate_up), layers.silu(gate) * up)
     np.testing.assert_allclose(compiled, layers.silu(gate) * up, rtol=1e-6, atol=1e-7)
-
-
-def test_one_query_s_attention_over_a_kv_cache_takes_the_compiled_call_and_equals_numpy_s(monkeypatch):
-    from kestrel_trio._model.kv_cache import KVCache
-
-    rng = np.random.default_rng(3)
-    cache = KVCache(1, 2, 16)  # 1 layer, 2 kv heads of 16
-    cache.reserve(37)
-    cache.write(0, *rng.standard_normal((2, 37, 2, 16), dtype=np.float32))  # 37 tokens
-    cache.commit(37)
-    cache.reserve(1)
-    q = rng.standard_normal((1, 6, 16), dtype=np.float32)  # [1, n_heads, head_dim]: groups of 3
-    keys, values = cache.write(0, *rng.standard_normal((2, 1, 2, 16), dtype=np.float32))  # [2, 38, 16] views
-    assert keys.base is not None and keys.shape[1] < keys.base.shape[1]  # a prefix of the cache's buffer
-    assert _kernels.decode_attention(q[0], keys, values, 0.25) is not None
-    compiled = layers.causal_attention(q, keys, values, 37, 0.25)  # [1, 96]
-    monkeypatch.setattr(_kernels, "decode_attention", lambda *args: None)
-    numpy_path = layers.causal_attention(q, keys, values, 37, 0.25)
-    np.testing.assert_allclose(compiled, numpy_path, rtol=2e-6, atol=2e-7)
-
-
-def test_one_query_s_attention_over_keys_that_are_not_a_buffer_s_prefix_is_left_to_numpy():
-    keys = np.zeros((2, 10, 16), np.float32)[:, ::2]  # every other token: not a prefix
-    assert _kernels.decode_attention(np.zeros((4, 16), np.float32), keys, keys, 0.25) is None
-    assert _kernels.decode_attention(np.zeros((4, 16), np.float32), keys.astype(np.float16), keys, 0.25) is None

@@ -1,4 +1,4 @@
-"""The exponentials of softmax and SiLU in compiled loops that vectorize (numba), and one decode query's attention.
+"""The exponentials of softmax and SiLU in compiled loops that vectorize (numba).
 
 numpy 2's float32 ``np.exp`` runs scalar where the CPU lacks AVX-512: 2.3-2.5
 ns an element on the 2-core Zen 3 (AVX2), in L1. A prefill's attention
@@ -24,7 +24,7 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
-__all__ = ["softmax_numerators", "swiglu", "decode_attention"]
+__all__ = ["softmax_numerators", "swiglu"]
 
 _FAST = dict(nogil=True, cache=True, error_model="numpy", fastmath={"reassoc", "nsz", "contract", "arcp"})
 
@@ -98,39 +98,3 @@ def swiglu(gate_up, out):
         for j in range(width):
             g = gate_up[i, j]
             out[i, j] = g / (np.float32(1.0) + _exp(-g)) * gate_up[i, width + j]
-
-
-@njit(**_FAST)
-def decode_attention(q, scale, keys, values, total, scores, out):
-    """One query's grouped attention: ``out`` [n_heads, hd] over the first ``total`` of ``keys``, ``values``.
-
-    ``q`` [n_heads, hd]; ``keys``, ``values`` [n_kv, capacity, hd], C-contiguous (a KV cache's whole buffers:
-    as prefix views LLVM could not vectorize the rows); ``scores`` [total], scratch. Query head h reads kv head
-    h // (n_heads / n_kv). A decode step's attention in one call where numpy's takes a dozen, each on arrays of
-    a few hundred floats (measured, 16 heads of 128 over 40 keys: 22 us against 79 us; over 4,000: 4.5 ms
-    against 6.0 ms).
-    """
-    n_heads, hd = q.shape
-    group = n_heads // keys.shape[0]
-    for h in range(n_heads):
-        kv = h // group
-        top = np.float32(-np.inf)
-        for j in range(total):
-            s = np.float32(0.0)
-            for d in range(hd):
-                s += (q[h, d] * scale) * keys[kv, j, d]
-            scores[j] = s
-            top = max(top, s)
-        norm = np.float32(0.0)
-        for j in range(total):
-            e = _exp(scores[j] - top)
-            scores[j] = e
-            norm += e
-        for d in range(hd):
-            out[h, d] = np.float32(0.0)
-        for j in range(total):
-            weight = scores[j]
-            for d in range(hd):
-                out[h, d] += weight * values[kv, j, d]
-        for d in range(hd):
-            out[h, d] /= norm
