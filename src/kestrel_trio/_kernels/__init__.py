@@ -25,7 +25,7 @@ import numpy as np
 
 __all__ = ["FORMS", "ready", "compiled", "unavailable_reason", "describe", "prepare", "packed_product", "packed_expand",
            "packed_weights", "release_compiler_pages", "enable_tiles", "tile_product", "tile_pack", "tile_multiply",
-           "TILE_BLOCK_ROWS", "TILE_K_STEP", "rotate_half", "softmax_numerators", "swiglu"]
+           "TILE_BLOCK_ROWS", "TILE_K_STEP", "rotate_half", "swiglu"]
 
 # The storage forms the compiled products know (kestrel_trio._kernels.products.FORMS), known without numba.
 FORMS = frozenset(("int8", "int4", "bf16", "F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K",
@@ -114,8 +114,7 @@ def packed_expand(form: str, data: np.ndarray, scales: np.ndarray | None, start:
 def prepare(forms) -> None:
     """Compile, or load from numba's cache, the products and expansions of ``forms`` (names in FORMS) now.
 
-    And the layers' loops every model steps with (exponentials, decode
-    attention). Then hand back the compiler's pages
+    And the layers' loops every model steps with (the exponentials). Then hand back the compiler's pages
     (:func:`release_compiler_pages`): loading uses LLVM too, so a loop loaded
     later would touch them again.
     """
@@ -133,12 +132,8 @@ def prepare(forms) -> None:
 
 
 def _load_layer_loops() -> None:
-    """Run the exponentials' loops and decode attention once on tiny arrays of the types a forward passes them."""
-    scores = np.zeros((1, 2, 3), dtype=np.float32)  # [h, rows, seen]
-    softmax_numerators(scores)
+    """Run the exponentials' loops once on tiny arrays of the types a forward passes them."""
     swiglu(np.zeros((1, 4), dtype=np.float32))  # [N, 2*inter]
-    cache = np.zeros((1, 2, 4), dtype=np.float32)  # [n_kv, capacity, hd]
-    decode_attention(np.zeros((2, 4), dtype=np.float32), cache[:, :1], cache[:, :1], 0.5)
 
 
 def _typed(form: str, data: np.ndarray, scales: np.ndarray | None):
@@ -304,21 +299,7 @@ def rotate_half(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray |
     return out
 
 
-# ---------------------------------------------------------------- exponentials (softmax, SiLU)
-
-
-def softmax_numerators(scores: np.ndarray) -> np.ndarray | None:
-    """``scores`` float32 [..., S], C-contiguous, to e^(s - its row's max) in place; the row sums [..., 1].
-
-    None (``scores`` untouched) where the compiled loops cannot run or the array is not of that kind.
-    """
-    if not (ready() and scores.dtype == np.float32 and scores.flags.c_contiguous and scores.size):
-        return None
-    from kestrel_trio._kernels import exp  # numba is imported: this only compiles or loads the loops
-
-    sums = np.empty(scores.shape[:-1] + (1,), dtype=np.float32)  # [..., 1]
-    exp.softmax_numerators(scores.reshape(-1, scores.shape[-1]), sums.reshape(-1))
-    return sums
+# ---------------------------------------------------------------- exponentials (SiLU)
 
 
 def swiglu(gate_up: np.ndarray) -> np.ndarray | None:

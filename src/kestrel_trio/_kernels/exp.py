@@ -1,17 +1,17 @@
-"""The exponentials of softmax and SiLU in compiled loops that vectorize (numba).
+"""SwiGLU's exponentials in a compiled loop that vectorizes (numba).
 
 numpy 2's float32 ``np.exp`` runs scalar where the CPU lacks AVX-512: 2.3-2.5
 ns an element on the 2-core Zen 3 (AVX2), in L1. A prefill's attention
-scores and SwiGLU gates are tens of millions of exponentials, so that was
-about a quarter of attention's time and most of SwiGLU's. Here the
+scores and SwiGLU gates are tens of millions of exponentials, most of
+SwiGLU's time. (Attention's softmax keeps numpy's: with this exponential,
+speculative verify steps and plain decoding differed in the last bits.) Here the
 exponential is a polynomial LLVM can vectorize (:func:`_exp`: Cody-Waite
 reduction to r = x - n ln 2, |r| <= ln 2 / 2, a degree-5 polynomial for
 e^r, n added to the exponent bits), within 1.02 ulp of e^x wherever it is
 a normal float (measured at 5 M points from -87.3 to 88.7; mean 0.27 ulp); 0 below -87.34 (where np.exp gives
 a subnormal, below 1.2e-38), inf above 88.72 and NaN for NaN, as np.exp.
 
-The loops are compiled with reassociation (vector sums and maxima) but
-without LLVM's no-NaN / no-infinity assumptions (masked scores are -inf),
+The loop is compiled without LLVM's no-NaN / no-infinity assumptions,
 the exponential itself without reassociation (its Horner order is its
 accuracy), and with numpy's error model: Python's, which checks every
 division for zero, keeps LLVM from vectorizing a loop that divides.
@@ -24,7 +24,7 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
-__all__ = ["softmax_numerators", "swiglu"]
+__all__ = ["swiglu"]
 
 _FAST = dict(nogil=True, cache=True, error_model="numpy", fastmath={"reassoc", "nsz", "contract", "arcp"})
 
@@ -69,22 +69,6 @@ def _exp(x):
     if x > _HIGHEST:
         return np.float32(np.inf)
     return scaled
-
-
-@njit(**_FAST)
-def softmax_numerators(scores, sums):
-    """Each row of ``scores`` [R, S] (float32, C-contiguous) to e^(s - its max), in place; ``sums`` [R] their sums."""
-    rows, width = scores.shape
-    for i in range(rows):
-        top = np.float32(-np.inf)
-        for j in range(width):
-            top = max(top, scores[i, j])
-        total = np.float32(0.0)
-        for j in range(width):
-            e = _exp(scores[i, j] - top)
-            scores[i, j] = e
-            total += e
-        sums[i] = total
 
 
 @njit(**_FAST)
