@@ -1,11 +1,10 @@
 """SwiGLU's exponentials in a compiled loop that vectorizes (numba).
 
 numpy 2's float32 ``np.exp`` runs scalar where the CPU lacks AVX-512: 2.3-2.5
-ns an element on the 2-core Zen 3 (AVX2), in L1. A prefill's attention
-scores and SwiGLU gates are tens of millions of exponentials, most of
-SwiGLU's time. (Attention's softmax keeps numpy's: with this exponential,
-speculative verify steps and plain decoding differed in the last bits.) Here the
-exponential is a polynomial LLVM can vectorize (:func:`_exp`: Cody-Waite
+ns an element on the 2-core Zen 3 (AVX2), in L1. A prefill chunk's SwiGLU
+gates are millions of exponentials, most of SwiGLU's time. (Attention's
+softmax keeps numpy's: with this exponential, speculative verify steps and
+plain decoding differed in the last bits.) Here the exponential is a polynomial LLVM can vectorize (:func:`_exp`: Cody-Waite
 reduction to r = x - n ln 2, |r| <= ln 2 / 2, a degree-5 polynomial for
 e^r, n added to the exponent bits), within 1.02 ulp of e^x wherever it is
 a normal float (measured at 5 M points from -87.3 to 88.7; mean 0.27 ulp); 0 below -87.34 (where np.exp gives
