@@ -200,9 +200,9 @@ class FakeHub:
         if range_header:
             status = 206
             headers["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
-        handler.send_body(status, part, headers, cut_after=cut)
-        with self._lock:
+        with self._lock:  # counted before sending: the client may check the count as soon as its read ends
             self.body_bytes[path] += len(part) if cut is None else min(cut, len(part))
+        handler.send_body(status, part, headers, cut_after=cut)
 
     def _not_found_status(self, handler: _Handler) -> int:
         return 404 if handler.headers.get("Authorization") else 401  # the hub hides private repos this way
