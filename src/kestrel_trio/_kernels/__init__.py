@@ -25,7 +25,8 @@ import numpy as np
 
 __all__ = ["FORMS", "ready", "compiled", "unavailable_reason", "describe", "prepare", "packed_product", "packed_expand",
            "packed_weights", "release_compiler_pages", "enable_tiles", "tile_product", "tile_pack", "tile_multiply",
-           "TILE_BLOCK_ROWS", "TILE_K_STEP", "rotate_half", "swiglu"]
+           "TILE_BLOCK_ROWS", "TILE_K_STEP", "rotate_half", "softmax_numerators", "swiglu",
+           "decode_attention"]
 
 # The storage forms the compiled products know (kestrel_trio._kernels.products.FORMS), known without numba.
 FORMS = frozenset(("int8", "int4", "bf16", "F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K",
@@ -114,7 +115,8 @@ def packed_expand(form: str, data: np.ndarray, scales: np.ndarray | None, start:
 def prepare(forms) -> None:
     """Compile, or load from numba's cache, the products and expansions of ``forms`` (names in FORMS) now.
 
-    And the layers' loops every model steps with (the exponentials). Then hand back the compiler's pages
+    And the layers' loops every model steps with (exponentials, decode
+    attention). Then hand back the compiler's pages
     (:func:`release_compiler_pages`): loading uses LLVM too, so a loop loaded
     later would touch them again.
     """
@@ -132,8 +134,12 @@ def prepare(forms) -> None:
 
 
 def _load_layer_loops() -> None:
-    """Run the exponentials' loops once on tiny arrays of the types a forward passes them."""
+    """Run the exponentials' loops and decode attention once on tiny arrays of the types a forward passes them."""
+    scores = np.zeros((1, 2, 3), dtype=np.float32)  # [h, rows, seen]
+    softmax_numerators(scores)
     swiglu(np.zeros((1, 4), dtype=np.float32))  # [N, 2*inter]
+    cache = np.zeros((1, 2, 4), dtype=np.float32)  # [n_kv, capacity, hd]
+    decode_attention(np.zeros((2, 4), dtype=np.float32), cache[:, :1], cache[:, :1], 0.5)
 
 
 def _typed(form: str, data: np.ndarray, scales: np.ndarray | None):
@@ -299,7 +305,21 @@ def rotate_half(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray |
     return out
 
 
-# ---------------------------------------------------------------- exponentials (SiLU)
+# ---------------------------------------------------------------- exponentials (softmax, SiLU)
+
+
+def softmax_numerators(scores: np.ndarray) -> np.ndarray | None:
+    """``scores`` float32 [..., S], C-contiguous, to e^(s - its row's max) in place; the row sums [..., 1].
+
+    None (``scores`` untouched) where the compiled loops cannot run or the array is not of that kind.
+    """
+    if not (ready() and scores.dtype == np.float32 and scores.flags.c_contiguous and scores.size):
+        return None
+    from kestrel_trio._kernels import exp  # numba is imported: this only compiles or loads the loops
+
+    sums = np.empty(scores.shape[:-1] + (1,), dtype=np.float32)  # [..., 1]
+    exp.softmax_numerators(scores.reshape(-1, scores.shape[-1]), sums.reshape(-1))
+    return sums
 
 
 def swiglu(gate_up: np.ndarray) -> np.ndarray | None:
@@ -314,3 +334,33 @@ def swiglu(gate_up: np.ndarray) -> np.ndarray | None:
     out = np.empty((gate_up.shape[0], gate_up.shape[1] // 2), dtype=np.float32)  # [N, D]
     exp.swiglu(gate_up, out)
     return out
+
+
+def _whole_buffer(view: np.ndarray) -> np.ndarray | None:
+    """The C-contiguous float32 [h, capacity, d] buffer whose prefix along axis 1 ``view`` is, or None."""
+    base = view.base if view.base is not None else view
+    if (isinstance(base, np.ndarray) and base.dtype == np.float32 and base.ndim == 3 and base.flags.c_contiguous
+            and base.ctypes.data == view.ctypes.data and base.strides == view.strides
+            and base.shape[0] == view.shape[0] and base.shape[2] == view.shape[2]):
+        return base
+    return None
+
+
+def decode_attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, scale: float) -> np.ndarray | None:
+    """One query's grouped attention, [n_heads * hd]: ``q`` float32 [n_heads, hd] over ``keys``, ``values``.
+
+    ``keys``, ``values``: float32 [n_kv, total, hd], each a prefix of a C-contiguous buffer (a KV cache's).
+    Scores are ``(q * scale) . k``. None where the compiled loops cannot run or the arrays are not of that kind.
+    """
+    if not (ready() and q.dtype == np.float32 and q.ndim == 2 and keys.shape[1] > 0):
+        return None
+    key_buffer, value_buffer = _whole_buffer(keys), _whole_buffer(values)
+    if key_buffer is None or value_buffer is None:
+        return None
+    from kestrel_trio._kernels import exp
+
+    out = np.empty(q.shape, dtype=np.float32)  # [n_heads, hd]
+    scores = np.empty(keys.shape[1], dtype=np.float32)  # [total]
+    exp.decode_attention(np.ascontiguousarray(q), np.float32(scale), key_buffer, value_buffer, keys.shape[1],
+                         scores, out)
+    return out.reshape(-1)

@@ -24,6 +24,7 @@ import threading
 
 import numpy as np
 
+from kestrel_trio import _kernels
 from kestrel_trio._model.safetensors import fp32_to_bf16_bits
 
 __all__ = ["KV_DTYPES", "storage_dtype", "to_storage", "attend_stored", "mask_future", "softmax_numerators"]
@@ -74,13 +75,17 @@ def mask_future(scores: np.ndarray, diagonal: np.ndarray | None) -> None:
 def softmax_numerators(scores: np.ndarray) -> np.ndarray:
     """``scores`` [h, rows, seen] to e^(s - its row's max) in place; the row sums [h, rows, 1].
 
-    numpy's, not a compiled loop with the faster exponential of kestrel_trio._kernels.exp: with it, a
-    speculative verify step's probabilities differed from plain decoding's in the last bits (the served
-    logprobs in the fourth decimal), and speculation must not change what a client sees.
+    In one compiled pass where numba runs (kestrel_trio._kernels.softmax_numerators), else in numpy.
+    A speculative verify step's rows and a one-token step's may then differ in the last bits (their sums
+    run in another order): tests/server/test_speculative_server.py holds the served logprobs to 1e-4 and
+    the tokens exact.
     """
-    scores -= scores.max(axis=-1, keepdims=True)
-    np.exp(scores, out=scores)
-    return scores.sum(axis=-1, keepdims=True)  # [h, rows, 1]
+    sums = _kernels.softmax_numerators(scores)  # [h, rows, 1]
+    if sums is None:
+        scores -= scores.max(axis=-1, keepdims=True)
+        np.exp(scores, out=scores)
+        sums = scores.sum(axis=-1, keepdims=True)  # [h, rows, 1]
+    return sums
 
 
 def attend_stored(grouped: np.ndarray, keys: np.ndarray, values: np.ndarray, diagonal: np.ndarray | None,

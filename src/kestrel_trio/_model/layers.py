@@ -56,6 +56,10 @@ def causal_attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, past: 
         [T, n_heads * head_dim]; query head h reads key/value head h // (n_heads / n_kv).
     """
     t, n_heads, head_dim = q.shape
+    if t == 1:  # a decode step: one compiled call where numba runs and the cache is float32
+        fused = _kernels.decode_attention(q[0], keys, values, scale)  # [n_heads*head_dim]
+        if fused is not None:
+            return fused.reshape(1, -1)
     n_kv, total, _ = keys.shape
     group = n_heads // n_kv
     scaled = q * np.float32(scale)  # [T, n_heads, head_dim]: fewer multiplies than scaling the scores
