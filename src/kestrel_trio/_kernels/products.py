@@ -483,7 +483,8 @@ def _f32_rest(data, x, first, start, stop, out):
 #
 # AVX2 has 16 ymm registers: the 3x4 block fills them exactly (12 sums, 3 weight vectors, 1 activation
 # vector), and sums its lanes itself (three vhaddps and a 128-bit add per weight row), so each call leaves 12
-# floats rather than 96 lanes to add up.
+# floats rather than 96 lanes to add up. The AVX-512 blocks do the same after adding each zmm's two halves, so
+# a 3x8 call leaves 24 floats, not 384 lanes for a numba loop to add.
 
 # Operands at the address in $0, int64 [8]: weight row 0's address, the weight rows' stride (bytes),
 # activation row 0's address, its stride, passes (cols / lanes), the scratch the sums go to, where to
@@ -510,12 +511,31 @@ def _block_passes(reg: str, rows: int, w_reg: int, x_reg: int, vector_bytes: int
     return lines
 
 
+def _sum_four_ymm(a: int, offset: int) -> list[str]:
+    """Lanes of ymm{a}..ymm{a+3} summed (pairs, then quads, then the two halves); the 4 sums stored at offset($rax).
+
+    VEX code: registers 0-15 only (vhaddps has no EVEX form).
+    """
+    return [f"vhaddps %ymm{a + 1}, %ymm{a}, %ymm{a}", f"vhaddps %ymm{a + 3}, %ymm{a + 2}, %ymm{a + 2}",
+            f"vhaddps %ymm{a + 2}, %ymm{a}, %ymm{a}", f"vextractf128 $$1, %ymm{a}, %xmm{a + 1}",
+            f"vaddps %xmm{a + 1}, %xmm{a}, %xmm{a}", f"vmovups %xmm{a}, {offset}(%rax)"]
+
+
 def _f32_block_text(rows: int) -> str:
-    """The AVX-512 3 x ``rows`` block (rows 4 or 8): the scratch gets each sum's 16 lanes, [3*rows, 16]."""
+    """The AVX-512 3 x ``rows`` block (rows 4 or 8): the scratch gets the 3*rows sums (weight row i, row r at i*rows+r).
+
+    The lanes are summed here: each zmm's halves added (256 bits), then four ymm at a time as in the AVX2
+    block. Sums in registers 16 and up are first moved down into registers a finished group freed.
+    """
     sums = 3 * rows
     lines = _LOAD_OPERANDS + [f"vpxord %zmm{a}, %zmm{a}, %zmm{a}" for a in range(sums)]
     lines += _block_passes("zmm", rows, 24, 27, 64)  # zmm24-26: the weight rows' vectors, zmm27: an activation's
-    lines += [f"vmovups %zmm{a}, {64 * a}(%rax)" for a in range(sums)]
+    for a in range(sums):
+        lines += [f"vextractf64x4 $$1, %zmm{a}, %ymm27", f"vaddps %ymm27, %ymm{a}, %ymm{a}"]
+    for a in range(0, sums, 4):
+        low = a if a < 16 else 0  # group 0 is done by then: its registers are free
+        lines += [f"vmovaps %ymm{a + k}, %ymm{low + k}" for k in range(4) if low != a]
+        lines += _sum_four_ymm(low, 4 * a)
     lines.append("vzeroupper")
     return "\n".join(lines)
 
@@ -524,11 +544,8 @@ def _f32_avx2_block_text() -> str:
     """The AVX2 3x4 block: the scratch gets the 12 sums, [3, 4] (weight row i, activation row r)."""
     lines = _LOAD_OPERANDS + [f"vxorps %ymm{a}, %ymm{a}, %ymm{a}" for a in range(12)]
     lines += _block_passes("ymm", 4, 12, 15, 32)  # ymm12-14: the weight rows' vectors, ymm15: an activation's
-    for i in range(3):  # lanes [r0 r1 r2 r3] of weight row i: pairs, then quads, then the two halves
-        a = 4 * i
-        lines += [f"vhaddps %ymm{a + 1}, %ymm{a}, %ymm{a}", f"vhaddps %ymm{a + 3}, %ymm{a + 2}, %ymm{a + 2}",
-                  f"vhaddps %ymm{a + 2}, %ymm{a}, %ymm{a}", f"vextractf128 $$1, %ymm{a}, %xmm{a + 1}",
-                  f"vaddps %xmm{a + 1}, %xmm{a}, %xmm{a}", f"vmovups %xmm{a}, {16 * i}(%rax)"]
+    for i in range(3):  # lanes [r0 r1 r2 r3] of weight row i
+        lines += _sum_four_ymm(4 * i, 16 * i)
     lines.append("vzeroupper")
     return "\n".join(lines)
 
@@ -567,15 +584,12 @@ def _f32_3x4_avx2(typingctx, operands):
     return types.void(types.int64), _asm_codegen(_f32_avx2_block_text(), [f"ymm{i}" for i in range(16)])
 
 
-@njit(nogil=True, fastmath=True)
+@njit(nogil=True)
 def _reduce_block(scratch, rows, out, b, column):
-    """out[b:b+rows, column:column+3] = the scratch's lanes summed (weight row i, activation row r at i*rows+r)."""
+    """out[b:b+rows, column:column+3] = the block's sums in the scratch (weight row i, activation row r at i*rows+r)."""
     for i in range(3):
         for r in range(rows):
-            s = np.float32(0.0)
-            for lane in range(16):
-                s += scratch[i * rows + r, lane]
-            out[b + r, column + i] = s
+            out[b + r, column + i] = scratch[i * rows + r]
 
 
 @njit(nogil=True)
@@ -651,7 +665,7 @@ def product_f32_avx512(data, scales, f16, run, x, start, stop, out):
     n, cols = x.shape
     first = start
     if n >= 4 and cols % 16 == 0:
-        scratch = np.empty((24, 16), np.float32)  # [3 weight rows x up to 8 activation rows, 16 lanes]
+        scratch = np.empty(24, np.float32)  # [3 weight rows x up to 8 activation rows]
         calls = n // 8 + (n % 8) // 4  # of the blocks, for each three weight rows
         operands = _block_operands(x, cols * 4, 16, scratch, calls)
         while first + 3 <= stop:
