@@ -104,8 +104,11 @@ def _write(writer, path: Path) -> None:
     partial.rename(path)
 
 
-def build_dense_gguf(path: Path, kind: str, source: Path) -> None:
-    """Qwen3-0.6B's tensors from the bf16 checkpoint ``source`` as a ``kind`` GGUF (vectors F32)."""
+def build_dense_gguf(path: Path, kind: str, source: Path, add_vocab=None) -> None:
+    """Qwen3-0.6B's tensors from the bf16 checkpoint ``source`` as a ``kind`` GGUF (vectors F32).
+
+    ``kind`` is F32, Q8_0 or a K-quant; ``add_vocab(writer)``, when given, writes the tokenizer's metadata.
+    """
     if path.exists():
         return
     import gguf
@@ -129,12 +132,14 @@ def build_dense_gguf(path: Path, kind: str, source: Path) -> None:
     writer.add_rope_freq_base(float(c["rope_theta"]))
     writer.add_layer_norm_rms_eps(c["rms_norm_eps"])
     writer.add_vocab_size(c["vocab_size"])
+    if add_vocab is not None:
+        add_vocab(writer)
     checkpoint = SafetensorsCheckpoint(source)
     rng = np.random.default_rng(17)
     for name in sorted(checkpoint.tensors, key=lambda n: (n.count("."), n)):
         data = checkpoint.read(name)  # float32, its shape
         target = gguf_name(name)
-        if data.ndim == 1:
+        if data.ndim == 1 or kind == "F32":
             writer.add_tensor(target, np.ascontiguousarray(data, dtype=np.float32))
         elif kind == "Q8_0":
             writer.add_tensor(target, gguf.quants.quantize(data, gguf.GGMLQuantizationType.Q8_0),
