@@ -27,10 +27,10 @@ LLVM from fusing the expansion with the dot product into one pass
 against 0.23).
 
 float32 weights (the fp32 residency's small-batch call) need no expansion:
-their rows are multiplied in place. On x86-64 with AVX-512, from four
+their rows are multiplied in place. On x86-64 with AVX-512 (Intel's), from four
 activation rows up, by a few instructions of assembly (3x8 and 3x4 blocks,
-:func:`product_f32_avx512`; with AVX2, a 3x4 block, :func:`product_f32_avx2`; chosen once by
-:func:`f32_assembly`), since LLVM's
+:func:`product_f32_avx512`; with AVX2, and on AMD's Zen, a 3x4 block,
+:func:`product_f32_avx2`; chosen once by :func:`f32_assembly`), since LLVM's
 compiled 3x8 loop spilled its registers; elsewhere by the compiled loops.
 
 The functions release the GIL (``nogil``): the product threads of
@@ -692,13 +692,19 @@ _AVX2_CPU_NAMES = frozenset({"haswell", "broadwell", "skylake", "skylake-avx512"
                              "icelake-client", "icelake-server", "tigerlake", "sapphirerapids", "alderlake",
                              "raptorlake", "znver1", "znver2", "znver3", "znver4", "znver5", "x86-64-v3", "x86-64-v4"})
 _f32_assembly_state: list = []  # [str | None]: the assembly F32 uses in this process
+# Host CPUs with AVX-512 that take the AVX2 block: on Zen 5 the 3x4 ymm block beat the 3x8 zmm one, alternated in
+# one process, cold weights, one thread: 16 rows 0.32-0.41 ns a weight against 0.36-0.45, and a 16-row decode step
+# of Qwen3-0.6B's shapes 109-118 tok/s against 97-110 (2026-12-02). Zen 4 runs 512-bit vectors as two 256-bit
+# halves. Intel's AVX-512 CPUs keep the zmm blocks (not compared with the ymm one).
+_AVX2_FIRST = ("znver",)
 
 
 def f32_assembly() -> str | None:
     """The assembly blocks this process multiplies float32 weights with: "avx512", "avx2" or None (compiled loops).
 
     Made once, on first call. Needs x86-64 and a CPU with the instructions
-    (AVX-512F; or AVX2 and FMA). The code numba compiles must have them too:
+    (AVX-512F; or AVX2 and FMA); AMD's Zen CPUs with AVX-512 take "avx2", which
+    measured faster there (:data:`_AVX2_FIRST`). The code numba compiles must have them too:
     "avx512" only for ``NUMBA_CPU_NAME`` unset or "host", "avx2" also for a
     named CPU with AVX2 (``haswell``, ``znver3``...), and
     ``NUMBA_CPU_FEATURES``, where set, must list the features (+avx512f;
@@ -724,7 +730,7 @@ def _usable_f32_assembly() -> str | None:
     def allowed(*wanted: str) -> bool:
         return all(host.get(f, False) for f in wanted) and (listed is None or all(f"+{f}" in listed for f in wanted))
 
-    if name == "host" and allowed("avx512f"):
+    if name == "host" and allowed("avx512f") and not llvm_binding.get_host_cpu_name().startswith(_AVX2_FIRST):
         found = "avx512"
     elif (name == "host" or name in _AVX2_CPU_NAMES) and allowed("avx2", "fma"):
         found = "avx2"
