@@ -232,11 +232,17 @@ def test_the_float32_assembly_is_the_widest_the_cpu_and_the_compiled_code_both_h
 @pytest.mark.parametrize("rows_in", [4, 5, 7, 8, 9, 12, 15, 16, 24, 31, 32])
 @pytest.mark.parametrize("cols", [512, 1040, 40, 36])  # 40: of 8, not 16 (the AVX2 block, not AVX-512's); 36: neither
 def test_float32_products_from_four_rows_match_numpy(rows_in, cols):
+    _check_float32_product(lambda weights, x, out: _kernels.packed_product("F32", weights, None, x, 1, 22, out),
+                           rows_in, cols)
+
+
+def _check_float32_product(multiply, rows_in: int, cols: int) -> None:
+    """``multiply(weights, x, out)``, which must put x @ weights[1:22].T into ``out``, matches numpy."""
     rng = np.random.default_rng(rows_in + cols)
     weights = rng.standard_normal((23, cols), dtype=np.float32)  # [23, in]: blocks of three and two rows left
     x = rng.standard_normal((rows_in, cols), dtype=np.float32)  # [N, in]
     out = np.full((rows_in, 24), np.nan, dtype=np.float32)  # the product lands in columns 2..22, a strided view
-    _kernels.packed_product("F32", weights, None, x, 1, 22, out[:, 2:23])
+    multiply(weights, x, out[:, 2:23])
     scale = np.abs(x) @ np.abs(weights[1:22]).T  # [N, 21] the size of each sum's terms
     assert np.all(np.abs(out[:, 2:23] - x @ weights[1:22].T) <= 1e-6 * scale + 1e-30)
     assert np.isnan(out[:, :2]).all() and np.isnan(out[:, 23:]).all()
@@ -253,13 +259,7 @@ def test_the_avx512_blocks_match_numpy_where_the_host_has_avx512_whichever_block
             and os.environ.get("NUMBA_CPU_NAME", "host") == "host" and products.f32_assembly()):
         pytest.skip("needs an x86-64 host with AVX-512F and numba compiling for it")
     product = njit(nogil=True)(products.product_f32_avx512)  # the zmm blocks, even where the AVX2 one is chosen
-    rng = np.random.default_rng(rows_in)
-    weights = rng.standard_normal((23, 1040), dtype=np.float32)  # [23, in]
-    x = rng.standard_normal((rows_in, 1040), dtype=np.float32)  # [N, in]
-    out = np.full((rows_in, 21), np.nan, dtype=np.float32)
-    product(weights, None, None, None, x, 1, 22, out)
-    scale = np.abs(x) @ np.abs(weights[1:22]).T  # [N, 21]
-    assert np.all(np.abs(out - x @ weights[1:22].T) <= 1e-6 * scale + 1e-30)
+    _check_float32_product(lambda weights, x, out: product(weights, None, None, None, x, 1, 22, out), rows_in, 1040)
 
 
 def _f32_product_in_a_process_compiling_for(cpu_name: str) -> str:

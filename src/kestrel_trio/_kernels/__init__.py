@@ -361,6 +361,6 @@ def decode_attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, scale:
 
     out = np.empty(q.shape, dtype=np.float32)  # [n_heads, hd]
     scores = np.empty(keys.shape[1], dtype=np.float32)  # [total]
-    exp.decode_attention(np.ascontiguousarray(q), np.float32(scale), key_buffer, value_buffer, keys.shape[1],
-                         scores, out)
+    scaled = q * np.float32(scale)  # [n_heads, hd]: once, not once a key
+    exp.decode_attention(scaled, key_buffer, value_buffer, keys.shape[1], scores, out)
     return out.reshape(-1)
