@@ -232,6 +232,35 @@ def test_attention_shared_among_threads_equals_the_reference(monkeypatch, t, pas
     np.testing.assert_allclose(shared, expected, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("t", [6, 64, 128])  # a verify step, a short chunk, a 128-token prompt's one chunk
+def test_attention_below_the_sharing_threshold_runs_on_one_blas_thread(tmp_path, monkeypatch, t):
+    """Never on BLAS's own threads: woken, they spin on after it and slow the shared product that follows
+    (measured on a 2-core Zen 4: a 128-token prefill with shared products took 2x longer, OpenBLAS's
+    worker burning 1.7 s of CPU beside them)."""
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    write_random_checkpoint(tmp_path, TINY, seed=5)
+    blas = lambda: {i["num_threads"] for i in threadpoolctl.threadpool_info() if i["user_api"] == "blas"}  # noqa: E731
+    before = matmul.product_threads() or max(blas())
+    seen = []
+    real = layers._attend_blocks
+
+    def recording(*args):
+        seen.append(blas())
+        real(*args)
+
+    rng = np.random.default_rng(t)
+    q = rng.standard_normal((t, 4, 8), dtype=np.float32)  # [T, n_heads, head_dim]
+    keys = rng.standard_normal((2, t, 8), dtype=np.float32)  # [n_kv, T, head_dim]
+    try:
+        load_model(tmp_path, blas_threads=2)
+        assert t * t * 4 < layers.SHARED_ATTENTION_SCORES
+        monkeypatch.setattr(layers, "_attend_blocks", recording)
+        layers.causal_attention(q, keys, keys, 0, 8**-0.5)
+    finally:
+        set_blas_threads(before)
+    assert seen == [{1}], f"BLAS thread counts seen by the attention: {seen}"
+
+
 def test_shares_split_items_among_the_product_threads():
     before = matmul.product_threads() or 1
     try:

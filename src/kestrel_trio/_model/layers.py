@@ -67,14 +67,13 @@ def causal_attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, past: 
     grouped = scaled.reshape(t, n_kv, group, head_dim).transpose(1, 0, 2, 3)  # [n_kv, T, group, head_dim]
     grouped = grouped.reshape(n_kv, t * group, head_dim)  # [n_kv, T*group, head_dim]
     out = np.empty((n_kv, t * group, head_dim), dtype=np.float32)  # [n_kv, T*group, head_dim]
-    if t * total * n_heads < SHARED_ATTENTION_SCORES and 1 < t <= FEW_QUERIES:
+    if t * total * n_heads < SHARED_ATTENTION_SCORES:
         # A speculative verify step or a short chunk: each product is small, but big enough that OpenBLAS
         # would hand it to its own threads, and waking them cost 2.2 s a 9-row step of SmolLM2 at 781 tokens
-        # of context on a busy machine (0.29 s on one thread).
+        # of context on a busy machine (0.29 s on one thread). Woken, they also spin on after it, taking the
+        # cores the next shared product needs.
         with one_thread_blas():
             _attend_blocks(grouped, keys, values, past, t, out)
-    elif t * total * n_heads < SHARED_ATTENTION_SCORES:
-        _attend_blocks(grouped, keys, values, past, t, out)
     else:  # a prefill chunk: the kv heads shared among the product threads, softmax passes included
         run_shared([lambda a=a, b=b: _attend_blocks(grouped[a:b], keys[a:b], values[a:b], past, t, out[a:b])
                     for a, b in shares_of(n_kv)])
