@@ -145,18 +145,24 @@ def test_an_error_in_a_product_thread_reaches_the_caller_and_the_threads_go_on()
         threads.stop()
 
 
+def _blas_thread_counts() -> set[int]:
+    """The thread count of each BLAS library numpy's process has loaded (threadpoolctl's view)."""
+    import threadpoolctl
+
+    return {i["num_threads"] for i in threadpoolctl.threadpool_info() if i["user_api"] == "blas"}
+
+
 def test_blas_threads_is_applied_process_wide_and_validated(tmp_path):
-    threadpoolctl = pytest.importorskip("threadpoolctl")
+    pytest.importorskip("threadpoolctl")
     write_random_checkpoint(tmp_path, TINY, seed=5)
-    blas = lambda: [i["num_threads"] for i in threadpoolctl.threadpool_info() if i["user_api"] == "blas"]  # noqa: E731
-    before = matmul.product_threads() or max(blas())
+    before = matmul.product_threads() or max(_blas_thread_counts())
     try:
         load_model(tmp_path, blas_threads=3)
-        assert blas() and set(blas()) == {3}
+        assert _blas_thread_counts() == {3}
         assert matmul.product_threads() == 3
         seen = []  # while the 3 product threads share a product, each calls one-thread BLAS
-        matmul._threads.run([lambda: seen.append(set(blas()))] * 3)
-        assert seen == [{1}] * 3 and set(blas()) == {3}
+        matmul._threads.run([lambda: seen.append(_blas_thread_counts())] * 3)
+        assert seen == [{1}] * 3 and _blas_thread_counts() == {3}
         with pytest.raises(ModelLoadError, match="blas_threads"):
             load_model(tmp_path, blas_threads=0)
         assert matmul.product_threads() == 3
@@ -178,15 +184,14 @@ def test_blas_default_count_is_read_once_before_kestrel_changes_it():
 
 def test_product_threads_run_one_thread_blas_when_the_caller_is_a_worker_thread(tmp_path):
     """The engine steps in a worker thread, where OpenBLAS ignores the process-wide count: each thread is switched."""
-    threadpoolctl = pytest.importorskip("threadpoolctl")
+    pytest.importorskip("threadpoolctl")
     write_random_checkpoint(tmp_path, TINY, seed=5)
-    blas = lambda: [i["num_threads"] for i in threadpoolctl.threadpool_info() if i["user_api"] == "blas"]  # noqa: E731
-    before = matmul.product_threads() or max(blas())
+    before = matmul.product_threads() or max(_blas_thread_counts())
     seen, after = [], []
 
     def step_in_a_worker() -> None:
-        matmul._threads.run([lambda: seen.append(set(blas()))] * 2)
-        after.append(set(blas()))
+        matmul._threads.run([lambda: seen.append(_blas_thread_counts())] * 2)
+        after.append(_blas_thread_counts())
 
     try:
         load_model(tmp_path, blas_threads=2)
@@ -237,15 +242,14 @@ def test_attention_below_the_sharing_threshold_runs_on_one_blas_thread(tmp_path,
     """Never on BLAS's own threads: woken, they spin on after it and slow the shared product that follows
     (measured on a 2-core Zen 4: a 128-token prefill with shared products took 2x longer, OpenBLAS's
     worker burning 1.7 s of CPU beside them)."""
-    threadpoolctl = pytest.importorskip("threadpoolctl")
+    pytest.importorskip("threadpoolctl")
     write_random_checkpoint(tmp_path, TINY, seed=5)
-    blas = lambda: {i["num_threads"] for i in threadpoolctl.threadpool_info() if i["user_api"] == "blas"}  # noqa: E731
-    before = matmul.product_threads() or max(blas())
+    before = matmul.product_threads() or max(_blas_thread_counts())
     seen = []
     real = layers._attend_blocks
 
     def recording(*args):
-        seen.append(blas())
+        seen.append(_blas_thread_counts())
         real(*args)
 
     rng = np.random.default_rng(t)

@@ -83,8 +83,6 @@ def causal_attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, past: 
 
 # Scores (T x total x heads) from which attention is shared among threads: 1 Mi, a few milliseconds.
 SHARED_ATTENTION_SCORES = 1 << 20
-# Queries up to which attention's products run on one BLAS thread (a decode-sized step: matmul.SMALL_BATCH_ROWS).
-FEW_QUERIES = 32
 # Queries a block of a prefill chunk's attention: each block scores only the keys its queries see (the keys
 # before the chunk and the chunk's own up to the block's last query), so a causal chunk computes a little
 # over half of the scores of the whole square, and a block's scores stay in L2 between their passes.
