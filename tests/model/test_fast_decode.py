@@ -237,6 +237,88 @@ def test_attention_shared_among_threads_equals_the_reference(monkeypatch, t, pas
     np.testing.assert_allclose(shared, expected, rtol=1e-5, atol=1e-5)
 
 
+def _recording_run_shared(monkeypatch) -> list[int]:
+    """Replace layers' run_shared by one that records each call's task count and refuses to nest
+    (a task of the product threads asking them for more work would wait for itself)."""
+    calls, depth = [], [0]
+    real = layers.run_shared
+
+    def recording(tasks):
+        assert depth[0] == 0, "run_shared called from a task already on the product threads"
+        calls.append(len(tasks))
+        depth[0] += 1
+        try:
+            real(tasks)
+        finally:
+            depth[0] -= 1
+
+    monkeypatch.setattr(layers, "run_shared", recording)
+    return calls
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+def test_one_query_s_attention_shared_among_threads_equals_the_one_thread_call(monkeypatch, threads):
+    from kestrel_trio import _kernels
+
+    if not _kernels.ready():
+        pytest.skip(f"the compiled decode attention cannot run here: {_kernels.unavailable_reason()}")
+    rng = np.random.default_rng(threads)
+    q = rng.standard_normal((1, 6, 8), dtype=np.float32)  # [1, n_heads, head_dim]
+    keys = rng.standard_normal((3, 40, 8), dtype=np.float32)  # [n_kv, total, head_dim]
+    values = rng.standard_normal((3, 40, 8), dtype=np.float32)  # [n_kv, total, head_dim]
+    before = matmul.product_threads() or 1
+    try:
+        matmul.set_product_threads(threads)
+        calls = _recording_run_shared(monkeypatch)
+        alone = layers.causal_attention(q, keys, values, 39, 8**-0.5)
+        assert calls == []  # 6 x 40 scores: below the threshold
+        monkeypatch.setattr(_kernels, "SHARED_DECODE_SCORES", 0)
+        shared = layers.causal_attention(q, keys, values, 39, 8**-0.5)
+    finally:
+        matmul.set_product_threads(before)
+    assert calls == [min(threads, 3)]
+    np.testing.assert_array_equal(shared, alone)  # each head is computed by the same loop either way
+    np.testing.assert_allclose(shared, _reference_attention(q, keys, values, 39, 8**-0.5), rtol=1e-5, atol=1e-5)
+
+
+def test_a_batched_decode_step_shares_its_sequences_attention_and_changes_no_logit(tmp_path, monkeypatch):
+    from kestrel_trio import _kernels
+
+    write_random_checkpoint(tmp_path, TINY, seed=11)
+    model = load_model(tmp_path)
+    prompts = [[3, 4, 5, 6, 7, 8, 9], [10], [11, 12, 13], [14, 15, 16, 17, 18]]
+    before = matmul.product_threads() or 1
+
+    def batched_step() -> np.ndarray:
+        caches = [model.new_cache() for _ in prompts]
+        for cache, ids in zip(caches, prompts):
+            model.prefill(cache, ids)
+        positions = np.array([cache.length for cache in caches])  # [B]
+        calls.clear()  # the decode step's calls only (a one-token prompt's prefill is a one-query attention)
+        return forward(model.decoder, np.array([20, 21, 22, 23]), positions, caches, [1] * len(prompts))
+
+    try:
+        matmul.set_product_threads(2)
+        calls = _recording_run_shared(monkeypatch)
+        alone = batched_step()  # [B, vocab]
+        assert calls == []  # a few keys: below the threshold
+        monkeypatch.setattr(_kernels, "SHARED_DECODE_SCORES", 0)
+        shared = batched_step()
+    finally:
+        matmul.set_product_threads(before)
+    assert calls == [2] * TINY["num_hidden_layers"]  # one shared call a layer, two runs of sequences
+    np.testing.assert_array_equal(shared, alone)
+
+
+def test_a_batched_step_s_sequences_are_split_by_their_keys():
+    assert layers._shares_by_keys([10, 10, 10, 10], 2) == [(0, 2), (2, 4)]
+    assert layers._shares_by_keys([100, 1, 1, 1], 2) == [(0, 1), (1, 4)]
+    assert layers._shares_by_keys([1, 1, 1, 100], 2) == [(0, 3), (3, 4)]
+    assert layers._shares_by_keys([5, 5, 5], 3) == [(0, 1), (1, 2), (2, 3)]
+    assert layers._shares_by_keys([7], 2) == [(0, 1)]
+    assert layers._shares_by_keys([7, 7, 7], 1) == [(0, 3)]
+
+
 @pytest.mark.parametrize("t", [6, 64, 128])  # a verify step, a short chunk, a 128-token prompt's one chunk
 def test_attention_below_the_sharing_threshold_runs_on_one_blas_thread(tmp_path, monkeypatch, t):
     """Never on BLAS's own threads: woken, they spin on after it and slow the shared product that follows

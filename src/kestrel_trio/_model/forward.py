@@ -19,7 +19,7 @@ import numpy as np
 
 from kestrel_trio._model.config import ModelConfig
 from kestrel_trio._model.kv_cache import KVCache, kv_token_bytes
-from kestrel_trio._model.layers import causal_attention, dense_mlp, embedding, linear, rms_norm, sparse_moe
+from kestrel_trio._model.layers import causal_attention, decode_attentions, dense_mlp, embedding, linear, rms_norm, sparse_moe
 from kestrel_trio._model.rope import Rope, apply_rope
 from kestrel_trio._model.weights import Attention, DenseMLP, Layer, Weights
 
@@ -135,6 +135,10 @@ def _attention(c: ModelConfig, a: Attention, index: int, h: np.ndarray, cos: np.
     q = apply_rope(q, cos, sin)  # [N, n_heads, head_dim]
     k = apply_rope(k, cos, sin)  # [N, n_kv, head_dim]
     out = np.empty((n, c.num_attention_heads * c.head_dim), dtype=np.float32)  # [N, n_heads*head_dim]
+    if len(caches) > 1 and all(length == 1 for length in lengths):  # a batched decode step
+        stored = [cache.write(index, k[i : i + 1], v[i : i + 1]) for i, cache in enumerate(caches)]
+        decode_attentions([q[i : i + 1] for i in range(n)], stored, c.head_dim**-0.5, out)
+        return linear(out, a.o_proj, a.o_bias)  # [N, hidden]
     start = 0
     for cache, length in zip(caches, lengths):
         rows = slice(start, start + length)

@@ -7,6 +7,8 @@ Matrices are float32 arrays, or :class:`~kestrel_trio._model.packed.PackedMatrix
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import numpy as np
 
 from kestrel_trio import _kernels
@@ -15,7 +17,7 @@ from kestrel_trio._model.matmul import linear, one_thread_blas, run_shared, shar
 from kestrel_trio._model.packed import Matrix, PackedMatrix
 from kestrel_trio._model.weights import DenseMLP, SparseMoE
 
-__all__ = ["rms_norm", "linear", "embedding", "silu", "swiglu", "causal_attention", "dense_mlp", "sparse_moe"]
+__all__ = ["rms_norm", "linear", "embedding", "silu", "swiglu", "causal_attention", "decode_attentions", "dense_mlp", "sparse_moe"]
 
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
@@ -41,7 +43,8 @@ def silu(x: np.ndarray) -> np.ndarray:
     return x / (np.float32(1.0) + np.exp(-x))
 
 
-def causal_attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, past: int, scale: float) -> np.ndarray:
+def causal_attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, past: int, scale: float,
+                     shared: bool = True) -> np.ndarray:
     """Grouped-query attention of new queries over a sequence's cached keys.
 
     Args:
@@ -51,13 +54,16 @@ def causal_attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, past: 
         values: [n_kv, past + T, head_dim], stored as ``keys``.
         past: tokens before the new ones.
         scale: the score multiplier (head_dim ** -0.5).
+        shared: whether a long one may be shared among the product threads (False inside a task
+            that already runs on them: :func:`decode_attentions`).
 
     Returns:
         [T, n_heads * head_dim]; query head h reads key/value head h // (n_heads / n_kv).
     """
     t, n_heads, head_dim = q.shape
     if t == 1:  # a decode step: one compiled call where numba runs and the cache is float32
-        fused = _kernels.decode_attention(q[0], keys, values, scale)  # [n_heads*head_dim]
+        sharing = (run_shared, shares_of) if shared else ()
+        fused = _kernels.decode_attention(q[0], keys, values, scale, *sharing)  # [n_heads*head_dim]
         if fused is not None:
             return fused.reshape(1, -1)
     n_kv, total, _ = keys.shape
@@ -67,7 +73,7 @@ def causal_attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, past: 
     grouped = scaled.reshape(t, n_kv, group, head_dim).transpose(1, 0, 2, 3)  # [n_kv, T, group, head_dim]
     grouped = grouped.reshape(n_kv, t * group, head_dim)  # [n_kv, T*group, head_dim]
     out = np.empty((n_kv, t * group, head_dim), dtype=np.float32)  # [n_kv, T*group, head_dim]
-    if t * total * n_heads < SHARED_ATTENTION_SCORES:
+    if not shared or t * total * n_heads < SHARED_ATTENTION_SCORES:
         # A speculative verify step or a short chunk: each product is small, but big enough that OpenBLAS
         # would hand it to its own threads, and waking them cost 2.2 s a 9-row step of SmolLM2 at 781 tokens
         # of context on a busy machine (0.29 s on one thread). Woken, they also spin on after it, taking the
@@ -79,6 +85,51 @@ def causal_attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, past: 
                     for a, b in shares_of(n_kv)])
     out = out.reshape(n_kv, t, group, head_dim).transpose(1, 0, 2, 3)  # [T, n_kv, group, head_dim]
     return out.reshape(t, n_heads * head_dim)  # [T, n_heads*head_dim]
+
+
+def decode_attentions(queries: Sequence[np.ndarray], stored: Sequence[tuple[np.ndarray, np.ndarray]], scale: float,
+                      out: np.ndarray) -> None:
+    """One query each of several sequences (a batched decode step) over its own cache, into rows of ``out``.
+
+    Args:
+        queries: per sequence, [1, n_heads, head_dim].
+        stored: per sequence, its keys and values, each [n_kv, total, head_dim] (as :func:`causal_attention`).
+        scale: the score multiplier (head_dim ** -0.5).
+        out: [len(queries), n_heads * head_dim], written.
+
+    From SHARED_DECODE_SCORES query-head x key scores in all, the sequences are
+    shared among the product threads, each thread taking a run of them with
+    about half the keys; else they run here in turn, a long one sharing its heads.
+    """
+    lengths = [keys.shape[1] for keys, _ in stored]
+    heads = queries[0].shape[1] if queries else 0
+
+    def attend(first: int, stop: int, shared: bool) -> None:
+        for i in range(first, stop):
+            out[i] = causal_attention(queries[i], *stored[i], lengths[i] - 1, scale, shared)[0]  # [n_heads*hd]
+
+    shares = _shares_by_keys(lengths, len(shares_of(len(queries))))
+    if len(shares) < 2 or sum(lengths) * heads < _kernels.SHARED_DECODE_SCORES:
+        attend(0, len(queries), True)
+    else:
+        run_shared([lambda a=a, b=b: attend(a, b, False) for a, b in shares])
+
+
+def _shares_by_keys(lengths: Sequence[int], count: int) -> list[tuple[int, int]]:
+    """[start, stop) runs of sequences splitting their keys (``lengths``) as evenly as whole sequences allow.
+
+    Each cut is the boundary nearest to its even share of the keys (one long
+    sequence among short ones gets a share of its own).
+    """
+    count = min(count, len(lengths))
+    prefix = np.concatenate([[0], np.cumsum(lengths)])  # [n + 1]: keys before each boundary
+    edges = [0]
+    for k in range(1, count):
+        target = prefix[-1] * k / count
+        boundaries = range(edges[-1] + 1, len(lengths) - (count - k) + 1)  # leave one sequence a later share
+        edges.append(min(boundaries, key=lambda b: abs(prefix[b] - target)))
+    edges.append(len(lengths))
+    return list(zip(edges[:-1], edges[1:]))
 
 
 # Scores (T x total x heads) from which attention is shared among threads: 1 Mi, a few milliseconds.
