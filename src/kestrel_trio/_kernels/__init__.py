@@ -380,6 +380,9 @@ def decode_attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, scale:
     return out.reshape(-1)
 
 
-# Query-head x key scores from which one query's attention is shared among the product threads: 16 heads over
-# 1,024 keys of 128 dims, about 0.25 ms on one thread on the 2-core Zen 5, where a hand-off costs 10-30 us.
-SHARED_DECODE_SCORES = 1 << 14
+# Query-head x key scores from which a decode step's attention is shared among the product threads: 16 heads over
+# 256 keys of 128 dims, about 50 us on one thread on the 2-core Zen 5, where a hand-off costs 10-30 us. Measured
+# there (Qwen3-0.6B's shapes, best / median of three step times in one process), 8 sequences of 64 keys: 77.6 /
+# 78.1 ms from 4 Ki scores, 80.1 / 82.7 from 16 Ki (not shared), 83.1 / 86.2 never shared; 16 of 64: 120.3 /
+# 122.0, 123.2 / 123.7, 127.8 / 132.5.
+SHARED_DECODE_SCORES = 1 << 12
