@@ -363,15 +363,15 @@ def decode_attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, scale:
     from kestrel_trio._kernels import exp
 
     n_kv, total = keys.shape[:2]
+    group = q.shape[0] // n_kv
     out = np.empty(q.shape, dtype=np.float32)  # [n_heads, hd]
     scaled = q * np.float32(scale)  # [n_heads, hd]: once, not once a key
 
-    group = q.shape[0] // n_kv
-
     def heads(first: int, stop: int) -> None:
         scores = np.empty((group, total), dtype=np.float32)  # [group, total]: each thread its own
+        norms = np.empty(group, dtype=np.float32)  # [group]
         sums = np.empty((group, q.shape[1]), dtype=np.float32)  # [group, hd]
-        exp.decode_attention(scaled, key_buffer, value_buffer, total, first, stop, scores, sums, out)
+        exp.decode_attention(scaled, key_buffer, value_buffer, total, first, stop, scores, norms, sums, out)
 
     if run_shared is None or shares_of is None or total * q.shape[0] < SHARED_DECODE_SCORES:
         heads(0, n_kv)

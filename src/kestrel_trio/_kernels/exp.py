@@ -101,13 +101,14 @@ def swiglu(gate_up, out):
 
 
 @njit(**_FAST)
-def decode_attention(q, keys, values, total, first, stop, scores, sums, out):
+def decode_attention(q, keys, values, total, first, stop, scores, norms, sums, out):
     """One query's grouped attention: rows of ``out`` [n_heads, hd] over the first ``total`` of ``keys``, ``values``.
 
     ``q`` [n_heads, hd], already scaled; ``keys``, ``values`` [n_kv, capacity, hd], C-contiguous (a KV cache's whole buffers:
-    as prefix views LLVM could not vectorize the rows); ``scores`` [group, total] and ``sums`` [group, hd],
-    scratch. Query head h reads kv head h // group (group = n_heads / n_kv); only the heads of kv heads
-    [first, stop) are computed, so that threads can share one query's heads.
+    as prefix views LLVM could not vectorize the rows); ``scores`` [group, total] (C-contiguous: its rows go
+    through :func:`softmax_numerators`), ``norms`` [group] and ``sums`` [group, hd], scratch. Query head h reads
+    kv head h // group (group = n_heads / n_kv); only the heads of kv heads [first, stop) are computed, so that
+    threads can share one query's heads.
 
     Each key and value row is read once for all the query heads of its group: a long context's cache does
     not stay in L2 between two heads, so reading it once a head (as this did before 2026-12-02) read the
@@ -125,24 +126,13 @@ def decode_attention(q, keys, values, total, first, stop, scores, sums, out):
                 for d in range(hd):
                     s += q[h0 + g, d] * keys[kv, j, d]
                 scores[g, j] = s
-        for g in range(group):
-            top = np.float32(-np.inf)
-            for j in range(total):
-                top = max(top, scores[g, j])
-            norm = np.float32(0.0)
-            for j in range(total):
-                e = _exp(scores[g, j] - top)
-                scores[g, j] = e
-                norm += e
-            for d in range(hd):
-                sums[g, d] = np.float32(0.0)
-            out[h0 + g, 0] = norm  # kept here until the weighted sum is done
+        softmax_numerators(scores, norms)
+        sums[:, :] = np.float32(0.0)
         for j in range(total):
             for g in range(group):
                 weight = scores[g, j]
                 for d in range(hd):
                     sums[g, d] += weight * values[kv, j, d]
         for g in range(group):
-            norm = out[h0 + g, 0]
             for d in range(hd):
-                out[h0 + g, d] = sums[g, d] / norm
+                out[h0 + g, d] = sums[g, d] / norms[g]
