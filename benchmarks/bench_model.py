@@ -18,8 +18,8 @@ time, and the sides alternate for --rounds rounds keeping each figure's best,
 so that bursts of load from other processes on a shared machine do not decide
 the result. engine / bare forward is the median ratio of PAIRS alternated
 bare-forward and engine runs per batch size and round, each pair back to back
-in one process (two bests taken minutes apart would mix two bandwidths). It also measures the machine's memory read bandwidth with numpy
-and reports kestrel's batch-1 decode as a fraction of bandwidth / bytes of
+in one process (two bests taken minutes apart would mix two bandwidths). It
+also measures the machine's memory read bandwidth with numpy and reports kestrel's batch-1 decode as a fraction of bandwidth / bytes of
 weights read per token, and (bf16 checkpoint) kestrel's two weight residencies
 side by side.
 

@@ -19,7 +19,9 @@ import numpy as np
 
 from kestrel_trio._model.config import ModelConfig
 from kestrel_trio._model.kv_cache import KVCache, kv_token_bytes
-from kestrel_trio._model.layers import causal_attention, decode_attentions, dense_mlp, embedding, linear, rms_norm, sparse_moe
+from kestrel_trio._model.layers import (
+    causal_attention, decode_attentions, dense_mlp, embedding, linear, rms_norm, sparse_moe,
+)
 from kestrel_trio._model.rope import Rope, apply_rope
 from kestrel_trio._model.weights import Attention, DenseMLP, Layer, Weights
 

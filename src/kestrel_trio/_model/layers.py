@@ -17,7 +17,8 @@ from kestrel_trio._model.matmul import linear, one_thread_blas, run_shared, shar
 from kestrel_trio._model.packed import Matrix, PackedMatrix
 from kestrel_trio._model.weights import DenseMLP, SparseMoE
 
-__all__ = ["rms_norm", "linear", "embedding", "silu", "swiglu", "causal_attention", "decode_attentions", "dense_mlp", "sparse_moe"]
+__all__ = ["rms_norm", "linear", "embedding", "silu", "swiglu", "causal_attention", "decode_attentions", "dense_mlp",
+           "sparse_moe"]
 
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
