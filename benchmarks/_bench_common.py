@@ -114,6 +114,21 @@ def run_without_openblas_overrides(keep: bool) -> None:
         os.execve(sys.executable, [sys.executable, *sys.argv], env)
 
 
+# What an AVX2-only x86 CPU (Zen 2/3, Haswell to Comet Lake) runs, for every side of a benchmark on a CPU with
+# AVX-512: OpenBLAS's Haswell kernels, numba's AVX2 code, and PyTorch's AVX2 kernels (ATen's dispatch, MKL's
+# and oneDNN's instruction sets). Without the last three the PyTorch side keeps its AVX-512 code.
+AVX2_MACHINE_ENV = {
+    "OPENBLAS_CORETYPE": "Haswell", "NUMBA_CPU_NAME": "haswell", "ATEN_CPU_CAPABILITY": "avx2",
+    "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2",
+}
+
+
+def run_as_avx2_machine() -> None:
+    """Re-execute this script with AVX2_MACHINE_ENV (unless it is set already): every side runs AVX2 code."""
+    if any(os.environ.get(name) != value for name, value in AVX2_MACHINE_ENV.items()):
+        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **AVX2_MACHINE_ENV})
+
+
 def openblas_overrides_note() -> str:
     """What became of the machine's OPENBLAS_OVERRIDES in this run, for a benchmark's header."""
     unset = os.environ.get("KESTREL_BENCH_UNSET")

@@ -1,7 +1,7 @@
 """kestrel-trio next to transformers (PyTorch eager, fp32) on the same Qwen3-0.6B-shaped weights.
 
 Usage:
-    python benchmarks/bench_model.py [--quick] [--threads N] [--rounds N] [--keep-openblas-env] [--gemm]
+    python benchmarks/bench_model.py [--quick] [--threads N] [--rounds N] [--keep-openblas-env] [--avx2] [--gemm]
 
 Builds once (in ~/.cache/kestrel-trio-bench/) a checkpoint with Qwen3-0.6B's
 exact shapes and random weights, written by transformers in fp32 (and a bf16
@@ -25,7 +25,10 @@ side by side.
 
 This machine may set OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE (for old OpenBLAS
 builds); the benchmark re-executes itself without them unless
---keep-openblas-env, and prints the kernel OpenBLAS actually ran.
+--keep-openblas-env, and prints the kernel OpenBLAS actually ran. ``--avx2``
+makes a CPU with AVX-512 run, on both sides, the code an AVX2-only CPU would
+(OpenBLAS's Haswell kernels, numba's haswell target, PyTorch's AVX2 ATen,
+MKL and oneDNN): the header and the PyTorch BLAS line print what ran.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _bench_common import (  # noqa: E402
     blas_description, blas_threads, compiled_kernels_description, cpu_vector_flags, openblas_overrides_note,
-    read_bandwidth, run_without_openblas_overrides, status_bytes,
+    read_bandwidth, run_as_avx2_machine, run_without_openblas_overrides, status_bytes,
 )
 from bench_load import QWEN3_0_6B  # noqa: E402
 
@@ -286,7 +289,9 @@ def torch_side(folder: Path, args: argparse.Namespace) -> dict:
     result = {
         "ready_s": time.perf_counter() - started, "rss_after_load": status_bytes("VmRSS"),
         "blas": f"torch {torch.__version__} ({'MKL' if torch.backends.mkl.is_available() else 'no MKL'}), "
-        f"threads={torch.get_num_threads()}, attention={model.config._attn_implementation}",
+        f"threads={torch.get_num_threads()}, attention={model.config._attn_implementation}, "
+        f"ATen kernels {torch.backends.cpu.get_cpu_capability()}, "
+        f"MKL_ENABLE_INSTRUCTIONS={os.environ.get('MKL_ENABLE_INSTRUCTIONS', 'unset')}",
     }
     with torch.inference_mode():
         for length in PREFILL_LENGTHS[: 1 if args.quick else 2]:
@@ -479,6 +484,8 @@ def main() -> None:
     parser.add_argument("--batch-tokens", type=int, default=64, help="new tokens per stream in the batched runs")
     parser.add_argument("--rounds", type=int, default=2, help="runs of each side, alternated; the best figure of each is kept")
     parser.add_argument("--keep-openblas-env", action="store_true", help="keep OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE")
+    parser.add_argument("--avx2", action="store_true",
+                        help="both sides run the code an AVX2-only CPU would (OpenBLAS, numba, ATen, MKL, oneDNN)")
     parser.add_argument("--gemm", action="store_true", help="also time small-batch GEMM call shapes")
     parser.add_argument("--sides", default="kestrel,torch,residency", help="comma-separated: kestrel, torch, residency")
     parser.add_argument("--cache", type=Path, default=CACHE)
@@ -490,7 +497,9 @@ def main() -> None:
     if args.side:
         print(json.dumps(SIDES[args.side](args.folder, args)))
         return
-    run_without_openblas_overrides(args.keep_openblas_env)
+    if args.avx2:
+        run_as_avx2_machine()
+    run_without_openblas_overrides(args.keep_openblas_env or args.avx2)
     args.threads = args.threads or blas_threads()
     args.rounds = 1 if args.quick else args.rounds
     report_machine(args)
@@ -572,7 +581,7 @@ def report_machine(args: argparse.Namespace) -> None:
     print(f"CPU vector flags: {cpu_vector_flags()}")
     print(f"OpenBLAS overrides: {openblas_overrides_note()}")
     print(f"numpy BLAS: {blas_description()}")
-    print(f"compiled products: {compiled_kernels_description()} (NUMBA_CPU_NAME=haswell gives an AVX2 machine's code)")
+    print(f"compiled products: {compiled_kernels_description()} (--avx2: an AVX2 machine's code)")
     bandwidth = read_bandwidth(1.0 if not args.quick else 0.25, repeats=10)
     args.bandwidth = max(bandwidth.values())
     print("memory read bandwidth: " + ", ".join(f"{way} {bps / 1e9:.1f} GB/s" for way, bps in bandwidth.items()), flush=True)
