@@ -140,13 +140,13 @@ def _attention(c: ModelConfig, a: Attention, index: int, h: np.ndarray, cos: np.
     if len(caches) > 1 and all(length == 1 for length in lengths):  # a batched decode step
         stored = [cache.write(index, k[i : i + 1], v[i : i + 1]) for i, cache in enumerate(caches)]
         decode_attentions([q[i : i + 1] for i in range(n)], stored, c.head_dim**-0.5, out)
-        return linear(out, a.o_proj, a.o_bias)  # [N, hidden]
-    start = 0
-    for cache, length in zip(caches, lengths):
-        rows = slice(start, start + length)
-        keys, values = cache.write(index, k[rows], v[rows])  # [n_kv, past+T, head_dim] each
-        out[rows] = causal_attention(q[rows], keys, values, cache.length, c.head_dim**-0.5)
-        start += length
+    else:
+        start = 0
+        for cache, length in zip(caches, lengths):
+            rows = slice(start, start + length)
+            keys, values = cache.write(index, k[rows], v[rows])  # [n_kv, past+T, head_dim] each
+            out[rows] = causal_attention(q[rows], keys, values, cache.length, c.head_dim**-0.5)
+            start += length
     return linear(out, a.o_proj, a.o_bias)  # [N, hidden]
 
 
