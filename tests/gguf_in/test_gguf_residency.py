@@ -94,15 +94,66 @@ def _matrices(weights):
     yield weights.lm_head
 
 
+def _expert_matrices(layer):
+    for mlp in getattr(layer.mlp, "experts", ()):
+        yield mlp.gate_up_proj
+        yield mlp.down_proj
+
+
+def _all_f32(tmp_path: Path, name: str) -> Path:
+    """Fixture ``name`` rewritten with every tensor expanded to F32 (gguf's own dequantization)."""
+    reader = gguf.GGUFReader(_file(name))
+    out = tmp_path / f"{name}_f32.gguf"
+    writer = gguf.GGUFWriter(out, reader.fields["general.architecture"].contents())
+    for key, field in reader.fields.items():
+        if not key.startswith("GGUF.") and key not in ("general.architecture", "general.alignment"):
+            sub_type = field.types[-1] if len(field.types) > 1 else None
+            writer.add_key_value(key, field.contents(), field.types[0], sub_type)
+    for tensor in reader.tensors:
+        values = gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32)
+        writer.add_tensor(tensor.name, values.reshape([int(d) for d in reversed(tensor.shape)]))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return out
+
+
+def test_an_f32_ggufs_matrices_are_plain_arrays_of_their_own(tmp_path):
+    """Every matrix a step reads whole, in an all-F32 GGUF, is a float32 array out of the map (numpy's huge
+    pages), q/k/v and gate/up fused into one each, as fp32 residency makes them; the untied embedding, looked
+    up by row, stays mapped. The logits are the quantized file's expanded at load."""
+    path = _all_f32(tmp_path, "qwen3_quant")
+    model = load_model(path, weights="gguf")
+    assert model.weights_mode == "gguf" and not model.config.tie_word_embeddings
+    weights = model.decoder.weights
+    matrices = list(_matrices(weights))
+    assert all(isinstance(m, np.ndarray) and m.dtype == np.float32 and not m.flags.writeable for m in matrices)
+    assert isinstance(_mapped_base(weights.embed_tokens), mmap.mmap)
+    streamed = [m for m in matrices if m is not weights.embed_tokens]
+    assert not any(isinstance(_mapped_base(m), mmap.mmap) for m in streamed)
+    ids = [3, 1, 4, 1, 5, 9, 2, 6]
+    expanded = load_model(_file("qwen3_quant"), weights="fp32")
+    assert _relative(model.logits(ids), expanded.logits(ids)) <= 1e-5
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_nothing_is_expanded_at_load(name):
-    """Every matrix is the file's blocks, mapped (llama's q/k: blocks gathered into transformers' row order)."""
+    """Every matrix is the file's blocks, mapped (llama's q/k: blocks gathered into transformers' row order).
+
+    An F32 tensor is a float32 array: a copy of its own when every step reads it whole (huge pages rather
+    than the page cache's), the mapped file where only some rows are read (an untied embedding, an expert).
+    """
     model = load_model(_file(name), weights="gguf")
     weights = model.decoder.weights
+    by_rows = {id(m) for layer in weights.layers for m in _expert_matrices(layer)}
+    if not model.config.tie_word_embeddings:
+        by_rows.add(id(weights.embed_tokens))
     copied = 0
     for matrix in _matrices(weights):
-        if isinstance(matrix, np.ndarray):  # an F32 tensor, used as mapped
-            assert isinstance(_mapped_base(matrix), mmap.mmap) and not matrix.flags.writeable
+        if isinstance(matrix, np.ndarray):  # an F32 tensor
+            assert isinstance(_mapped_base(matrix), mmap.mmap) == (id(matrix) in by_rows)
+            assert not matrix.flags.writeable
             continue
         assert isinstance(matrix, PackedMatrix)
         for part in matrix.parts:

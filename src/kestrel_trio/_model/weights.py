@@ -18,7 +18,7 @@ the separate names stay as row views of the fused matrix.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
 import attrs
 import numpy as np
@@ -168,20 +168,10 @@ class _Fp32Source:
         array = self._read(name)
         if name in self._row_tables or not is_mapped(array):
             return array
-        out = np.empty(array.shape, dtype=np.float32)  # [*shape]
-        self._read_into(name, out)
-        out.flags.writeable = False
-        return out
+        return own_copy(array)
 
     def stacked(self, parts: list[tuple[str, int]], *tail: int) -> tuple[np.ndarray, list[np.ndarray]]:
-        out = np.empty((sum(rows for _, rows in parts), *tail), dtype=np.float32)  # [sum(rows), *tail]
-        views, start = [], 0
-        for name, rows in parts:
-            self._read_into(name, out[start : start + rows])
-            views.append(out[start : start + rows])
-            start += rows
-        out.flags.writeable = False
-        return out, views
+        return fused_rows([(rows, lambda out, n=name: self._read_into(n, out)) for name, rows in parts], *tail)
 
     def fused_experts(self, gate_up_name: str, down_name: str, count: int) -> tuple[DenseMLP, ...]:
         gate_up, down = self.matrix(gate_up_name), self.matrix(down_name)  # [n_experts, ...] each
@@ -212,6 +202,31 @@ class _Bf16Source:
             experts.append(DenseMLP(gate_proj=Bf16Matrix((gate_up[:inter],)), up_proj=Bf16Matrix((gate_up[inter:],)),
                                     down_proj=Bf16Matrix((down,)), gate_up_proj=Bf16Matrix((gate_up,))))
         return tuple(experts)
+
+
+def fused_rows(parts: Sequence[tuple[int, Callable[[np.ndarray], None]]], *tail: int
+               ) -> tuple[np.ndarray, list[np.ndarray]]:
+    """One read-only float32 array [sum(rows), *tail] of ``parts`` one after another, and each part's view.
+
+    Args:
+        parts: per part, its rows and what fills its float32 [rows, *tail] stretch of the array.
+    """
+    out = np.empty((sum(rows for rows, _ in parts), *tail), dtype=np.float32)  # [sum(rows), *tail]
+    views, start = [], 0
+    for rows, fill in parts:
+        fill(out[start : start + rows])
+        views.append(out[start : start + rows])  # [rows, *tail]
+        start += rows
+    out.flags.writeable = False
+    return out, views
+
+
+def own_copy(mapped: np.ndarray) -> np.ndarray:
+    """A read-only float32 copy of ``mapped`` [*shape] in an array of its own (numpy asks for huge pages)."""
+    out = np.empty(mapped.shape, dtype=np.float32)  # [*shape]
+    out[...] = mapped
+    out.flags.writeable = False
+    return out
 
 
 def stacked_vectors(read: Callable[[str], np.ndarray], parts: list[tuple[str, int]]) -> tuple[np.ndarray, list]:
