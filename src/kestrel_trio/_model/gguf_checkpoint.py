@@ -35,7 +35,7 @@ from kestrel_trio._model.resident import is_mapped
 from kestrel_trio._model.safetensors import fp32_to_bf16_bits
 from kestrel_trio._model.shapes import check_tensors
 from kestrel_trio._model.weights import (
-    CheckpointReader, DenseMLP, Weights, assemble_from, fused_rows, own_copy, stacked_vectors,
+    CheckpointReader, DenseMLP, Weights, assemble_from, fused_rows, own_copy, row_tables, stacked_vectors,
 )
 from kestrel_trio.errors import ModelLoadError
 
@@ -170,7 +170,7 @@ class _StoredSource:
         self.reader = reader
         self.checkpoint: GgufCheckpoint = reader.checkpoint
         self.vector = reader.read  # norms, biases, routers: small, float32
-        self._tied_embeddings = tied_embeddings
+        self._row_tables = row_tables(tied_embeddings)
 
     def _rows(self, name: str) -> GgmlRows:
         rows = self.checkpoint.stored_rows(name)
@@ -193,8 +193,7 @@ class _StoredSource:
         the same weights' safetensors (fp32 residency), medians of 30: o/down mapped and q/k/v, gate/up as
         packed F32 parts, 77-90 ms against 62-77; as arrays, 46-61 ms against 56-61.
         """
-        untied_embedding = name == "model.embed_tokens.weight" and not self._tied_embeddings
-        return untied_embedding or ".mlp.experts." in name
+        return name in self._row_tables or ".mlp.experts." in name
 
     def stacked(self, parts: list[tuple[str, int]], *tail: int):
         if not tail:  # biases are small: plain float32

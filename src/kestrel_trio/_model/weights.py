@@ -32,6 +32,7 @@ from kestrel_trio._model.shapes import moe_layout
 __all__ = [
     "Bf16Matrix", "Matrix", "PackedMatrix", "Attention", "DenseMLP", "SparseMoE", "Layer", "Weights",
     "assemble_weights", "assemble_from", "fp32_source", "bf16_source", "stacked_vectors", "CheckpointReader",
+    "fused_rows", "own_copy", "row_tables",
 ]
 
 
@@ -263,8 +264,13 @@ def fp32_source(reader: CheckpointReader, rename: Callable[[str], str] = lambda 
 
     An untied embedding is only looked up by row: it may stay mapped (:meth:`_Fp32Source.matrix`).
     """
-    row_tables = frozenset() if tied_embeddings else frozenset({"model.embed_tokens.weight"})
-    return _Fp32Source(lambda n: reader.read(rename(n)), lambda n, out: reader.read_into(rename(n), out), row_tables)
+    return _Fp32Source(lambda n: reader.read(rename(n)), lambda n, out: reader.read_into(rename(n), out),
+                       row_tables(tied_embeddings))
+
+
+def row_tables(tied_embeddings: bool) -> frozenset[str]:
+    """The matrices a step only looks rows up in (an untied embedding): they may stay mapped."""
+    return frozenset() if tied_embeddings else frozenset({"model.embed_tokens.weight"})
 
 
 def bf16_source(reader: CheckpointReader, rename: Callable[[str], str] = lambda name: name) -> _Bf16Source:
