@@ -33,9 +33,11 @@ def blas_description() -> str:
     if not found:
         return "no BLAS found by threadpoolctl"
     i = found[0]
+    spin = sys.modules.get("kestrel_trio.blas_spin")  # how long idle BLAS threads spin (kestrel's side only)
     return (
         f"{i.get('internal_api')} {i.get('version')} kernel={i.get('architecture', '?')} "
         f"threads={i.get('num_threads')} ({os.path.basename(i.get('filepath', ''))})"
+        + (f", idle threads: {spin.spin_timeout()}" if spin is not None else "")
     )
 
 

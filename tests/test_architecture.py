@@ -4,6 +4,7 @@ Ranks, lowest first (a layer may import its own modules and every layer of a
 lower rank; two layers of the same rank may not import each other):
 
     0  errors, stats, version the error family, metric primitives, the version: standard library only
+    0  blas_spin              OpenBLAS's idle-thread spin time, set before numpy loads: standard library only
     0  _kernels               compiled loops over numpy arrays (numba): numpy, numba and its llvmlite only
     1  _model                 numpy model core
     2  openai, http           JSON <-> values; h11 + trio HTTP (neither knows the other)
@@ -38,7 +39,7 @@ PACKAGE = "kestrel_trio"
 
 # layer -> rank. A module's layer is the first component of its name below kestrel_trio.
 RANKS = {
-    "errors": 0, "stats": 0, "version": 0, "_kernels": 0,
+    "errors": 0, "stats": 0, "version": 0, "blas_spin": 0, "_kernels": 0,
     "_model": 1,
     "openai": 2, "http": 2,
     "text": 3, "webui": 3, "hub": 3,
@@ -61,6 +62,8 @@ FORBIDDEN_EXTERNAL = {
     "hub": {"trio", "h11", "numpy"},
 }
 ALLOWED_THIRD_PARTY_IN_MODEL = {"numpy", "attrs"}
+# Layers that import the standard library only (blas_spin must run before anything loads numpy).
+STANDARD_LIBRARY_ONLY = {"errors", "stats", "version", "blas_spin"}
 ALLOWED_THIRD_PARTY_IN_KERNELS = {"numpy", "numba", "llvmlite"}  # llvmlite: numba's LLVM, for the AMX tiles' assembly
 # module -> modules it must never import, beyond its layer's rules.
 FORBIDDEN_EXTERNAL_IN_MODULE = {
@@ -173,6 +176,8 @@ def external_violations(src: Path) -> list[str]:
                 found.append(f"{this} (_model) imports {name}")
             if own == "_kernels" and top not in sys.stdlib_module_names and top not in ALLOWED_THIRD_PARTY_IN_KERNELS:
                 found.append(f"{this} (_kernels) imports {name}")
+            if own in STANDARD_LIBRARY_ONLY and top not in sys.stdlib_module_names and top != "__future__":
+                found.append(f"{this} ({own}, standard library only) imports {name}")
             if top in FORBIDDEN_EXTERNAL_IN_MODULE.get(this, ()):
                 found.append(f"{this} imports {name}")
     return found
@@ -272,7 +277,8 @@ def test_the_checker_sees_a_module_with_no_layer(package_copy: Path):
 @pytest.mark.parametrize(("file", "line"), [("_model/forward.py", "import trio"), ("_model/forward.py", "import jinja2"),
                                             ("text/sampling.py", "import trio"), ("engine/engine.py", "import json"),
                                             ("openai/sse.py", "import numpy as np"), ("http/router.py", "import numpy"),
-                                            ("engine/step.py", "import trio"), ("engine/step.py", "from trio import to_thread")])
+                                            ("engine/step.py", "import trio"), ("engine/step.py", "from trio import to_thread"),
+                                            ("blas_spin.py", "import numpy"), ("errors.py", "import attrs")])
 def test_the_checker_sees_a_forbidden_third_party_import(package_copy: Path, file: str, line: str):
     module, problems = problems_with(package_copy, file, line, external_violations)
     assert any(p.startswith(module) and line.split()[1] in p for p in problems), problems

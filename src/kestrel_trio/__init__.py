@@ -3,6 +3,8 @@
 The public API is exactly the names in ``__all__``.
 """
 
+# First, before anything imports numpy: OpenBLAS reads its idle threads' spin time when it loads.
+from kestrel_trio import blas_spin  # noqa: F401  isort: skip
 from kestrel_trio.errors import (
     BadRequestError,
     ContextLengthError,
