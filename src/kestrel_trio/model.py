@@ -268,13 +268,19 @@ class Model:
             linear(np.zeros((DEFAULT_PREFILL_CHUNK, weight.shape[1]), dtype=np.float32), weight)  # [chunk, out]
 
     def prefill(self, cache: KVCache, token_ids: Sequence[int], chunk: int = DEFAULT_PREFILL_CHUNK) -> np.ndarray:
-        """Feed a prompt in chunks of ``chunk`` tokens; the last position's logits [vocab]."""
+        """Feed a prompt in chunks of ``chunk`` tokens; the last position's logits [vocab].
+
+        The chunks before the last return no logits, so their last layer runs for their keys and values only.
+        """
         ids = np.asarray(token_ids, dtype=np.int64)  # [T]
-        logits = None
-        for start in range(0, ids.size, chunk):
-            logits = self.step(cache, ids[start : start + chunk])
-        assert logits is not None
-        return logits
+        if ids.size == 0:
+            raise ValueError("prefill needs at least one token")
+        last = (ids.size - 1) // chunk * chunk  # where the last chunk starts
+        for start in range(0, last, chunk):
+            piece = ids[start : start + chunk]  # [chunk]
+            positions = np.arange(cache.length, cache.length + piece.size, dtype=np.int64)  # [chunk]
+            forward(self.decoder, piece, positions, [cache], [piece.size], wanted=[False])
+        return self.step(cache, ids[last:])
 
     def greedy(self, token_ids: Sequence[int], max_new_tokens: int) -> list[int]:
         """Greedy continuation: prefill, then one decode step per token, through the KV cache.

@@ -77,10 +77,10 @@ class ScriptedModel:
         real_advance = Generation.advance
         scripted = self
 
-        def advance(generation: Generation, logits: np.ndarray):
+        def advance(generation: Generation, logits: np.ndarray | None):
             wanted = scripted.tokens_for(generation)
             step = len(generation.generated_ids)
-            if step < len(wanted):
+            if logits is not None and step < len(wanted):  # None: a prompt chunk before the last
                 logits = logits.copy()  # [vocab]
                 logits[wanted[step]] = logits.max() + 40.0
             return real_advance(generation, logits)

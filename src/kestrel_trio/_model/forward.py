@@ -7,7 +7,10 @@ attention is per segment, against that segment's cache. A prefill chunk is a
 segment of many tokens, a decode step a segment of one, and several sequences
 stepping together are several segments: batching changes shapes, not code.
 Weights fused at load make q/k/v one product and gate/up another; lm_head runs
-only on the rows whose logits are returned.
+only on the rows whose logits are returned. Nothing after the last layer reads
+its other rows, so that layer writes every row's keys and values to the caches
+but computes attention, o_proj and the MLP only for the rows returned (none for a
+prompt chunk whose logits nobody wants): 1/num_layers of a prefill's products.
 """
 
 from __future__ import annotations
@@ -77,6 +80,7 @@ def forward(
     lengths: Sequence[int],
     *,
     all_logits: bool = False,
+    wanted: Sequence[bool] | None = None,
     overrides: RowOverrides | None = None,
 ) -> np.ndarray:
     """Run the decoder over new tokens of one or more sequences, extending their caches.
@@ -88,10 +92,13 @@ def forward(
         caches: one KV cache per segment; each is extended by its segment.
         lengths: tokens per segment; they sum to N.
         all_logits: logits for every row (True) or only each segment's last row.
+        wanted: per segment, whether its last row's logits are returned (a prompt chunk
+            before the last needs none); None: every segment's. Ignored with ``all_logits``.
         overrides: image rows of a single segment (Qwen3-VL); None for text.
 
     Returns:
-        float32 logits, [N, vocab] if ``all_logits`` else [len(lengths), vocab].
+        float32 logits, [N, vocab] if ``all_logits``, else one row per wanted segment
+        ([len(lengths), vocab] when ``wanted`` is None).
     """
     c = decoder.config
     w = decoder.weights
@@ -103,51 +110,75 @@ def forward(
         cos, sin = overrides.cos_sin  # [N, head_dim/2] each
     for cache, n in zip(caches, lengths):
         cache.reserve(n)
+    lengths = [int(n) for n in lengths]
+    tails = None if all_logits else _output_tails(lengths, wanted)  # None: every row's logits
+    last = len(w.layers) - 1
+    trimmed = tails is not None and tails != lengths and not (overrides is not None and last < len(overrides.deepstack))
     for index, layer in enumerate(w.layers):
-        x = _layer(decoder, layer, index, x, cos, sin, caches, lengths)
+        x = _layer(decoder, layer, index, x, cos, sin, caches, lengths, tails if trimmed and index == last else None)
         if overrides is not None and index < len(overrides.deepstack):
             x[overrides.rows] += overrides.deepstack[index]  # [n_img, hidden]
     for cache, n in zip(caches, lengths):
         cache.commit(n)
-    if not all_logits:
-        last_rows = np.cumsum(lengths) - 1  # [n_segments]
-        x = x[last_rows]  # [n_segments, hidden]
+    if tails is not None and not trimmed:
+        x = x[_tail_rows(lengths, tails)]  # [rows, hidden]
+    if x.shape[0] == 0:
+        return np.empty((0, w.lm_head.shape[0]), dtype=np.float32)  # [0, vocab]: no logits wanted
     x = rms_norm(x, w.norm, c.rms_norm_eps)  # [rows, hidden]
     return linear(x, w.lm_head)  # [rows, vocab]
 
 
+def _output_tails(lengths: Sequence[int], wanted: Sequence[bool] | None) -> list[int]:
+    """Per segment, how many of its last rows' logits are returned: 1, or 0 where ``wanted`` says no (or it is empty)."""
+    return [int(n > 0 and (wanted is None or bool(wanted[i]))) for i, n in enumerate(lengths)]
+
+
+def _tail_rows(lengths: Sequence[int], tails: Sequence[int]) -> np.ndarray:
+    """Flat indices [sum(tails)] of the last ``tails[i]`` rows of each segment ``i`` of ``lengths``."""
+    ends = np.cumsum(lengths)  # [n_segments]
+    return np.concatenate([np.arange(end - tail, end) for end, tail in zip(ends, tails)] + [np.empty(0, np.int64)])
+
+
 def _layer(decoder: Decoder, layer: Layer, index: int, x: np.ndarray, cos: np.ndarray, sin: np.ndarray,
-           caches: Sequence[KVCache], lengths: Sequence[int]) -> np.ndarray:
+           caches: Sequence[KVCache], lengths: Sequence[int], tails: Sequence[int] | None) -> np.ndarray:
+    """One decoder layer over ``x`` [N, hidden]: every row out, or (``tails``) each segment's last few [R, hidden]."""
     c = decoder.config
     h = rms_norm(x, layer.input_layernorm, c.rms_norm_eps)  # [N, hidden]
-    x = x + _attention(c, layer.attn, index, h, cos, sin, caches, lengths)  # [N, hidden]
-    h = rms_norm(x, layer.post_attention_layernorm, c.rms_norm_eps)  # [N, hidden]
+    attended = _attention(c, layer.attn, index, h, cos, sin, caches, lengths, tails)  # [R, hidden]
+    x = (x if tails is None else x[_tail_rows(lengths, tails)]) + attended  # [R, hidden]
+    h = rms_norm(x, layer.post_attention_layernorm, c.rms_norm_eps)  # [R, hidden]
     if isinstance(layer.mlp, DenseMLP):
         return x + dense_mlp(h, layer.mlp)  # [N, hidden]
     return x + sparse_moe(h, layer.mlp, c.num_experts_per_tok, c.norm_topk_prob)  # [N, hidden]
 
 
 def _attention(c: ModelConfig, a: Attention, index: int, h: np.ndarray, cos: np.ndarray, sin: np.ndarray,
-               caches: Sequence[KVCache], lengths: Sequence[int]) -> np.ndarray:
+               caches: Sequence[KVCache], lengths: Sequence[int], tails: Sequence[int] | None) -> np.ndarray:
+    """Every row's keys and values into the caches; the attention output [R, hidden] of every row or of the tails."""
     n = h.shape[0]
+    tails = lengths if tails is None else tails
     q, k, v = _qkv(c, a, h)
     if a.q_norm is not None:
         q = rms_norm(q, a.q_norm, c.rms_norm_eps)  # [N, n_heads, head_dim]
         k = rms_norm(k, a.k_norm, c.rms_norm_eps)  # [N, n_kv, head_dim]
     q = apply_rope(q, cos, sin)  # [N, n_heads, head_dim]
     k = apply_rope(k, cos, sin)  # [N, n_kv, head_dim]
-    out = np.empty((n, c.num_attention_heads * c.head_dim), dtype=np.float32)  # [N, n_heads*head_dim]
-    if len(caches) > 1 and all(length == 1 for length in lengths):  # a batched decode step
+    out = np.empty((sum(tails), c.num_attention_heads * c.head_dim), dtype=np.float32)  # [R, n_heads*head_dim]
+    if len(caches) > 1 and all(length == 1 == tail for length, tail in zip(lengths, tails)):  # a batched decode step
         stored = [cache.write(index, k[i : i + 1], v[i : i + 1]) for i, cache in enumerate(caches)]
         decode_attentions([q[i : i + 1] for i in range(n)], stored, c.head_dim**-0.5, out)
     else:
-        start = 0
-        for cache, length in zip(caches, lengths):
+        start = row = 0
+        for cache, length, tail in zip(caches, lengths, tails):
             rows = slice(start, start + length)
             keys, values = cache.write(index, k[rows], v[rows])  # [n_kv, past+T, head_dim] each
-            out[rows] = causal_attention(q[rows], keys, values, cache.length, c.head_dim**-0.5)
+            if tail:  # the segment's last ``tail`` queries, after the keys of every token before them
+                queries = q[start + length - tail : start + length]  # [tail, n_heads, head_dim]
+                out[row : row + tail] = causal_attention(queries, keys, values, cache.length + length - tail,
+                                                         c.head_dim**-0.5)
             start += length
-    return linear(out, a.o_proj, a.o_bias)  # [N, hidden]
+            row += tail
+    return linear(out, a.o_proj, a.o_bias)  # [R, hidden]
 
 
 def _qkv(c: ModelConfig, a: Attention, h: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

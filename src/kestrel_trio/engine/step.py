@@ -108,9 +108,10 @@ def _forward_and_advance(decoder: Decoder, vision: Qwen3VL | None,
         group = [generations[i] for i in batched]
         inputs = [g.next_input() for g in group]  # each [T_i]
         positions = np.concatenate([g.next_positions() for g in group])  # [N]
+        wanted = [g.samples_next for g in group]  # a prompt chunk before the last needs no logits
         rows = forward(decoder, np.concatenate(inputs), positions, [g.cache for g in group],
-                       [int(x.size) for x in inputs])  # [B, vocab]
-        for i, row in zip(batched, rows):
+                       [int(x.size) for x in inputs], wanted=wanted)  # [sum(wanted), vocab]
+        for i, row in zip([i for i, w in zip(batched, wanted) if w], rows):
             logits[i] = row
     return [g.advance(row) for g, row in zip(generations, logits)]
 

@@ -335,8 +335,11 @@ class Generation:
             return np.asarray(self.generated_ids[-1:], dtype=np.int64)
         raise RuntimeError("the generation is finished")
 
-    def advance(self, logits: np.ndarray) -> StepResult:
+    def advance(self, logits: np.ndarray | None) -> StepResult:
         """Take the logits [vocab] of the last token fed; sample when the prompt is in.
+
+        ``logits`` may be None for a step that samples nothing (:attr:`samples_next` False: a prompt
+        chunk before the last), whose logits the forward pass need not compute.
 
         With ``contain_memory_errors``, a MemoryError while sampling does not
         escape (so the other generations of a batched step keep their
@@ -364,7 +367,9 @@ class Generation:
                 self._memory_failure = "retry"
             return StepResult()
 
-    def _advance(self, logits: np.ndarray) -> StepResult:
+    def _advance(self, logits: np.ndarray | None) -> StepResult:
+        if logits is None and self.samples_next:
+            raise ValueError("this step samples a token: it needs the logits of the last token fed")
         if self.phase is Phase.PREFILL:
             self._prefilled += min(self._chunk, len(self.prompt_ids) - self._prefilled)
             if self._prefilled < len(self.prompt_ids):
@@ -373,6 +378,7 @@ class Generation:
             self._vl_prompt = None  # image features are only needed by prefill
         elif self.speculation is not None:
             self.speculation.plain_step()
+        assert logits is not None
         return self._sample_and_emit(logits)
 
     # ---- speculative decoding: a draft verified in one forward pass (kestrel_trio.text.speculative) ----

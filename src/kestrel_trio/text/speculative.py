@@ -202,12 +202,14 @@ class DraftModelDrafter:
         return draft
 
     def _feed(self, tokens: list[int]) -> np.ndarray:
-        """Feed ``tokens`` (in chunks) and return the last one's logits [vocab]."""
+        """Feed ``tokens`` (in chunks) and return the last one's logits [vocab] (the chunks before need none)."""
         logits = None
         for start in range(0, len(tokens), self._chunk):
             chunk = np.asarray(tokens[start : start + self._chunk], dtype=np.int64)  # [T]
             positions = np.arange(self.cache.length, self.cache.length + chunk.size, dtype=np.int64)  # [T]
-            logits = forward(self.decoder, chunk, positions, [self.cache], [chunk.size])[0]  # [vocab]
+            final = start + self._chunk >= len(tokens)
+            rows = forward(self.decoder, chunk, positions, [self.cache], [chunk.size], wanted=[final])  # [final, vocab]
+            logits = rows[0] if final else None
             self._fed.extend(tokens[start : start + self._chunk])
         assert logits is not None
         return logits
