@@ -1,6 +1,10 @@
-"""What the GGUF tests share: the texts every tokenizer must encode as its original does, random valid blocks."""
+"""What the GGUF tests share: the texts every tokenizer must encode as its original does, random valid blocks,
+a rewriter of GGUF files."""
 
 from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
 
 import numpy as np
 import tokenizers
@@ -8,7 +12,7 @@ import tokenizers
 from kestrel_trio._model.dequant import GGML_TYPE_BY_NAME
 from kestrel_trio.text import Tokenizer
 
-__all__ = ["TEXTS", "assert_same_ids", "random_rows", "finite_fp16_bits"]
+__all__ = ["TEXTS", "assert_same_ids", "random_rows", "finite_fp16_bits", "rewrite_gguf"]
 
 TEXTS = [
     "Hello, world! How are you today?",
@@ -64,3 +68,51 @@ def random_rows(name: str, rows: int, cols: int, seed: int) -> np.ndarray:
     for start in FP16_FIELDS.get(name, ()):
         blocks[:, start : start + 2] = finite_fp16_bits(rng, blocks.shape[0]).view(np.uint8).reshape(-1, 2)
     return blocks.reshape(rows, -1)
+
+
+def rewrite_gguf(source: Path, out: Path, *, metadata: dict[str, Any] | None = None, drop: tuple[str, ...] = (),
+                 tensors: dict[str, np.ndarray] | None = None,
+                 transform: Callable[[Any], np.ndarray | None] | None = None) -> Path:
+    """``source`` copied to ``out`` through gguf's reader and writer, changed as asked.
+
+    Args:
+        source: a GGUF file.
+        out: where the copy goes.
+        metadata: keys to change or add; None as a value drops the key.
+        drop: tensors left out.
+        tensors: tensors added, by name.
+        transform: given each kept gguf ReaderTensor, the array written instead of its blocks, or None to
+            copy them as they are.
+
+    Returns:
+        ``out``.
+    """
+    import gguf  # optional: the tests that call this skip without it
+
+    reader = gguf.GGUFReader(source)
+    metadata = dict(metadata or {})
+    writer = gguf.GGUFWriter(out, metadata.get("general.architecture", reader.fields["general.architecture"].contents()))
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF.") or key in ("general.architecture", "general.alignment"):
+            continue
+        value = metadata.pop(key, field.contents())
+        if value is not None:
+            writer.add_key_value(key, value, field.types[0], field.types[-1] if len(field.types) > 1 else None)
+    for key, value in metadata.items():
+        if value is not None and key != "general.architecture":
+            writer.add_key_value(key, value, gguf.GGUFValueType.get_type(value))
+    for tensor in reader.tensors:
+        if tensor.name in drop:
+            continue
+        replaced = None if transform is None else transform(tensor)
+        if replaced is None:
+            writer.add_tensor(tensor.name, tensor.data, raw_dtype=tensor.tensor_type)
+        else:
+            writer.add_tensor(tensor.name, replaced)
+    for name, array in (tensors or {}).items():
+        writer.add_tensor(name, array)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return out

@@ -11,6 +11,7 @@ import pytest
 
 gguf = pytest.importorskip("gguf")
 
+from gguf_kit import rewrite_gguf  # noqa: E402
 from kestrel_trio import load_model  # noqa: E402
 from kestrel_trio.errors import ModelLoadError  # noqa: E402
 
@@ -35,32 +36,8 @@ def _patched(tmp_path: Path, source: Path, edit: Callable[[bytearray], None]) ->
 
 def _rewritten(tmp_path: Path, source: Path, *, metadata: dict[str, Any] | None = None,
                drop: tuple[str, ...] = (), tensors: dict[str, np.ndarray] | None = None) -> Path:
-    """``source`` copied through gguf's reader and writer, with metadata changed or dropped and tensors
-    dropped or added (None as a metadata value drops the key)."""
-    reader = gguf.GGUFReader(source)
-    arch = reader.fields["general.architecture"].contents()
-    metadata = dict(metadata or {})
-    out = tmp_path / "rewritten.gguf"
-    writer = gguf.GGUFWriter(out, metadata.get("general.architecture", arch))
-    for key, field in reader.fields.items():
-        if key.startswith("GGUF.") or key in ("general.architecture", "general.alignment"):
-            continue
-        value = metadata.pop(key, field.contents())
-        if value is not None:
-            writer.add_key_value(key, value, field.types[0], field.types[-1] if len(field.types) > 1 else None)
-    for key, value in metadata.items():
-        if value is not None and key != "general.architecture":
-            writer.add_key_value(key, value, gguf.GGUFValueType.get_type(value))
-    for tensor in reader.tensors:
-        if tensor.name not in drop:
-            writer.add_tensor(tensor.name, tensor.data, raw_dtype=tensor.tensor_type)
-    for name, array in (tensors or {}).items():
-        writer.add_tensor(name, array)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return out
+    """``source`` copied with metadata changed or dropped and tensors dropped or added (gguf_kit.rewrite_gguf)."""
+    return rewrite_gguf(source, tmp_path / "rewritten.gguf", metadata=metadata, drop=drop, tensors=tensors)
 
 
 def test_the_rewriter_keeps_a_loadable_file(tmp_path):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from gguf_kit import random_rows
+from gguf_kit import random_rows, rewrite_gguf
 
 gguf = pytest.importorskip("gguf")  # quantizes the products' test weights
 
@@ -102,21 +102,12 @@ def _expert_matrices(layer):
 
 def _all_f32(tmp_path: Path, name: str) -> Path:
     """Fixture ``name`` rewritten with every tensor expanded to F32 (gguf's own dequantization)."""
-    reader = gguf.GGUFReader(_file(name))
-    out = tmp_path / f"{name}_f32.gguf"
-    writer = gguf.GGUFWriter(out, reader.fields["general.architecture"].contents())
-    for key, field in reader.fields.items():
-        if not key.startswith("GGUF.") and key not in ("general.architecture", "general.alignment"):
-            sub_type = field.types[-1] if len(field.types) > 1 else None
-            writer.add_key_value(key, field.contents(), field.types[0], sub_type)
-    for tensor in reader.tensors:
+
+    def expanded(tensor) -> np.ndarray:
         values = gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32)
-        writer.add_tensor(tensor.name, values.reshape([int(d) for d in reversed(tensor.shape)]))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return out
+        return values.reshape([int(d) for d in reversed(tensor.shape)])
+
+    return rewrite_gguf(_file(name), tmp_path / f"{name}_f32.gguf", transform=expanded)
 
 
 def test_an_f32_ggufs_matrices_are_plain_arrays_of_their_own(tmp_path):
