@@ -148,8 +148,8 @@ def _layer(decoder: Decoder, layer: Layer, index: int, x: np.ndarray, cos: np.nd
     x = (x if tails is None else x[_tail_rows(lengths, tails)]) + attended  # [R, hidden]
     h = rms_norm(x, layer.post_attention_layernorm, c.rms_norm_eps)  # [R, hidden]
     if isinstance(layer.mlp, DenseMLP):
-        return x + dense_mlp(h, layer.mlp)  # [N, hidden]
-    return x + sparse_moe(h, layer.mlp, c.num_experts_per_tok, c.norm_topk_prob)  # [N, hidden]
+        return x + dense_mlp(h, layer.mlp)  # [R, hidden]
+    return x + sparse_moe(h, layer.mlp, c.num_experts_per_tok, c.norm_topk_prob)  # [R, hidden]
 
 
 def _attention(c: ModelConfig, a: Attention, index: int, h: np.ndarray, cos: np.ndarray, sin: np.ndarray,
