@@ -18,7 +18,7 @@ import numpy as np
 from kestrel_trio import _kernels
 from kestrel_trio._model import (
     Decoder, GgufFile, KVCache, ModelConfig, Qwen3VL, assemble_weights, choose_small_batch_call, config_from_dict,
-    config_from_gguf, forward, gguf_architecture, is_gguf_file, is_qwen3_vl, linear, load_gguf_weights,
+    config_from_gguf, feed_chunks, forward, gguf_architecture, is_gguf_file, is_qwen3_vl, linear, load_gguf_weights,
     load_qwen3_vl, load_weights, product_threads, random_tensors, read_config, read_config_json, resolve_residency,
     set_product_threads, vl_config_from_dict, UPCAST_CHUNK, PackedMatrix, default_cache_dir, describe_weights,
     packed_matrices, warm_fused_products, PREFILL_PRECISIONS, set_prefill_precision as _set_prefill_precision,
@@ -272,15 +272,7 @@ class Model:
 
         The chunks before the last return no logits, so their last layer runs for their keys and values only.
         """
-        ids = np.asarray(token_ids, dtype=np.int64)  # [T]
-        if ids.size == 0:
-            raise ValueError("prefill needs at least one token")
-        last = (ids.size - 1) // chunk * chunk  # where the last chunk starts
-        for start in range(0, last, chunk):
-            piece = ids[start : start + chunk]  # [chunk]
-            positions = np.arange(cache.length, cache.length + piece.size, dtype=np.int64)  # [chunk]
-            forward(self.decoder, piece, positions, [cache], [piece.size], wanted=[False])
-        return self.step(cache, ids[last:])
+        return feed_chunks(self.decoder, cache, np.asarray(token_ids, dtype=np.int64), chunk)  # [vocab]
 
     def greedy(self, token_ids: Sequence[int], max_new_tokens: int) -> list[int]:
         """Greedy continuation: prefill, then one decode step per token, through the KV cache.

@@ -7,7 +7,7 @@ rest of kestrel-trio relies on is listed here, in one place.
 """
 
 from kestrel_trio._model.config import ModelConfig, config_from_dict, read_config, read_config_json, read_json_object
-from kestrel_trio._model.forward import Decoder, forward
+from kestrel_trio._model.forward import Decoder, feed_chunks, forward
 from kestrel_trio._model.gguf_checkpoint import load_gguf_weights
 from kestrel_trio._model.gguf_config import config_from_gguf, gguf_architecture
 from kestrel_trio._model.gguf_reader import GgufFile, is_gguf_file
@@ -39,7 +39,7 @@ __all__ = [
     "write_random_checkpoint", "GgufFile", "is_gguf_file", "load_gguf_weights",
     "config_from_gguf", "gguf_architecture",
     # forward passes and caches
-    "Decoder", "forward", "KVCache", "PrefixCache", "linear",
+    "Decoder", "forward", "feed_chunks", "KVCache", "PrefixCache", "linear",
     # KV storage and its memory
     "BLOCK_TOKENS", "KVCacheFull", "kv_token_bytes", "KV_DTYPES", "storage_dtype", "to_storage", "mapped_bytes",
     # Qwen3-VL

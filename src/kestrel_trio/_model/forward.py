@@ -28,7 +28,7 @@ from kestrel_trio._model.layers import (
 from kestrel_trio._model.rope import Rope, apply_rope
 from kestrel_trio._model.weights import Attention, DenseMLP, Layer, Weights
 
-__all__ = ["Decoder", "RowOverrides", "forward"]
+__all__ = ["Decoder", "RowOverrides", "forward", "feed_chunks"]
 
 
 @attrs.frozen
@@ -126,6 +126,25 @@ def forward(
         return np.empty((0, w.lm_head.shape[0]), dtype=np.float32)  # [0, vocab]: no logits wanted
     x = rms_norm(x, w.norm, c.rms_norm_eps)  # [rows, hidden]
     return linear(x, w.lm_head)  # [rows, vocab]
+
+
+def feed_chunks(decoder: Decoder, cache: KVCache, token_ids: np.ndarray, chunk: int) -> np.ndarray:
+    """Feed ``token_ids`` [T] (T >= 1) of one sequence in forward passes of ``chunk`` tokens; the last one's logits.
+
+    The chunks before the last ask for no logits, so their last layer computes only keys and values.
+    On an error, ``cache`` holds the chunks fed before it (its length says how many tokens).
+
+    Returns:
+        float32 logits [vocab] of the last token.
+    """
+    if token_ids.size == 0:
+        raise ValueError("feeding needs at least one token")
+    last = (token_ids.size - 1) // chunk * chunk  # where the last chunk starts
+    for start in range(0, token_ids.size, chunk):
+        piece = token_ids[start : start + chunk]  # [<= chunk]
+        positions = np.arange(cache.length, cache.length + piece.size, dtype=np.int64)  # [<= chunk]
+        logits = forward(decoder, piece, positions, [cache], [piece.size], wanted=[start == last])  # [1 or 0, vocab]
+    return logits[0]
 
 
 def _output_tails(lengths: Sequence[int], wanted: Sequence[bool] | None) -> list[int]:

@@ -51,7 +51,7 @@ from typing import Protocol, Sequence
 import attrs
 import numpy as np
 
-from kestrel_trio._model import Decoder, KVCache, forward
+from kestrel_trio._model import Decoder, KVCache, feed_chunks
 
 __all__ = [
     "SPECULATIVE_MODES", "DEFAULT_SPECULATIVE_TOKENS", "Drafter", "NgramDrafter", "DraftModelDrafter",
@@ -202,17 +202,12 @@ class DraftModelDrafter:
         return draft
 
     def _feed(self, tokens: list[int]) -> np.ndarray:
-        """Feed ``tokens`` (in chunks) and return the last one's logits [vocab] (the chunks before need none)."""
-        logits = None
-        for start in range(0, len(tokens), self._chunk):
-            chunk = np.asarray(tokens[start : start + self._chunk], dtype=np.int64)  # [T]
-            positions = np.arange(self.cache.length, self.cache.length + chunk.size, dtype=np.int64)  # [T]
-            final = start + self._chunk >= len(tokens)
-            rows = forward(self.decoder, chunk, positions, [self.cache], [chunk.size], wanted=[final])  # [final, vocab]
-            logits = rows[0] if final else None
-            self._fed.extend(tokens[start : start + self._chunk])
-        assert logits is not None
-        return logits
+        """Feed ``tokens`` (in chunks) and return the last one's logits [vocab]; ``_fed`` follows the cache."""
+        before = self.cache.length
+        try:
+            return feed_chunks(self.decoder, self.cache, np.asarray(tokens, dtype=np.int64), self._chunk)  # [vocab]
+        finally:
+            self._fed.extend(tokens[: self.cache.length - before])  # the chunks fed, even if a later one failed
 
     def release(self) -> None:
         c = self.cache
