@@ -25,7 +25,7 @@ import numpy as np
 
 __all__ = ["FORMS", "ready", "compiled", "unavailable_reason", "describe", "prepare", "packed_product", "packed_expand",
            "packed_weights", "release_compiler_pages", "enable_tiles", "tile_product", "tile_pack", "tile_multiply",
-           "TILE_BLOCK_ROWS", "TILE_K_STEP", "rotate_half", "softmax_numerators", "swiglu",
+           "TILE_BLOCK_ROWS", "TILE_K_STEP", "rotate_half", "rms_norm", "softmax_numerators", "swiglu",
            "decode_attention"]
 
 # The storage forms the compiled products know (kestrel_trio._kernels.products.FORMS), known without numba.
@@ -140,6 +140,9 @@ def _load_layer_loops() -> None:
     swiglu(np.zeros((1, 4), dtype=np.float32))  # [N, 2*inter]
     cache = np.zeros((1, 2, 4), dtype=np.float32)  # [n_kv, capacity, hd]
     decode_attention(np.zeros((2, 4), dtype=np.float32), cache[:, :1], cache[:, :1], 0.5)
+    weight = np.ones(4, dtype=np.float32)  # [dim]
+    rms_norm(np.zeros((1, 4), dtype=np.float32), weight, 1e-6)  # [T, hidden]
+    rms_norm(np.zeros((2, 8), dtype=np.float32)[:, :4].reshape(2, 1, 4), weight, 1e-6)  # q/k heads: a view of qkv
 
 
 def _typed(form: str, data: np.ndarray, scales: np.ndarray | None):
@@ -305,6 +308,24 @@ def rotate_half(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray |
     return out
 
 
+# ---------------------------------------------------------------- RMS norm
+
+
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray | None:
+    """``x`` float32 [T, dim] or [T, heads, dim] normed over dim and scaled by ``weight`` [dim], in one compiled call.
+
+    None where the compiled loops cannot run or the arrays are not of that kind: the caller keeps its numpy path.
+    """
+    if not (ready() and x.dtype == np.float32 and weight.dtype == np.float32 and x.ndim in (2, 3)):
+        return None
+    from kestrel_trio._kernels import norm
+
+    rows = x if x.ndim == 3 else x[:, None, :]  # [T, heads, dim]
+    out = np.empty(rows.shape, dtype=np.float32)  # [T, heads, dim]
+    norm.rms_norm(rows, weight, np.float32(eps), out)
+    return out.reshape(x.shape)
+
+
 # ---------------------------------------------------------------- exponentials (softmax, SiLU)
 
 
@@ -363,20 +384,13 @@ def decode_attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, scale:
     from kestrel_trio._kernels import exp
 
     n_kv, total = keys.shape[:2]
-    group = q.shape[0] // n_kv
     out = np.empty(q.shape, dtype=np.float32)  # [n_heads, hd]
-    scaled = q * np.float32(scale)  # [n_heads, hd]: once, not once a key
-
-    def heads(first: int, stop: int) -> None:
-        scores = np.empty((group, total), dtype=np.float32)  # [group, total]: each thread its own
-        norms = np.empty(group, dtype=np.float32)  # [group]
-        sums = np.empty((group, q.shape[1]), dtype=np.float32)  # [group, hd]
-        exp.decode_attention(scaled, key_buffer, value_buffer, total, first, stop, scores, norms, sums, out)
-
+    scale = np.float32(scale)
     if run_shared is None or shares_of is None or total * q.shape[0] < SHARED_DECODE_SCORES:
-        heads(0, n_kv)
+        exp.decode_attention(q, key_buffer, value_buffer, total, 0, n_kv, scale, out)
     else:
-        run_shared([lambda a=a, b=b: heads(a, b) for a, b in shares_of(n_kv)])
+        run_shared([lambda a=a, b=b: exp.decode_attention(q, key_buffer, value_buffer, total, a, b, scale, out)
+                    for a, b in shares_of(n_kv)])
     return out.reshape(-1)
 
 

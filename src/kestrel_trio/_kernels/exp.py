@@ -101,14 +101,15 @@ def swiglu(gate_up, out):
 
 
 @njit(**_FAST)
-def decode_attention(q, keys, values, total, first, stop, scores, norms, sums, out):
+def decode_attention(q, keys, values, total, first, stop, scale, out):
     """One query's grouped attention: rows of ``out`` [n_heads, hd] over the first ``total`` of ``keys``, ``values``.
 
-    ``q`` [n_heads, hd], already scaled; ``keys``, ``values`` [n_kv, capacity, hd], C-contiguous (a KV cache's whole buffers:
-    as prefix views LLVM could not vectorize the rows); ``scores`` [group, total] (C-contiguous: its rows go
-    through :func:`softmax_numerators`), ``norms`` [group] and ``sums`` [group, hd], scratch. Query head h reads
-    kv head h // group (group = n_heads / n_kv); only the heads of kv heads [first, stop) are computed, so that
-    threads can share one query's heads.
+    ``q`` [n_heads, hd]; scores are ``(q * scale) . k``, the query scaled once (one float32 product, as
+    numpy's ``q * scale``). ``keys``, ``values`` [n_kv, capacity, hd], C-contiguous (a KV cache's whole buffers:
+    as prefix views LLVM could not vectorize the rows). Query head h reads kv head h // group (group = n_heads /
+    n_kv); only the heads of kv heads [first, stop) are computed, so that threads can share one query's heads.
+    The scratch is allocated here: as numpy arrays passed in, it cost a decode step's layer more in calls
+    than the attention itself over a short context.
 
     Each key and value row is read once for all the query heads of its group: a long context's cache does
     not stay in L2 between two heads, so reading it once a head (as this did before 2026-12-02) read the
@@ -118,13 +119,20 @@ def decode_attention(q, keys, values, total, first, stop, scores, norms, sums, o
     """
     n_heads, hd = q.shape
     group = n_heads // keys.shape[0]
+    scaled = np.empty((group, hd), dtype=np.float32)  # [group, hd]
+    scores = np.empty((group, total), dtype=np.float32)  # [group, total], C-contiguous for softmax_numerators
+    norms = np.empty(group, dtype=np.float32)  # [group]
+    sums = np.empty((group, hd), dtype=np.float32)  # [group, hd]
     for kv in range(first, stop):
         h0 = kv * group
+        for g in range(group):
+            for d in range(hd):
+                scaled[g, d] = q[h0 + g, d] * scale
         for j in range(total):
             for g in range(group):
                 s = np.float32(0.0)
                 for d in range(hd):
-                    s += q[h0 + g, d] * keys[kv, j, d]
+                    s += scaled[g, d] * keys[kv, j, d]
                 scores[g, j] = s
         softmax_numerators(scores, norms)
         sums[:, :] = np.float32(0.0)

@@ -21,12 +21,24 @@ __all__ = ["rms_norm", "linear", "embedding", "silu", "swiglu", "causal_attentio
            "sparse_moe"]
 
 
+# Rows up to which rms_norm runs compiled: a decode step's batch or a speculative verify step (numpy's
+# vector calls win on a prefill chunk's thousands of rows).
+COMPILED_NORM_ROWS = 32
+
+
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     """Root-mean-square norm over the last axis of ``x`` [..., d] with ``weight`` [d].
 
-    x * rsqrt(mean(x^2) + eps), as transformers computes it; the sum of squares
-    by einsum and one output array (8x faster than np.mean(np.square(x)) here).
+    x * rsqrt(mean(x^2) + eps), as transformers computes it. Up to
+    COMPILED_NORM_ROWS rows (a decode or verify step) in one compiled call,
+    where numpy's five calls cost more in dispatch than in arithmetic
+    (kestrel_trio._kernels.norm); otherwise the sum of squares by einsum and
+    one output array (8x faster than np.mean(np.square(x)) here).
     """
+    if x.ndim > 1 and x.shape[0] <= COMPILED_NORM_ROWS:
+        fused = _kernels.rms_norm(x, weight, eps)  # [..., d]
+        if fused is not None:
+            return fused
     squares = np.einsum("...i,...i->...", x, x)[..., None]  # [..., 1]
     scale = np.float32(1.0) / np.sqrt(squares / np.float32(x.shape[-1]) + np.float32(eps))  # [..., 1]
     out = x * scale  # [..., d]

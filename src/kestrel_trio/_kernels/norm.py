@@ -1,0 +1,36 @@
+"""Root-mean-square norm of a few rows in one compiled pass (numba).
+
+A decode step norms a handful of rows 113 times (Qwen3-0.6B: two norms a
+layer over the hidden state, two over the query and key heads, one before
+lm_head). numpy's version is five calls (a sum of squares, a division, a
+square root, two products), each a few microseconds of dispatch; between
+two weight products, whose streaming has evicted numpy's code and data
+from the caches, they took 18.5 us a norm (2.1 ms of a 62-75 ms batch-1
+step, measured on the 2-core Zen 5). Here it is one call.
+
+The sum of squares is reassociated (a vector sum, as numpy's einsum also
+sums in its own order): rows agree with numpy's to about an ulp. The scale
+and the two products round as numpy's do (no fused multiply-add, no
+reciprocal approximations).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+__all__ = ["rms_norm"]
+
+
+@njit(nogil=True, cache=True, error_model="numpy", fastmath={"reassoc", "nsz"})
+def rms_norm(x, weight, eps, out):
+    """``out`` [T, heads, dim] = ``x`` * rsqrt(mean(``x``^2) + ``eps``) * ``weight`` [dim], per row of dim."""
+    t, heads, dim = x.shape
+    for a in range(t):
+        for h in range(heads):
+            total = np.float32(0.0)
+            for i in range(dim):
+                total += x[a, h, i] * x[a, h, i]
+            scale = np.float32(1.0) / np.sqrt(total / np.float32(dim) + eps)
+            for i in range(dim):
+                out[a, h, i] = x[a, h, i] * scale * weight[i]
