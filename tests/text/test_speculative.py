@@ -64,7 +64,7 @@ def _reference_propose(context: list[int], k: int, max_n: int, min_n: int) -> li
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.integers(0, 4), min_size=1, max_size=40), st.integers(1, 5), st.integers(1, 3))
 def test_ngram_growing_index_matches_a_brute_force_search_at_every_length(tokens, k, max_n):
-    drafter = NgramDrafter(max_n=max_n)
+    drafter = NgramDrafter(max_n=max_n, min_n=1)
     for end in range(1, len(tokens) + 1):
         assert drafter.propose(tokens[:end], k) == _reference_propose(tokens[:end], k, max_n, 1)
 
