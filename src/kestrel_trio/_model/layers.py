@@ -13,7 +13,7 @@ import numpy as np
 
 from kestrel_trio import _kernels
 from kestrel_trio._model.kv_storage import attend_stored, mask_future, softmax_numerators
-from kestrel_trio._model.matmul import linear, one_thread_blas, run_shared, shares_of
+from kestrel_trio._model.matmul import SMALL_BATCH_ROWS, linear, one_thread_blas, run_shared, shares_of
 from kestrel_trio._model.packed import Matrix, PackedMatrix
 from kestrel_trio._model.weights import DenseMLP, SparseMoE
 
@@ -21,9 +21,9 @@ __all__ = ["rms_norm", "linear", "embedding", "silu", "swiglu", "causal_attentio
            "sparse_moe"]
 
 
-# Rows up to which rms_norm runs compiled: a decode step's batch or a speculative verify step (numpy's
-# vector calls win on a prefill chunk's thousands of rows).
-COMPILED_NORM_ROWS = 32
+# Rows up to which rms_norm runs compiled: a decode step's batch or a speculative verify step, the rows the
+# small-batch products take (numpy's vector calls win on a prefill chunk's thousands of rows).
+COMPILED_NORM_ROWS = SMALL_BATCH_ROWS[1]
 
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
