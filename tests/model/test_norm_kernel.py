@@ -49,18 +49,39 @@ def test_a_zero_row_stays_zero_and_eps_is_inside_the_root():
     assert np.allclose(_kernels.rms_norm(x, weight, 1e-2), x / np.sqrt(np.float32(1e-8 + 1e-2)), rtol=1e-6)
 
 
-def test_layers_use_it_for_a_decode_steps_rows_and_numpy_for_a_prefill_chunk(monkeypatch):
+def test_layers_use_it_for_a_decode_step_and_a_prefill_chunk_alike(monkeypatch):
     calls = []
     real = _kernels.rms_norm
     monkeypatch.setattr(_kernels, "rms_norm", lambda *args: calls.append(args[0].shape) or real(*args))
     weight = np.ones(16, dtype=np.float32)  # [d]
     rng = np.random.default_rng(3)
-    small = rng.standard_normal((layers.COMPILED_NORM_ROWS, 16), dtype=np.float32)  # [rows, d]
-    big = rng.standard_normal((layers.COMPILED_NORM_ROWS + 1, 16), dtype=np.float32)  # [rows, d]
+    small = rng.standard_normal((2, 16), dtype=np.float32)  # [rows, d]
+    big = rng.standard_normal((300, 16), dtype=np.float32)  # [rows, d]
     layers.rms_norm(small, weight, 1e-6)
-    layers.rms_norm(big, weight, 1e-6)
-    assert calls == [small.shape]
-    assert _ulps(layers.rms_norm(big, weight, 1e-6), _numpy_rms_norm(big, weight, 1e-6)) == 0
+    got = layers.rms_norm(big, weight, 1e-6)
+    assert calls == [small.shape, big.shape]
+    assert _ulps(got, _numpy_rms_norm(big, weight, 1e-6)) <= 8
+
+
+def test_a_prefill_chunks_query_heads_agree_with_numpy():
+    rng = np.random.default_rng(11)
+    qkv = rng.standard_normal((300, (16 + 2 * 8) * 128), dtype=np.float32) * 3  # [T, (16 + 2*8) * head_dim]
+    k = qkv[:, 16 * 128 : 24 * 128].reshape(300, 8, 128)  # [T, n_kv, head_dim]: starts inside the row
+    weight = rng.standard_normal(128, dtype=np.float32)  # [head_dim]
+    assert _ulps(_kernels.rms_norm(k, weight, 1e-6), _numpy_rms_norm(k, weight, 1e-6)) <= 8
+
+
+def test_reversed_or_unaligned_views_and_the_numpy_fallback_give_numpys_result(monkeypatch):
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((4, 3, 8), dtype=np.float32)  # [T, heads, d]
+    weight = rng.standard_normal(8, dtype=np.float32)  # [d]
+    assert _kernels.rms_norm(x[:, :, ::-1], weight, 1e-6) is None  # dim not unit-stride
+    assert _kernels.rms_norm(x[::-1], weight, 1e-6) is None  # a negative row stride
+    assert _kernels.rms_norm(x, weight[::-1], 1e-6) is None  # a strided weight
+    odd = np.frombuffer(b"\0\0" + x.tobytes(), dtype=np.uint8)[2:].view(np.float32).reshape(x.shape)  # unaligned
+    assert np.allclose(layers.rms_norm(odd, weight, 1e-6), _numpy_rms_norm(x, weight, 1e-6), rtol=1e-5)
+    monkeypatch.setattr(_kernels, "rms_norm", lambda *args: None)  # numba absent: layers' numpy path
+    assert _ulps(layers.rms_norm(x, weight, 1e-6), _numpy_rms_norm(x, weight, 1e-6)) == 0
 
 
 def test_other_dtypes_are_left_to_numpy():

@@ -321,9 +321,26 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray | None
     from kestrel_trio._kernels import norm
 
     rows = x if x.ndim == 3 else x[:, None, :]  # [T, heads, dim]
+    flat = _unit_stride_span(rows)  # [span]
+    if flat is None or not weight.flags.c_contiguous:
+        return None
     out = np.empty(rows.shape, dtype=np.float32)  # [T, heads, dim]
-    norm.rms_norm(rows, weight, np.float32(eps), out)
+    norm.rms_norm(flat, rows.strides[0] // 4, rows.strides[1] // 4, weight, np.float32(eps), out)
     return out.reshape(x.shape)
+
+
+def _unit_stride_span(rows: np.ndarray) -> np.ndarray | None:
+    """The 1-D float32 span of ``rows`` [T, heads, dim] from its first element to its last, or None.
+
+    None unless dim is unit-stride and the other strides are whole, non-negative elements: then
+    ``rows[a, h, i]`` is ``span[a * strides[0] + h * strides[1] + i]`` (strides in elements).
+    """
+    t, heads, dim = rows.shape
+    strides = rows.strides
+    if rows.size == 0 or (dim > 1 and strides[2] != 4) or any(s < 0 or s % 4 for s in strides[:2]):
+        return None
+    span = (t - 1) * (strides[0] // 4) + (heads - 1) * (strides[1] // 4) + dim  # elements
+    return np.lib.stride_tricks.as_strided(rows, shape=(span,), strides=(4,))  # [span], a view
 
 
 # ---------------------------------------------------------------- exponentials (softmax, SiLU)
