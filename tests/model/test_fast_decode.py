@@ -281,6 +281,35 @@ def test_one_query_s_attention_shared_among_threads_equals_the_one_thread_call(m
     np.testing.assert_allclose(shared, _reference_attention(q, keys, values, 39, 8**-0.5), rtol=1e-5, atol=1e-5)
 
 
+def test_a_batched_decode_step_s_one_call_a_sequence_equals_the_per_sequence_path(tmp_path, monkeypatch):
+    from kestrel_trio import _kernels
+
+    if not _kernels.ready():
+        pytest.skip(f"the compiled decode attention cannot run here: {_kernels.unavailable_reason()}")
+    write_random_checkpoint(tmp_path, TINY, seed=12)
+    model = load_model(tmp_path)
+    prompts = [[3, 4, 5, 6, 7, 8, 9], [10], [11, 12, 13]]
+
+    def batched_step(kv_dtype: str = "fp32") -> np.ndarray:
+        caches = [model.new_cache(kv_dtype) for _ in prompts]
+        for cache, ids in zip(caches, prompts):
+            model.prefill(cache, ids)
+        positions = np.array([cache.length for cache in caches])  # [B]
+        return forward(model.decoder, np.array([20, 21, 22]), positions, caches, [1] * len(prompts))  # [B, vocab]
+
+    taken = []
+    real = _kernels.decode_buffers
+    monkeypatch.setattr(_kernels, "decode_buffers", lambda *args: taken.append(real(*args) is not None) or real(*args))
+    lean = batched_step()
+    assert taken == [True] * TINY["num_hidden_layers"]  # every layer's step took the one-call path
+    bf16 = batched_step("bf16")  # bf16 caches: widened as read, the per-sequence path
+    assert taken[TINY["num_hidden_layers"]:] == [False] * TINY["num_hidden_layers"]
+    monkeypatch.setattr(_kernels, "decode_buffers", lambda *args: None)
+    per_sequence = batched_step()
+    np.testing.assert_array_equal(lean, per_sequence)  # the same compiled loop per sequence either way
+    np.testing.assert_allclose(bf16, lean, rtol=0.05, atol=0.05)
+
+
 def test_a_batched_decode_step_shares_its_sequences_attention_and_changes_no_logit(tmp_path, monkeypatch):
     from kestrel_trio import _kernels
 

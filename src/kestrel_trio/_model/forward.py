@@ -185,7 +185,7 @@ def _attention(c: ModelConfig, a: Attention, index: int, h: np.ndarray, cos: np.
     out = np.empty((sum(tails), c.num_attention_heads * c.head_dim), dtype=np.float32)  # [R, n_heads*head_dim]
     if len(caches) > 1 and all(length == 1 == tail for length, tail in zip(lengths, tails)):  # a batched decode step
         stored = [cache.write(index, k[i : i + 1], v[i : i + 1]) for i, cache in enumerate(caches)]
-        decode_attentions([q[i : i + 1] for i in range(n)], stored, c.head_dim**-0.5, out)
+        decode_attentions(q, stored, c.head_dim**-0.5, out)
     else:
         start = row = 0
         for cache, length, tail in zip(caches, lengths, tails):

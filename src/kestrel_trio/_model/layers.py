@@ -97,30 +97,35 @@ def causal_attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, past: 
     return out.reshape(t, n_heads * head_dim)  # [T, n_heads*head_dim]
 
 
-def decode_attentions(queries: Sequence[np.ndarray], stored: Sequence[tuple[np.ndarray, np.ndarray]], scale: float,
+def decode_attentions(q: np.ndarray, stored: Sequence[tuple[np.ndarray, np.ndarray]], scale: float,
                       out: np.ndarray) -> None:
     """One query each of several sequences (a batched decode step) over its own cache, into rows of ``out``.
 
     Args:
-        queries: per sequence, [1, n_heads, head_dim].
+        q: [B, n_heads, head_dim], sequence i's query in row i.
         stored: per sequence, its keys and values, each [n_kv, total, head_dim] (as :func:`causal_attention`).
         scale: the score multiplier (head_dim ** -0.5).
-        out: [len(queries), n_heads * head_dim], written.
+        out: [B, n_heads * head_dim], written.
 
     From SHARED_DECODE_SCORES query-head x key scores in all, the sequences are
     shared among the product threads, each thread taking a run of them with
     about half the keys; else they run here in turn, a long one sharing its heads.
+    float32 caches take one compiled call a sequence (kestrel_trio._kernels.decode_attentions).
     """
     lengths = [keys.shape[1] for keys, _ in stored]
-    heads = queries[0].shape[1] if queries else 0
+    rows = out.reshape(q.shape)  # [B, n_heads, head_dim], a view
+    buffers = _kernels.decode_buffers(q, stored, rows)
 
     def attend(first: int, stop: int, shared: bool) -> None:
+        if buffers is not None:  # under SHARED_DECODE_SCORES in all, no one sequence would share its heads
+            _kernels.decode_attentions(q, buffers, scale, rows, first, stop)
+            return
         for i in range(first, stop):
-            out[i] = causal_attention(queries[i], *stored[i], lengths[i] - 1, scale, shared)[0]  # [n_heads*hd]
+            out[i] = causal_attention(q[i : i + 1], *stored[i], lengths[i] - 1, scale, shared)[0]  # [n_heads*hd]
 
-    shares = _shares_by_keys(lengths, len(shares_of(len(queries))))
-    if len(shares) < 2 or sum(lengths) * heads < _kernels.SHARED_DECODE_SCORES:
-        attend(0, len(queries), True)
+    shares = _shares_by_keys(lengths, len(shares_of(len(lengths))))
+    if len(shares) < 2 or sum(lengths) * q.shape[1] < _kernels.SHARED_DECODE_SCORES:
+        attend(0, len(lengths), True)
     else:
         run_shared([lambda a=a, b=b: attend(a, b, False) for a, b in shares])
 
