@@ -433,7 +433,7 @@ def decode_buffers(q: np.ndarray, stored: Sequence[tuple[np.ndarray, np.ndarray]
 
 def decode_attentions(q: np.ndarray, buffers: Sequence[tuple[np.ndarray, np.ndarray, int]], scale: float,
                       out: np.ndarray, first: int, stop: int) -> None:
-    """``out[i]`` [n_heads, hd] = the attention of ``q[i]`` over ``buffers[i]`` (:func:`decode_buffers`), i in [first, stop).
+    """``out[i]`` [n_heads, hd] = ``q[i]``'s attention over ``buffers[i]`` (:func:`decode_buffers`), i in [first, stop).
 
     One compiled call a sequence and nothing else: the per-sequence checks of :func:`decode_attention`, its
     output array and the copy into the step's rows cost a short context more than the attention (Qwen3-0.6B's
