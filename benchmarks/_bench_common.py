@@ -56,7 +56,9 @@ def compiled_kernels_description() -> str:
     target = os.environ.get("NUMBA_CPU_NAME") or f"host ({binding.get_host_cpu_name()})"
     from kestrel_trio._kernels import products
 
-    f32 = {"avx512": "AVX-512 assembly blocks", "avx2": "AVX2 assembly block"}.get(products.f32_assembly(), "compiled loops")
+    f32 = {"avx512": "AVX-512 assembly blocks", "avx2": "AVX2 assembly block",
+           "avx2+avx512": f"AVX2 assembly block, AVX-512 6x4 block from {products.WIDE_BLOCK_ROWS} rows"}.get(
+        products.f32_assembly(), "compiled loops")
     return f"numba {numba.__version__} compiling for {target}; float32 rows from 4 up: {f32}"
 
 

@@ -220,8 +220,11 @@ def test_the_float32_assembly_is_the_widest_the_cpu_and_the_compiled_code_both_h
 
     expected = None
     if platform.machine() in ("x86_64", "AMD64"):
-        if name == "host" and has("avx512f") and not llvm_binding.get_host_cpu_name().startswith("znver"):
+        cpu = llvm_binding.get_host_cpu_name()
+        if name == "host" and has("avx512f") and not cpu.startswith("znver"):
             expected = "avx512"  # AMD's Zen with AVX-512 takes the AVX2 block, which measured faster there
+        elif name == "host" and has("avx512f") and cpu.startswith("znver5"):
+            expected = "avx2+avx512"  # and Zen 5 the 6x4 zmm block from WIDE_BLOCK_ROWS (12) rows
         elif name in ("host", "haswell", "znver3") and has("avx2", "fma"):
             expected = "avx2"
     if name not in ("host", "haswell", "znver3"):
@@ -259,6 +262,21 @@ def test_the_avx512_blocks_match_numpy_where_the_host_has_avx512_whichever_block
             and os.environ.get("NUMBA_CPU_NAME", "host") == "host" and products.f32_assembly()):
         pytest.skip("needs an x86-64 host with AVX-512F and numba compiling for it")
     product = njit(nogil=True)(products.product_f32_avx512)  # the zmm blocks, even where the AVX2 one is chosen
+    _check_float32_product(lambda weights, x, out: product(weights, None, None, None, x, 1, 22, out), rows_in, 1040)
+
+
+@pytest.mark.parametrize("rows_in", [12, 15, 16, 19, 24, 32])
+def test_the_wide_zmm_block_matches_numpy_where_the_host_has_avx512_whichever_block_the_process_uses(rows_in):
+    import llvmlite.binding as llvm_binding
+    from numba import njit
+
+    from kestrel_trio._kernels import products
+
+    if not (platform.machine() in ("x86_64", "AMD64") and llvm_binding.get_host_cpu_features().get("avx512f")
+            and os.environ.get("NUMBA_CPU_NAME", "host") == "host" and products.f32_assembly()):
+        pytest.skip("needs an x86-64 host with AVX-512F and numba compiling for it")
+    assert rows_in >= products.WIDE_BLOCK_ROWS  # these rows take the 6x4 block: three of six weight rows, 3 left
+    product = njit(nogil=True)(products.product_f32_zen)
     _check_float32_product(lambda weights, x, out: product(weights, None, None, None, x, 1, 22, out), rows_in, 1040)
 
 
