@@ -505,7 +505,7 @@ _ACTIVATION_ROWS = ["(%r10)", "(%r10,%r11,1)", "(%r10,%r11,2)", "(%r10,%r12,1)",
 def _block_passes(reg: str, rows: int, w_reg: int, x_reg: int, vector_bytes: int, weight_rows: int = 3) -> list[str]:
     """The loop of a ``weight_rows`` x ``rows`` block: sums in registers 0.. (weight row i, activation row r at
     i*rows+r), the weight rows' vectors from register ``w_reg``, an activation's in ``x_reg``."""
-    weights, prefetches = (_WEIGHT_ROWS, _WEIGHT_ROWS[:]) if weight_rows == 3 else (_WEIGHT_ROWS_6, _PREFETCH_ROWS_6)
+    weights, prefetches = (_WEIGHT_ROWS, _WEIGHT_ROWS) if weight_rows == 3 else (_WEIGHT_ROWS_6, _PREFETCH_ROWS_6)
     lines = ["1:"]
     lines += [f"vmovups {at}, %{reg}{w_reg + i}" for i, at in enumerate(weights)]
     lines += [f"prefetcht2 {at.replace('%r8', '%rsi')}" for at in prefetches]
