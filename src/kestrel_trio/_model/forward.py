@@ -174,7 +174,6 @@ def _layer(decoder: Decoder, layer: Layer, index: int, x: np.ndarray, cos: np.nd
 def _attention(c: ModelConfig, a: Attention, index: int, h: np.ndarray, cos: np.ndarray, sin: np.ndarray,
                caches: Sequence[KVCache], lengths: Sequence[int], tails: Sequence[int] | None) -> np.ndarray:
     """Every row's keys and values into the caches; the attention output [R, hidden] of every row or of the tails."""
-    n = h.shape[0]
     tails = lengths if tails is None else tails
     q, k, v = _qkv(c, a, h)
     if a.q_norm is not None:
