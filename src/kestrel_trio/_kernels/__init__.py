@@ -141,8 +141,7 @@ def _load_layer_loops() -> None:
     cache = np.zeros((1, 2, 4), dtype=np.float32)  # [n_kv, capacity, hd]
     decode_attention(np.zeros((2, 4), dtype=np.float32), cache[:, :1], cache[:, :1], 0.5)
     weight = np.ones(4, dtype=np.float32)  # [dim]
-    rms_norm(np.zeros((1, 4), dtype=np.float32), weight, 1e-6)  # [T, hidden]
-    rms_norm(np.zeros((2, 8), dtype=np.float32)[:, :4].reshape(2, 1, 4), weight, 1e-6)  # q/k heads: a view of qkv
+    rms_norm(np.zeros((1, 4), dtype=np.float32), weight, 1e-6)  # [T, hidden]; q/k head views take the same loop
 
 
 def _typed(form: str, data: np.ndarray, scales: np.ndarray | None):
@@ -393,14 +392,13 @@ def decode_attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, scale:
     long context's kv heads are shared among the product threads (from SHARED_DECODE_SCORES query-head x key
     scores). None where the compiled loops cannot run or the arrays are not of that kind.
     """
-    if not (ready() and q.dtype == np.float32 and q.ndim == 2 and keys.shape[1] > 0):
-        return None
-    key_buffer, value_buffer = _whole_buffer(keys), _whole_buffer(values)
-    if key_buffer is None or value_buffer is None:
+    cached = _cache_buffers(keys, values) if ready() and q.dtype == np.float32 and q.ndim == 2 else None
+    if cached is None:
         return None
     from kestrel_trio._kernels import exp
 
-    n_kv, total = keys.shape[:2]
+    key_buffer, value_buffer, total = cached
+    n_kv = keys.shape[0]
     out = np.empty(q.shape, dtype=np.float32)  # [n_heads, hd]
     scale = np.float32(scale)
     if run_shared is None or shares_of is None or total * q.shape[0] < SHARED_DECODE_SCORES:
@@ -422,13 +420,17 @@ def decode_buffers(q: np.ndarray, stored: Sequence[tuple[np.ndarray, np.ndarray]
     if not (ready() and q.dtype == np.float32 and q.ndim == 3 and q.flags.c_contiguous and out.flags.c_contiguous
             and out.dtype == np.float32 and out.shape == q.shape and len(stored) == q.shape[0]):
         return None
-    buffers = []
-    for keys, values in stored:
-        key_buffer, value_buffer = _whole_buffer(keys), _whole_buffer(values)
-        if key_buffer is None or value_buffer is None or keys.shape[1] == 0:
-            return None
-        buffers.append((key_buffer, value_buffer, keys.shape[1]))
-    return buffers
+    buffers = [_cache_buffers(keys, values) for keys, values in stored]
+    return None if any(cached is None for cached in buffers) else buffers
+
+
+def _cache_buffers(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray, int] | None:
+    """The whole float32 buffers that one sequence's ``keys``, ``values`` [n_kv, total, hd] are prefixes of, and
+    total; None if there are no keys or either is not such a prefix."""
+    key_buffer, value_buffer = _whole_buffer(keys), _whole_buffer(values)
+    if key_buffer is None or value_buffer is None or keys.shape[1] == 0:
+        return None
+    return key_buffer, value_buffer, keys.shape[1]
 
 
 def decode_attentions(q: np.ndarray, buffers: Sequence[tuple[np.ndarray, np.ndarray, int]], scale: float,

@@ -615,8 +615,9 @@ def _reduce_block(scratch, rows, out, b, column, weight_rows=3):
 
 
 @njit(nogil=True)
-def _f32_blocks(data, x, first, column, out, scratch, operands, calls):
-    """out[:, column:column+3] = x @ data[first:first+3].T in AVX-512 3x8 blocks, then a 3x4, then rows one by one.
+def _f32_blocks(data, x, first, column, out, scratch, operands, calls, weight_rows=3):
+    """out[:, column:column+weight_rows] = x @ data[first:first+weight_rows].T in AVX-512 blocks, then rows one
+    by one: three weight rows in 3x8 blocks, then a 3x4; six in 6x4 blocks.
 
     ``operands``' strides, pass count, scratch and prefetch step are the caller's (the same for every block).
     """
@@ -624,16 +625,18 @@ def _f32_blocks(data, x, first, column, out, scratch, operands, calls):
     b = 0
     call = 0
     while b + 4 <= n:
-        rows = 8 if b + 8 <= n else 4
-        _point_block(data, x, first, b, call, calls, operands)
-        if rows == 8:
+        rows = 8 if weight_rows == 3 and b + 8 <= n else 4
+        _point_block(data, x, first, b, call, calls, operands, weight_rows)
+        if weight_rows == 6:
+            _f32_6x4(operands.ctypes.data)
+        elif rows == 8:
             _f32_3x8(operands.ctypes.data)
         else:
             _f32_3x4(operands.ctypes.data)
-        _reduce_block(scratch, rows, out, b, column)
+        _reduce_block(scratch, rows, out, b, column, weight_rows)
         b += rows
         call += 1
-    _rows_left(data, x, first, column, out, b)
+    _rows_left(data, x, first, column, out, b, weight_rows)
 
 
 @njit(nogil=True)
@@ -651,21 +654,6 @@ def _f32_blocks_avx2(data, x, first, column, out, sums, operands, calls):
         b += 4
         call += 1
     _rows_left(data, x, first, column, out, b)
-
-
-@njit(nogil=True)
-def _f32_wide_blocks(data, x, first, column, out, scratch, operands, calls):
-    """out[:, column:column+6] = x @ data[first:first+6].T in AVX-512 6x4 blocks, then rows one by one."""
-    n = x.shape[0]
-    b = 0
-    call = 0
-    while b + 4 <= n:
-        _point_block(data, x, first, b, call, calls, operands, 6)
-        _f32_6x4(operands.ctypes.data)
-        _reduce_block(scratch, 4, out, b, column, 6)
-        b += 4
-        call += 1
-    _rows_left(data, x, first, column, out, b, 6)
 
 
 @njit(nogil=True)
@@ -739,7 +727,7 @@ def product_f32_zen(data, scales, f16, run, x, start, stop, out):
         scratch = np.empty(24, np.float32)  # [6 weight rows x 4 activation rows]
         operands = _block_operands(x, cols * 4, 16, scratch, n // 4)
         while first + 6 <= stop:
-            _f32_wide_blocks(data, x, first, first - start, out, scratch, operands, n // 4)
+            _f32_blocks(data, x, first, first - start, out, scratch, operands, n // 4, 6)
             first += 6
     _f32_avx2_rows(data, x, start, first, stop, out)
 

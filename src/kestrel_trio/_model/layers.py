@@ -32,10 +32,9 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     Otherwise the sum of squares by einsum and one output array (8x faster
     than np.mean(np.square(x)) here).
     """
-    if x.ndim > 1:
-        fused = _kernels.rms_norm(x, weight, eps)  # [..., d]
-        if fused is not None:
-            return fused
+    fused = _kernels.rms_norm(x, weight, eps)  # [..., d]; None for other dtypes or ranks
+    if fused is not None:
+        return fused
     squares = np.einsum("...i,...i->...", x, x)[..., None]  # [..., 1]
     scale = np.float32(1.0) / np.sqrt(squares / np.float32(x.shape[-1]) + np.float32(eps))  # [..., 1]
     out = x * scale  # [..., d]
@@ -117,7 +116,7 @@ def decode_attentions(q: np.ndarray, stored: Sequence[tuple[np.ndarray, np.ndarr
     buffers = _kernels.decode_buffers(q, stored, rows)
 
     def attend(first: int, stop: int, shared: bool) -> None:
-        if buffers is not None:  # under SHARED_DECODE_SCORES in all, no one sequence would share its heads
+        if buffers is not None:  # no sequence would share its heads: under SHARED_DECODE_SCORES, or one thread
             _kernels.decode_attentions(q, buffers, scale, rows, first, stop)
             return
         for i in range(first, stop):
