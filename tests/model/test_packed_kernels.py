@@ -251,6 +251,7 @@ def _check_float32_product(multiply, rows_in: int, cols: int) -> None:
     assert np.isnan(out[:, :2]).all() and np.isnan(out[:, 23:]).all()
 
 
+@pytest.mark.host_cpu
 @pytest.mark.parametrize("rows_in", [4, 7, 8, 12, 16, 31])
 def test_the_avx512_blocks_match_numpy_where_the_host_has_avx512_whichever_block_the_process_uses(rows_in):
     import llvmlite.binding as llvm_binding
@@ -260,11 +261,13 @@ def test_the_avx512_blocks_match_numpy_where_the_host_has_avx512_whichever_block
 
     if not (platform.machine() in ("x86_64", "AMD64") and llvm_binding.get_host_cpu_features().get("avx512f")
             and os.environ.get("NUMBA_CPU_NAME", "host") == "host" and products.f32_assembly()):
-        pytest.skip("needs an x86-64 host with AVX-512F and numba compiling for it")
+        pytest.skip(f"needs an x86-64 host with AVX-512F and numba compiling for it (this host: "
+                    f"{llvm_binding.get_host_cpu_name()})")
     product = njit(nogil=True)(products.product_f32_avx512)  # the zmm blocks, even where the AVX2 one is chosen
     _check_float32_product(lambda weights, x, out: product(weights, None, None, None, x, 1, 22, out), rows_in, 1040)
 
 
+@pytest.mark.host_cpu
 @pytest.mark.parametrize("rows_in", [12, 15, 16, 19, 24, 32])
 def test_the_wide_zmm_block_matches_numpy_where_the_host_has_avx512_whichever_block_the_process_uses(rows_in):
     import llvmlite.binding as llvm_binding
@@ -274,7 +277,8 @@ def test_the_wide_zmm_block_matches_numpy_where_the_host_has_avx512_whichever_bl
 
     if not (platform.machine() in ("x86_64", "AMD64") and llvm_binding.get_host_cpu_features().get("avx512f")
             and os.environ.get("NUMBA_CPU_NAME", "host") == "host" and products.f32_assembly()):
-        pytest.skip("needs an x86-64 host with AVX-512F and numba compiling for it")
+        pytest.skip(f"needs an x86-64 host with AVX-512F and numba compiling for it (this host: "
+                    f"{llvm_binding.get_host_cpu_name()})")
     assert rows_in >= products.WIDE_BLOCK_ROWS  # these rows take the 6x4 block: three of six weight rows, 3 left
     product = njit(nogil=True)(products.product_f32_zen)
     _check_float32_product(lambda weights, x, out: product(weights, None, None, None, x, 1, 22, out), rows_in, 1040)
@@ -293,11 +297,13 @@ def _f32_product_in_a_process_compiling_for(cpu_name: str) -> str:
     return out.stdout.strip()
 
 
+@pytest.mark.host_cpu
 @pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86-64 CPU names")
 def test_compiled_for_a_cpu_without_avx2_the_float32_product_takes_the_portable_loops():
     assert _f32_product_in_a_process_compiling_for("core2") == "None"
 
 
+@pytest.mark.host_cpu
 @pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86-64 CPU names")
 def test_compiled_for_an_avx2_cpu_the_float32_product_takes_the_avx2_block_where_the_host_has_it():
     import llvmlite.binding as llvm_binding
