@@ -581,7 +581,8 @@ def report_machine(args: argparse.Namespace) -> None:
     print(f"CPU vector flags: {cpu_vector_flags()}")
     print(f"OpenBLAS overrides: {openblas_overrides_note()}")
     print(f"numpy BLAS: {blas_description()}")
-    print(f"compiled products: {compiled_kernels_description()} (--avx2: an AVX2 machine's code)")
+    emulated = " (--avx2: an AVX2-only machine's code)" if args.avx2 else ""
+    print(f"compiled products: {compiled_kernels_description()}{emulated}")
     bandwidth = read_bandwidth(1.0 if not args.quick else 0.25, repeats=10)
     args.bandwidth = max(bandwidth.values())
     print("memory read bandwidth: " + ", ".join(f"{way} {bps / 1e9:.1f} GB/s" for way, bps in bandwidth.items()), flush=True)

@@ -222,9 +222,9 @@ def test_the_float32_assembly_is_the_widest_the_cpu_and_the_compiled_code_both_h
     if platform.machine() in ("x86_64", "AMD64"):
         cpu = llvm_binding.get_host_cpu_name()
         if name == "host" and has("avx512f") and not cpu.startswith("znver"):
-            expected = "avx512"  # AMD's Zen with AVX-512 takes the AVX2 block, which measured faster there
-        elif name == "host" and has("avx512f") and cpu.startswith("znver5"):
-            expected = "avx2+avx512"  # and Zen 5 the 6x4 zmm block from WIDE_BLOCK_ROWS (12) rows
+            expected = "avx512"
+        elif name == "host" and has("avx512f"):  # AMD's Zen 4 and 5: the AVX2 block, the 6x4 zmm one from 12 rows
+            expected = "avx2+avx512"
         elif name in ("host", "haswell", "znver3") and has("avx2", "fma"):
             expected = "avx2"
     if name not in ("host", "haswell", "znver3"):

@@ -29,9 +29,9 @@ against 0.23).
 float32 weights (the fp32 residency's small-batch call) need no expansion:
 their rows are multiplied in place. On x86-64 with AVX-512 (Intel's), from four
 activation rows up, by a few instructions of assembly (3x8 and 3x4 blocks,
-:func:`product_f32_avx512`; with AVX2, and on AMD's Zen, a 3x4 block,
-:func:`product_f32_avx2`; on Zen 5, a 6x4 zmm block from 12 rows,
-:func:`product_f32_zen`; chosen once by :func:`f32_assembly`), since LLVM's
+:func:`product_f32_avx512`; with AVX2 a 3x4 block, :func:`product_f32_avx2`;
+on AMD's Zen with AVX-512 (Zen 4, Zen 5) that block, and a 6x4 zmm block from
+12 rows, :func:`product_f32_zen`; chosen once by :func:`f32_assembly`), since LLVM's
 compiled 3x8 loop spilled its registers; elsewhere by the compiled loops.
 
 The functions release the GIL (``nogil``): the product threads of
@@ -732,14 +732,18 @@ def product_f32_zen(data, scales, f16, run, x, start, stop, out):
     _f32_avx2_rows(data, x, start, first, stop, out)
 
 
-# Activation rows from which Zen 5 multiplies float32 weights in the 6x4 zmm block (_f32_6x4): six weight
+# Activation rows from which Zen 4 and 5 multiply float32 weights in the 6x4 zmm block (_f32_6x4): six weight
 # rows by four activation rows, 24 sums, ten loads per 24 multiply-adds, each activation vector loaded once
 # for six weight rows. With a dozen rows and more the products are bound by arithmetic rather than by the
 # weights' bytes, and the ymm 3x4 block does half a zmm block's work per instruction. Measured on the 2-core
 # Zen 5: 2 threads, 30720 x 1024 float32 weights from memory, two runs: 16 rows 195-244 GFLOP/s against
 # 144-173 for the 3x4 ymm block (3x8 zmm: 136-156), 32 rows 243-315 against 172-205, 8 rows 123-131 against
 # 120-165. Decode steps of Qwen3-0.6B's shapes, 24 alternated pairs in one process, ymm time / 6x4 time:
-# 8 rows 0.947 (the ymm block kept), 12 rows 1.068, 16 rows 1.139, 32 rows 1.211.
+# 8 rows 0.947 (the ymm block kept), 12 rows 1.068, 16 rows 1.139, 32 rows 1.211. On the 2-core Zen 4 (512-bit
+# vectors in two 256-bit halves), 2026-12-04: 2 threads, the same weights, 12 rows 134 GFLOP/s against 97 (ymm 3x4)
+# and 116 (zmm 3x8), 16 rows 144 against 119 and 130, 32 rows 150 against 108 and 134; decode steps, 12 pairs a
+# size in one process, ymm time / 6x4 time: 12 rows 1.24 and 1.29 (two runs), 16 rows 1.10 and 1.29, 24 rows
+# 1.22, 32 rows 1.22 (8 rows, where both take the ymm block: 0.98, the pairs' noise).
 WIDE_BLOCK_ROWS = 12
 
 
@@ -748,15 +752,13 @@ _AVX2_CPU_NAMES = frozenset({"haswell", "broadwell", "skylake", "skylake-avx512"
                              "icelake-client", "icelake-server", "tigerlake", "sapphirerapids", "alderlake",
                              "raptorlake", "znver1", "znver2", "znver3", "znver4", "znver5", "x86-64-v3", "x86-64-v4"})
 _f32_assembly_state: list = []  # [str | None]: the assembly F32 uses in this process
-# Host CPUs with AVX-512 that take the AVX2 block: on Zen 5 the 3x4 ymm block beat the 3x8 zmm one, alternated in
-# one process, cold weights, one thread: 16 rows 0.32-0.41 ns a weight against 0.36-0.45, and a 16-row decode step
-# of Qwen3-0.6B's shapes 109-118 tok/s against 97-110 (2026-12-02). Zen 4 runs 512-bit vectors as two 256-bit
-# halves. Intel's AVX-512 CPUs keep the zmm blocks (not compared with the ymm one).
+# Host CPUs with AVX-512 that take the AVX2 block below WIDE_BLOCK_ROWS rows and the 6x4 zmm block from there
+# ("avx2+avx512"), instead of the 3x8 zmm block: on Zen 5 the 3x4 ymm block beat the 3x8 zmm one, alternated in one
+# process, cold weights, one thread: 16 rows 0.32-0.41 ns a weight against 0.36-0.45, and a 16-row decode step of
+# Qwen3-0.6B's shapes 109-118 tok/s against 97-110 (2026-12-02); on Zen 4 (two 256-bit halves a zmm vector) the 3x8
+# zmm block lost to the 6x4 one at every row count measured (see WIDE_BLOCK_ROWS). Every Zen with AVX-512 is a
+# Zen 4 or later. Intel's AVX-512 CPUs keep the 3x8 zmm blocks (not compared with the others).
 _AVX2_FIRST = ("znver",)
-# Of those, the ones that take the 6x4 zmm block from WIDE_BLOCK_ROWS rows ("avx2+avx512"): Zen 5 multiplies
-# 512-bit vectors at full width (measured there: see WIDE_BLOCK_ROWS). Not Zen 4 (two 256-bit halves; not
-# measured with the 6x4 block).
-_WIDE_AFTER_AVX2 = ("znver5",)
 
 
 def f32_assembly() -> str | None:
@@ -764,8 +766,8 @@ def f32_assembly() -> str | None:
 
     None: the compiled loops. Made once, on first call. Needs x86-64 and a CPU
     with the instructions (AVX-512F; or AVX2 and FMA); AMD's Zen CPUs with
-    AVX-512 take "avx2", which measured faster there (:data:`_AVX2_FIRST`),
-    and Zen 5 "avx2+avx512": the AVX2 block below WIDE_BLOCK_ROWS activation
+    AVX-512 (Zen 4, Zen 5) take "avx2+avx512", which measured faster there
+    (:data:`_AVX2_FIRST`): the AVX2 block below WIDE_BLOCK_ROWS activation
     rows, the 6x4 zmm block from there. The code numba compiles must have them too:
     "avx512" and "avx2+avx512" only for ``NUMBA_CPU_NAME`` unset or "host", "avx2" also for a
     named CPU with AVX2 (``haswell``, ``znver3``...), and
@@ -795,7 +797,7 @@ def _usable_f32_assembly() -> str | None:
     cpu = llvm_binding.get_host_cpu_name()
     if name == "host" and allowed("avx512f") and not cpu.startswith(_AVX2_FIRST):
         found = "avx512"
-    elif name == "host" and allowed("avx512f") and cpu.startswith(_WIDE_AFTER_AVX2):
+    elif name == "host" and allowed("avx512f"):  # a Zen with AVX-512
         found = "avx2+avx512"
     elif (name == "host" or name in _AVX2_CPU_NAMES) and allowed("avx2", "fma"):
         found = "avx2"
