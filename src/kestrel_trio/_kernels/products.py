@@ -454,6 +454,53 @@ def _dot_block_3x8(w, x, out, column):
             _dot_rows(w[k], x, out, column + k, b)
 
 
+@intrinsic
+def _bits_as_float32(typingctx, bits):
+    """The float32 whose bits are ``bits`` (uint32): a register reinterpreted, no conversion."""
+    def codegen(context, builder, signature, args):
+        from llvmlite import ir
+
+        return builder.bitcast(args[0], ir.FloatType())
+    return types.float32(types.uint32), codegen
+
+
+# One pass over a packed row for one to three activation rows: each weight is expanded in a register and
+# multiplied at once, as the expanders below 4 rows do (a row expanded into a buffer, then the buffer's dot
+# product) but without the buffer's store and reload, which bounded those products by the core rather than by
+# memory. The weight each multiplies is the expander's, exactly (bf16's bits shifted; int8's q * scale);
+# fastmath only reorders the sum, as in _dot_rows. Measured, one thread, a row at a time, 6144 x 1024 weights
+# from memory (2-core Zen 4): bf16 9.1-11.2 against 5.3-5.4 G weights/s, int8 22.2-22.4 against 9.5-9.6.
+
+
+@njit(nogil=True, fastmath=True)
+def _one_pass_bf16(data, x, start, stop, out):
+    """out[:, :stop-start] = x [N, cols] @ W[start:stop].T for bf16 rows ``data`` (uint16 [rows, cols])."""
+    n, cols = x.shape
+    for r in range(start, stop):
+        row = data[r]
+        for b in range(n):
+            xb = x[b]
+            acc = np.float32(0.0)
+            for j in range(cols):
+                acc += _bits_as_float32(np.uint32(row[j]) << np.uint32(16)) * xb[j]  # bf16: a float32's top half
+            out[b, r - start] = acc
+
+
+@njit(nogil=True, fastmath=True)
+def _one_pass_int8(data, scales, x, start, stop, out):
+    """out[:, :stop-start] = x [N, cols] @ W[start:stop].T for int8 rows ``data`` with float32 ``scales`` [rows, 1]."""
+    n, cols = x.shape
+    for r in range(start, stop):
+        row = data[r]
+        s = scales[r, 0]
+        for b in range(n):
+            xb = x[b]
+            acc = np.float32(0.0)
+            for j in range(cols):
+                acc += (np.float32(row[j]) * s) * xb[j]  # w = scale * q, as row_int8
+            out[b, r - start] = acc
+
+
 @njit(nogil=True, fastmath=True)
 def _multiply(bufs, count, x, out, column):
     """out[:, column:column+count] = x @ bufs[:count].T: a block of four weight rows, or rows one by one."""
@@ -809,17 +856,14 @@ def _usable_f32_assembly() -> str | None:
 
 # ---------------------------------------------------------------- the products, one per form
 # Each: out [N, stop-start] = x [N, cols] @ W[start:stop].T: weight rows expanded into L1 buffers, four at a
-# time from four activation rows up (:func:`_dot_block`), else one at a time, where LLVM fuses the expansion
-# with the dot product into one pass over the row. Written out: numba caches neither a function made by a
+# time from four activation rows up (:func:`_dot_block`), else one at a time (bf16 and int8: in one pass, no
+# buffer, :func:`_one_pass_bf16`). Written out: numba caches neither a function made by a
 # factory nor one that calls an expander handed to it (a "dynamic global").
 
 
 def product_int8(data, scales, f16, run, x, start, stop, out):
     if x.shape[0] < 4:
-        buf = np.empty(x.shape[1], np.float32)  # [cols]
-        for r in range(start, stop):
-            row_int8(data[r], scales[r], f16, run, buf)
-            _dot_rows(buf, x, out, r - start, 0)
+        _one_pass_int8(data, scales, x, start, stop, out)
         return
     bufs = np.empty((4, x.shape[1]), np.float32)  # [4, cols]
     for first in range(start, stop, 4):
@@ -844,10 +888,7 @@ def product_int4(data, scales, f16, run, x, start, stop, out):
 
 def product_bf16(data, scales, f16, run, x, start, stop, out):
     if x.shape[0] < 4:
-        buf = np.empty(x.shape[1], np.float32)  # [cols]
-        for r in range(start, stop):
-            row_bf16(data[r], scales[r], f16, run, buf)
-            _dot_rows(buf, x, out, r - start, 0)
+        _one_pass_bf16(data, x, start, stop, out)
         return
     bufs = np.empty((4, x.shape[1]), np.float32)  # [4, cols]
     for first in range(start, stop, 4):
