@@ -8,7 +8,11 @@ alone cost about as much as the whole float32 product it was meant to beat
 by its form's exact expander (below) into a buffer in L1 and multiplied at
 once with every activation row (four weight rows by four activation rows a
 pass, from four rows up), so the weights are read from memory once, in
-their compact form, and expanded once per step whatever the batch.
+their compact form, and expanded once per step whatever the batch. Below
+four activation rows (batch-1 decode) the common forms (bf16, int8, Q8_0,
+Q4_0, Q4_1, Q4_K) skip the buffer: each weight is expanded in a register
+and multiplied at once (the ``_one_pass_*`` loops), so a step reads the
+compact rows at close to memory speed instead of the core's pace.
 
 The dot products are compiled with fastmath (reassociation lets LLVM keep
 vector accumulators), so they round differently from BLAS in the last bits;
@@ -464,14 +468,15 @@ def _bits_as_float32(typingctx, bits):
     return types.float32(types.uint32), codegen
 
 
-# One pass over a packed row for one to three activation rows: each weight is expanded in a register and
-# multiplied at once, as the expanders below 4 rows do (a row expanded into a buffer, then the buffer's dot
-# product) but without the buffer's store and reload, which bounded those products by the core rather than by
-# memory. The weight each multiplies is the expander's, exactly (bf16's bits shifted; int8's q * scale);
-# fastmath only reorders the sum, as in _dot_rows (Q8_0 and Q4_0 multiply each block's sum by d once: a
-# rounding less). Measured, one thread, a row at a time, 6144 x 1024 weights from memory (2-core Zen 4): bf16
-# 9.1-11.2 against 5.3-5.4 G weights/s, int8 22.2-22.4 against 9.5-9.6, Q8_0 11.3 against 7.5, Q4_1 6.4
-# against 5.1 (a block's sum reduced across its vector once a block: the bound there, not memory).
+# One pass over a packed row for one to three activation rows (the products of bf16, int8, Q8_0, Q4_0, Q4_1 and
+# Q4_K): each weight is expanded in a register and multiplied at once. Expanding a row into a buffer and then
+# taking the buffer's dot product (the other forms' way below four rows) stores and reloads every weight, which
+# bounded those products by the core rather than by memory. The weight each multiplies is the expander's
+# (bf16's bits shifted; int8's q * scale; Q4_1's and Q4_K's d * q + m), up to a fused multiply-add; Q8_0 and
+# Q4_0 multiply a block's sum of q * x by d once. fastmath reorders the sums, as in _dot_rows. Measured, one
+# thread, a row at a time, 6144 x 1024 weights from memory (2-core Zen 4), G weights/s: bf16 9.1-11.2 against
+# 5.3-5.4, int8 22.2-22.4 against 9.5-9.6, Q8_0 11.3 against 7.5, Q4_1 6.4 against 5.1, Q4_K 6.3 against 4.8.
+# The block forms are bound by reducing each block's vector sum, not by memory.
 
 
 @njit(nogil=True, fastmath=True)
@@ -568,6 +573,32 @@ def _one_pass_q4_1(data, f16, run, x, start, stop, out):
                     byte = np.int32(qs[i])
                     acc += (np.float32(byte & 15) * d + m) * low[i] + (np.float32(byte >> 4) * d + m) * high[i]
                 total += acc
+            out[b, r - start] = total
+
+
+@njit(nogil=True, fastmath=True)
+def _one_pass_q4_k(data, f16, run, x, start, stop, out):
+    """As _one_pass_q4_1 for Q4_K rows: each 32 bytes of nibbles, two sub-blocks' weights as row_q4_k makes them."""
+    n, cols = x.shape
+    for r in range(start, stop):
+        row = data[r]
+        for b in range(n):
+            xb = x[b]
+            total = np.float32(0.0)
+            for block in range(cols // 256):
+                at = 144 * block
+                for pair in range(4):  # sub-block 2 * pair in the low nibbles, 2 * pair + 1 in the high
+                    d_low, offset_low = _k_affine(row, at, f16, 2 * pair)
+                    d_high, offset_high = _k_affine(row, at, f16, 2 * pair + 1)
+                    nibbles = row[at + 16 + 32 * pair : at + 48 + 32 * pair]
+                    first = 256 * block + 64 * pair
+                    low, high = xb[first : first + 32], xb[first + 32 : first + 64]
+                    acc = np.float32(0.0)
+                    for i in range(run):
+                        byte = np.int32(nibbles[i])
+                        acc += ((d_low * np.float32(byte & 15) + offset_low) * low[i]
+                                + (d_high * np.float32(byte >> 4) + offset_high) * high[i])
+                    total += acc
             out[b, r - start] = total
 
 @njit(nogil=True, fastmath=True)
@@ -925,8 +956,8 @@ def _usable_f32_assembly() -> str | None:
 
 # ---------------------------------------------------------------- the products, one per form
 # Each: out [N, stop-start] = x [N, cols] @ W[start:stop].T: weight rows expanded into L1 buffers, four at a
-# time from four activation rows up (:func:`_dot_block`), else one at a time (bf16 and int8: in one pass, no
-# buffer, :func:`_one_pass_bf16`; Q8_0, Q4_0 and Q4_1 too). Written out: numba caches neither a function made by a
+# time from four activation rows up (:func:`_dot_block`), else one at a time (bf16, int8, Q8_0, Q4_0, Q4_1 and
+# Q4_K: in one pass, no buffer, :func:`_one_pass_bf16`). Written out: numba caches neither a function made by a
 # factory nor one that calls an expander handed to it (a "dynamic global").
 
 
@@ -1053,10 +1084,7 @@ def product_q5_1(data, scales, f16, run, x, start, stop, out):
 
 def product_q4_k(data, scales, f16, run, x, start, stop, out):
     if x.shape[0] < 4:
-        buf = np.empty(x.shape[1], np.float32)  # [cols]
-        for r in range(start, stop):
-            row_q4_k(data[r], scales[r], f16, run, buf)
-            _dot_rows(buf, x, out, r - start, 0)
+        _one_pass_q4_k(data, f16, run, x, start, stop, out)
         return
     bufs = np.empty((4, x.shape[1]), np.float32)  # [4, cols]
     for first in range(start, stop, 4):
