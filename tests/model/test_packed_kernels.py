@@ -189,6 +189,18 @@ def test_int4_rows_whose_halves_straddle_groups_expand_exactly():
     np.testing.assert_array_equal(got, numpy_weights(part))
 
 
+@pytest.mark.parametrize("rows_in", [1, 3, 4])
+def test_int4_rows_whose_halves_straddle_groups_multiply_as_their_weights(rows_in):
+    """The one-pass loop of 1-3 rows takes whole groups a half: a straddling row goes weight by weight."""
+    rng = np.random.default_rng(10)
+    part = Int4Rows(rng.integers(0, 256, (5, 96), dtype=np.uint8), (rng.random((5, 3)) * 0.1).astype(np.float16), 64)
+    x = rng.standard_normal((rows_in, 192), dtype=np.float32)  # [N, in]
+    out = np.empty((rows_in, 5), dtype=np.float32)
+    _kernels.packed_product(*part.kernel_args(), x, 0, 5, out)
+    weights = numpy_weights(part)  # [5, in]
+    assert np.all(np.abs(out - x @ weights.T) <= 1e-6 * (np.abs(x) @ np.abs(weights).T) + 1e-30)
+
+
 @pytest.mark.parametrize("call", ["compiled", "row_blocks"])
 def test_more_rows_than_the_fused_product_takes_expand_chunks_for_the_small_batch_call(call):
     weight = _matrix()

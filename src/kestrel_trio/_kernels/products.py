@@ -10,7 +10,7 @@ once with every activation row (four weight rows by four activation rows a
 pass, from four rows up), so the weights are read from memory once, in
 their compact form, and expanded once per step whatever the batch. Below
 four activation rows (batch-1 decode) the common forms (bf16, int8, Q8_0,
-Q4_0, Q4_1, Q4_K) skip the buffer: each weight is expanded in a register
+Q4_0, Q4_1, Q4_K, int4) skip the buffer: each weight is expanded in a register
 and multiplied at once (the ``_one_pass_*`` loops), so a step reads the
 compact rows at close to memory speed instead of the core's pace.
 
@@ -468,14 +468,15 @@ def _bits_as_float32(typingctx, bits):
     return types.float32(types.uint32), codegen
 
 
-# One pass over a packed row for one to three activation rows (the products of bf16, int8, Q8_0, Q4_0, Q4_1 and
-# Q4_K): each weight is expanded in a register and multiplied at once. Expanding a row into a buffer and then
+# One pass over a packed row for one to three activation rows (the products of bf16, int8, int4, Q8_0, Q4_0,
+# Q4_1 and Q4_K): each weight is expanded in a register and multiplied at once. Expanding a row into a buffer and then
 # taking the buffer's dot product (the other forms' way below four rows) stores and reloads every weight, which
 # bounded those products by the core rather than by memory. The weight each multiplies is the expander's
 # (bf16's bits shifted; int8's q * scale; Q4_1's and Q4_K's d * q + m), up to a fused multiply-add; Q8_0 and
 # Q4_0 multiply a block's sum of q * x by d once. fastmath reorders the sums, as in _dot_rows. Measured, one
 # thread, a row at a time, 6144 x 1024 weights from memory (2-core Zen 4), G weights/s: bf16 9.1-11.2 against
-# 5.3-5.4, int8 22.2-22.4 against 9.5-9.6, Q8_0 11.3 against 7.5, Q4_1 6.4 against 5.1, Q4_K 6.3 against 4.8.
+# 5.3-5.4, int8 22.2-22.4 against 9.5-9.6, Q8_0 11.3 against 7.5, Q4_1 6.4 against 5.1, Q4_K 6.3 against 4.8,
+# int4 (groups of 128) 5.0-6.1 against 4.2-4.7.
 # The block forms are bound by reducing each block's vector sum, not by memory.
 
 
@@ -508,6 +509,33 @@ def _one_pass_int8(data, scales, x, start, stop, out):
             out[b, r - start] = acc
 
 
+
+@njit(nogil=True, fastmath=True)
+def _one_pass_int4(data, halves, f16, x, start, stop, out):
+    """As _one_pass_bf16 for int4 rows (row_int4's layout) whose high nibbles' groups line up with the low ones'."""
+    n, cols = x.shape
+    half = cols // 2
+    group = cols // halves.shape[1]
+    groups = half // group  # of the low nibbles; the high ones' follow
+    for r in range(start, stop):
+        row = data[r]
+        scale_bits = halves[r]
+        for b in range(n):
+            xb = x[b]
+            total = np.float32(0.0)
+            for g in range(groups):
+                first = g * group
+                source = row[first : first + group]
+                low, high = xb[first : first + group], xb[half + first : half + first + group]
+                s_low, s_high = f16[scale_bits[g]], f16[scale_bits[g + groups]]
+                acc = np.float32(0.0)
+                for i in range(group):
+                    v = np.int32(source[i])
+                    acc += ((np.float32((v & np.int32(15)) - np.int32(16) * ((v >> np.int32(3)) & np.int32(1))) * s_low)
+                            * low[i]
+                            + (np.float32((v >> np.int32(4)) - np.int32(16) * (v >> np.int32(7))) * s_high) * high[i])
+                total += acc
+            out[b, r - start] = total
 
 @njit(nogil=True, fastmath=True)
 def _one_pass_q8_0(data, f16, run, x, start, stop, out):
@@ -956,8 +984,8 @@ def _usable_f32_assembly() -> str | None:
 
 # ---------------------------------------------------------------- the products, one per form
 # Each: out [N, stop-start] = x [N, cols] @ W[start:stop].T: weight rows expanded into L1 buffers, four at a
-# time from four activation rows up (:func:`_dot_block`), else one at a time (bf16, int8, Q8_0, Q4_0, Q4_1 and
-# Q4_K: in one pass, no buffer, :func:`_one_pass_bf16`). Written out: numba caches neither a function made by a
+# time from four activation rows up (:func:`_dot_block`), else one at a time (bf16, int8, int4, Q8_0, Q4_0, Q4_1
+# and Q4_K: in one pass, no buffer, :func:`_one_pass_bf16`). Written out: numba caches neither a function made by a
 # factory nor one that calls an expander handed to it (a "dynamic global").
 
 
@@ -973,7 +1001,10 @@ def product_int8(data, scales, f16, run, x, start, stop, out):
 
 
 def product_int4(data, scales, f16, run, x, start, stop, out):
-    if x.shape[0] < 4:
+    if x.shape[0] < 4 and (x.shape[1] // 2) % (x.shape[1] // scales.shape[1]) == 0:
+        _one_pass_int4(data, scales, f16, x, start, stop, out)
+        return
+    if x.shape[0] < 4:  # groups straddling the halves: row_int4 weight by weight
         buf = np.empty(x.shape[1], np.float32)  # [cols]
         for r in range(start, stop):
             row_int4(data[r], scales[r], f16, run, buf)
