@@ -537,6 +537,7 @@ def _one_pass_int4(data, halves, f16, x, start, stop, out):
                 total += acc
             out[b, r - start] = total
 
+
 @njit(nogil=True, fastmath=True)
 def _one_pass_q8_0(data, f16, run, x, start, stop, out):
     """As _one_pass_bf16 for Q8_0 rows: each block's d times its sum of q * x (``run``: 32, not a constant, so
