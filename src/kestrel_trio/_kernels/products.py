@@ -154,11 +154,20 @@ def row_int4(row, halves, f16, run, buf):  # row: uint8 [cols/2]; halves: the fl
             high[i] = np.float32((v >> np.int32(4)) - np.int32(16) * (v >> np.int32(7))) * s_high
 
 
+@intrinsic
+def _bits_as_float32(typingctx, bits):
+    """The float32 whose bits are ``bits`` (uint32): a register reinterpreted, no conversion."""
+    def codegen(context, builder, signature, args):
+        from llvmlite import ir
+
+        return builder.bitcast(args[0], ir.FloatType())
+    return types.float32(types.uint32), codegen
+
+
 @njit(**_EXACT)
 def row_bf16(row, scales, f16, run, buf):  # row: uint16 [cols], the bf16 bits
-    bits = buf.view(np.uint32)
-    for j in range(buf.size):
-        bits[j] = np.uint32(row[j]) << 16  # bf16 is the top half of a float32: exact
+    for j in range(buf.size):  # bf16 is the top half of a float32: exact. Written as floats, not through a uint32
+        buf[j] = _bits_as_float32(np.uint32(row[j]) << np.uint32(16))  # view of buf: 1.4x faster (Zen 4)
 
 
 @njit(**_EXACT)
@@ -456,16 +465,6 @@ def _dot_block_3x8(w, x, out, column):
     if b < n:
         for k in range(3):
             _dot_rows(w[k], x, out, column + k, b)
-
-
-@intrinsic
-def _bits_as_float32(typingctx, bits):
-    """The float32 whose bits are ``bits`` (uint32): a register reinterpreted, no conversion."""
-    def codegen(context, builder, signature, args):
-        from llvmlite import ir
-
-        return builder.bitcast(args[0], ir.FloatType())
-    return types.float32(types.uint32), codegen
 
 
 # One pass over a packed row for one to three activation rows (the products of bf16, int8, int4, Q8_0, Q4_0,
