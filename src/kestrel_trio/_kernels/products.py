@@ -677,12 +677,21 @@ _ACTIVATION_ROWS = ["(%r10)", "(%r10,%r11,1)", "(%r10,%r11,2)", "(%r10,%r12,1)",
                     "(%r13)", "(%r13,%r11,1)", "(%r13,%r11,2)", "(%r13,%r12,1)"]
 
 
-def _block_passes(reg: str, rows: int, w_reg: int, x_reg: int, vector_bytes: int, weight_rows: int = 3) -> list[str]:
+def _block_passes(reg: str, rows: int, w_reg: int, x_reg: int, vector_bytes: int, weight_rows: int = 3,
+                  bf16: bool = False) -> list[str]:
     """The loop of a ``weight_rows`` x ``rows`` block: sums in registers 0.. (weight row i, activation row r at
-    i*rows+r), the weight rows' vectors from register ``w_reg``, an activation's in ``x_reg``."""
+    i*rows+r), the weight rows' vectors from register ``w_reg``, an activation's in ``x_reg``.
+
+    ``bf16``: the weight rows hold bf16 bits, half a float32 vector's bytes a pass, each widened in its
+    register (zero-extended to 32 bits and shifted into a float32's top half: exact).
+    """
     weights, prefetches = (_WEIGHT_ROWS, _WEIGHT_ROWS) if weight_rows == 3 else (_WEIGHT_ROWS_6, _PREFETCH_ROWS_6)
     lines = ["1:"]
-    lines += [f"vmovups {at}, %{reg}{w_reg + i}" for i, at in enumerate(weights)]
+    for i, at in enumerate(weights):
+        if bf16:
+            lines += [f"vpmovzxwd {at}, %{reg}{w_reg + i}", f"vpslld $$16, %{reg}{w_reg + i}, %{reg}{w_reg + i}"]
+        else:
+            lines.append(f"vmovups {at}, %{reg}{w_reg + i}")
     lines += [f"prefetcht2 {at.replace('%r8', '%rsi')}" for at in prefetches]
     lines.append("add %rdi, %rsi")
     if weight_rows == 6:
@@ -690,7 +699,8 @@ def _block_passes(reg: str, rows: int, w_reg: int, x_reg: int, vector_bytes: int
     for r, at in enumerate(_ACTIVATION_ROWS[:rows]):
         lines.append(f"vmovups {at}, %{reg}{x_reg}")
         lines += [f"vfmadd231ps %{reg}{x_reg}, %{reg}{w_reg + i}, %{reg}{i * rows + r}" for i in range(weight_rows)]
-    lines += [f"add $${vector_bytes}, %r8", f"add $${vector_bytes}, %r10", f"add $${vector_bytes}, %r13"]
+    lines += [f"add $${vector_bytes // 2 if bf16 else vector_bytes}, %r8", f"add $${vector_bytes}, %r10",
+              f"add $${vector_bytes}, %r13"]
     if weight_rows == 6:
         lines.append(f"add $${vector_bytes}, %r14")
     lines += ["dec %rcx", "jnz 1b", "mov 40($0), %rax"]
@@ -729,10 +739,11 @@ def _f32_block_text(rows: int, weight_rows: int = 3) -> str:
     return "\n".join(lines)
 
 
-def _f32_avx2_block_text() -> str:
-    """The AVX2 3x4 block: the scratch gets the 12 sums, [3, 4] (weight row i, activation row r)."""
+def _f32_avx2_block_text(bf16: bool = False) -> str:
+    """The AVX2 3x4 block: the scratch gets the 12 sums, [3, 4] (weight row i, activation row r); ``bf16``: of
+    bf16 weight rows."""
     lines = _LOAD_OPERANDS + [f"vxorps %ymm{a}, %ymm{a}, %ymm{a}" for a in range(12)]
-    lines += _block_passes("ymm", 4, 12, 15, 32)  # ymm12-14: the weight rows' vectors, ymm15: an activation's
+    lines += _block_passes("ymm", 4, 12, 15, 32, bf16=bf16)  # ymm12-14: the weight rows' vectors, ymm15: x's
     for i in range(3):  # lanes [r0 r1 r2 r3] of weight row i
         lines += _sum_four_ymm(4 * i, 16 * i)
     lines.append("vzeroupper")
@@ -778,6 +789,12 @@ def _f32_6x4(typingctx, operands):
 def _f32_3x4_avx2(typingctx, operands):
     """The AVX2 3x4 block (:func:`_f32_avx2_block_text`); ``operands``: the address of its int64 [8] operands."""
     return types.void(types.int64), _asm_codegen(_f32_avx2_block_text(), [f"ymm{i}" for i in range(16)])
+
+
+@intrinsic
+def _bf16_3x4_avx2(typingctx, operands):
+    """The AVX2 3x4 block of bf16 weight rows (:func:`_f32_avx2_block_text`)."""
+    return types.void(types.int64), _asm_codegen(_f32_avx2_block_text(bf16=True), [f"ymm{i}" for i in range(16)])
 
 
 @njit(nogil=True)
@@ -829,6 +846,27 @@ def _f32_blocks_avx2(data, x, first, column, out, sums, operands, calls):
         b += 4
         call += 1
     _rows_left(data, x, first, column, out, b)
+
+
+@njit(nogil=True)
+def _bf16_blocks_avx2(data, scales, f16, run, x, first, column, out, sums, operands, calls, buf):
+    """As _f32_blocks_avx2 for bf16 weight rows; the activation rows the blocks leave take the rows expanded into
+    ``buf`` (float32 [cols])."""
+    n = x.shape[0]
+    b = 0
+    call = 0
+    while b + 4 <= n:
+        _point_block(data, x, first, b, call, calls, operands)
+        _bf16_3x4_avx2(operands.ctypes.data)
+        for i in range(3):
+            for r in range(4):
+                out[b + r, column + i] = sums[i, r]
+        b += 4
+        call += 1
+    if b < n:
+        for k in range(3):
+            row_bf16(data[first + k], scales[first + k], f16, run, buf)
+            _dot_rows(buf, x, out, column + k, b)
 
 
 @njit(nogil=True)
@@ -1018,6 +1056,12 @@ def product_int4(data, scales, f16, run, x, start, stop, out):
 
 
 def product_bf16(data, scales, f16, run, x, start, stop, out):
+    _bf16_rows(data, scales, f16, run, x, start, stop, out)
+
+
+@njit(nogil=True)
+def _bf16_rows(data, scales, f16, run, x, start, stop, out):
+    """product_bf16's loops (product_bf16_avx2 takes them for what its blocks leave)."""
     if x.shape[0] < 4:
         _one_pass_bf16(data, x, start, stop, out)
         return
@@ -1026,6 +1070,25 @@ def product_bf16(data, scales, f16, run, x, start, stop, out):
         for r in range(first, min(first + 4, stop)):
             row_bf16(data[r], scales[r], f16, run, bufs[r - first])
         _multiply(bufs, min(4, stop - first), x, out, first - start)
+
+
+def product_bf16_avx2(data, scales, f16, run, x, start, stop, out):
+    # As product_bf16, with the AVX2 3x4 block of bf16 rows (widened in registers) from four rows up, columns a
+    # multiple of 8; the weight rows left (fewer than three) as product_bf16.
+    n, cols = x.shape
+    if n < 4 or cols % 8:
+        _bf16_rows(data, scales, f16, run, x, start, stop, out)
+        return
+    sums = np.empty((3, 4), np.float32)  # [weight row, activation row] of one block
+    operands = _block_operands(x, cols * 2, 8, sums, n // 4)
+    operands[7] = 16 // (n // 4)  # a pass reads 16 bytes of each bf16 row: each call prefetches its share
+    buf = np.empty(cols, np.float32)  # [cols]
+    first = start
+    while first + 3 <= stop:
+        _bf16_blocks_avx2(data, scales, f16, run, x, first, first - start, out, sums, operands, n // 4, buf)
+        first += 3
+    if first < stop:
+        _bf16_rows(data, scales, f16, run, x, first, stop, out[:, first - start :])
 
 
 def product_f32(data, scales, f16, run, x, start, stop, out):
@@ -1261,6 +1324,8 @@ def product_for(form: str):
                 if form == "F32" and f32_assembly():  # the assembly blocks where they apply
                     product = {"avx512": product_f32_avx512, "avx2": product_f32_avx2,
                                "avx2+avx512": product_f32_zen}[f32_assembly()]
+                elif form in ("bf16", "BF16") and f32_assembly():  # every such CPU has AVX2's block
+                    product = product_bf16_avx2
                 found = _compiled[form] = (
                     njit(_signature(storage, scales), **_COMPILE)(product),
                     njit(_expand_signature(storage, scales), **_COMPILE)(expand),
