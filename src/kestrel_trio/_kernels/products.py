@@ -37,6 +37,9 @@ activation rows up, by a few instructions of assembly (3x8 and 3x4 blocks,
 on AMD's Zen with AVX-512 (Zen 4, Zen 5) that block, and a 6x4 zmm block from
 12 rows, :func:`product_f32_zen`; chosen once by :func:`f32_assembly`), since LLVM's
 compiled 3x8 loop spilled its registers; elsewhere by the compiled loops.
+bf16 rows from four activation rows up take the AVX2 3x4 block too on any
+of those CPUs, each weight vector widened in its register
+(:func:`product_bf16_avx2`): no buffer, half the bytes.
 
 The functions release the GIL (``nogil``): the product threads of
 kestrel_trio._model.matmul run them on separate cores, each on its own
@@ -647,7 +650,7 @@ def _f32_rest(data, x, first, start, stop, out):
         _multiply(data[first : min(first + step, stop)], min(step, stop - first), x, out, first - start)
 
 
-# ---------------------------------------------------------------- float32 rows in assembly (x86-64)
+# ---------------------------------------------------------------- float32 (and bf16) rows in assembly (x86-64)
 # LLVM compiles _dot_block_3x8's 24 accumulators, 8 activation vectors and a weight vector into 33 zmm
 # registers of 32: on Zen 5 it spilled and rotated registers every pass (about 50 register moves a pass),
 # and 8 rows cost 2.5-3x one row. Written as a few instructions of assembly instead, a block of three weight
