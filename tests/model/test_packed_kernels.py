@@ -265,16 +265,15 @@ def _check_float32_product(multiply, rows_in: int, cols: int) -> None:
 
 @pytest.mark.parametrize("rows_in", [4, 5, 8, 13])
 @pytest.mark.parametrize("cols", [512, 40, 36])  # 40: of 8 (the AVX2 block's lanes), 36: not
-def test_bf16_products_from_four_rows_match_their_weights_whole_blocks_and_rows_left(rows_in, cols):
-    """On x86-64 with AVX2, bf16 rows widened in the assembly 3x4 block; the weight and activation rows it leaves
-    (20 weight rows: two left; 5 and 13 activation rows: one left) through the loops."""
-    rng = np.random.default_rng(rows_in * cols)
-    floats = rng.standard_normal((23, cols), dtype=np.float32)  # [23, in]
-    bits = (floats.view(np.uint32) >> 16).astype(np.uint16)  # [23, in] bf16
-    weights = (bits.astype(np.uint32) << 16).view(np.float32)[1:21]  # [20, in] what the bits hold
-    x = rng.standard_normal((rows_in, cols), dtype=np.float32)  # [N, in]
+@pytest.mark.parametrize("form", ["bf16", "int8"])
+def test_packed_products_from_four_rows_match_their_weights_whole_blocks_and_rows_left(form, rows_in, cols):
+    """On x86-64 with AVX2, bf16 and int8 rows widened in the assembly 3x4 block; the weight and activation rows
+    it leaves (20 weight rows: two left; 5 and 13 activation rows: one left) through the loops."""
+    part = random_part(form, 23, cols, seed=rows_in * cols)
+    weights = numpy_weights(part)[1:21]  # [20, in]
+    x = np.random.default_rng(cols).standard_normal((rows_in, cols), dtype=np.float32)  # [N, in]
     out = np.full((rows_in, 22), np.nan, dtype=np.float32)  # the product lands in columns 1..20, a strided view
-    _kernels.packed_product("bf16", bits, None, x, 1, 21, out[:, 1:21])
+    _kernels.packed_product(*part.kernel_args(), x, 1, 21, out[:, 1:21])
     assert np.all(np.abs(out[:, 1:21] - x @ weights.T) <= 1e-6 * (np.abs(x) @ np.abs(weights).T) + 1e-30)
     assert np.isnan(out[:, 0]).all() and np.isnan(out[:, 21]).all()
 

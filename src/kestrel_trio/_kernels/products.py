@@ -37,9 +37,10 @@ activation rows up, by a few instructions of assembly (3x8 and 3x4 blocks,
 on AMD's Zen with AVX-512 (Zen 4, Zen 5) that block, and a 6x4 zmm block from
 12 rows, :func:`product_f32_zen`; chosen once by :func:`f32_assembly`), since LLVM's
 compiled 3x8 loop spilled its registers; elsewhere by the compiled loops.
-bf16 rows from four activation rows up take the AVX2 3x4 block too on any
-of those CPUs, each weight vector widened in its register
-(:func:`product_bf16_avx2`): no buffer, half the bytes.
+bf16 and int8 rows from four activation rows up take the AVX2 3x4 block
+too on any of those CPUs, each weight vector widened in its register
+(:func:`product_bf16_avx2`, :func:`product_int8_avx2`): no buffer, a half
+or a quarter of the bytes.
 
 The functions release the GIL (``nogil``): the product threads of
 kestrel_trio._model.matmul run them on separate cores, each on its own
@@ -681,20 +682,21 @@ _ACTIVATION_ROWS = ["(%r10)", "(%r10,%r11,1)", "(%r10,%r11,2)", "(%r10,%r12,1)",
 
 
 def _block_passes(reg: str, rows: int, w_reg: int, x_reg: int, vector_bytes: int, weight_rows: int = 3,
-                  bf16: bool = False) -> list[str]:
+                  weights_form: str = "f32") -> list[str]:
     """The loop of a ``weight_rows`` x ``rows`` block: sums in registers 0.. (weight row i, activation row r at
     i*rows+r), the weight rows' vectors from register ``w_reg``, an activation's in ``x_reg``.
 
-    ``bf16``: the weight rows hold bf16 bits, half a float32 vector's bytes a pass, each widened in its
-    register (zero-extended to 32 bits and shifted into a float32's top half: exact).
+    ``weights_form`` "bf16": the weight rows hold bf16 bits, half a float32 vector's bytes a pass, each widened
+    in its register (zero-extended to 32 bits and shifted into a float32's top half: exact). "int8": int8
+    quants, a quarter of the bytes, sign-extended and converted (exact); the caller scales the sums.
     """
     weights, prefetches = (_WEIGHT_ROWS, _WEIGHT_ROWS) if weight_rows == 3 else (_WEIGHT_ROWS_6, _PREFETCH_ROWS_6)
     lines = ["1:"]
     for i, at in enumerate(weights):
-        if bf16:
-            lines += [f"vpmovzxwd {at}, %{reg}{w_reg + i}", f"vpslld $$16, %{reg}{w_reg + i}, %{reg}{w_reg + i}"]
-        else:
-            lines.append(f"vmovups {at}, %{reg}{w_reg + i}")
+        w = f"%{reg}{w_reg + i}"
+        lines += {"f32": [f"vmovups {at}, {w}"],
+                  "bf16": [f"vpmovzxwd {at}, {w}", f"vpslld $$16, {w}, {w}"],
+                  "int8": [f"vpmovsxbd {at}, {w}", f"vcvtdq2ps {w}, {w}"]}[weights_form]
     lines += [f"prefetcht2 {at.replace('%r8', '%rsi')}" for at in prefetches]
     lines.append("add %rdi, %rsi")
     if weight_rows == 6:
@@ -702,8 +704,8 @@ def _block_passes(reg: str, rows: int, w_reg: int, x_reg: int, vector_bytes: int
     for r, at in enumerate(_ACTIVATION_ROWS[:rows]):
         lines.append(f"vmovups {at}, %{reg}{x_reg}")
         lines += [f"vfmadd231ps %{reg}{x_reg}, %{reg}{w_reg + i}, %{reg}{i * rows + r}" for i in range(weight_rows)]
-    lines += [f"add $${vector_bytes // 2 if bf16 else vector_bytes}, %r8", f"add $${vector_bytes}, %r10",
-              f"add $${vector_bytes}, %r13"]
+    weight_bytes = vector_bytes // {"f32": 1, "bf16": 2, "int8": 4}[weights_form]
+    lines += [f"add $${weight_bytes}, %r8", f"add $${vector_bytes}, %r10", f"add $${vector_bytes}, %r13"]
     if weight_rows == 6:
         lines.append(f"add $${vector_bytes}, %r14")
     lines += ["dec %rcx", "jnz 1b", "mov 40($0), %rax"]
@@ -742,11 +744,11 @@ def _f32_block_text(rows: int, weight_rows: int = 3) -> str:
     return "\n".join(lines)
 
 
-def _f32_avx2_block_text(bf16: bool = False) -> str:
-    """The AVX2 3x4 block: the scratch gets the 12 sums, [3, 4] (weight row i, activation row r); ``bf16``: of
-    bf16 weight rows."""
+def _f32_avx2_block_text(weights_form: str = "f32") -> str:
+    """The AVX2 3x4 block: the scratch gets the 12 sums, [3, 4] (weight row i, activation row r), of weight rows
+    of ``weights_form`` (:func:`_block_passes`)."""
     lines = _LOAD_OPERANDS + [f"vxorps %ymm{a}, %ymm{a}, %ymm{a}" for a in range(12)]
-    lines += _block_passes("ymm", 4, 12, 15, 32, bf16=bf16)  # ymm12-14: the weight rows' vectors, ymm15: x's
+    lines += _block_passes("ymm", 4, 12, 15, 32, weights_form=weights_form)  # ymm12-14: the weights, ymm15: x's
     for i in range(3):  # lanes [r0 r1 r2 r3] of weight row i
         lines += _sum_four_ymm(4 * i, 16 * i)
     lines.append("vzeroupper")
@@ -797,7 +799,13 @@ def _f32_3x4_avx2(typingctx, operands):
 @intrinsic
 def _bf16_3x4_avx2(typingctx, operands):
     """The AVX2 3x4 block of bf16 weight rows (:func:`_f32_avx2_block_text`)."""
-    return types.void(types.int64), _asm_codegen(_f32_avx2_block_text(bf16=True), [f"ymm{i}" for i in range(16)])
+    return types.void(types.int64), _asm_codegen(_f32_avx2_block_text("bf16"), [f"ymm{i}" for i in range(16)])
+
+
+@intrinsic
+def _int8_3x4_avx2(typingctx, operands):
+    """The AVX2 3x4 block of int8 weight rows, unscaled (:func:`_f32_avx2_block_text`)."""
+    return types.void(types.int64), _asm_codegen(_f32_avx2_block_text("int8"), [f"ymm{i}" for i in range(16)])
 
 
 @njit(nogil=True)
@@ -869,6 +877,27 @@ def _bf16_blocks_avx2(data, scales, f16, run, x, first, column, out, sums, opera
     if b < n:
         for k in range(3):
             row_bf16(data[first + k], scales[first + k], f16, run, buf)
+            _dot_rows(buf, x, out, column + k, b)
+
+
+@njit(nogil=True)
+def _int8_blocks_avx2(data, scales, f16, run, x, first, column, out, sums, operands, calls, buf):
+    """As _bf16_blocks_avx2 for int8 weight rows: each block's sums times its rows' scales."""
+    n = x.shape[0]
+    b = 0
+    call = 0
+    while b + 4 <= n:
+        _point_block(data, x, first, b, call, calls, operands)
+        _int8_3x4_avx2(operands.ctypes.data)
+        for i in range(3):
+            s = scales[first + i, 0]
+            for r in range(4):
+                out[b + r, column + i] = sums[i, r] * s
+        b += 4
+        call += 1
+    if b < n:
+        for k in range(3):
+            row_int8(data[first + k], scales[first + k], f16, run, buf)
             _dot_rows(buf, x, out, column + k, b)
 
 
@@ -1031,6 +1060,12 @@ def _usable_f32_assembly() -> str | None:
 
 
 def product_int8(data, scales, f16, run, x, start, stop, out):
+    _int8_rows(data, scales, f16, run, x, start, stop, out)
+
+
+@njit(nogil=True)
+def _int8_rows(data, scales, f16, run, x, start, stop, out):
+    """product_int8's loops (product_int8_avx2 takes them for what its blocks leave)."""
     if x.shape[0] < 4:
         _one_pass_int8(data, scales, x, start, stop, out)
         return
@@ -1039,6 +1074,25 @@ def product_int8(data, scales, f16, run, x, start, stop, out):
         for r in range(first, min(first + 4, stop)):
             row_int8(data[r], scales[r], f16, run, bufs[r - first])
         _multiply(bufs, min(4, stop - first), x, out, first - start)
+
+
+def product_int8_avx2(data, scales, f16, run, x, start, stop, out):
+    # As product_bf16_avx2 for int8 rows: the AVX2 3x4 block of the quants (widened and converted in registers),
+    # each sum times its row's scale once.
+    n, cols = x.shape
+    if n < 4 or cols % 8:
+        _int8_rows(data, scales, f16, run, x, start, stop, out)
+        return
+    sums = np.empty((3, 4), np.float32)  # [weight row, activation row] of one block
+    operands = _block_operands(x, cols, 8, sums, n // 4)
+    operands[7] = 8 // (n // 4)  # a pass reads 8 bytes of each int8 row: each call prefetches its share
+    buf = np.empty(cols, np.float32)  # [cols]
+    first = start
+    while first + 3 <= stop:
+        _int8_blocks_avx2(data, scales, f16, run, x, first, first - start, out, sums, operands, n // 4, buf)
+        first += 3
+    if first < stop:
+        _int8_rows(data, scales, f16, run, x, first, stop, out[:, first - start :])
 
 
 def product_int4(data, scales, f16, run, x, start, stop, out):
@@ -1327,8 +1381,8 @@ def product_for(form: str):
                 if form == "F32" and f32_assembly():  # the assembly blocks where they apply
                     product = {"avx512": product_f32_avx512, "avx2": product_f32_avx2,
                                "avx2+avx512": product_f32_zen}[f32_assembly()]
-                elif form in ("bf16", "BF16") and f32_assembly():  # every such CPU has AVX2's block
-                    product = product_bf16_avx2
+                elif form in ("bf16", "BF16", "int8") and f32_assembly():  # every such CPU has AVX2's block
+                    product = product_int8_avx2 if form == "int8" else product_bf16_avx2
                 found = _compiled[form] = (
                     njit(_signature(storage, scales), **_COMPILE)(product),
                     njit(_expand_signature(storage, scales), **_COMPILE)(expand),
