@@ -860,28 +860,28 @@ def _f32_blocks_avx2(data, x, first, column, out, sums, operands, calls):
 
 
 @njit(nogil=True)
-def _bf16_blocks_avx2(data, scales, f16, run, x, first, column, out, sums, operands, calls, buf):
-    """As _f32_blocks_avx2 for bf16 weight rows; the activation rows the blocks leave take the rows expanded into
-    ``buf`` (float32 [cols])."""
+def _bf16_blocks_avx2(data, scales, f16, run, x, first, column, out, sums, operands, calls, buf, keep=0, last=3):
+    """As _f32_blocks_avx2 for bf16 weight rows first.. first+3, of which rows keep..last go to out[:, column..];
+    the activation rows the blocks leave take the rows expanded into ``buf`` (float32 [cols])."""
     n = x.shape[0]
     b = 0
     call = 0
     while b + 4 <= n:
         _point_block(data, x, first, b, call, calls, operands)
         _bf16_3x4_avx2(operands.ctypes.data)
-        for i in range(3):
+        for i in range(keep, last):
             for r in range(4):
-                out[b + r, column + i] = sums[i, r]
+                out[b + r, column + i - keep] = sums[i, r]
         b += 4
         call += 1
     if b < n:
-        for k in range(3):
+        for k in range(keep, last):
             row_bf16(data[first + k], scales[first + k], f16, run, buf)
-            _dot_rows(buf, x, out, column + k, b)
+            _dot_rows(buf, x, out, column + k - keep, b)
 
 
 @njit(nogil=True)
-def _int8_blocks_avx2(data, scales, f16, run, x, first, column, out, sums, operands, calls, buf):
+def _int8_blocks_avx2(data, scales, f16, run, x, first, column, out, sums, operands, calls, buf, keep=0, last=3):
     """As _bf16_blocks_avx2 for int8 weight rows: each block's sums times its rows' scales."""
     n = x.shape[0]
     b = 0
@@ -889,16 +889,16 @@ def _int8_blocks_avx2(data, scales, f16, run, x, first, column, out, sums, opera
     while b + 4 <= n:
         _point_block(data, x, first, b, call, calls, operands)
         _int8_3x4_avx2(operands.ctypes.data)
-        for i in range(3):
+        for i in range(keep, last):
             s = scales[first + i, 0]
             for r in range(4):
-                out[b + r, column + i] = sums[i, r] * s
+                out[b + r, column + i - keep] = sums[i, r] * s
         b += 4
         call += 1
     if b < n:
-        for k in range(3):
+        for k in range(keep, last):
             row_int8(data[first + k], scales[first + k], f16, run, buf)
-            _dot_rows(buf, x, out, column + k, b)
+            _dot_rows(buf, x, out, column + k - keep, b)
 
 
 @njit(nogil=True)
@@ -1091,7 +1091,11 @@ def product_int8_avx2(data, scales, f16, run, x, start, stop, out):
     while first + 3 <= stop:
         _int8_blocks_avx2(data, scales, f16, run, x, first, first - start, out, sums, operands, n // 4, buf)
         first += 3
-    if first < stop:
+    if first < stop and data.shape[0] >= 3:  # as product_bf16_avx2
+        block = min(first, data.shape[0] - 3)
+        _int8_blocks_avx2(data, scales, f16, run, x, block, first - start, out, sums, operands, n // 4, buf,
+                          first - block, stop - block)
+    elif first < stop:
         _int8_rows(data, scales, f16, run, x, first, stop, out[:, first - start :])
 
 
@@ -1131,7 +1135,9 @@ def _bf16_rows(data, scales, f16, run, x, start, stop, out):
 
 def product_bf16_avx2(data, scales, f16, run, x, start, stop, out):
     # As product_bf16, with the AVX2 3x4 block of bf16 rows (widened in registers) from four rows up, columns a
-    # multiple of 8; the weight rows left (fewer than three) as product_bf16.
+    # multiple of 8. The one or two weight rows left take a block too, of three rows of the matrix that hold them
+    # (keeping only theirs): a row's sums do not depend on its block's other rows, so a row gets the same bits
+    # whatever stretch of the matrix a thread was given (the loops' sums would round differently).
     n, cols = x.shape
     if n < 4 or cols % 8:
         _bf16_rows(data, scales, f16, run, x, start, stop, out)
@@ -1144,7 +1150,11 @@ def product_bf16_avx2(data, scales, f16, run, x, start, stop, out):
     while first + 3 <= stop:
         _bf16_blocks_avx2(data, scales, f16, run, x, first, first - start, out, sums, operands, n // 4, buf)
         first += 3
-    if first < stop:
+    if first < stop and data.shape[0] >= 3:  # the rows left in a block of the matrix's that holds them (below)
+        block = min(first, data.shape[0] - 3)
+        _bf16_blocks_avx2(data, scales, f16, run, x, block, first - start, out, sums, operands, n // 4, buf,
+                          first - block, stop - block)
+    elif first < stop:
         _bf16_rows(data, scales, f16, run, x, first, stop, out[:, first - start :])
 
 
