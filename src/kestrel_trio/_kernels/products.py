@@ -860,44 +860,34 @@ def _f32_blocks_avx2(data, x, first, column, out, sums, operands, calls):
 
 
 @njit(nogil=True)
-def _bf16_blocks_avx2(data, scales, f16, run, x, first, column, out, sums, operands, calls, buf, keep=0, last=3):
-    """As _f32_blocks_avx2 for bf16 weight rows first.. first+3, of which rows keep..last go to out[:, column..];
-    the activation rows the blocks leave take the rows expanded into ``buf`` (float32 [cols])."""
+def _packed_blocks_avx2(data, scales, f16, run, x, first, column, out, sums, operands, calls, buf, keep, last, int8):
+    """As _f32_blocks_avx2 for bf16 or (``int8``) int8 weight rows first.. first+3, of which rows keep..last go
+    to out[:, column..] (int8's sums times their rows' scales); the activation rows the blocks leave take the
+    rows expanded into ``buf`` (float32 [cols])."""
     n = x.shape[0]
     b = 0
     call = 0
     while b + 4 <= n:
         _point_block(data, x, first, b, call, calls, operands)
-        _bf16_3x4_avx2(operands.ctypes.data)
-        for i in range(keep, last):
-            for r in range(4):
-                out[b + r, column + i - keep] = sums[i, r]
+        if int8:
+            _int8_3x4_avx2(operands.ctypes.data)
+            for i in range(keep, last):
+                s = scales[first + i, 0]
+                for r in range(4):
+                    out[b + r, column + i - keep] = sums[i, r] * s
+        else:
+            _bf16_3x4_avx2(operands.ctypes.data)
+            for i in range(keep, last):
+                for r in range(4):
+                    out[b + r, column + i - keep] = sums[i, r]
         b += 4
         call += 1
     if b < n:
         for k in range(keep, last):
-            row_bf16(data[first + k], scales[first + k], f16, run, buf)
-            _dot_rows(buf, x, out, column + k - keep, b)
-
-
-@njit(nogil=True)
-def _int8_blocks_avx2(data, scales, f16, run, x, first, column, out, sums, operands, calls, buf, keep=0, last=3):
-    """As _bf16_blocks_avx2 for int8 weight rows: each block's sums times its rows' scales."""
-    n = x.shape[0]
-    b = 0
-    call = 0
-    while b + 4 <= n:
-        _point_block(data, x, first, b, call, calls, operands)
-        _int8_3x4_avx2(operands.ctypes.data)
-        for i in range(keep, last):
-            s = scales[first + i, 0]
-            for r in range(4):
-                out[b + r, column + i - keep] = sums[i, r] * s
-        b += 4
-        call += 1
-    if b < n:
-        for k in range(keep, last):
-            row_int8(data[first + k], scales[first + k], f16, run, buf)
+            if int8:
+                row_int8(data[first + k], scales[first + k], f16, run, buf)
+            else:
+                row_bf16(data[first + k], scales[first + k], f16, run, buf)
             _dot_rows(buf, x, out, column + k - keep, b)
 
 
@@ -1077,26 +1067,9 @@ def _int8_rows(data, scales, f16, run, x, start, stop, out):
 
 
 def product_int8_avx2(data, scales, f16, run, x, start, stop, out):
-    # As product_bf16_avx2 for int8 rows: the AVX2 3x4 block of the quants (widened and converted in registers),
-    # each sum times its row's scale once.
-    n, cols = x.shape
-    if n < 4 or cols % 8:
-        _int8_rows(data, scales, f16, run, x, start, stop, out)
-        return
-    sums = np.empty((3, 4), np.float32)  # [weight row, activation row] of one block
-    operands = _block_operands(x, cols, 8, sums, n // 4)
-    operands[7] = 8 // (n // 4)  # a pass reads 8 bytes of each int8 row: each call prefetches its share
-    buf = np.empty(cols, np.float32)  # [cols]
-    first = start
-    while first + 3 <= stop:
-        _int8_blocks_avx2(data, scales, f16, run, x, first, first - start, out, sums, operands, n // 4, buf)
-        first += 3
-    if first < stop and data.shape[0] >= 3:  # as product_bf16_avx2
-        block = min(first, data.shape[0] - 3)
-        _int8_blocks_avx2(data, scales, f16, run, x, block, first - start, out, sums, operands, n // 4, buf,
-                          first - block, stop - block)
-    elif first < stop:
-        _int8_rows(data, scales, f16, run, x, first, stop, out[:, first - start :])
+    # As product_int8, with the AVX2 3x4 block of the quants (widened and converted in registers), each sum times
+    # its row's scale once: _packed_avx2.
+    _packed_avx2(data, scales, f16, run, x, start, stop, out, True)
 
 
 def product_int4(data, scales, f16, run, x, start, stop, out):
@@ -1134,28 +1107,45 @@ def _bf16_rows(data, scales, f16, run, x, start, stop, out):
 
 
 def product_bf16_avx2(data, scales, f16, run, x, start, stop, out):
-    # As product_bf16, with the AVX2 3x4 block of bf16 rows (widened in registers) from four rows up, columns a
-    # multiple of 8. The one or two weight rows left take a block too, of three rows of the matrix that hold them
-    # (keeping only theirs): a row's sums do not depend on its block's other rows, so a row gets the same bits
-    # whatever stretch of the matrix a thread was given (the loops' sums would round differently).
+    # As product_bf16, with the AVX2 3x4 block of bf16 rows (widened in registers): _packed_avx2.
+    _packed_avx2(data, scales, f16, run, x, start, stop, out, False)
+
+
+@njit(nogil=True)
+def _packed_avx2(data, scales, f16, run, x, start, stop, out, int8):
+    """product_bf16_avx2's and product_int8_avx2's loops: the AVX2 3x4 block from four rows up, columns a multiple
+    of 8, else the form's own loops.
+
+    The one or two weight rows left take a block too, of three rows of the matrix that hold them (keeping only
+    theirs): a row's sums do not depend on its block's other rows, so a row gets the same bits whatever stretch
+    of the matrix a thread was given (the loops' sums would round differently).
+    """
     n, cols = x.shape
     if n < 4 or cols % 8:
-        _bf16_rows(data, scales, f16, run, x, start, stop, out)
+        if int8:
+            _int8_rows(data, scales, f16, run, x, start, stop, out)
+        else:
+            _bf16_rows(data, scales, f16, run, x, start, stop, out)
         return
+    item = 1 if int8 else 2  # bytes a weight
     sums = np.empty((3, 4), np.float32)  # [weight row, activation row] of one block
-    operands = _block_operands(x, cols * 2, 8, sums, n // 4)
-    operands[7] = 16 // (n // 4)  # a pass reads 16 bytes of each bf16 row: each call prefetches its share
+    operands = _block_operands(x, cols * item, 8, sums, n // 4)
+    operands[7] = 8 * item // (n // 4)  # bytes of each row a pass reads: each call prefetches its share
     buf = np.empty(cols, np.float32)  # [cols]
     first = start
     while first + 3 <= stop:
-        _bf16_blocks_avx2(data, scales, f16, run, x, first, first - start, out, sums, operands, n // 4, buf)
+        _packed_blocks_avx2(data, scales, f16, run, x, first, first - start, out, sums, operands, n // 4, buf, 0, 3,
+                            int8)
         first += 3
-    if first < stop and data.shape[0] >= 3:  # the rows left in a block of the matrix's that holds them (below)
+    if first < stop and data.shape[0] >= 3:  # the rows left, in a block of the matrix's that holds them
         block = min(first, data.shape[0] - 3)
-        _bf16_blocks_avx2(data, scales, f16, run, x, block, first - start, out, sums, operands, n // 4, buf,
-                          first - block, stop - block)
+        _packed_blocks_avx2(data, scales, f16, run, x, block, first - start, out, sums, operands, n // 4, buf,
+                            first - block, stop - block, int8)
     elif first < stop:
-        _bf16_rows(data, scales, f16, run, x, first, stop, out[:, first - start :])
+        if int8:
+            _int8_rows(data, scales, f16, run, x, first, stop, out[:, first - start :])
+        else:
+            _bf16_rows(data, scales, f16, run, x, first, stop, out[:, first - start :])
 
 
 def product_f32(data, scales, f16, run, x, start, stop, out):
