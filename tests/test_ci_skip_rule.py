@@ -31,7 +31,8 @@ def test_a_host_cpu_test_that_runs():
 def run_sample(tmp_path: Path, ci: str) -> str:
     """pytest's summary lines for SAMPLE, with tests/conftest.py loaded as a plugin and CI set to ``ci``."""
     (tmp_path / "test_sample.py").write_text(SAMPLE)
-    env = {**os.environ, "CI": ci, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    path = [str(TESTS)] + [entry for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry]
+    env = {**os.environ, "CI": ci, "PYTHONPATH": os.pathsep.join(path)}
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-rA", "-p", "conftest", "-c", os.devnull, "--rootdir", str(tmp_path),
          "-o", "markers=host_cpu: the marker under test", "-p", "no:cacheprovider", str(tmp_path)],

@@ -267,8 +267,9 @@ def _check_float32_product(multiply, rows_in: int, cols: int) -> None:
 @pytest.mark.parametrize("cols", [512, 40, 36])  # 40: of 8 (the AVX2 block's lanes), 36: not
 @pytest.mark.parametrize("form", ["bf16", "int8"])
 def test_packed_products_from_four_rows_match_their_weights_whole_blocks_and_rows_left(form, rows_in, cols):
-    """On x86-64 with AVX2, bf16 and int8 rows widened in the assembly 3x4 block; the weight and activation rows
-    it leaves (20 weight rows: two left; 5 and 13 activation rows: one left) through the loops."""
+    """On x86-64 with AVX2, bf16 and int8 rows widened in the assembly 3x4 block; the two weight rows of 20 the
+    blocks leave in a block of the matrix's own rows, the activation rows past four or twelve (5, 13) and
+    columns not of 8 (36) through the loops."""
     part = random_part(form, 23, cols, seed=rows_in * cols)
     weights = numpy_weights(part)[1:21]  # [20, in]
     x = np.random.default_rng(cols).standard_normal((rows_in, cols), dtype=np.float32)  # [N, in]
@@ -278,11 +279,9 @@ def test_packed_products_from_four_rows_match_their_weights_whole_blocks_and_row
     assert np.isnan(out[:, 0]).all() and np.isnan(out[:, 21]).all()
 
 
-@pytest.mark.host_cpu
-@pytest.mark.parametrize("rows_in", [4, 7, 8, 12, 16, 31])
-def test_the_avx512_blocks_match_numpy_where_the_host_has_avx512_whichever_block_the_process_uses(rows_in):
+def _needs_an_avx512_host() -> None:
+    """Skip unless this is an x86-64 host with AVX-512F and numba compiles for it (the zmm blocks can run)."""
     import llvmlite.binding as llvm_binding
-    from numba import njit
 
     from kestrel_trio._kernels import products
 
@@ -290,6 +289,16 @@ def test_the_avx512_blocks_match_numpy_where_the_host_has_avx512_whichever_block
             and os.environ.get("NUMBA_CPU_NAME", "host") == "host" and products.f32_assembly()):
         pytest.skip(f"needs an x86-64 host with AVX-512F and numba compiling for it (this host: "
                     f"{llvm_binding.get_host_cpu_name()})")
+
+
+@pytest.mark.host_cpu
+@pytest.mark.parametrize("rows_in", [4, 7, 8, 12, 16, 31])
+def test_the_avx512_blocks_match_numpy_where_the_host_has_avx512_whichever_block_the_process_uses(rows_in):
+    from numba import njit
+
+    from kestrel_trio._kernels import products
+
+    _needs_an_avx512_host()
     product = njit(nogil=True)(products.product_f32_avx512)  # the zmm blocks, even where the AVX2 one is chosen
     _check_float32_product(lambda weights, x, out: product(weights, None, None, None, x, 1, 22, out), rows_in, 1040)
 
@@ -297,15 +306,11 @@ def test_the_avx512_blocks_match_numpy_where_the_host_has_avx512_whichever_block
 @pytest.mark.host_cpu
 @pytest.mark.parametrize("rows_in", [12, 15, 16, 19, 24, 32])
 def test_the_wide_zmm_block_matches_numpy_where_the_host_has_avx512_whichever_block_the_process_uses(rows_in):
-    import llvmlite.binding as llvm_binding
     from numba import njit
 
     from kestrel_trio._kernels import products
 
-    if not (platform.machine() in ("x86_64", "AMD64") and llvm_binding.get_host_cpu_features().get("avx512f")
-            and os.environ.get("NUMBA_CPU_NAME", "host") == "host" and products.f32_assembly()):
-        pytest.skip(f"needs an x86-64 host with AVX-512F and numba compiling for it (this host: "
-                    f"{llvm_binding.get_host_cpu_name()})")
+    _needs_an_avx512_host()
     assert rows_in >= products.WIDE_BLOCK_ROWS  # these rows take the 6x4 block: three of six weight rows, 3 left
     product = njit(nogil=True)(products.product_f32_zen)
     _check_float32_product(lambda weights, x, out: product(weights, None, None, None, x, 1, 22, out), rows_in, 1040)

@@ -634,6 +634,7 @@ def _one_pass_q4_k(data, f16, run, x, start, stop, out):
                     total += acc
             out[b, r - start] = total
 
+
 @njit(nogil=True, fastmath=True)
 def _multiply(bufs, count, x, out, column):
     """out[:, column:column+count] = x @ bufs[:count].T: a block of four weight rows, or rows one by one."""
@@ -652,7 +653,7 @@ def _f32_rest(data, x, first, start, stop, out):
         _multiply(data[first : min(first + step, stop)], min(step, stop - first), x, out, first - start)
 
 
-# ---------------------------------------------------------------- float32 (and bf16) rows in assembly (x86-64)
+# ---------------------------------------------------------------- float32, bf16 and int8 rows in assembly (x86-64)
 # LLVM compiles _dot_block_3x8's 24 accumulators, 8 activation vectors and a weight vector into 33 zmm
 # registers of 32: on Zen 5 it spilled and rotated registers every pass (about 50 register moves a pass),
 # and 8 rows cost 2.5-3x one row. Written as a few instructions of assembly instead, a block of three weight
@@ -1074,11 +1075,11 @@ def product_int8_avx2(data, scales, f16, run, x, start, stop, out):
 
 
 def product_int4(data, scales, f16, run, x, start, stop, out):
-    if x.shape[0] < 4 and (x.shape[1] // 2) % (x.shape[1] // scales.shape[1]) == 0:
-        _one_pass_int4(data, scales, f16, x, start, stop, out)
-        return
-    if x.shape[0] < 4:  # groups straddling the halves: row_int4 weight by weight
-        buf = np.empty(x.shape[1], np.float32)  # [cols]
+    if x.shape[0] < 4:
+        if (x.shape[1] // 2) % (x.shape[1] // scales.shape[1]) == 0:  # each half whole groups
+            _one_pass_int4(data, scales, f16, x, start, stop, out)
+            return
+        buf = np.empty(x.shape[1], np.float32)  # [cols]; groups straddling the halves: row_int4 weight by weight
         for r in range(start, stop):
             row_int4(data[r], scales[r], f16, run, buf)
             _dot_rows(buf, x, out, r - start, 0)
@@ -1122,27 +1123,23 @@ def _packed_avx2(data, scales, f16, run, x, start, stop, out, int8):
     of the matrix a thread was given (the loops' sums would round differently).
     """
     n, cols = x.shape
-    if n < 4 or cols % 8:
-        if int8:
-            _int8_rows(data, scales, f16, run, x, start, stop, out)
-        else:
-            _bf16_rows(data, scales, f16, run, x, start, stop, out)
-        return
-    item = 1 if int8 else 2  # bytes a weight
-    sums = np.empty((3, 4), np.float32)  # [weight row, activation row] of one block
-    operands = _block_operands(x, cols * item, 8, sums, n // 4)
-    operands[7] = 8 * item // (n // 4)  # bytes of each row a pass reads: each call prefetches its share
-    buf = np.empty(cols, np.float32)  # [cols]
-    first = start
-    while first + 3 <= stop:
-        _packed_blocks_avx2(data, scales, f16, run, x, first, first - start, out, sums, operands, n // 4, buf, 0, 3,
-                            int8)
-        first += 3
-    if first < stop and data.shape[0] >= 3:  # the rows left, in a block of the matrix's that holds them
-        block = min(first, data.shape[0] - 3)
-        _packed_blocks_avx2(data, scales, f16, run, x, block, first - start, out, sums, operands, n // 4, buf,
-                            first - block, stop - block, int8)
-    elif first < stop:
+    first = start  # rows from here on are the form's own loops'
+    if n >= 4 and cols % 8 == 0:
+        item = 1 if int8 else 2  # bytes a weight
+        sums = np.empty((3, 4), np.float32)  # [weight row, activation row] of one block
+        operands = _block_operands(x, cols * item, 8, sums, n // 4)
+        operands[7] = 8 * item // (n // 4)  # bytes of each row a pass reads: each call prefetches its share
+        buf = np.empty(cols, np.float32)  # [cols]
+        while first + 3 <= stop:
+            _packed_blocks_avx2(data, scales, f16, run, x, first, first - start, out, sums, operands, n // 4, buf,
+                                0, 3, int8)
+            first += 3
+        if first < stop and data.shape[0] >= 3:  # the rows left, in a block of the matrix's that holds them
+            block = min(first, data.shape[0] - 3)
+            _packed_blocks_avx2(data, scales, f16, run, x, block, first - start, out, sums, operands, n // 4, buf,
+                                first - block, stop - block, int8)
+            first = stop
+    if first < stop:
         if int8:
             _int8_rows(data, scales, f16, run, x, first, stop, out[:, first - start :])
         else:
