@@ -18,7 +18,10 @@ time, and the sides alternate for --rounds rounds keeping each figure's best,
 so that bursts of load from other processes on a shared machine do not decide
 the result. engine / bare forward is the median ratio of PAIRS alternated
 bare-forward and engine runs per batch size and round, each pair back to back
-in one process (two bests taken minutes apart would mix two bandwidths). It
+in one process (two bests taken minutes apart would mix two bandwidths); each
+engine run also splits its median step into the forward pass and the rest
+(the engine's own time: sampling, detokenizing, thread hand-off, delivery),
+a figure that other processes' load between runs cannot move. It
 also measures the machine's memory read bandwidth with numpy and reports kestrel's batch-1 decode as a fraction of bandwidth / bytes of
 weights read per token, and (bf16 checkpoint) kestrel's two weight residencies
 side by side.
@@ -134,17 +137,21 @@ def bare_and_engine(model, forward, batch: int, tokens: int, pairs: int) -> dict
     back to back, the first of the pair alternating), and the median of the
     pairs' ratios is the figure; the rates are each side's best run.
     """
-    bare, engine, ratios = [], [], []
+    bare, engine, ratios, own = [], [], [], []
     for pair in range(pairs):
         first, second = (("bare", "engine"), ("engine", "bare"))[pair % 2]
         rates = {}
         for way in (first, second):
-            rates[way] = (bare_decode(model, forward, batch, tokens) if way == "bare"
-                          else engine_decode(model, batch, tokens))
+            if way == "bare":
+                rates[way] = bare_decode(model, forward, batch, tokens)
+            else:
+                rates[way], split = engine_decode(model, batch, tokens, split=True)
+                own.append(split)
         bare.append(rates["bare"])
         engine.append(rates["engine"])
         ratios.append(rates["engine"] / rates["bare"])
-    return {f"bare_{batch}": max(bare), f"engine_{batch}": max(engine), f"pair_ratios_{batch}": ratios}
+    return {f"bare_{batch}": max(bare), f"engine_{batch}": max(engine), f"pair_ratios_{batch}": ratios,
+            f"engine_split_{batch}": own}
 
 
 def best_of(runs: int, fn) -> float:
@@ -180,16 +187,20 @@ def median(values: list[float]) -> float:
     return ordered[len(ordered) // 2]
 
 
-def engine_decode(model, batch: int, new_tokens: int) -> float:
+def engine_decode(model, batch: int, new_tokens: int, split: bool = False):
     """Aggregate decode tok/s of ``batch`` concurrent generations through the engine.
 
     From the median time between two tokens of one stream once every stream
     has its first token (all prefills done): the decode step rate alone.
+    With ``split``, also (median step ms, median ms of the step's forward
+    pass): the engine's own share of a step, measured inside this one run,
+    so no other process's load between two runs is in it.
     """
     import functools
 
     import trio
 
+    import kestrel_trio.engine.step as engine_step
     from kestrel_trio import EngineLimits, GenerationRequest, SamplingParams, run_engine
     from kestrel_trio.text import Tokenizer
 
@@ -213,10 +224,40 @@ def engine_decode(model, batch: int, new_tokens: int) -> float:
                     streams.start_soon(stream, engine, index)
             nursery.cancel_scope.cancel()
 
-    trio.run(run)
+    forwards: list[tuple[float, float, int]] = []  # (started, seconds, rows) of each of the engine's forward passes
+    with timed_forward(engine_step, forwards):
+        trio.run(run)
     start = max(s[0] for s in stamps)  # every prefill done: only decode steps from here
     gaps = [b - a for a, b in zip(stamps[0], stamps[0][1:]) if a >= start]  # one engine step each
-    return batch / median(gaps)
+    rate = batch / median(gaps)
+    if not split:
+        return rate
+    decode_forwards = [seconds for began, seconds, rows in forwards if began >= start and rows == batch]
+    return rate, (1e3 * median(gaps), 1e3 * median(decode_forwards))
+
+
+@contextlib.contextmanager
+def timed_forward(module, log: list):
+    """``module.forward`` timed while inside: each call appends (start, seconds, rows) to ``log``.
+
+    Only for this benchmark's split of an engine step: the forward pass the
+    engine runs is the very function, wrapped, so what is not in it is the
+    engine's own (sampling, detokenizing, the thread hand-off, delivery).
+    """
+    real = module.forward
+
+    def forward(decoder, token_ids, *args, **kwargs):
+        began = time.perf_counter()
+        try:
+            return real(decoder, token_ids, *args, **kwargs)
+        finally:
+            log.append((began, time.perf_counter() - began, len(token_ids)))
+
+    module.forward = forward
+    try:
+        yield
+    finally:
+        module.forward = real
 
 
 def residency_side(folder: Path, args: argparse.Namespace) -> dict:
@@ -558,6 +599,12 @@ def check_targets(k: dict, t: dict) -> None:
         ratios = k[f"pair_ratios_{b}"]
         print(f"engine / bare forward, {b} streams, pair by pair: " + ", ".join(f"{r:.3f}" for r in ratios)
               + f" (median {statistics.median(ratios):.3f}; best runs' ratio {k[f'engine_{b}'] / k[f'bare_{b}']:.3f})")
+        splits = k.get(f"engine_split_{b}")
+        if splits:  # per engine run: (step ms, its forward pass ms), from inside the run
+            own = [(step - forward) / step for step, forward in splits]
+            print(f"  the engine's own share of a {b}-stream step, run by run (outside the forward pass): "
+                  + ", ".join(f"{(step - forward):.1f} of {step:.1f} ms" for step, forward in splits)
+                  + f"; median {100 * statistics.median(own):.1f}%")
     checks = [(f"engine / bare forward, {b} streams (median of alternated pairs)",
                statistics.median(k[f"pair_ratios_{b}"]), 0.95)
               for b in (4, 8)]
