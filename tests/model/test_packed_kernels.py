@@ -279,6 +279,32 @@ def test_packed_products_from_four_rows_match_their_weights_whole_blocks_and_row
     assert np.isnan(out[:, 0]).all() and np.isnan(out[:, 21]).all()
 
 
+@pytest.mark.host_cpu
+@pytest.mark.parametrize("rows_in", [1, 4, 5, 8])
+@pytest.mark.parametrize("cols", [512, 40])
+@pytest.mark.parametrize("form", ["bf16", "int8"])
+def test_a_bf16_or_int8_product_cut_anywhere_among_its_weight_rows_has_the_bits_of_the_whole(form, rows_in, cols):
+    """What a thread's stretch of rows gets (its first and last rows anywhere, not on a block of three) is what
+    the whole product has there: each row's sum does not depend on which rows share its block.
+
+    Where the assembly blocks run (x86-64 with AVX2). The portable loops' 4x4 block and row loop round
+    differently, so there a cut may change the last bits of the rows around it (so do the GGUF forms' loops
+    from four rows, and the float32 rows the blocks leave: product_f32_avx2's _f32_rest).
+    """
+    from kestrel_trio._kernels import products
+
+    if not products.f32_assembly():
+        pytest.skip("the assembly blocks do not run here (x86-64 with AVX2 and numba compiling for it)")
+    part = random_part(form, 23, cols, seed=rows_in + cols)
+    x = np.random.default_rng(rows_in).standard_normal((rows_in, cols), dtype=np.float32)  # [N, in]
+    whole = np.empty((rows_in, 22), dtype=np.float32)
+    _kernels.packed_product(*part.kernel_args(), x, 1, 23, whole)
+    cut = np.empty_like(whole)
+    for start, stop in ((1, 6), (6, 8), (8, 23)):
+        _kernels.packed_product(*part.kernel_args(), x, start, stop, cut[:, start - 1 : stop - 1])
+    np.testing.assert_array_equal(cut, whole)
+
+
 def _needs_an_avx512_host() -> None:
     """Skip unless this is an x86-64 host with AVX-512F and numba compiles for it (the zmm blocks can run)."""
     import llvmlite.binding as llvm_binding
