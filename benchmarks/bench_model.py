@@ -225,7 +225,7 @@ def engine_decode(model, batch: int, new_tokens: int, split: bool = False):
             nursery.cancel_scope.cancel()
 
     forwards: list[tuple[float, float, int]] = []  # (started, seconds, rows) of each of the engine's forward passes
-    with timed_forward(engine_step, forwards):
+    with timed_forward(engine_step, forwards) if split else contextlib.nullcontext():
         trio.run(run)
     start = max(s[0] for s in stamps)  # every prefill done: only decode steps from here
     gaps = [b - a for a, b in zip(stamps[0], stamps[0][1:]) if a >= start]  # one engine step each
