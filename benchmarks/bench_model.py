@@ -338,6 +338,7 @@ def torch_side(folder: Path, args: argparse.Namespace) -> dict:
         for length in PREFILL_LENGTHS[: 1 if args.quick else 2]:
             ids = torch.tensor([prompt(length, length)])
             result[f"prefill_{length}"] = length / best_of(3, lambda: model(ids, use_cache=True, logits_to_keep=1))
+        result.update(torch_prefill_products(model, torch, PREFILL_LENGTHS[: 1 if args.quick else 2]))
         torch.set_float32_matmul_precision("medium")  # PyTorch's own bf16 products for float32 weights (oneDNN)
         for length in PREFILL_LENGTHS[: 1 if args.quick else 2]:
             ids = torch.tensor([prompt(length, length)])
@@ -362,6 +363,7 @@ def kestrel_prefill(model, args: argparse.Namespace) -> dict:
         return {f"{key}_{n}": n / best_of(3, lambda: model.prefill(model.new_cache(), ids)) for n, ids in prompts.items()}
 
     result = rates("prefill")
+    result.update(kestrel_prefill_products(model, prompts))
     reason = enable_tiles()
     if reason is not None:
         return {**result, "tiles": reason}
@@ -370,6 +372,49 @@ def kestrel_prefill(model, args: argparse.Namespace) -> dict:
         return {**result, **rates("prefill_bf16")}
     finally:
         set_prefill_precision("fp32")
+
+
+def kestrel_prefill_products(model, prompts: dict) -> dict:
+    """Milliseconds of a float32 prefill's layer products alone (every layer, in the prefill's chunks), and their FLOPs.
+
+    lm_head's one row, attention, norms and the rest are left out: this is the floor the products put under
+    kestrel's prefill, set beside PyTorch's whole prefill in :func:`check_targets`.
+    """
+    import numpy as np
+
+    from kestrel_trio._model.matmul import linear
+    from kestrel_trio.model import DEFAULT_PREFILL_CHUNK
+
+    matrices = layer_matrices(model.decoder.weights)
+    rng = np.random.default_rng(2)
+    result = {}
+    for n in prompts:
+        chunks = [min(DEFAULT_PREFILL_CHUNK, n - start) for start in range(0, n, DEFAULT_PREFILL_CHUNK)]
+        xs = {(rows, m.shape[1]): rng.standard_normal((rows, m.shape[1]), dtype=np.float32)  # [rows, in]
+              for rows in set(chunks) for m in matrices}
+        seconds = best_of(3, lambda: [linear(xs[rows, m.shape[1]], m) for rows in chunks for m in matrices])
+        result[f"products_ms_{n}"] = seconds * 1e3
+        result[f"products_gflop_{n}"] = 2 * n * sum(m.size for m in matrices) / 1e9
+    return result
+
+
+def layer_matrices(weights) -> list:
+    """Every layer's weight matrices of kestrel's fp32 residency (fused qkv and gate/up), layer by layer."""
+    return [m for layer in weights.layers
+            for m in (layer.attn.qkv_proj, layer.attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)]
+
+
+def torch_prefill_products(model, torch, lengths) -> dict:
+    """Milliseconds of the same layer products in PyTorch (its own, unfused linears), ``length`` rows at once."""
+    names = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+             "mlp.up_proj", "mlp.down_proj")
+    matrices = [layer.get_submodule(name).weight for layer in model.model.layers for name in names]
+    result = {}
+    for n in lengths:
+        xs = {w.shape[1]: torch.randn(n, w.shape[1]) for w in matrices}  # [n, in]
+        result[f"products_ms_{n}"] = best_of(
+            3, lambda: [torch.nn.functional.linear(xs[w.shape[1]], w) for w in matrices]) * 1e3
+    return result
 
 
 def torch_decode(model, torch, batch: int, steps: int) -> float:
@@ -432,8 +477,7 @@ def step_products(folder: Path) -> dict:
     from kestrel_trio._model import matmul
 
     w = load_model(folder, weights="fp32").decoder.weights
-    matrices = [m for layer in w.layers for m in (layer.attn.qkv_proj, layer.attn.o_proj, layer.mlp.gate_up_proj,
-                                                   layer.mlp.down_proj)] + [w.lm_head]
+    matrices = layer_matrices(w) + [w.lm_head]
     rng = np.random.default_rng(1)
     table = {"small_batch_call": matmul.small_batch_call()}
     for rows in (1, 8, 16):
@@ -619,6 +663,13 @@ def check_targets(k: dict, t: dict) -> None:
                for n in PREFILL_LENGTHS if f"prefill_bf16_{n}" in k and f"prefill_bf16_{n}" in t]
     if "tiles" in k:
         print(f"  bf16 tile prefill not measured: {k['tiles']}")
+    for n in PREFILL_LENGTHS:
+        if f"products_ms_{n}" in k and f"products_ms_{n}" in t and f"prefill_{n}" in t:
+            ours, theirs, gflop = k[f"products_ms_{n}"], t[f"products_ms_{n}"], k[f"products_gflop_{n}"]
+            print(f"  prefill {n}, float32: PyTorch's whole prefill {1e3 * n / t[f'prefill_{n}']:.0f} ms, its layer "
+                  f"products alone {theirs:.0f} ms ({gflop / theirs * 1e3:.0f} GFLOP/s); kestrel's layer products alone "
+                  f"{ours:.0f} ms ({gflop / ours * 1e3:.0f} GFLOP/s), against the "
+                  f"{1e3 * n / t[f'prefill_{n}'] / 1.3:.0f} ms that 1.3x PyTorch leaves for a whole prefill")
     for label, ratio, goal in checks:
         print(f"  {label}: {ratio:.2f} (target >= {goal}): {'met' if ratio >= goal else 'NOT met'}")
 
