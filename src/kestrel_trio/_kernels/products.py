@@ -32,8 +32,8 @@ against 0.23).
 
 float32 weights (the fp32 residency's small-batch call) need no expansion:
 their rows are multiplied in place. On x86-64 with AVX-512 (Intel's), from four
-activation rows up, by a few instructions of assembly (3x8 and 3x4 blocks,
-:func:`product_f32_avx512`; with AVX2 a 3x4 block, :func:`product_f32_avx2`;
+activation rows up, by a few instructions of assembly (3x8 and 3x4 blocks, and a
+6x4 one from 12 rows, :func:`product_f32_avx512`; with AVX2 a 3x4 block, :func:`product_f32_avx2`;
 on AMD's Zen with AVX-512 (Zen 4, Zen 5) that block, and a 6x4 zmm block from
 12 rows, :func:`product_f32_zen`; chosen once by :func:`f32_assembly`), since LLVM's
 compiled 3x8 loop spilled its registers; elsewhere by the compiled loops.
@@ -950,9 +950,11 @@ def _block_operands(x, row_bytes, lanes, scratch, calls):
 
 
 def product_f32_avx512(data, scales, f16, run, x, start, stop, out):
-    # As product_f32, with the AVX-512 blocks where they apply: four rows up, columns a multiple of 16.
+    # As product_f32, with the AVX-512 blocks where they apply: four rows up, columns a multiple of 16; the 6x4
+    # block from WIDE_BLOCK_ROWS rows, six weight rows at a time, the 3x8 and 3x4 blocks for the rows left and
+    # below WIDE_BLOCK_ROWS.
     n, cols = x.shape
-    first = start
+    first = _f32_wide_blocks(data, x, start, stop, out)
     if n >= 4 and cols % 16 == 0:
         scratch = np.empty(24, np.float32)  # [3 weight rows x up to 8 activation rows]
         calls = n // 8 + (n % 8) // 4  # of the blocks, for each three weight rows
@@ -984,6 +986,14 @@ def _f32_avx2_rows(data, x, start, first, stop, out):
 def product_f32_zen(data, scales, f16, run, x, start, stop, out):
     # As product_f32_avx2 below WIDE_BLOCK_ROWS rows; from there, the AVX-512 6x4 block where columns are a
     # multiple of 16, six weight rows at a time (the rows left, as product_f32_avx2).
+    first = _f32_wide_blocks(data, x, start, stop, out)
+    _f32_avx2_rows(data, x, start, first, stop, out)
+
+
+@njit(nogil=True)
+def _f32_wide_blocks(data, x, start, stop, out):
+    """out[:, :first-start] = x @ data[start:first].T in 6x4 zmm blocks from WIDE_BLOCK_ROWS activation rows and
+    columns a multiple of 16; ``first``, the first weight row left (``start`` where the blocks do not apply)."""
     n, cols = x.shape
     first = start
     if n >= WIDE_BLOCK_ROWS and cols % 16 == 0:
@@ -992,7 +1002,7 @@ def product_f32_zen(data, scales, f16, run, x, start, stop, out):
         while first + 6 <= stop:
             _f32_blocks(data, x, first, first - start, out, scratch, operands, n // 4, 6)
             first += 6
-    _f32_avx2_rows(data, x, start, first, stop, out)
+    return first
 
 
 # Activation rows from which Zen 4 and 5 multiply float32 weights in the 6x4 zmm block (_f32_6x4): six weight
@@ -1006,7 +1016,10 @@ def product_f32_zen(data, scales, f16, run, x, start, stop, out):
 # vectors in two 256-bit halves), 2026-12-04: 2 threads, the same weights, 12 rows 134 GFLOP/s against 97 (ymm 3x4)
 # and 116 (zmm 3x8), 16 rows 144 against 119 and 130, 32 rows 150 against 108 and 134; decode steps, 12 pairs a
 # size in one process, ymm time / 6x4 time: 12 rows 1.24 and 1.29 (two runs), 16 rows 1.10 and 1.29, 24 rows
-# 1.22, 32 rows 1.22 (8 rows, where both take the ymm block: 0.98, the pairs' noise).
+# 1.22, 32 rows 1.22 (8 rows, where both take the ymm block: 0.98, the pairs' noise). Intel's AVX-512 CPUs take
+# it from the same row count, in place of the 3x8 zmm block: on a 2-core Xeon with AMX (LLVM's "rocketlake",
+# 2026-12-05), bare decode steps of Qwen3-0.6B's shapes, 2 threads, five processes a side alternated, tok/s:
+# 12 rows 80.7-84.8 against 75.1-81.4 (3x8), 16 rows 88.1-94.5 against 81.3-92.5; 8 rows, below it, 61-66 both.
 WIDE_BLOCK_ROWS = 12
 
 
@@ -1020,7 +1033,8 @@ _f32_assembly_state: list = []  # [str | None]: the assembly F32 uses in this pr
 # process, cold weights, one thread: 16 rows 0.32-0.41 ns a weight against 0.36-0.45, and a 16-row decode step of
 # Qwen3-0.6B's shapes 109-118 tok/s against 97-110 (2026-12-02); on Zen 4 (two 256-bit halves a zmm vector) the 3x8
 # zmm block lost to the 6x4 one at every row count measured (see WIDE_BLOCK_ROWS). Every Zen with AVX-512 is a
-# Zen 4 or later. Intel's AVX-512 CPUs keep the 3x8 zmm blocks (not compared with the others).
+# Zen 4 or later. Intel's AVX-512 CPUs keep the 3x8 zmm block below WIDE_BLOCK_ROWS rows: on the 2-core Xeon with
+# AMX, 8-row decode steps ran at 61-66 tok/s with it, 62 with the ymm block, 61 with the AVX2 block alone.
 _AVX2_FIRST = ("znver",)
 
 
