@@ -354,8 +354,11 @@ def softmax_numerators(scores: np.ndarray) -> np.ndarray | None:
         return None
     from kestrel_trio._kernels import exp  # numba is imported: this only compiles or loads the loops
 
+    rows = scores.reshape(-1, scores.shape[-1])  # [R, S], a view
     sums = np.empty(scores.shape[:-1] + (1,), dtype=np.float32)  # [..., 1]
-    exp.softmax_numerators(scores.reshape(-1, scores.shape[-1]), sums.reshape(-1))
+    # The maxima in numpy, whose max vectorizes (exp.softmax_shifted says why): a row with a NaN gets NaN, and
+    # the whole row's output is NaN, as its NaN sum made it before.
+    exp.softmax_shifted(rows, rows.max(axis=1), sums.reshape(-1))
     return sums
 
 

