@@ -50,7 +50,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _bench_common import (  # noqa: E402
-    blas_description, blas_threads, compiled_kernels_description, cpu_vector_flags, openblas_overrides_note,
+    AVX2_MACHINE_ENV, blas_description, blas_threads, compiled_kernels_description, cpu_vector_flags,
+    openblas_overrides_note,
     read_bandwidth, run_as_avx2_machine, run_without_openblas_overrides, status_bytes,
 )
 from bench_load import QWEN3_0_6B  # noqa: E402
@@ -364,6 +365,8 @@ def kestrel_prefill(model, args: argparse.Namespace) -> dict:
 
     result = rates("prefill")
     result.update(kestrel_prefill_products(model, prompts))
+    if os.environ.get("NUMBA_CPU_NAME") == AVX2_MACHINE_ENV["NUMBA_CPU_NAME"]:  # --avx2 (run_as_avx2_machine)
+        return {**result, "tiles": "--avx2: an AVX2-only CPU has no AMX tiles"}
     reason = enable_tiles()
     if reason is not None:
         return {**result, "tiles": reason}
