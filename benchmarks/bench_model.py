@@ -51,8 +51,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _bench_common import (  # noqa: E402
     AVX2_MACHINE_ENV, blas_description, blas_threads, compiled_kernels_description, cpu_vector_flags,
-    openblas_overrides_note,
-    read_bandwidth, run_as_avx2_machine, run_without_openblas_overrides, status_bytes,
+    openblas_overrides_note, read_bandwidth, run_as_avx2_machine, run_without_openblas_overrides, status_bytes,
 )
 from bench_load import QWEN3_0_6B  # noqa: E402
 
