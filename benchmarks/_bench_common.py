@@ -151,3 +151,73 @@ def cpu_vector_flags() -> str:
     except OSError:
         pass
     return "unknown (no /proc/cpuinfo)"
+
+
+def fma_peak(threads: int, seconds: float = 0.3) -> tuple[float, str] | None:
+    """This machine's float32 multiply-add peak, GFLOP/s over ``threads`` threads, and the vectors it ran on.
+
+    A loop of independent ``vfmadd231ps`` on registers (no loads, no stores):
+    the rate no float32 product can beat on these cores, at the clock they
+    hold while all of them run. zmm where kestrel's products may use AVX-512,
+    ymm where only AVX2 (``--avx2``); None where they run no assembly (not
+    x86-64, or numba missing).
+    """
+    import threading
+
+    try:
+        from kestrel_trio._kernels.products import f32_assembly
+    except ImportError:
+        return None
+    form = f32_assembly()
+    if form is None:
+        return None
+    vector, sums, lanes = ("zmm", 24, 16) if "avx512" in form else ("ymm", 12, 8)
+    loop = _fma_loop(vector, sums)
+    loop(1000)  # compile before timing
+    iterations = 1 << 16
+    while True:  # grow the loop to ``seconds`` on one thread (warms the clock up too)
+        started = time.perf_counter()
+        loop(iterations)
+        if time.perf_counter() - started > seconds / 4:
+            break
+        iterations *= 2
+    iterations = int(iterations * seconds / max(time.perf_counter() - started, 1e-9))
+    best = 0.0
+    for _ in range(3):
+        workers = [threading.Thread(target=loop, args=(iterations,)) for _ in range(threads)]
+        started = time.perf_counter()
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+        best = max(best, threads * iterations * sums * lanes * 2 / (time.perf_counter() - started) / 1e9)
+    return best, f"{sums} independent {vector} vfmadd231ps a loop, {threads} threads"
+
+
+def _fma_loop(vector: str, sums: int):
+    """A numba function (nogil) running ``iterations`` times ``sums`` independent vector multiply-adds."""
+    from llvmlite import ir
+    from numba import njit, types
+    from numba.extending import intrinsic
+
+    zero = "vpxord" if vector == "zmm" else "vpxor"
+    text = "\n".join([f"{zero} %{vector}{i}, %{vector}{i}, %{vector}{i}" for i in range(sums + 2)]
+                     + ["mov $0, %rcx", "1:"]
+                     + [f"vfmadd231ps %{vector}{sums}, %{vector}{sums + 1}, %{vector}{i}" for i in range(sums)]
+                     + ["dec %rcx", "jnz 1b", "vzeroupper"])
+    clobbers = ",".join([f"~{{{vector}{i}}}" for i in range(sums + 2)] + ["~{rcx}", "~{cc}", "~{flags}"])
+
+    @intrinsic
+    def fma_block(typingctx, iterations):
+        def codegen(context, builder, signature, args):
+            asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [ir.IntType(64)]), text, "r," + clobbers,
+                               side_effect=True)
+            builder.call(asm, list(args))
+            return context.get_dummy_value()
+        return types.void(types.int64), codegen
+
+    @njit(nogil=True)
+    def loop(iterations):
+        fma_block(iterations)
+
+    return loop
