@@ -25,6 +25,7 @@ import numpy as np
 
 __all__ = ["FORMS", "ready", "compiled", "unavailable_reason", "describe", "prepare", "packed_product", "packed_expand",
            "packed_weights", "release_compiler_pages", "enable_tiles", "tile_product", "tile_pack", "tile_multiply",
+           "enable_chunk_products", "chunk_product", "CHUNK_ACTIVATION_ROWS", "CHUNK_WEIGHT_ROWS", "CHUNK_K_STEP",
            "TILE_BLOCK_ROWS", "TILE_K_STEP", "rotate_half", "rms_norm", "softmax_numerators", "swiglu",
            "decode_attention", "decode_buffers", "decode_attentions"]
 
@@ -288,6 +289,99 @@ def tile_multiply(packed: np.ndarray, m: int, w: np.ndarray, out: np.ndarray,
     kernel = tiles.product_bits if w.dtype == np.uint16 else tiles.product
     run([(lambda a=a, b=b: kernel(packed, m, w, a * TILE_BLOCK_ROWS, b * TILE_BLOCK_ROWS, out, tiles.CONFIG))
          for a, b in shares(w.shape[0] // TILE_BLOCK_ROWS) if b > a])
+
+
+# ---------------------------------------------------------------- float32 prefill chunks (AVX-512)
+# The shapes kestrel_trio._kernels.f32_chunks blocks (known without numba): chunk_product takes any shape whose K
+# is a multiple of CHUNK_K_STEP, and multiplies with numpy what is past whole blocks.
+CHUNK_ACTIVATION_ROWS = 32
+CHUNK_WEIGHT_ROWS = 14
+CHUNK_K_STEP = 4
+
+
+def enable_chunk_products() -> str | None:
+    """Make the float32 chunk products (kestrel_trio._kernels.f32_chunks) usable: None if they are, else why not.
+
+    They run on CPUs whose float32 rows take the "avx512" assembly (Intel's AVX-512 CPUs); compiled (or loaded
+    from numba's cache) and checked against numpy here, so that no prompt waits for a compilation.
+    """
+    if "chunks" in _state:
+        return None
+    if "chunks_error" in _state:
+        return _state["chunks_error"]
+    unusable = _chunks_unusable()  # before the lock: ready() takes it
+    with _state_lock:
+        if "chunks" not in _state and "chunks_error" not in _state:
+            reason = unusable
+            if reason is None:
+                try:
+                    from kestrel_trio._kernels import f32_chunks
+
+                    if (f32_chunks.ACTIVATION_ROWS, f32_chunks.WEIGHT_ROWS, f32_chunks.K_STEP) != (
+                            CHUNK_ACTIVATION_ROWS, CHUNK_WEIGHT_ROWS, CHUNK_K_STEP):
+                        raise AssertionError("kestrel_trio._kernels' CHUNK_ shapes and f32_chunks' disagree")
+                    reason = _chunks_self_test(f32_chunks)
+                except Exception as error:  # e.g. numba told to compile for another CPU (NUMBA_CPU_NAME)
+                    reason = f"the float32 chunk product cannot be compiled here ({type(error).__name__}: {error})"
+                else:
+                    _state["chunks"] = f32_chunks
+            if reason is not None:
+                _state["chunks_error"] = reason
+    return _state.get("chunks_error")
+
+
+def _chunks_unusable() -> str | None:
+    if not ready():
+        return unavailable_reason()
+    assembly = _products().f32_assembly()
+    if assembly != "avx512":
+        return f"needs the AVX-512 assembly of an Intel CPU (float32 rows here: {assembly or 'compiled loops'})"
+    return None
+
+
+def _chunks_self_test(chunks) -> str | None:
+    """The kernel on 64 x 1028 times 28 x 1028 (two K chunks, two weight blocks) against float64; None if they agree."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((64, 1028)).astype(np.float32)  # [64, K]
+    w = rng.standard_normal((28, 1028)).astype(np.float32)  # [28, K]
+    out = np.empty((64, 28), dtype=np.float32)  # [64, 28]
+    chunks.product(w, chunks.pack(x), out, 0, 28)
+    exact = x.astype(np.float64) @ w.T.astype(np.float64)  # [64, 28]
+    error = np.abs(out - exact).max() / np.abs(exact).max()
+    return None if error < 1e-5 else f"the float32 chunk product disagrees with numpy here (relative error {error:.1e})"
+
+
+def chunk_product(x: np.ndarray, w: np.ndarray, run: Callable[[list[Callable[[], None]]], None],
+                  shares: Callable[[int], list[tuple[int, int]]]) -> np.ndarray:
+    """``x`` [M, K] @ ``w`` [N, K].T in float32: [M, N]. :func:`enable_chunk_products` first.
+
+    ``w`` float32 with unit column stride, K a multiple of 4. Its rows, in blocks of 14, split into
+    ``shares(N // 14)`` ranges run by ``run`` (a list of tasks, each on its own thread), over ``x``'s rows up
+    to a multiple of 32; numpy multiplies the activation rows and the weight rows past those.
+    """
+    chunks = _state["chunks"]
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    m, n = x.shape[0], w.shape[0]
+    blocked_rows, blocked_cols = m - m % chunks.ACTIVATION_ROWS, n - n % chunks.WEIGHT_ROWS
+    out = np.empty((m, n), dtype=np.float32)  # [M, N]
+    if not blocked_rows:
+        blocked_cols = 0
+
+    def leftovers() -> None:  # in a task, under run's one-thread BLAS: BLAS's own threads would spin beside ours
+        if blocked_cols < n:
+            out[:blocked_rows, blocked_cols:] = x[:blocked_rows] @ w[blocked_cols:].T  # [rows, N % 14]
+        if blocked_rows < m:
+            np.matmul(x[blocked_rows:], w.T, out=out[blocked_rows:])  # [M % 32, N]
+
+    tasks = []
+    if blocked_cols:
+        packed = chunks.pack(x[:blocked_rows])  # [M/32, K, 32]
+        block = chunks.WEIGHT_ROWS
+        tasks = [(lambda a=a, b=b: chunks.product(w, packed, out, a * block, b * block))
+                 for a, b in shares(blocked_cols // block) if b > a]
+    last = tasks.pop() if tasks else (lambda: None)
+    run(tasks + [lambda: (last(), leftovers())])
+    return out
 
 
 # ---------------------------------------------------------------- rotary embedding

@@ -82,6 +82,8 @@ def linear(x: np.ndarray, weight: Matrix, bias: np.ndarray | None = None) -> np.
         y = linear_packed(x, weight)  # [N, out]
     elif _on_tiles(x, weight):
         y = _kernels.tile_product(x, [weight], run_shared, shares_of)  # [N, out]
+    elif _on_chunk_kernel(x, weight):
+        y = _kernels.chunk_product(x, weight, run_shared, shares_of)  # [N, out]
     else:
         y = _product(x, weight, small_batch_call() if _is_small_batch(x.shape[0]) else "weight_right")  # [N, out]
     if bias is not None:
@@ -125,6 +127,34 @@ def _tiles_take(x: np.ndarray, storage: np.ndarray) -> bool:
     """Whether the tiles multiply ``x`` by ``storage`` [rows, cols] (float32 or bf16 bits) when bf16 prefill is set."""
     return (_prefill_precision[0] == "bf16" and x.shape[0] > SMALL_BATCH_ROWS[1] and storage.flags.c_contiguous
             and storage.shape[0] % _kernels.TILE_BLOCK_ROWS == 0 and storage.shape[1] % _kernels.TILE_K_STEP == 0)
+
+
+# Rows up to which a float32 product takes the chunk kernel (kestrel_trio._kernels.f32_chunks) where it runs. Its
+# rate stays about flat with the rows where BLAS's climbs: the 28 layers' products in turn on the 2-core Xeon,
+# GFLOP/s, kernel against BLAS: 128 rows 323-325 against 255-260, 256 rows 318-326 against 304-312, 512 rows 316-317
+# against 340-341 (2026-12-05). The default prefill chunk is 256 rows.
+CHUNK_KERNEL_MAX_ROWS = 256
+
+
+def _on_chunk_kernel(x: np.ndarray, weight: np.ndarray) -> bool:
+    """Whether this float32 product of a prefill chunk goes through kestrel_trio._kernels.f32_chunks.
+
+    On Intel's AVX-512 CPUs (the kernel's docstring), from 33 rows to CHUNK_KERNEL_MAX_ROWS. The first call
+    compiles or loads it (a model's load makes that call: Model.prepare_products).
+    """
+    return (SMALL_BATCH_ROWS[1] < x.shape[0] <= CHUNK_KERNEL_MAX_ROWS and weight.dtype == np.float32
+            and weight.shape[0] >= _kernels.CHUNK_WEIGHT_ROWS and weight.shape[1] % _kernels.CHUNK_K_STEP == 0
+            and weight.strides[1] == weight.itemsize and _chunk_kernel_ready())
+
+
+def _chunk_kernel_ready() -> bool:
+    if not _chunk_kernel_state:
+        reason = _kernels.enable_chunk_products()
+        _chunk_kernel_state.append(reason is None)
+    return _chunk_kernel_state[0]
+
+
+_chunk_kernel_state: list[bool] = []  # whether the chunk kernel runs here, once asked
 
 
 # Below this many weights a product is not worth a thread hand-off (tens of microseconds).

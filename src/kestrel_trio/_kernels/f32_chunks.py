@@ -1,0 +1,138 @@
+"""Float32 products of prefill chunks on Intel CPUs with AVX-512: ``out [M, N] = x [M, K] @ w [N, K].T``.
+
+Theory of operation: a prefill chunk's products are bound by multiply-adds.
+BLAS's sgemm ran them at 55-60% of the 2-core Xeon's float32 peak at 128
+rows (about 290 of 490 GFLOP/s), packing every weight block before using it
+a few hundred times. This kernel packs the activations instead, which are
+small, and reads the weights as they are stored:
+
+1. :func:`pack` lays 32 activation rows side by side for each k,
+   ``[M/32, K, 32]``, so that one k of a block is 128 contiguous bytes.
+2. A register block holds 14 weight rows x 32 activation rows: 28 zmm sums.
+   For each k, two vector loads of the packed activations, 14 broadcasts of
+   ``w[n, k]`` (each weight row read along K, as stored), 28 multiply-adds
+   (:func:`_block_text`).
+3. :func:`product` runs GROUP blocks of activation rows at a time through
+   every 14-row block of the weight rows it is given, over K in chunks of
+   K_CHUNK (each chunk after the first added to ``out``).
+4. A block's sums go to a 1.75 KiB staging buffer, and from there into the
+   rows of ``out``: for each activation row a gather of its 14 sums (from
+   L1) and one masked store. Scattering the 28 sums straight into ``out``'s
+   rows cost a fifth of the kernel's time; the staging costs a few percent.
+
+Measured on the 2-core Xeon with AMX (2026-12-05, 2 threads, Qwen3-0.6B's
+layer shapes): one thread 208-217 GFLOP/s at 128 rows (88% of a core's
+peak), two 350-375 against BLAS's 285-300 at 128 rows (1.23x), 1.06x at 256
+rows, even at 512. The sums are float32, each output's over K in order
+within a chunk: the error against a float64 product is at most 1.7e-6 of the
+largest value on those shapes (BLAS's: 5-7e-7).
+
+Zen 4 and Zen 5 (AVX-512 too) keep BLAS: not measured there. Shapes: K a
+multiple of 4; the weight rows given a multiple of 14, the activations a
+multiple of 32 rows (kestrel_trio._kernels.chunk_product multiplies the rest
+with numpy).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, types
+from numba.extending import intrinsic
+
+from kestrel_trio._kernels.products import _ZMM, _asm_codegen
+
+__all__ = ["pack", "product", "WEIGHT_ROWS", "ACTIVATION_ROWS", "K_STEP"]
+
+WEIGHT_ROWS = 14  # a register block's weight rows, each broadcast into two sums
+ACTIVATION_ROWS = 32  # a register block's activation rows: two zmm vectors of the packed activations
+K_STEP = 4  # k steps an iteration of the kernel's loop: K must be a multiple
+GROUP = 2  # blocks of activation rows that go through the weights together (one thread: 208-217 against 190)
+K_CHUNK = 1024  # k a pass, each chunk's sums added to out: all of K in one sum had 2-5x BLAS's error, chunks of
+# 512 ran a fifth slower on one thread (169-179 GFLOP/s against 208-217 at 128 rows)
+PREFETCH = 1024  # bytes ahead the packed activations are asked into L1
+
+# Weight row i at these addresses (r8, r13, r14, r15: rows 0, 4, 8, 12; r9: the rows' stride; r12: three strides).
+_ROWS = ["(%r8)", "(%r8,%r9,1)", "(%r8,%r9,2)", "(%r8,%r12,1)", "(%r13)", "(%r13,%r9,1)", "(%r13,%r9,2)",
+         "(%r13,%r12,1)", "(%r14)", "(%r14,%r9,1)", "(%r14,%r9,2)", "(%r14,%r12,1)", "(%r15)", "(%r15,%r9,1)"]
+_CLOBBERED = _ZMM + ["zmm31", "r15", "k1", "k2"]
+
+
+def _block_text(add: bool) -> str:
+    """Blocks of 32 activation rows times 14 weight rows over one chunk of K, into ``out``.
+
+    Operands at $0, int64 [12]: 0 weight row 0 at the chunk's first k; 1 the weight rows' stride (bytes); 2 the
+    packed activations' first block at the chunk's first k; 3 scratch (the block being read); 4 the chunk's k
+    count (a multiple of K_STEP); 5 out[first activation row, first weight row]; 6 out's row stride (bytes);
+    7 blocks of activation rows; 9 the packed blocks' stride (bytes); 10 the staging buffer, float32 [14, 32];
+    11 the gather's offsets, int32 [16] (row i of the staging at lane i). ``add``: add to out, not store.
+    """
+    sums = [f"%zmm{a}" for a in range(2 * WEIGHT_ROWS)]  # weight row i: activation rows 0-15 at 2i, 16-31 at 2i+1
+    lines = ["mov 8($0), %r9", "lea (%r9,%r9,2), %r12", "mov 48($0), %rdi", "mov 88($0), %rax",
+             "vmovdqu32 (%rax), %zmm31", f"mov $${(1 << WEIGHT_ROWS) - 1}, %eax", "kmovw %eax, %k2",
+             "mov 40($0), %rsi", "mov 56($0), %rax", "mov 16($0), %rdx", "mov %rdx, 24($0)",
+             "2:", "mov 0($0), %r8", "lea (%r8,%r9,4), %r13", "lea (%r13,%r9,4), %r14", "lea (%r14,%r9,4), %r15",
+             "mov 24($0), %r10", "mov 32($0), %rcx", "shr $$2, %rcx"]
+    lines += [f"vpxord {s}, {s}, {s}" for s in sums]
+    lines.append("1:")
+    for u in range(K_STEP):
+        at = 4 * ACTIVATION_ROWS * u
+        lines += [f"vmovups {at}(%r10), %zmm28", f"vmovups {at + 64}(%r10), %zmm29",
+                  f"prefetcht0 {PREFETCH + at}(%r10)", f"prefetcht0 {PREFETCH + at + 64}(%r10)"]
+        for i, row in enumerate(_ROWS):
+            lines += [f"vbroadcastss {4 * u if u else ''}{row}, %zmm30", f"vfmadd231ps %zmm28, %zmm30, {sums[2 * i]}",
+                      f"vfmadd231ps %zmm29, %zmm30, {sums[2 * i + 1]}"]
+    lines += [f"add $${4 * K_STEP}, %{r}" for r in ("r8", "r13", "r14", "r15")]
+    lines += [f"add $${4 * ACTIVATION_ROWS * K_STEP}, %r10", "dec %rcx", "jnz 1b", "mov 80($0), %rdx"]
+    lines += [f"vmovups {s}, {64 * a}(%rdx)" for a, s in enumerate(sums)]
+    lines.append("mov %rsi, %r13")
+    for r in range(ACTIVATION_ROWS):  # out's row r: the 14 sums of activation row r, one masked store
+        lines += ["kmovw %k2, %k1", f"vgatherdps {4 * r}(%rdx,%zmm31,1), %zmm0 {{%k1}}"]
+        if add:
+            lines += ["vmovups (%r13), %zmm1 {%k2} {z}", "vaddps %zmm1, %zmm0, %zmm0"]
+        lines += ["vmovups %zmm0, (%r13) {%k2}", "add %rdi, %r13"]
+    lines += ["mov 72($0), %rdx", "add %rdx, 24($0)", "mov %r13, %rsi", "dec %rax", "jnz 2b", "vzeroupper"]
+    return "\n".join(lines)
+
+
+@intrinsic
+def _store_blocks(typingctx, operands):
+    """:func:`_block_text`, storing; ``operands``: the address of its int64 [12] operands."""
+    return types.void(types.int64), _asm_codegen(_block_text(False), _CLOBBERED)
+
+
+@intrinsic
+def _add_blocks(typingctx, operands):
+    """:func:`_block_text`, adding to out; ``operands``: the address of its int64 [12] operands."""
+    return types.void(types.int64), _asm_codegen(_block_text(True), _CLOBBERED)
+
+
+def pack(x: np.ndarray) -> np.ndarray:
+    """``x`` float32 [M, K], M a multiple of 32, as :func:`product` reads it: [M/32, K, 32], C-contiguous."""
+    m, k = x.shape
+    return np.ascontiguousarray(x.reshape(m // ACTIVATION_ROWS, ACTIVATION_ROWS, k).transpose(0, 2, 1))
+
+
+@njit(nogil=True, cache=True)
+def product(w, packed, out, start, stop):
+    """out[:M, start:stop] = the packed activations (M rows) @ w[start:stop].T; stop - start a multiple of 14.
+
+    ``w`` float32 [N, K] and ``out`` float32 [>= M, N], each with unit column stride, any row stride.
+    """
+    blocks, k, _ = packed.shape  # [M/32, K, 32]
+    staging = np.empty(2 * WEIGHT_ROWS * 16, np.float32)  # [14, 32]: weight row, activation row
+    offsets = (np.arange(16) * (4 * ACTIVATION_ROWS)).astype(np.int32)  # [16]: staging row i at lane i
+    operands = np.zeros(12, np.int64)
+    operands[1], operands[6], operands[9] = w.strides[0], out.strides[0], packed.strides[0]
+    operands[10], operands[11] = staging.ctypes.data, offsets.ctypes.data
+    for g in range(0, blocks, GROUP):
+        operands[7] = min(GROUP, blocks - g)
+        for k0 in range(0, k, K_CHUNK):  # chunk outermost: each weight row block streams through once a chunk
+            for first in range(start, stop, WEIGHT_ROWS):
+                operands[0] = w.ctypes.data + first * w.strides[0] + 4 * k0
+                operands[2] = packed.ctypes.data + g * packed.strides[0] + 4 * ACTIVATION_ROWS * k0
+                operands[4] = min(K_CHUNK, k - k0)
+                operands[5] = out.ctypes.data + g * ACTIVATION_ROWS * out.strides[0] + 4 * first
+                if k0 == 0:
+                    _store_blocks(operands.ctypes.data)
+                else:
+                    _add_blocks(operands.ctypes.data)

@@ -1,0 +1,82 @@
+"""Float32 products of prefill chunks in kestrel's own AVX-512 kernel (kestrel_trio._kernels.f32_chunks): float32's
+accuracy at every shape, the rows and columns past whole blocks included, and taken by linear() for prefill rows
+only. Only an Intel CPU with AVX-512 runs them; elsewhere the tests skip with the reason."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kestrel_trio import _kernels
+from kestrel_trio._model import matmul
+
+_UNUSABLE = _kernels._chunks_unusable()  # this CPU's reason (not the kernel's self-test, which must pass)
+pytestmark = [pytest.mark.host_cpu, pytest.mark.skipif(_UNUSABLE is not None, reason=str(_UNUSABLE))]
+
+
+def test_the_kernel_runs_where_the_cpu_has_it():
+    assert _kernels.enable_chunk_products() is None
+
+
+def _serially(tasks):
+    for task in tasks:
+        task()
+
+
+def _split(parts: int):
+    return lambda items: [(items * p // parts, items * (p + 1) // parts) for p in range(parts)]
+
+
+def _relative_error(got: np.ndarray, x: np.ndarray, w: np.ndarray) -> float:
+    exact = x.astype(np.float64) @ w.T.astype(np.float64)  # [m, n]
+    return float(np.abs(got - exact).max() / np.abs(exact).max())
+
+
+@pytest.mark.parametrize("m, n, k", [(33, 20, 64), (64, 28, 1028), (100, 47, 96), (130, 70, 3072), (256, 30, 2052),
+                                     (40, 13, 64), (31, 30, 64), (96, 14, 4)])
+@pytest.mark.parametrize("shares", [1, 2, 3])
+def test_the_product_has_float32_accuracy_over_whole_blocks_and_the_rest(m, n, k, shares):
+    rng = np.random.default_rng(m * n + k)
+    x = rng.standard_normal((m, k), dtype=np.float32)  # [m, k]
+    w = rng.standard_normal((n, k), dtype=np.float32)  # [n, k]
+    got = _kernels.chunk_product(x, w, _serially, _split(shares))  # [m, n]
+    assert got.shape == (m, n) and got.dtype == np.float32
+    # Float32 sums over K: BLAS's own error here is up to about 7e-7 of the largest value, the kernel's 1.3e-6
+    # (each output summed in order over chunks of 1024). A wrong or unwritten element is off by about 1.
+    assert _relative_error(got, x, w) < 4e-6
+    assert _relative_error(x @ w.T, x, w) < 4e-6
+
+
+def test_weights_with_a_row_stride_of_their_own_and_strided_activations():
+    rng = np.random.default_rng(3)
+    wide = rng.standard_normal((60, 200), dtype=np.float32)  # [60, 200]
+    w = wide[:, 8:136]  # [60, 128]: rows 800 bytes apart, columns contiguous
+    x = rng.standard_normal((70, 256), dtype=np.float32)[:, ::2]  # [70, 128], not contiguous
+    got = _kernels.chunk_product(x, w, _serially, _split(2))  # [70, 60]
+    assert _relative_error(got, x, w) < 4e-6
+
+
+@pytest.mark.parametrize("rows, taken", [(32, False), (33, True), (128, True), (256, True), (257, False)])
+def test_linear_takes_the_kernel_for_prefill_rows_only(monkeypatch, rows, taken):
+    calls = []
+    product = _kernels.chunk_product
+    monkeypatch.setattr(_kernels, "chunk_product", lambda *args: calls.append(args[0].shape) or product(*args))
+    rng = np.random.default_rng(rows)
+    x = rng.standard_normal((rows, 64), dtype=np.float32)  # [rows, 64]
+    w = rng.standard_normal((48, 64), dtype=np.float32)  # [48, 64]
+    got = matmul.linear(x, w)  # [rows, 48]
+    assert calls == ([(rows, 64)] if taken else [])
+    assert _relative_error(got, x, w) < 4e-6
+
+
+def test_weights_it_cannot_take_go_to_blas(monkeypatch):
+    calls = []
+    monkeypatch.setattr(_kernels, "chunk_product", lambda *args: calls.append(args[0].shape))
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((64, 66), dtype=np.float32)  # [64, 66]: K not a multiple of 4
+    w = rng.standard_normal((48, 66), dtype=np.float32)
+    assert _relative_error(matmul.linear(x, w), x, w) < 4e-6
+    x = rng.standard_normal((64, 64), dtype=np.float32)
+    w = rng.standard_normal((13, 64), dtype=np.float32)  # fewer rows than a block
+    assert _relative_error(matmul.linear(x, w), x, w) < 4e-6
+    assert calls == []
