@@ -73,7 +73,8 @@ FORBIDDEN_EXTERNAL_IN_MODULE = {
 PRIVATE_PACKAGE = "kestrel_trio._model"
 BENCHMARKS = SRC.parent.parent / "benchmarks"
 # Benchmarks that measure _model's private kernels themselves (reason beside each).
-KERNEL_BENCHMARKS = {"bench_model.py": "times matmul's private product paths against one another"}
+KERNEL_BENCHMARKS = {"bench_model.py": "times matmul's private product paths against one another",
+                     "bench_prefill_gemm.py": "times the float32 chunk kernel against BLAS on matmul's product threads"}
 
 
 def module_name(path: Path, src: Path) -> str:

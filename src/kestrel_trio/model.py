@@ -241,7 +241,8 @@ class Model:
         matrices are packed (bf16, int8, int4, a GGUF's blocks) multiplies
         chunks just expanded, hot in cache: the sample is then such chunks,
         one of each of the first layer's matrices (milliseconds, a few MiB). Then one
-        prefill-sized product, so BLAS's threads have their work buffers.
+        prefill-sized product in BLAS, so BLAS's threads have their work buffers, and one
+        through ``linear``, which compiles or loads the float32 chunk kernel where it runs.
 
         Packed matrices' fused products are compiled first (or loaded from
         numba's cache: milliseconds; a first compilation takes seconds), so
@@ -265,7 +266,9 @@ class Model:
             # process when it cannot get one later (under an address-space limit), where numpy's own arrays
             # raise a MemoryError the engine contains.
             weight = floats[0]  # [out, in]
-            linear(np.zeros((DEFAULT_PREFILL_CHUNK, weight.shape[1]), dtype=np.float32), weight)  # [chunk, out]
+            x = np.zeros((DEFAULT_PREFILL_CHUNK, weight.shape[1]), dtype=np.float32)  # [chunk, in]
+            np.matmul(x, weight.T)  # [chunk, out]: BLAS itself, where linear may take kestrel's chunk kernel
+            linear(x, weight)  # [chunk, out]: the chunk kernel compiled or loaded now where it runs
 
     def prefill(self, cache: KVCache, token_ids: Sequence[int], chunk: int = DEFAULT_PREFILL_CHUNK) -> np.ndarray:
         """Feed a prompt in chunks of ``chunk`` tokens; the last position's logits [vocab].

@@ -1,8 +1,8 @@
 """Float32 products of prefill chunks on Intel CPUs with AVX-512: ``out [M, N] = x [M, K] @ w [N, K].T``.
 
 Theory of operation: a prefill chunk's products are bound by multiply-adds.
-BLAS's sgemm ran them at 55-60% of the 2-core Xeon's float32 peak at 128
-rows (about 290 of 490 GFLOP/s), packing every weight block before using it
+BLAS's sgemm ran them at 52-62% of the 2-core Xeon's float32 peak at 128
+rows (255-296 of 476-492 GFLOP/s), packing every weight block before using it
 a few hundred times. This kernel packs the activations instead, which are
 small, and reads the weights as they are stored:
 
@@ -18,14 +18,16 @@ small, and reads the weights as they are stored:
 4. A block's sums go to a 1.75 KiB staging buffer, and from there into the
    rows of ``out``: for each activation row a gather of its 14 sums (from
    L1) and one masked store. Scattering the 28 sums straight into ``out``'s
-   rows cost a fifth of the kernel's time; the staging costs a few percent.
+   rows instead ran at 171-177 GFLOP/s against 212-217 (one thread, 128 rows).
 
-Measured on the 2-core Xeon with AMX (2026-12-05, 2 threads, Qwen3-0.6B's
-layer shapes): one thread 208-217 GFLOP/s at 128 rows (88% of a core's
-peak), two 350-375 against BLAS's 285-300 at 128 rows (1.23x), 1.06x at 256
-rows, even at 512. The sums are float32, each output's over K in order
-within a chunk: the error against a float64 product is at most 1.7e-6 of the
-largest value on those shapes (BLAS's: 5-7e-7).
+Measured on the 2-core Xeon with AMX (2026-12-05, Qwen3-0.6B's layer
+shapes): one thread 208-217 GFLOP/s at 128 rows, 88% of a core's float32
+peak; two threads, the 28 layers' products in turn, 323-325 GFLOP/s against
+BLAS's 255-260 at 128 rows, 318-326 against 304-312 at 256, 316-317 against
+340-341 at 512 (kestrel_trio._model.matmul takes it up to 256 rows). The
+sums are float32, each output's over K in order within a chunk: the error
+against a float64 product is at most 1.5e-6 of the largest value on those
+shapes (BLAS's: 4-7e-7).
 
 Zen 4 and Zen 5 (AVX-512 too) keep BLAS: not measured there. Shapes: K a
 multiple of 4; the weight rows given a multiple of 14, the activations a
