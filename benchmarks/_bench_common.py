@@ -196,25 +196,20 @@ def fma_peak(threads: int, seconds: float = 0.3) -> tuple[float, str] | None:
 
 def _fma_loop(vector: str, sums: int):
     """A numba function (nogil) running ``iterations`` times ``sums`` independent vector multiply-adds."""
-    from llvmlite import ir
     from numba import njit, types
     from numba.extending import intrinsic
 
+    from kestrel_trio._kernels.products import _asm_codegen
+
     zero = "vpxord" if vector == "zmm" else "vpxor"
-    text = "\n".join([f"{zero} %{vector}{i}, %{vector}{i}, %{vector}{i}" for i in range(sums + 2)]
-                     + ["mov $0, %rcx", "1:"]
-                     + [f"vfmadd231ps %{vector}{sums}, %{vector}{sums + 1}, %{vector}{i}" for i in range(sums)]
+    registers = [f"{vector}{i}" for i in range(sums + 2)]
+    text = "\n".join([f"{zero} %{r}, %{r}, %{r}" for r in registers] + ["mov $0, %rcx", "1:"]
+                     + [f"vfmadd231ps %{registers[-2]}, %{registers[-1]}, %{r}" for r in registers[:sums]]
                      + ["dec %rcx", "jnz 1b", "vzeroupper"])
-    clobbers = ",".join([f"~{{{vector}{i}}}" for i in range(sums + 2)] + ["~{rcx}", "~{cc}", "~{flags}"])
 
     @intrinsic
     def fma_block(typingctx, iterations):
-        def codegen(context, builder, signature, args):
-            asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [ir.IntType(64)]), text, "r," + clobbers,
-                               side_effect=True)
-            builder.call(asm, list(args))
-            return context.get_dummy_value()
-        return types.void(types.int64), codegen
+        return types.void(types.int64), _asm_codegen(text, registers)
 
     @njit(nogil=True)
     def loop(iterations):
