@@ -345,7 +345,7 @@ def _chunks_self_test(chunks) -> str | None:
     x = rng.standard_normal((64, 1028)).astype(np.float32)  # [64, K]
     w = rng.standard_normal((28, 1028)).astype(np.float32)  # [28, K]
     out = np.empty((64, 28), dtype=np.float32)  # [64, 28]
-    chunks.product(w, chunks.pack(x), out, 0, 28)
+    chunks.product(w, chunks.pack(x, 64), out, 0, 28)
     exact = x.astype(np.float64) @ w.T.astype(np.float64)  # [64, 28]
     error = np.abs(out - exact).max() / np.abs(exact).max()
     return None if error < 1e-5 else f"the float32 chunk product disagrees with numpy here (relative error {error:.1e})"
@@ -356,32 +356,35 @@ def chunk_product(x: np.ndarray, w: np.ndarray, run: Callable[[list[Callable[[],
     """``x`` [M, K] @ ``w`` [N, K].T in float32: [M, N]. :func:`enable_chunk_products` first.
 
     ``w`` float32 with unit column stride, K a multiple of 4. Its rows, in blocks of 14, split into
-    ``shares(N // 14)`` ranges run by ``run`` (a list of tasks, each on its own thread), over ``x``'s rows up
-    to a multiple of 32; numpy multiplies the activation rows and the weight rows past those.
+    ``shares(N // 14)`` ranges run by ``run`` (a list of tasks, each on its own thread), numpy multiplying the
+    weight rows past those. The kernel takes ``x``'s rows in blocks of 32, the last block filled out with
+    zero rows, but for one row past whole blocks, which numpy multiplies (one pass over the weights, as a
+    decode step's). Rows past whole blocks given to BLAS instead cost more: a few rows make OpenBLAS pack
+    every weight on one thread (a 100-token prefill took 593 ms so against 455 with BLAS alone, 2-core Xeon).
     """
     chunks = _state["chunks"]
     x = np.ascontiguousarray(x, dtype=np.float32)
     m, n = x.shape[0], w.shape[0]
-    blocked_rows, blocked_cols = m - m % chunks.ACTIVATION_ROWS, n - n % chunks.WEIGHT_ROWS
-    out = np.empty((m, n), dtype=np.float32)  # [M, N]
-    if not blocked_rows:
-        blocked_cols = 0
+    block = chunks.ACTIVATION_ROWS
+    kernel_rows = (m // block if m % block == 1 else -(-m // block)) * block
+    blocked_cols = n - n % chunks.WEIGHT_ROWS if kernel_rows else 0
+    out = np.empty((max(m, kernel_rows), n), dtype=np.float32)  # [M rounded up to whole blocks, N]
+    real = min(m, kernel_rows)  # rows of x the kernel multiplies
 
     def leftovers() -> None:  # in a task, under run's one-thread BLAS: BLAS's own threads would spin beside ours
         if blocked_cols < n:
-            out[:blocked_rows, blocked_cols:] = x[:blocked_rows] @ w[blocked_cols:].T  # [rows, N % 14]
-        if blocked_rows < m:
-            np.matmul(x[blocked_rows:], w.T, out=out[blocked_rows:])  # [M % 32, N]
+            out[:real, blocked_cols:] = x[:real] @ w[blocked_cols:].T  # [rows, N % 14]
+        if kernel_rows < m:
+            np.matmul(x[kernel_rows:], w.T, out=out[kernel_rows:m])  # [1, N]
 
     tasks = []
     if blocked_cols:
-        packed = chunks.pack(x[:blocked_rows])  # [M/32, K, 32]
-        block = chunks.WEIGHT_ROWS
-        tasks = [(lambda a=a, b=b: chunks.product(w, packed, out, a * block, b * block))
-                 for a, b in shares(blocked_cols // block) if b > a]
+        packed = chunks.pack(x, kernel_rows)  # [blocks, K, 32]
+        tasks = [(lambda a=a, b=b: chunks.product(w, packed, out, a * chunks.WEIGHT_ROWS, b * chunks.WEIGHT_ROWS))
+                 for a, b in shares(blocked_cols // chunks.WEIGHT_ROWS) if b > a]
     last = tasks.pop() if tasks else (lambda: None)
     run(tasks + [lambda: (last(), leftovers())])
-    return out
+    return out[:m]
 
 
 # ---------------------------------------------------------------- rotary embedding

@@ -30,9 +30,10 @@ against a float64 product is at most 1.5e-6 of the largest value on those
 shapes (BLAS's: 4-7e-7).
 
 Zen 4 and Zen 5 (AVX-512 too) keep BLAS: not measured there. Shapes: K a
-multiple of 4; the weight rows given a multiple of 14, the activations a
-multiple of 32 rows (kestrel_trio._kernels.chunk_product multiplies the rest
-with numpy).
+multiple of 4; the weight rows given a multiple of 14, the activations
+packed in blocks of 32 rows (kestrel_trio._kernels.chunk_product fills the
+last block out with zero rows, and multiplies the weight rows past the
+blocks with numpy).
 """
 
 from __future__ import annotations
@@ -108,10 +109,18 @@ def _add_blocks(typingctx, operands):
     return types.void(types.int64), _asm_codegen(_block_text(True), _CLOBBERED)
 
 
-def pack(x: np.ndarray) -> np.ndarray:
-    """``x`` float32 [M, K], M a multiple of 32, as :func:`product` reads it: [M/32, K, 32], C-contiguous."""
+def pack(x: np.ndarray, rows: int) -> np.ndarray:
+    """The first ``rows`` rows of ``x`` float32 [M, K] (zero rows past M; ``rows`` a multiple of 32) as
+    :func:`product` reads them: [rows/32, K, 32], C-contiguous."""
     m, k = x.shape
-    return np.ascontiguousarray(x.reshape(m // ACTIVATION_ROWS, ACTIVATION_ROWS, k).transpose(0, 2, 1))
+    packed = np.empty((rows // ACTIVATION_ROWS, k, ACTIVATION_ROWS), dtype=np.float32)  # [blocks, K, 32]
+    whole = min(m, rows) // ACTIVATION_ROWS
+    packed[:whole] = x[: whole * ACTIVATION_ROWS].reshape(whole, ACTIVATION_ROWS, k).transpose(0, 2, 1)
+    if whole < packed.shape[0]:
+        part = x[whole * ACTIVATION_ROWS : rows]  # [< 32, K]
+        packed[whole] = 0
+        packed[whole, :, : part.shape[0]] = part.T
+    return packed
 
 
 @njit(nogil=True, cache=True)
