@@ -360,7 +360,7 @@ def chunk_product(x: np.ndarray, w: np.ndarray, run: Callable[[list[Callable[[],
     weight rows past those. The kernel takes ``x``'s rows in blocks of 32, the last block filled out with
     zero rows, but for one row past whole blocks, which numpy multiplies (one pass over the weights, as a
     decode step's). Rows past whole blocks given to BLAS instead cost more: a few rows make OpenBLAS pack
-    every weight on one thread (a 100-token prefill took 593 ms so against 455 with BLAS alone, 2-core Xeon).
+    every weight on one thread (a 100-token prefill took 593 ms that way against 455 with BLAS alone, 2-core Xeon).
     """
     chunks = _state["chunks"]
     x = np.ascontiguousarray(x, dtype=np.float32)
