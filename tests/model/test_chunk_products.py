@@ -80,3 +80,15 @@ def test_weights_it_cannot_take_go_to_blas(monkeypatch):
     w = rng.standard_normal((13, 64), dtype=np.float32)  # fewer rows than a block
     assert _relative_error(matmul.linear(x, w), x, w) < 4e-6
     assert calls == []
+
+
+def test_a_failed_self_test_keeps_the_kernel_off_on_every_later_call(monkeypatch):
+    for key in ("chunks", "chunks_error"):  # each restored (or removed again) when the test ends
+        monkeypatch.setitem(_kernels._state, key, None)
+        monkeypatch.delitem(_kernels._state, key)
+    monkeypatch.setattr(_kernels, "_chunks_self_test", lambda chunks: "disagrees with numpy (a stand-in)")
+    assert _kernels.enable_chunk_products() == "disagrees with numpy (a stand-in)"
+    assert _kernels.enable_chunk_products() == "disagrees with numpy (a stand-in)"
+    assert "chunks" not in _kernels._state
+    x = np.ones((64, 64), dtype=np.float32)
+    assert np.array_equal(matmul.linear(x, np.ones((48, 64), dtype=np.float32)), np.full((64, 48), 64.0))

@@ -25,7 +25,7 @@ import numpy as np
 
 __all__ = ["FORMS", "ready", "compiled", "unavailable_reason", "describe", "prepare", "packed_product", "packed_expand",
            "packed_weights", "release_compiler_pages", "enable_tiles", "tile_product", "tile_pack", "tile_multiply",
-           "enable_chunk_products", "chunk_product", "CHUNK_ACTIVATION_ROWS", "CHUNK_WEIGHT_ROWS", "CHUNK_K_STEP",
+           "enable_chunk_products", "chunk_product", "CHUNK_WEIGHT_ROWS", "CHUNK_K_STEP",
            "TILE_BLOCK_ROWS", "TILE_K_STEP", "rotate_half", "rms_norm", "softmax_numerators", "swiglu",
            "decode_attention", "decode_buffers", "decode_attentions"]
 
@@ -206,26 +206,36 @@ TILE_K_STEP = 32  # the product's K must be a multiple of this (tiles.K_STEP)
 
 def enable_tiles() -> str | None:
     """Make the bf16 tile products (AMX) usable in this process: None if they are, else why not (one line)."""
-    if "tiles" in _state:
-        return None
-    if "tiles_error" in _state:
-        return _state["tiles_error"]
-    with _state_lock:
-        if "tiles" not in _state and "tiles_error" not in _state:
-            try:
-                from kestrel_trio._kernels import tiles
-            except Exception as error:  # numba or llvmlite missing or unusable
-                _state["tiles_error"] = f"numba cannot be imported ({type(error).__name__}: {error})"
-            else:
-                try:
-                    reason = tiles.enable() or _tiles_self_test(tiles)
-                except Exception as error:  # e.g. numba told to compile for a CPU without AMX (NUMBA_CPU_NAME)
-                    reason = f"the AMX tile product cannot be compiled here ({type(error).__name__}: {error})"
+    return _enable_once("tiles", _load_tiles)
+
+
+def _load_tiles() -> tuple[object, str | None]:
+    try:
+        from kestrel_trio._kernels import tiles
+    except Exception as error:  # numba or llvmlite missing or unusable
+        return None, f"numba cannot be imported ({type(error).__name__}: {error})"
+    try:
+        return tiles, tiles.enable() or _tiles_self_test(tiles)
+    except Exception as error:  # e.g. numba told to compile for a CPU without AMX (NUMBA_CPU_NAME)
+        return None, f"the AMX tile product cannot be compiled here ({type(error).__name__}: {error})"
+
+
+def _enable_once(key: str, load: Callable[[], tuple[object, str | None]]) -> str | None:
+    """None if ``_state[key]`` holds a usable module, else why not: ``load`` (module, reason) runs once a process.
+
+    Under the state lock, so ``load`` must not call :func:`ready` (which takes it too). The module is kept only
+    when its reason is None.
+    """
+    error_key = f"{key}_error"
+    if key not in _state and error_key not in _state:
+        with _state_lock:
+            if key not in _state and error_key not in _state:
+                module, reason = load()
                 if reason is None:
-                    _state["tiles"] = tiles
+                    _state[key] = module
                 else:
-                    _state["tiles_error"] = reason
-    return _state.get("tiles_error")
+                    _state[error_key] = reason
+    return _state.get(error_key)
 
 
 def _tiles_self_test(tiles) -> str | None:
@@ -293,8 +303,7 @@ def tile_multiply(packed: np.ndarray, m: int, w: np.ndarray, out: np.ndarray,
 
 # ---------------------------------------------------------------- float32 prefill chunks (AVX-512)
 # The shapes kestrel_trio._kernels.f32_chunks blocks (known without numba): chunk_product takes any shape whose K
-# is a multiple of CHUNK_K_STEP, and multiplies with numpy what is past whole blocks.
-CHUNK_ACTIVATION_ROWS = 32
+# is a multiple of CHUNK_K_STEP, and multiplies with numpy the weight rows past whole blocks of CHUNK_WEIGHT_ROWS.
 CHUNK_WEIGHT_ROWS = 14
 CHUNK_K_STEP = 4
 
@@ -305,29 +314,21 @@ def enable_chunk_products() -> str | None:
     They run on CPUs whose float32 rows take the "avx512" assembly (Intel's AVX-512 CPUs); compiled (or loaded
     from numba's cache) and checked against numpy here, so that no prompt waits for a compilation.
     """
-    if "chunks" in _state:
-        return None
-    if "chunks_error" in _state:
-        return _state["chunks_error"]
-    unusable = _chunks_unusable()  # before the lock: ready() takes it
-    with _state_lock:
-        if "chunks" not in _state and "chunks_error" not in _state:
-            reason = unusable
-            if reason is None:
-                try:
-                    from kestrel_trio._kernels import f32_chunks
+    if "chunks" in _state or "chunks_error" in _state:
+        return _state.get("chunks_error")
+    unusable = _chunks_unusable()  # outside the state lock: ready() takes it
+    return _enable_once("chunks", lambda: (None, unusable) if unusable else _load_chunks())
 
-                    if (f32_chunks.ACTIVATION_ROWS, f32_chunks.WEIGHT_ROWS, f32_chunks.K_STEP) != (
-                            CHUNK_ACTIVATION_ROWS, CHUNK_WEIGHT_ROWS, CHUNK_K_STEP):
-                        raise AssertionError("kestrel_trio._kernels' CHUNK_ shapes and f32_chunks' disagree")
-                    reason = _chunks_self_test(f32_chunks)
-                except Exception as error:  # e.g. numba told to compile for another CPU (NUMBA_CPU_NAME)
-                    reason = f"the float32 chunk product cannot be compiled here ({type(error).__name__}: {error})"
-                else:
-                    _state["chunks"] = f32_chunks
-            if reason is not None:
-                _state["chunks_error"] = reason
-    return _state.get("chunks_error")
+
+def _load_chunks() -> tuple[object, str | None]:
+    try:
+        from kestrel_trio._kernels import f32_chunks
+
+        if (f32_chunks.WEIGHT_ROWS, f32_chunks.K_STEP) != (CHUNK_WEIGHT_ROWS, CHUNK_K_STEP):
+            raise AssertionError("kestrel_trio._kernels' CHUNK_ shapes and f32_chunks' disagree")
+        return f32_chunks, _chunks_self_test(f32_chunks)
+    except Exception as error:  # e.g. numba told to compile for another CPU (NUMBA_CPU_NAME)
+        return None, f"the float32 chunk product cannot be compiled here ({type(error).__name__}: {error})"
 
 
 def _chunks_unusable() -> str | None:
