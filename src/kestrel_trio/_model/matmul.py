@@ -144,17 +144,7 @@ def _on_chunk_kernel(x: np.ndarray, weight: np.ndarray) -> bool:
     """
     return (SMALL_BATCH_ROWS[1] < x.shape[0] <= CHUNK_KERNEL_MAX_ROWS and weight.dtype == np.float32
             and weight.shape[0] >= _kernels.CHUNK_WEIGHT_ROWS and weight.shape[1] % _kernels.CHUNK_K_STEP == 0
-            and weight.strides[1] == weight.itemsize and _chunk_kernel_ready())
-
-
-def _chunk_kernel_ready() -> bool:
-    if not _chunk_kernel_state:
-        reason = _kernels.enable_chunk_products()
-        _chunk_kernel_state.append(reason is None)
-    return _chunk_kernel_state[0]
-
-
-_chunk_kernel_state: list[bool] = []  # whether the chunk kernel runs here, once asked
+            and weight.strides[1] == weight.itemsize and _kernels.enable_chunk_products() is None)
 
 
 # Below this many weights a product is not worth a thread hand-off (tens of microseconds).
