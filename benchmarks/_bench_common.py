@@ -153,6 +153,16 @@ def cpu_vector_flags() -> str:
     return "unknown (no /proc/cpuinfo)"
 
 
+def best_of(runs: int, fn) -> float:
+    """The shortest of ``runs`` timings of ``fn()``, in seconds."""
+    best = float("inf")
+    for _ in range(runs):
+        started = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - started)
+    return best
+
+
 def fma_peak(threads: int, seconds: float = 0.3) -> tuple[float, str] | None:
     """This machine's float32 multiply-add peak, GFLOP/s over ``threads`` threads, and the vectors it ran on.
 

@@ -50,8 +50,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _bench_common import (  # noqa: E402
-    AVX2_MACHINE_ENV, blas_description, blas_threads, compiled_kernels_description, cpu_vector_flags, fma_peak,
-    openblas_overrides_note, read_bandwidth, run_as_avx2_machine, run_without_openblas_overrides, status_bytes,
+    AVX2_MACHINE_ENV, best_of, blas_description, blas_threads, compiled_kernels_description, cpu_vector_flags,
+    fma_peak, openblas_overrides_note, read_bandwidth, run_as_avx2_machine, run_without_openblas_overrides,
+    status_bytes,
 )
 from bench_load import QWEN3_0_6B  # noqa: E402
 
@@ -152,16 +153,6 @@ def bare_and_engine(model, forward, batch: int, tokens: int, pairs: int) -> dict
         ratios.append(rates["engine"] / rates["bare"])
     return {f"bare_{batch}": max(bare), f"engine_{batch}": max(engine), f"pair_ratios_{batch}": ratios,
             f"engine_split_{batch}": own}
-
-
-def best_of(runs: int, fn) -> float:
-    """The shortest of ``runs`` timings of ``fn()``, in seconds."""
-    best = float("inf")
-    for _ in range(runs):
-        started = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - started)
-    return best
 
 
 def bare_decode(model, forward, batch: int, steps: int) -> float:

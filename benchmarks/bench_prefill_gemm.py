@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _bench_common import (  # noqa: E402
-    blas_description, blas_threads, cpu_vector_flags, fma_peak, load_average, run_without_openblas_overrides,
+    best_of, blas_description, blas_threads, cpu_vector_flags, fma_peak, load_average,
+    run_without_openblas_overrides,
 )
 
 SHAPES = {"qkv_proj": (4096, 1024), "o_proj": (1024, 2048), "gate_up_proj": (6144, 1024), "down_proj": (1024, 3072)}
@@ -64,7 +64,7 @@ def main() -> None:
             ways = {"BLAS": lambda: x @ w.T, "kernel": lambda: _kernels.chunk_product(x, w, run_shared, shares_of)}
             exact = x.astype(np.float64) @ w.T.astype(np.float64)  # [rows, out]
             errors = {way: np.abs(call() - exact).max() / np.abs(exact).max() for way, call in ways.items()}
-            best = {way: min(timed(call) for _ in range(args.repeats)) for way, call in ways.items()}
+            best = {way: best_of(args.repeats, call) for way, call in ways.items()}
             gflop = 2 * rows * n * k / 1e9
             gflop_layer += gflop
             for way in totals:
@@ -74,12 +74,6 @@ def main() -> None:
                   f"BLAS {errors['BLAS']:.1e}, kernel {errors['kernel']:.1e}", flush=True)
         print(f"{rows:4d} rows, one layer's products: BLAS {gflop_layer / totals['BLAS']:.0f}, kernel "
               f"{gflop_layer / totals['kernel']:.0f} GFLOP/s ({totals['BLAS'] / totals['kernel']:.2f}x)")
-
-
-def timed(call) -> float:
-    started = time.perf_counter()
-    call()
-    return time.perf_counter() - started
 
 
 if __name__ == "__main__":
