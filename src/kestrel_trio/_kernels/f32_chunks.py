@@ -129,9 +129,18 @@ def product(w, packed, out, start, stop):
 
     ``w`` float32 [N, K] and ``out`` float32 [>= M, N], each with unit column stride, any row stride.
     """
-    blocks, k, _ = packed.shape  # [M/32, K, 32]
     staging = np.empty(2 * WEIGHT_ROWS * 16, np.float32)  # [14, 32]: weight row, activation row
     offsets = (np.arange(16) * (4 * ACTIVATION_ROWS)).astype(np.int32)  # [16]: staging row i at lane i
+    # Passed on, not used here by address: numba frees an array after its last use in the code, and taking
+    # ``.ctypes.data`` is that last use; the assembly then wrote into freed memory (glibc: "malloc(): invalid
+    # size" in another allocation). The arguments of a call stay alive until it returns.
+    _product(w, packed, out, start, stop, staging, offsets)
+
+
+@njit(nogil=True, cache=True)
+def _product(w, packed, out, start, stop, staging, offsets):
+    """:func:`product` with its staging buffer and gather offsets, which the caller keeps alive."""
+    blocks, k, _ = packed.shape  # [M/32, K, 32]
     operands = np.zeros(12, np.int64)
     operands[1], operands[6], operands[9] = w.strides[0], out.strides[0], packed.strides[0]
     operands[10], operands[11] = staging.ctypes.data, offsets.ctypes.data
