@@ -19,7 +19,8 @@ import pytest
 
 from kestrel_trio import _kernels
 
-pytestmark = pytest.mark.skipif(not _kernels.ready(), reason=f"numba does not run here: {_kernels.unavailable_reason()}")
+pytestmark = pytest.mark.skipif(not _kernels.ready(),
+                                reason=f"numba does not run here: {_kernels.unavailable_reason()}")
 if _kernels.ready():
     from kestrel_trio._kernels.f32_chunks import _store_blocks
 
@@ -88,7 +89,8 @@ def _freed_early(n):  # a kernel as the modules write them, with the mistake f32
 
 def test_the_check_finds_an_array_freed_before_its_assembly():
     line = _freed_early.__code__.co_firstlineno + 3
-    assert _freed_too_early(_freed_early) == [f"scratch (address taken at line {line}) is freed before an assembly call"]
+    expected = f"scratch (address taken at line {line}) is freed before an assembly call"
+    assert _freed_too_early(_freed_early) == [expected]
 
 
 @pytest.mark.parametrize("name, py_func", list(_kernel_functions()) if _kernels.ready() else [],
