@@ -33,7 +33,7 @@ def _relative_error(got: np.ndarray, x: np.ndarray, w: np.ndarray) -> float:
 
 
 @pytest.mark.parametrize("m, n, k", [(33, 20, 64), (64, 28, 1028), (100, 47, 96), (130, 70, 3072), (256, 30, 2052),
-                                     (40, 13, 64), (31, 30, 64), (96, 14, 4)])
+                                     (40, 13, 64), (31, 30, 64), (96, 14, 4), (129, 30, 64), (192, 45, 1028)])
 @pytest.mark.parametrize("shares", [1, 2, 3])
 def test_the_product_has_float32_accuracy_over_whole_blocks_and_the_rest(m, n, k, shares):
     rng = np.random.default_rng(m * n + k)
@@ -45,6 +45,26 @@ def test_the_product_has_float32_accuracy_over_whole_blocks_and_the_rest(m, n, k
     # (each output summed in order over chunks of 1024). A wrong or unwritten element is off by about 1.
     assert _relative_error(got, x, w) < 4e-6
     assert _relative_error(x @ w.T, x, w) < 4e-6
+
+
+@pytest.mark.parametrize("m, shares, by_rows", [
+    (64, 2, False),  # one block of 32 rows a thread: less than a GROUP
+    (96, 2, False),  # three blocks: not an even split
+    (128, 2, True), (129, 2, True),  # the row past whole blocks on the last share
+    (192, 3, True), (256, 2, True), (256, 1, False),  # one thread: nothing to split
+])
+def test_the_rows_split_among_the_threads_when_they_split_evenly_a_group_each(monkeypatch, m, shares, by_rows):
+    calls = []
+    real = _kernels._chunk_product_by_rows
+    monkeypatch.setattr(_kernels, "_chunk_product_by_rows", lambda *a: (calls.append(a[3]), real(*a)))
+    rng = np.random.default_rng(m)
+    x = rng.standard_normal((m, 1028), dtype=np.float32)  # [m, K]: two K chunks
+    w = rng.standard_normal((47, 1028), dtype=np.float32)  # [47, K]: 5 weight rows past whole blocks
+    got = _kernels.chunk_product(x, w, _serially, _split(shares))  # [m, 47]
+    assert bool(calls) == by_rows
+    if by_rows:
+        assert calls == [[(m // 32 * 32 * p // shares, m // 32 * 32 * (p + 1) // shares) for p in range(shares)]]
+    assert _relative_error(got, x, w) < 4e-6
 
 
 def test_weights_with_a_row_stride_of_their_own_and_strided_activations():

@@ -44,7 +44,7 @@ from numba.extending import intrinsic
 
 from kestrel_trio._kernels.products import _ZMM, _asm_codegen
 
-__all__ = ["pack", "product", "WEIGHT_ROWS", "ACTIVATION_ROWS", "K_STEP"]
+__all__ = ["pack", "product", "WEIGHT_ROWS", "ACTIVATION_ROWS", "K_STEP", "GROUP"]
 
 WEIGHT_ROWS = 14  # a register block's weight rows, each broadcast into two sums
 ACTIVATION_ROWS = 32  # a register block's activation rows: two zmm vectors of the packed activations
