@@ -15,6 +15,7 @@ freed before the last of them.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import pkgutil
@@ -75,19 +76,20 @@ def _callee(function_ir, variable):
     return definition.value if isinstance(definition, (ir.Global, ir.FreeVar)) else None
 
 
-def _parameters_whose_address_is_taken(function) -> set[int]:
+@functools.cache  # asked again for every array passed to the callee, on every pass of _address_carriers
+def _parameters_whose_address_is_taken(function) -> frozenset[int]:
     """Positions of ``function``'s parameters of which it reads ``.ctypes`` (empty if numba cannot read it)."""
     from numba.core import ir
 
     try:
         statements = _statements(_ir(function))
     except Exception:  # plain Python that numba's front end refuses: it hands no address to assembly
-        return set()
+        return frozenset()
     positions = {s.target.name: s.value.index for s in statements
                  if isinstance(s, ir.Assign) and isinstance(s.value, ir.Arg)}
-    return {positions[s.value.value.name] for s in statements
-            if isinstance(s, ir.Assign) and isinstance(s.value, ir.Expr) and s.value.op == "getattr"
-            and s.value.attr == "ctypes" and s.value.value.name in positions}
+    return frozenset(positions[s.value.value.name] for s in statements
+                     if isinstance(s, ir.Assign) and isinstance(s.value, ir.Expr) and s.value.op == "getattr"
+                     and s.value.attr == "ctypes" and s.value.value.name in positions)
 
 
 def _freed_too_early(function_ir) -> list[str]:
