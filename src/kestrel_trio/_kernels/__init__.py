@@ -25,7 +25,7 @@ import numpy as np
 
 __all__ = ["FORMS", "ready", "compiled", "unavailable_reason", "describe", "prepare", "packed_product", "packed_expand",
            "packed_weights", "release_compiler_pages", "enable_tiles", "tile_product", "tile_pack", "tile_multiply",
-           "enable_chunk_products", "chunk_product", "CHUNK_WEIGHT_ROWS", "CHUNK_K_STEP",
+           "enable_chunk_products", "chunk_product", "prefill_attention", "CHUNK_WEIGHT_ROWS", "CHUNK_K_STEP",
            "TILE_BLOCK_ROWS", "TILE_K_STEP", "rotate_half", "rms_norm", "softmax_numerators", "swiglu",
            "decode_attention", "decode_buffers", "decode_attentions"]
 
@@ -312,7 +312,8 @@ def enable_chunk_products() -> str | None:
     """Make the float32 chunk products (kestrel_trio._kernels.f32_chunks) usable: None if they are, else why not.
 
     They run on CPUs whose float32 rows take the "avx512" assembly (Intel's AVX-512 CPUs); compiled (or loaded
-    from numba's cache) and checked against numpy here, so that no prompt waits for a compilation.
+    from numba's cache) and checked against numpy here, so that no prompt waits for a compilation. The same goes
+    for the prefill attention built on them (:func:`prefill_attention`).
     """
     if "chunks" in _state or "chunks_error" in _state:
         return _state.get("chunks_error")
@@ -322,11 +323,11 @@ def enable_chunk_products() -> str | None:
 
 def _load_chunks() -> tuple[object, str | None]:
     try:
-        from kestrel_trio._kernels import f32_chunks
+        from kestrel_trio._kernels import f32_attention, f32_chunks
 
         if (f32_chunks.WEIGHT_ROWS, f32_chunks.K_STEP) != (CHUNK_WEIGHT_ROWS, CHUNK_K_STEP):
             raise AssertionError("kestrel_trio._kernels' CHUNK_ shapes and f32_chunks' disagree")
-        return f32_chunks, _chunks_self_test(f32_chunks)
+        return f32_chunks, _chunks_self_test(f32_chunks) or _attention_self_test(f32_attention)
     except Exception as error:  # e.g. numba told to compile for another CPU (NUMBA_CPU_NAME)
         return None, f"the float32 chunk product cannot be compiled here ({type(error).__name__}: {error})"
 
@@ -350,6 +351,59 @@ def _chunks_self_test(chunks) -> str | None:
     exact = x.astype(np.float64) @ w.T.astype(np.float64)  # [64, 28]
     error = np.abs(out - exact).max() / np.abs(exact).max()
     return None if error < 1e-5 else f"the float32 chunk product disagrees with numpy here (relative error {error:.1e})"
+
+
+def _attention_self_test(attention) -> str | None:
+    """The chunk attention of 20 queries (4 heads over 2) after 17 keys against numpy; None if they agree."""
+    rng = np.random.default_rng(0)
+    t, past = 20, 17
+    q = rng.standard_normal((t, 4, 32)).astype(np.float32)  # [T, n_heads, head_dim]
+    keys, values = rng.standard_normal((2, 2, past + t, 32)).astype(np.float32)  # [n_kv, past + T, head_dim] each
+    got = np.empty((t, 4 * 32), dtype=np.float32)  # [T, n_heads*head_dim]
+    attention.attend_heads(q, keys, values, past, np.float32(0.25), got, 0, 2)
+    scores = np.einsum("thd,hsd->hts", q.astype(np.float64), np.repeat(keys, 2, axis=0)) * 0.25  # [n_heads, T, S]
+    scores[:, np.arange(past + t)[None, :] > past + np.arange(t)[:, None]] = -np.inf
+    weights = np.exp(scores - scores.max(axis=-1, keepdims=True))  # [n_heads, T, S]
+    exact = np.einsum("hts,hsd->thd", weights / weights.sum(axis=-1, keepdims=True), np.repeat(values, 2, axis=0))
+    error = np.abs(got - exact.reshape(t, -1)).max()
+    return None if error < 1e-5 else f"the float32 chunk attention disagrees with numpy here (error {error:.1e})"
+
+
+def prefill_attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, past: int, scale: float,
+                      run: Callable[[list[Callable[[], None]]], None] | None,
+                      shares: Callable[[int], list[tuple[int, int]]] | None) -> np.ndarray | None:
+    """Causal attention of T >= 2 new float32 queries in kestrel_trio._kernels.f32_attention, or None.
+
+    Args:
+        q: [T, n_heads, head_dim], the newest tokens' queries.
+        keys: [n_kv, past + T, head_dim], every key so far; ``values`` as ``keys``.
+        past: keys before the new tokens'.
+        scale: the score multiplier.
+        run, shares: as :func:`chunk_product`'s, the kv heads shared among the threads; None: on this thread.
+
+    Returns:
+        [T, n_heads * head_dim]; None where the chunk products are not enabled (:func:`enable_chunk_products`: a
+        model's load does it where they run, so that no prompt waits for a compilation), an array is not float32,
+        or head_dim is not a multiple of 32.
+    """
+    t, n_heads, head_dim = q.shape
+    floats = q.dtype == keys.dtype == values.dtype == np.float32
+    if _state.get("chunks") is None or t < 2 or head_dim % 32 or not floats:
+        return None
+    from kestrel_trio._kernels import f32_attention as attention  # loaded with the chunk products
+
+    out = np.empty((t, n_heads * head_dim), dtype=np.float32)  # [T, n_heads*head_dim]
+
+    def heads(first: int, stop: int) -> None:
+        attention.attend_heads(q, keys, values, past, np.float32(scale), out, first, stop)
+
+    spans = shares(keys.shape[0]) if shares is not None else [(0, keys.shape[0])]
+    if run is None or len(spans) < 2:
+        heads(0, keys.shape[0])
+    else:
+        tasks = [(lambda a=a, b=b: heads(a, b)) for a, b in spans if b > a]
+        run([tasks[-1]] + tasks[:-1])
+    return out
 
 
 def chunk_product(x: np.ndarray, w: np.ndarray, run: Callable[[list[Callable[[], None]]], None],

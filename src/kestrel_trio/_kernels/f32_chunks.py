@@ -69,32 +69,60 @@ def _block_text(add: bool) -> str:
     7 blocks of activation rows; 9 the packed blocks' stride (bytes); 10 the staging buffer, float32 [14, 32];
     11 the gather's offsets, int32 [16] (row i of the staging at lane i). ``add``: add to out, not store.
     """
-    sums = [f"%zmm{a}" for a in range(2 * WEIGHT_ROWS)]  # weight row i: activation rows 0-15 at 2i, 16-31 at 2i+1
-    lines = ["mov 8($0), %r9", "lea (%r9,%r9,2), %r12", "mov 48($0), %rdi", "mov 88($0), %rax",
-             "vmovdqu32 (%rax), %zmm31", f"mov $${(1 << WEIGHT_ROWS) - 1}, %eax", "kmovw %eax, %k2",
-             "mov 40($0), %rsi", "mov 56($0), %rax", "mov 16($0), %rdx", "mov %rdx, 24($0)",
+    lines = ["mov 88($0), %rax", "vmovdqu32 (%rax), %zmm31", f"mov $${(1 << WEIGHT_ROWS) - 1}, %eax", "kmovw %eax, %k2"]
+    lines += _blocks_loop(["mov 80($0), %rdx"] + [f"vmovups {s}, {64 * a}(%rdx)" for a, s in enumerate(_SUMS)]
+                          + ["mov %rsi, %r13"] + _gathered_rows(add) + ["mov %r13, %rsi"])
+    return "\n".join(lines)
+
+
+def _gathered_rows(add: bool) -> list[str]:
+    """The staged sums into out's 32 rows from r13 on: each activation row's 14 sums, a gather and a masked store."""
+    lines = []
+    for r in range(ACTIVATION_ROWS):
+        lines += ["kmovw %k2, %k1", f"vgatherdps {4 * r}(%rdx,%zmm31,1), %zmm0 {{%k1}}"]
+        if add:
+            lines += ["vmovups (%r13), %zmm1 {%k2} {z}", "vaddps %zmm1, %zmm0, %zmm0"]
+        lines += ["vmovups %zmm0, (%r13) {%k2}", "add %rdi, %r13"]
+    return lines
+
+
+def _row_text() -> str:
+    """:func:`_block_text` with out's rows the weight rows: ``out[n, m] = w[n] . activation m``, stored.
+
+    Operands as :func:`_block_text`'s, but 5 is out[first weight row, first activation row] and neither staging
+    nor offsets is read: a block's sums for weight row i are out[i]'s 32 floats of the block, two stores.
+    """
+    stores = ["mov %rsi, %r13"]
+    for i in range(WEIGHT_ROWS):
+        stores += [f"vmovups {_SUMS[2 * i]}, (%r13)", f"vmovups {_SUMS[2 * i + 1]}, 64(%r13)", "add %rdi, %r13"]
+    return "\n".join(_blocks_loop(stores + [f"add $${4 * ACTIVATION_ROWS}, %rsi"]))
+
+
+# The 28 sums of a register block: weight row i's activation rows 0-15 at 2i, 16-31 at 2i+1.
+_SUMS = [f"%zmm{a}" for a in range(2 * WEIGHT_ROWS)]
+
+
+def _blocks_loop(store: list[str]) -> list[str]:
+    """The loop over operand 7's blocks of activation rows, each through the k loop; ``store`` then writes its
+    sums, out's current address in rsi (which it moves on to the next block's) and out's row stride in rdi."""
+    lines = ["mov 8($0), %r9", "lea (%r9,%r9,2), %r12", "mov 48($0), %rdi", "mov 40($0), %rsi", "mov 56($0), %rax",
+             "mov 16($0), %rdx", "mov %rdx, 24($0)",
              "2:", "mov 0($0), %r8", "lea (%r8,%r9,4), %r13", "lea (%r13,%r9,4), %r14", "lea (%r14,%r9,4), %r15",
              "mov 24($0), %r10", "mov 32($0), %rcx", "shr $$2, %rcx"]
-    lines += [f"vpxord {s}, {s}, {s}" for s in sums]
+    lines += [f"vpxord {s}, {s}, {s}" for s in _SUMS]
     lines.append("1:")
     for u in range(K_STEP):
         at = 4 * ACTIVATION_ROWS * u
         lines += [f"vmovups {at}(%r10), %zmm28", f"vmovups {at + 64}(%r10), %zmm29",
                   f"prefetcht0 {PREFETCH + at}(%r10)", f"prefetcht0 {PREFETCH + at + 64}(%r10)"]
         for i, row in enumerate(_ROWS):
-            lines += [f"vbroadcastss {4 * u if u else ''}{row}, %zmm30", f"vfmadd231ps %zmm28, %zmm30, {sums[2 * i]}",
-                      f"vfmadd231ps %zmm29, %zmm30, {sums[2 * i + 1]}"]
+            lines += [f"vbroadcastss {4 * u if u else ''}{row}, %zmm30", f"vfmadd231ps %zmm28, %zmm30, {_SUMS[2 * i]}",
+                      f"vfmadd231ps %zmm29, %zmm30, {_SUMS[2 * i + 1]}"]
     lines += [f"add $${4 * K_STEP}, %{r}" for r in ("r8", "r13", "r14", "r15")]
-    lines += [f"add $${4 * ACTIVATION_ROWS * K_STEP}, %r10", "dec %rcx", "jnz 1b", "mov 80($0), %rdx"]
-    lines += [f"vmovups {s}, {64 * a}(%rdx)" for a, s in enumerate(sums)]
-    lines.append("mov %rsi, %r13")
-    for r in range(ACTIVATION_ROWS):  # out's row r: the 14 sums of activation row r, one masked store
-        lines += ["kmovw %k2, %k1", f"vgatherdps {4 * r}(%rdx,%zmm31,1), %zmm0 {{%k1}}"]
-        if add:
-            lines += ["vmovups (%r13), %zmm1 {%k2} {z}", "vaddps %zmm1, %zmm0, %zmm0"]
-        lines += ["vmovups %zmm0, (%r13) {%k2}", "add %rdi, %r13"]
-    lines += ["mov 72($0), %rdx", "add %rdx, 24($0)", "mov %r13, %rsi", "dec %rax", "jnz 2b", "vzeroupper"]
-    return "\n".join(lines)
+    lines += [f"add $${4 * ACTIVATION_ROWS * K_STEP}, %r10", "dec %rcx", "jnz 1b"]
+    lines += store
+    lines += ["mov 72($0), %rdx", "add %rdx, 24($0)", "dec %rax", "jnz 2b", "vzeroupper"]
+    return lines
 
 
 @intrinsic
@@ -107,6 +135,12 @@ def _store_blocks(typingctx, operands):
 def _add_blocks(typingctx, operands):
     """:func:`_block_text`, adding to out; ``operands``: the address of its int64 [12] operands."""
     return types.void(types.int64), _asm_codegen(_block_text(True), _CLOBBERED)
+
+
+@intrinsic
+def _store_rows(typingctx, operands):
+    """:func:`_row_text`; ``operands``: the address of its int64 [12] operands."""
+    return types.void(types.int64), _asm_codegen(_row_text(), _CLOBBERED)
 
 
 def pack(x: np.ndarray, rows: int) -> np.ndarray:

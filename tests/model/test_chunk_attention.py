@@ -1,0 +1,117 @@
+"""Causal attention of float32 prefill chunks in kestrel's own kernel (kestrel_trio._kernels.f32_attention):
+float32's accuracy at every shape (groups of 1 to 7 query heads a kv head, blocks of rows part-filled, keys before
+the chunk or none), the causal mask exact, and taken by causal_attention for chunks only. Only an Intel CPU with
+AVX-512 runs it; elsewhere the tests skip with the reason."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kestrel_trio import _kernels
+from kestrel_trio._model import layers
+
+_UNUSABLE = _kernels._chunks_unusable()  # this CPU's reason (not the kernel's self-test, which must pass)
+pytestmark = [pytest.mark.host_cpu, pytest.mark.skipif(_UNUSABLE is not None, reason=str(_UNUSABLE))]
+
+
+@pytest.fixture(autouse=True)
+def _enabled():
+    assert _kernels.enable_chunk_products() is None
+
+
+def _serially(tasks):
+    for task in tasks:
+        task()
+
+
+def _split(parts: int):
+    return lambda items: [(items * p // parts, items * (p + 1) // parts) for p in range(parts)]
+
+
+def _cache(rng, n_kv: int, total: int, head_dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """Keys and values as a KV cache holds them: the first ``total`` of a longer buffer, [n_kv, total, head_dim]."""
+    buffer = rng.standard_normal((2, n_kv, total + 37, head_dim), dtype=np.float32)  # [2, n_kv, capacity, hd]
+    return buffer[0, :, :total], buffer[1, :, :total]
+
+
+def _exact(q: np.ndarray, keys: np.ndarray, values: np.ndarray, past: int, scale: float) -> np.ndarray:
+    """Causal grouped-query attention in float64: [T, n_heads * head_dim]."""
+    t, n_heads, head_dim = q.shape
+    group = n_heads // keys.shape[0]
+    k = np.repeat(keys.astype(np.float64), group, axis=0)  # [n_heads, S, hd]
+    v = np.repeat(values.astype(np.float64), group, axis=0)  # [n_heads, S, hd]
+    scores = np.einsum("thd,hsd->hts", q.astype(np.float64), k) * scale  # [n_heads, T, S]
+    scores[:, np.arange(past + t)[None, :] > past + np.arange(t)[:, None]] = -np.inf
+    weights = np.exp(scores - scores.max(axis=-1, keepdims=True))  # [n_heads, T, S]
+    out = np.einsum("hts,hsd->thd", weights / weights.sum(axis=-1, keepdims=True), v)  # [T, n_heads, hd]
+    return out.reshape(t, n_heads * head_dim)
+
+
+@pytest.mark.parametrize("t, past, n_heads, n_kv, head_dim", [
+    (2, 0, 4, 2, 32), (20, 17, 4, 2, 32),  # under one block of rows
+    (63, 0, 16, 8, 128), (64, 1, 16, 8, 128),  # 126 rows (one whole block), 128 rows (two)
+    (130, 300, 14, 2, 64),  # a group of 7
+    (200, 0, 8, 8, 64),  # a group of 1: one row a query
+    (33, 5, 32, 8, 128),  # a group of 4
+    (256, 256, 16, 8, 128),  # Qwen3-0.6B's second chunk of a 512-token prompt
+])
+@pytest.mark.parametrize("shares", [1, 2, 3])
+def test_the_attention_has_float32_accuracy(t, past, n_heads, n_kv, head_dim, shares):
+    rng = np.random.default_rng(t * 1000 + past + n_heads)
+    q = rng.standard_normal((t, n_heads, head_dim), dtype=np.float32) * 2  # [T, n_heads, hd]: peaked softmaxes
+    keys, values = _cache(rng, n_kv, past + t, head_dim)
+    scale = head_dim**-0.5
+    got = _kernels.prefill_attention(q, keys, values, past, scale, _serially, _split(shares))
+    assert got is not None and got.shape == (t, n_heads * head_dim) and got.dtype == np.float32
+    exact = _exact(q, keys, values, past, scale)
+    # Outputs are averages of values of about 1: float32's sums over a few hundred keys are good to about 1e-6.
+    assert np.abs(got - exact).max() < 1e-5
+    assert np.abs(layers.causal_attention(q, keys, values, past, scale) - exact).max() < 1e-5
+
+
+@pytest.mark.parametrize("poisoned", [0, 40, 299, 300, 301, 428])
+def test_a_query_sees_no_key_after_its_own(poisoned):
+    # A NaN key at ``poisoned`` (past 300, 129 new tokens) makes NaN exactly the queries that see it: the scores
+    # after a query's own key are set to 0, not computed from. (Its value would reach the queries before it, as
+    # 0 x NaN in the weighted sum, as in numpy's way: a model that made it has already failed for that token.)
+    rng = np.random.default_rng(poisoned)
+    t, past = 129, 300
+    q = rng.standard_normal((t, 16, 128), dtype=np.float32)  # [T, n_heads, hd]
+    keys, values = _cache(rng, 8, past + t, 128)
+    keys[3, poisoned, 5] = np.nan
+    got = _kernels.prefill_attention(q, keys, values, past, 128**-0.5, _serially, _split(2))  # [T, 16*128]
+    seeing = np.arange(t) + past >= poisoned  # [T]
+    head_columns = got.reshape(t, 8, 2 * 128)[:, 3]  # [T, 2*128]: kv head 3's query heads
+    assert np.isnan(head_columns[seeing]).any(axis=1).all()
+    assert np.isfinite(head_columns[~seeing]).all()
+    assert np.isfinite(np.delete(got.reshape(t, 8, 256), 3, axis=1)).all()  # the other heads untouched
+
+
+def test_a_nan_score_makes_its_row_nan_whatever_the_maximum_gives():
+    rng = np.random.default_rng(1)
+    t = 40
+    q = rng.standard_normal((t, 4, 32), dtype=np.float32)  # [T, n_heads, hd]
+    keys, values = _cache(rng, 2, t, 32)
+    keys[0, 10, 0] = np.nan  # key 10's scores: NaN for every query that sees it
+    got = _kernels.prefill_attention(q, keys, values, 0, 0.2, None, None).reshape(t, 2, 64)  # [T, n_kv, 2*32]
+    assert np.isnan(got[10:, 0]).all() and np.isfinite(got[:10, 0]).all() and np.isfinite(got[:, 1]).all()
+
+
+@pytest.mark.parametrize("t, dtype, head_dim, taken", [
+    (1, np.float32, 128, False),  # a decode step: its own compiled call
+    (2, np.float32, 128, True), (256, np.float32, 64, True),
+    (16, np.float16, 128, False),  # a float16 cache: widened as read, in numpy
+    (16, np.float32, 48, False),  # head_dim not a multiple of 32
+])
+def test_causal_attention_takes_the_kernel_for_float32_chunks(monkeypatch, t, dtype, head_dim, taken):
+    calls = []
+    real = _kernels.prefill_attention
+    monkeypatch.setattr(_kernels, "prefill_attention", lambda *a: (calls.append(a), real(*a))[1])
+    rng = np.random.default_rng(t)
+    q = rng.standard_normal((t, 4, head_dim), dtype=np.float32)  # [T, n_heads, hd]
+    keys, values = (a.astype(dtype) for a in _cache(rng, 2, 10 + t, head_dim))
+    got = layers.causal_attention(q, keys, values, 10, head_dim**-0.5)
+    assert (bool(calls) and real(*calls[0]) is not None) == taken
+    exact = _exact(q, keys.astype(np.float32), values.astype(np.float32), 10, head_dim**-0.5)
+    assert np.abs(got - exact).max() < 1e-5
