@@ -1,7 +1,8 @@
 """Causal attention of float32 prefill chunks in kestrel's own kernel (kestrel_trio._kernels.f32_attention):
 float32's accuracy at every shape (groups of 1 to 7 query heads a kv head, blocks of rows part-filled, keys before
-the chunk or none), the causal mask exact, and taken by causal_attention for chunks only. Only an Intel CPU with
-AVX-512 runs it; elsewhere the tests skip with the reason."""
+the chunk or none), the causal mask exact, and taken by causal_attention for chunks only. Both register blocks
+where the CPU runs them (AVX-512's and AVX2's on an Intel CPU with AVX-512, AVX2's on other x86-64 CPUs with AVX2);
+elsewhere the tests skip with the reason."""
 
 from __future__ import annotations
 
@@ -11,13 +12,27 @@ import pytest
 from kestrel_trio import _kernels
 from kestrel_trio._model import layers
 
-_UNUSABLE = _kernels._chunks_unusable()  # this CPU's reason (not the kernel's self-test, which must pass)
-pytestmark = [pytest.mark.host_cpu, pytest.mark.skipif(_UNUSABLE is not None, reason=str(_UNUSABLE))]
+_ASSEMBLY = _kernels._products().f32_assembly() if _kernels.ready() else None
+_WHY_NOT = f"no float32 assembly here: {_kernels.unavailable_reason() or 'not an x86-64 CPU with AVX2'}"
+pytestmark = [pytest.mark.host_cpu, pytest.mark.skipif(_ASSEMBLY is None, reason=_WHY_NOT)]
+# The register blocks this CPU runs: 32 lanes (AVX-512) where its assembly is AVX-512's, 16 (AVX2) wherever any is.
+_RUNNABLE = [32, 16] if _ASSEMBLY == "avx512" else [16]
 
 
 @pytest.fixture(autouse=True)
 def _enabled():
-    assert _kernels.enable_chunk_products() is None
+    assert _kernels.enable_prefill_attention() is None
+
+
+@pytest.fixture(params=_RUNNABLE, ids=lambda lanes: f"{lanes}-lanes")
+def lanes(request, monkeypatch):
+    """Each register block the CPU runs, as the one prefill_attention takes."""
+    monkeypatch.setitem(_kernels._state, "attention", request.param)
+    return request.param
+
+
+def test_the_block_enabled_is_the_cpus_widest():
+    assert _kernels._state["attention"] == _RUNNABLE[0]
 
 
 def _serially(tasks):
@@ -57,7 +72,7 @@ def _exact(q: np.ndarray, keys: np.ndarray, values: np.ndarray, past: int, scale
     (256, 256, 16, 8, 128),  # Qwen3-0.6B's second chunk of a 512-token prompt
 ])
 @pytest.mark.parametrize("shares", [1, 2, 3])
-def test_the_attention_has_float32_accuracy(t, past, n_heads, n_kv, head_dim, shares):
+def test_the_attention_has_float32_accuracy(t, past, n_heads, n_kv, head_dim, shares, lanes):
     rng = np.random.default_rng(t * 1000 + past + n_heads)
     q = rng.standard_normal((t, n_heads, head_dim), dtype=np.float32) * 2  # [T, n_heads, hd]: peaked softmaxes
     keys, values = _cache(rng, n_kv, past + t, head_dim)
@@ -71,7 +86,7 @@ def test_the_attention_has_float32_accuracy(t, past, n_heads, n_kv, head_dim, sh
 
 
 @pytest.mark.parametrize("poisoned", [0, 40, 299, 300, 301, 428])
-def test_a_query_sees_no_key_after_its_own(poisoned):
+def test_a_query_sees_no_key_after_its_own(poisoned, lanes):
     # A NaN key at ``poisoned`` (past 300, 129 new tokens) makes NaN exactly the queries that see it: the scores
     # after a query's own key are set to 0, not computed from. (Its value would reach the queries before it, as
     # 0 x NaN in the weighted sum, as in numpy's way: a model that made it has already failed for that token.)
@@ -88,7 +103,7 @@ def test_a_query_sees_no_key_after_its_own(poisoned):
     assert np.isfinite(np.delete(got.reshape(t, 8, 256), 3, axis=1)).all()  # the other heads untouched
 
 
-def test_a_nan_score_makes_its_row_nan_whatever_the_maximum_gives():
+def test_a_nan_score_makes_its_row_nan_whatever_the_maximum_gives(lanes):
     rng = np.random.default_rng(1)
     t = 40
     q = rng.standard_normal((t, 4, 32), dtype=np.float32)  # [T, n_heads, hd]

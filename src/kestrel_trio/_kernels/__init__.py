@@ -25,7 +25,8 @@ import numpy as np
 
 __all__ = ["FORMS", "ready", "compiled", "unavailable_reason", "describe", "prepare", "packed_product", "packed_expand",
            "packed_weights", "release_compiler_pages", "enable_tiles", "tile_product", "tile_pack", "tile_multiply",
-           "enable_chunk_products", "chunk_product", "prefill_attention", "CHUNK_WEIGHT_ROWS", "CHUNK_K_STEP",
+           "enable_chunk_products", "chunk_product", "CHUNK_WEIGHT_ROWS", "CHUNK_K_STEP", "enable_prefill_attention",
+           "prefill_attention",
            "TILE_BLOCK_ROWS", "TILE_K_STEP", "rotate_half", "rms_norm", "softmax_numerators", "swiglu",
            "decode_attention", "decode_buffers", "decode_attentions"]
 
@@ -143,6 +144,7 @@ def _load_layer_loops() -> None:
     decode_attention(np.zeros((2, 4), dtype=np.float32), cache[:, :1], cache[:, :1], 0.5)
     weight = np.ones(4, dtype=np.float32)  # [dim]
     rms_norm(np.zeros((1, 4), dtype=np.float32), weight, 1e-6)  # [T, hidden]; q/k head views take the same loop
+    enable_prefill_attention()
 
 
 def _typed(form: str, data: np.ndarray, scales: np.ndarray | None):
@@ -312,8 +314,7 @@ def enable_chunk_products() -> str | None:
     """Make the float32 chunk products (kestrel_trio._kernels.f32_chunks) usable: None if they are, else why not.
 
     They run on CPUs whose float32 rows take the "avx512" assembly (Intel's AVX-512 CPUs); compiled (or loaded
-    from numba's cache) and checked against numpy here, so that no prompt waits for a compilation. The same goes
-    for the prefill attention built on them (:func:`prefill_attention`).
+    from numba's cache) and checked against numpy here, so that no prompt waits for a compilation.
     """
     if "chunks" in _state or "chunks_error" in _state:
         return _state.get("chunks_error")
@@ -323,11 +324,11 @@ def enable_chunk_products() -> str | None:
 
 def _load_chunks() -> tuple[object, str | None]:
     try:
-        from kestrel_trio._kernels import f32_attention, f32_chunks
+        from kestrel_trio._kernels import f32_chunks
 
         if (f32_chunks.WEIGHT_ROWS, f32_chunks.K_STEP) != (CHUNK_WEIGHT_ROWS, CHUNK_K_STEP):
             raise AssertionError("kestrel_trio._kernels' CHUNK_ shapes and f32_chunks' disagree")
-        return f32_chunks, _chunks_self_test(f32_chunks) or _attention_self_test(f32_attention)
+        return f32_chunks, _chunks_self_test(f32_chunks)
     except Exception as error:  # e.g. numba told to compile for another CPU (NUMBA_CPU_NAME)
         return None, f"the float32 chunk product cannot be compiled here ({type(error).__name__}: {error})"
 
@@ -351,59 +352,6 @@ def _chunks_self_test(chunks) -> str | None:
     exact = x.astype(np.float64) @ w.T.astype(np.float64)  # [64, 28]
     error = np.abs(out - exact).max() / np.abs(exact).max()
     return None if error < 1e-5 else f"the float32 chunk product disagrees with numpy here (relative error {error:.1e})"
-
-
-def _attention_self_test(attention) -> str | None:
-    """The chunk attention of 20 queries (4 heads over 2) after 17 keys against numpy; None if they agree."""
-    rng = np.random.default_rng(0)
-    t, past = 20, 17
-    q = rng.standard_normal((t, 4, 32)).astype(np.float32)  # [T, n_heads, head_dim]
-    keys, values = rng.standard_normal((2, 2, past + t, 32)).astype(np.float32)  # [n_kv, past + T, head_dim] each
-    got = np.empty((t, 4 * 32), dtype=np.float32)  # [T, n_heads*head_dim]
-    attention.attend_heads(q, keys, values, past, np.float32(0.25), got, 0, 2)
-    scores = np.einsum("thd,hsd->hts", q.astype(np.float64), np.repeat(keys, 2, axis=0)) * 0.25  # [n_heads, T, S]
-    scores[:, np.arange(past + t)[None, :] > past + np.arange(t)[:, None]] = -np.inf
-    weights = np.exp(scores - scores.max(axis=-1, keepdims=True))  # [n_heads, T, S]
-    exact = np.einsum("hts,hsd->thd", weights / weights.sum(axis=-1, keepdims=True), np.repeat(values, 2, axis=0))
-    error = np.abs(got - exact.reshape(t, -1)).max()
-    return None if error < 1e-5 else f"the float32 chunk attention disagrees with numpy here (error {error:.1e})"
-
-
-def prefill_attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, past: int, scale: float,
-                      run: Callable[[list[Callable[[], None]]], None] | None,
-                      shares: Callable[[int], list[tuple[int, int]]] | None) -> np.ndarray | None:
-    """Causal attention of T >= 2 new float32 queries in kestrel_trio._kernels.f32_attention, or None.
-
-    Args:
-        q: [T, n_heads, head_dim], the newest tokens' queries.
-        keys: [n_kv, past + T, head_dim], every key so far; ``values`` as ``keys``.
-        past: keys before the new tokens'.
-        scale: the score multiplier.
-        run, shares: as :func:`chunk_product`'s, the kv heads shared among the threads; None: on this thread.
-
-    Returns:
-        [T, n_heads * head_dim]; None where the chunk products are not enabled (:func:`enable_chunk_products`: a
-        model's load does it where they run, so that no prompt waits for a compilation), an array is not float32,
-        or head_dim is not a multiple of 32.
-    """
-    t, n_heads, head_dim = q.shape
-    floats = q.dtype == keys.dtype == values.dtype == np.float32
-    if _state.get("chunks") is None or t < 2 or head_dim % 32 or not floats:
-        return None
-    from kestrel_trio._kernels import f32_attention as attention  # loaded with the chunk products
-
-    out = np.empty((t, n_heads * head_dim), dtype=np.float32)  # [T, n_heads*head_dim]
-
-    def heads(first: int, stop: int) -> None:
-        attention.attend_heads(q, keys, values, past, np.float32(scale), out, first, stop)
-
-    spans = shares(keys.shape[0]) if shares is not None else [(0, keys.shape[0])]
-    if run is None or len(spans) < 2:
-        heads(0, keys.shape[0])
-    else:
-        tasks = [(lambda a=a, b=b: heads(a, b)) for a, b in spans if b > a]
-        run([tasks[-1]] + tasks[:-1])
-    return out
 
 
 def chunk_product(x: np.ndarray, w: np.ndarray, run: Callable[[list[Callable[[], None]]], None],
@@ -487,6 +435,94 @@ def _chunk_product_by_weight_rows(x: np.ndarray, w: np.ndarray, out: np.ndarray,
     # caller a product on average, and a 128-token prefill took 438-454 ms against 427-438 (2-core Xeon).
     last = tasks.pop() if tasks else (lambda: None)
     run([lambda: (last(), _numpy_part(x, w, out, (0, x.shape[0]), kernel_rows, blocked_cols))] + tasks)
+
+
+# ---------------------------------------------------------------- prefill attention (AVX-512, AVX2)
+
+
+def enable_prefill_attention() -> str | None:
+    """Make the chunk attention (kestrel_trio._kernels.f32_attention) usable: None if it is, else why not.
+
+    Its register block by the float32 assembly this CPU takes: AVX-512's on Intel's AVX-512 CPUs, AVX2's on the
+    others with AVX2 (Zen 4 and Zen 5 included: not measured there with zmm). Compiled (or loaded from numba's
+    cache) and checked against numpy here: a model's load calls this (:func:`prepare`), so that no prompt waits.
+    """
+    if "attention" in _state or "attention_error" in _state:
+        return _state.get("attention_error")
+    assembly = _products().f32_assembly() if ready() else None  # outside the state lock: ready() takes it
+    reason = unavailable_reason() if not ready() else None
+    if reason is None and assembly is None:
+        reason = "needs the AVX-512 or AVX2 assembly of an x86-64 CPU (float32 rows here: compiled loops)"
+    return _enable_once("attention", lambda: (None, reason) if reason else _load_attention(assembly == "avx512"))
+
+
+def _load_attention(wide: bool) -> tuple[object, str | None]:
+    try:
+        from kestrel_trio._kernels import f32_attention
+
+        lanes = f32_attention.LANES[0 if wide else 1]
+        return lanes, _attention_self_test(f32_attention, lanes)
+    except Exception as error:  # e.g. numba told to compile for another CPU (NUMBA_CPU_NAME)
+        return None, f"the chunk attention cannot be compiled here ({type(error).__name__}: {error})"
+
+
+def _attend(attention, lanes: int) -> Callable:
+    """f32_attention's entry point for the register block of ``lanes``."""
+    return attention.attend_heads_avx512 if lanes == attention.LANES[0] else attention.attend_heads_avx2
+
+
+def _attention_self_test(attention, lanes: int) -> str | None:
+    """The chunk attention of 20 queries (4 heads over 2) after 17 keys against numpy; None if they agree."""
+    rng = np.random.default_rng(0)
+    t, past = 20, 17
+    q = rng.standard_normal((t, 4, 32)).astype(np.float32)  # [T, n_heads, head_dim]
+    keys, values = rng.standard_normal((2, 2, past + t, 32)).astype(np.float32)  # [n_kv, past + T, head_dim] each
+    got = np.empty((t, 4 * 32), dtype=np.float32)  # [T, n_heads*head_dim]
+    _attend(attention, lanes)(q, keys, values, past, np.float32(0.25), got, 0, 2)
+    scores = np.einsum("thd,hsd->hts", q.astype(np.float64), np.repeat(keys, 2, axis=0)) * 0.25  # [n_heads, T, S]
+    scores[:, np.arange(past + t)[None, :] > past + np.arange(t)[:, None]] = -np.inf
+    weights = np.exp(scores - scores.max(axis=-1, keepdims=True))  # [n_heads, T, S]
+    exact = np.einsum("hts,hsd->thd", weights / weights.sum(axis=-1, keepdims=True), np.repeat(values, 2, axis=0))
+    error = np.abs(got - exact.reshape(t, -1)).max()
+    return None if error < 1e-5 else f"the chunk attention disagrees with numpy here (error {error:.1e})"
+
+
+def prefill_attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, past: int, scale: float,
+                      run: Callable[[list[Callable[[], None]]], None] | None,
+                      shares: Callable[[int], list[tuple[int, int]]] | None) -> np.ndarray | None:
+    """Causal attention of T >= 2 new float32 queries in kestrel_trio._kernels.f32_attention, or None.
+
+    Args:
+        q: [T, n_heads, head_dim], the newest tokens' queries.
+        keys: [n_kv, past + T, head_dim], every key so far; ``values`` as ``keys``.
+        past: keys before the new tokens'.
+        scale: the score multiplier.
+        run, shares: as :func:`chunk_product`'s, the kv heads shared among the threads; None: on this thread.
+
+    Returns:
+        [T, n_heads * head_dim]; None where the kernel is not enabled (:func:`enable_prefill_attention`: a
+        model's load does it where it runs), an array is not float32, or head_dim is not a multiple of 32.
+    """
+    t, n_heads, head_dim = q.shape
+    lanes = _state.get("attention")
+    if lanes is None or t < 2 or head_dim % 32 or not q.dtype == keys.dtype == values.dtype == np.float32:
+        return None
+    from kestrel_trio._kernels import f32_attention as attention  # loaded by enable_prefill_attention
+
+    out = np.empty((t, n_heads * head_dim), dtype=np.float32)  # [T, n_heads*head_dim]
+
+    attend = _attend(attention, lanes)
+
+    def heads(first: int, stop: int) -> None:
+        attend(q, keys, values, past, np.float32(scale), out, first, stop)
+
+    spans = shares(keys.shape[0]) if shares is not None else [(0, keys.shape[0])]
+    if run is None or len(spans) < 2:
+        heads(0, keys.shape[0])
+    else:
+        tasks = [(lambda a=a, b=b: heads(a, b)) for a, b in spans if b > a]
+        run([tasks[-1]] + tasks[:-1])
+    return out
 
 
 # ---------------------------------------------------------------- rotary embedding

@@ -76,8 +76,8 @@ def causal_attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, past: 
         if fused is not None:
             return fused.reshape(1, -1)
     n_kv, total, _ = keys.shape
-    # A prefill chunk's or a verify step's: one compiled call a kv head where the chunk products run (Intel's
-    # AVX-512 CPUs, float32 cache), shared among the product threads from SHARED_ATTENTION_SCORES.
+    # A prefill chunk's or a verify step's: one compiled call a kv head where its assembly runs (x86-64 with
+    # AVX-512 or AVX2; a float32 cache), shared among the product threads from SHARED_ATTENTION_SCORES.
     sharing = (run_shared, shares_of) if shared and t * total * n_heads >= SHARED_ATTENTION_SCORES else (None, None)
     fused = _kernels.prefill_attention(q, keys, values, past, scale, *sharing)  # [T, n_heads*head_dim]
     if fused is not None:
