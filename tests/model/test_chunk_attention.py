@@ -130,3 +130,15 @@ def test_causal_attention_takes_the_kernel_for_float32_chunks(monkeypatch, t, dt
     assert (bool(calls) and real(*calls[0]) is not None) == taken
     exact = _exact(q, keys.astype(np.float32), values.astype(np.float32), 10, head_dim**-0.5)
     assert np.abs(got - exact).max() < 1e-5
+
+
+def test_shapes_that_disagree_are_left_to_numpy(lanes):
+    # The kernel reads past + T keys without bounds checks: any other count, or values unlike the keys, is refused.
+    rng = np.random.default_rng(3)
+    q = rng.standard_normal((8, 4, 32), dtype=np.float32)  # [T, n_heads, hd]
+    keys, values = _cache(rng, 2, 20, 32)  # [2, 20, 32] each
+    assert _kernels.prefill_attention(q, keys, values, 12, 0.2, None, None) is not None
+    for past in (11, 13):
+        assert _kernels.prefill_attention(q, keys, values, past, 0.2, None, None) is None
+    assert _kernels.prefill_attention(q, keys, values[:, :, :16], 12, 0.2, None, None) is None
+    assert _kernels.prefill_attention(q[:, :3], keys, values, 12, 0.2, None, None) is None  # 3 heads over 2

@@ -450,10 +450,10 @@ def enable_prefill_attention() -> str | None:
     if "attention" in _state or "attention_error" in _state:
         return _state.get("attention_error")
     assembly = _products().f32_assembly() if ready() else None  # outside the state lock: ready() takes it
-    reason = unavailable_reason() if not ready() else None
-    if reason is None and assembly is None:
-        reason = "needs the AVX-512 or AVX2 assembly of an x86-64 CPU (float32 rows here: compiled loops)"
-    return _enable_once("attention", lambda: (None, reason) if reason else _load_attention(assembly == "avx512"))
+    if assembly is None:
+        reason = unavailable_reason() or "needs the AVX-512 or AVX2 assembly of an x86-64 CPU"
+        return _enable_once("attention", lambda: (None, reason))
+    return _enable_once("attention", lambda: _load_attention(assembly == "avx512"))
 
 
 def _load_attention(wide: bool) -> tuple[object, str | None]:
@@ -501,16 +501,17 @@ def prefill_attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, past:
 
     Returns:
         [T, n_heads * head_dim]; None where the kernel is not enabled (:func:`enable_prefill_attention`: a
-        model's load does it where it runs), an array is not float32, or head_dim is not a multiple of 32.
+        model's load does it where it runs), an array is not float32, head_dim is not a multiple of 32, or the
+        shapes disagree (the kernel reads ``past + T`` keys without bounds checks).
     """
     t, n_heads, head_dim = q.shape
     lanes = _state.get("attention")
-    if lanes is None or t < 2 or head_dim % 32 or not q.dtype == keys.dtype == values.dtype == np.float32:
+    shaped = keys.shape == values.shape == (keys.shape[0], past + t, head_dim) and n_heads % keys.shape[0] == 0
+    if lanes is None or t < 2 or head_dim % 32 or not shaped or not q.dtype == keys.dtype == values.dtype == np.float32:
         return None
     from kestrel_trio._kernels import f32_attention as attention  # loaded by enable_prefill_attention
 
     out = np.empty((t, n_heads * head_dim), dtype=np.float32)  # [T, n_heads*head_dim]
-
     attend = _attend(attention, lanes)
 
     def heads(first: int, stop: int) -> None:

@@ -70,13 +70,13 @@ def block_rows(lanes):
 @njit(**_FAST)
 def attend_heads_avx512(q, keys, values, past, scale, out, first, stop):
     """:func:`_attend_heads` with AVX-512's register block."""
-    _attend_heads(q, keys, values, past, scale, out, first, stop, 32)
+    _attend_heads(q, keys, values, past, scale, out, first, stop, 32)  # LANES[0], as a literal
 
 
 @njit(**_FAST)
 def attend_heads_avx2(q, keys, values, past, scale, out, first, stop):
     """:func:`_attend_heads` with AVX2's register block."""
-    _attend_heads(q, keys, values, past, scale, out, first, stop, 16)
+    _attend_heads(q, keys, values, past, scale, out, first, stop, 16)  # LANES[1], as a literal
 
 
 @njit(**_FAST)
@@ -101,9 +101,8 @@ def _attend_heads(q, keys, values, past, scale, out, first, stop, lanes):
     rows_padded = -(-rows // rows_per) * rows_per
     key_blocks = -(-total // lanes)
     queries = np.zeros((rows_padded, head_dim), np.float32)  # [rows, head_dim], zero past the last
-    packed_keys = np.empty((key_blocks, head_dim, lanes), np.float32)  # [keys/32, head_dim, 32]
-    packed_values = np.empty((head_dim // lanes, key_blocks * lanes, lanes),
-                             np.float32)  # [head_dim/32, keys, 32]
+    packed_keys = np.empty((key_blocks, head_dim, lanes), np.float32)  # [keys/lanes, head_dim, lanes]
+    packed_values = np.empty((head_dim // lanes, key_blocks * lanes, lanes), np.float32)  # [hd/lanes, keys, lanes]
     scores = np.empty((rows_per, key_blocks * lanes), np.float32)  # [rows_per, keys]
     weighted = np.empty((rows_per, head_dim), np.float32)  # [rows_per, head_dim]
     sums = np.empty(rows_per, np.float32)  # [rows_per]
