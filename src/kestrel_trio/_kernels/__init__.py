@@ -26,7 +26,7 @@ import numpy as np
 __all__ = ["FORMS", "ready", "compiled", "unavailable_reason", "describe", "prepare", "packed_product", "packed_expand",
            "packed_weights", "release_compiler_pages", "enable_tiles", "tile_product", "tile_pack", "tile_multiply",
            "enable_chunk_products", "chunk_product", "CHUNK_WEIGHT_ROWS", "CHUNK_K_STEP", "enable_prefill_attention",
-           "prefill_attention",
+           "prefill_attention", "qkv_rows",
            "TILE_BLOCK_ROWS", "TILE_K_STEP", "rotate_half", "rms_norm", "softmax_numerators", "swiglu",
            "decode_attention", "decode_buffers", "decode_attentions"]
 
@@ -144,6 +144,9 @@ def _load_layer_loops() -> None:
     decode_attention(np.zeros((2, 4), dtype=np.float32), cache[:, :1], cache[:, :1], 0.5)
     weight = np.ones(4, dtype=np.float32)  # [dim]
     rms_norm(np.zeros((1, 4), dtype=np.float32), weight, 1e-6)  # [T, hidden]; q/k head views take the same loop
+    for norm in (weight, None):  # Qwen3's heads, normed; Llama's and Qwen2.5's, not
+        qkv_rows(np.zeros((1, 12), dtype=np.float32), 1, 1, 4, norm, norm, 1e-6, weight[None, :2], weight[None, :2],
+                 cache, cache, 0, None, None)
     enable_prefill_attention()
 
 
@@ -524,6 +527,57 @@ def prefill_attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, past:
         tasks = [(lambda a=a, b=b: heads(a, b)) for a, b in spans if b > a]
         run([tasks[-1]] + tasks[:-1])
     return out
+
+
+# ---------------------------------------------------------------- a chunk's queries, keys and values
+
+
+def qkv_rows(qkv: np.ndarray, n_heads: int, n_kv: int, head_dim: int, q_norm: np.ndarray | None,
+             k_norm: np.ndarray | None, eps: float, cos: np.ndarray, sin: np.ndarray, keys: np.ndarray,
+             values: np.ndarray, past: int, run: Callable[[list[Callable[[], None]]], None] | None,
+             shares: Callable[[int], list[tuple[int, int]]] | None) -> np.ndarray | None:
+    """The queries [T, n_heads, head_dim] of a fused q/k/v product, normed and rotated; its keys and values into
+    the cache, in one pass (kestrel_trio._kernels.qkv_rows), or None (nothing written).
+
+    Args:
+        qkv: float32 [T, (n_heads + 2 n_kv) * head_dim], C-contiguous.
+        n_heads, n_kv, head_dim: the attention's shape.
+        q_norm, k_norm: float32 [head_dim] each (Qwen3's per-head RMS norms), or both None (rotation only).
+        eps: the norms' epsilon.
+        cos, sin: float32 [T, head_dim/2], the tokens' rotations.
+        keys, values: float32 [n_kv, capacity, head_dim], a KV cache's buffers; token a goes to ``past + a``.
+        past: the cache's tokens before these.
+        run, shares: as :func:`chunk_product`'s, the tokens shared among the threads; None: on this thread.
+
+    Returns:
+        The queries, or None where the compiled loops cannot run or an array is not of that kind.
+    """
+    t = qkv.shape[0]
+    norms = (q_norm, k_norm)
+    floats = (qkv, cos, sin, keys, values) + (norms if q_norm is not None else ())
+    if not (ready() and all(a.dtype == np.float32 for a in floats) and qkv.flags.c_contiguous and head_dim % 2 == 0
+            and qkv.shape == (t, (n_heads + 2 * n_kv) * head_dim) and cos.shape == sin.shape == (t, head_dim // 2)
+            and keys.shape == values.shape and keys.shape[0] == n_kv and keys.shape[1] >= past + t
+            and keys.shape[2] == head_dim and (q_norm is None) == (k_norm is None)
+            and all(n.shape == (head_dim,) for n in norms if n is not None)):
+        return None
+    from kestrel_trio._kernels import chunk_qkv  # numba is imported: this only compiles or loads the loop
+
+    q = np.empty((t, n_heads, head_dim), dtype=np.float32)  # [T, n_heads, head_dim]
+    normed = q_norm is not None
+    q_weight, k_weight = (q_norm, k_norm) if normed else (cos[0], cos[0])  # unread without norms
+
+    def rows(first: int, stop: int) -> None:
+        chunk_qkv.qkv_rows(qkv, n_heads, n_kv, q_weight, k_weight, normed, np.float32(eps), cos, sin, q, keys, values,
+                        past, first, stop)
+
+    spans = shares(t) if shares is not None else [(0, t)]
+    if run is None or len(spans) < 2:
+        rows(0, t)
+    else:
+        tasks = [(lambda a=a, b=b: rows(a, b)) for a, b in spans if b > a]
+        run([tasks[-1]] + tasks[:-1])
+    return q
 
 
 # ---------------------------------------------------------------- rotary embedding

@@ -20,11 +20,13 @@ from typing import Sequence
 import attrs
 import numpy as np
 
+from kestrel_trio import _kernels
 from kestrel_trio._model.config import ModelConfig
 from kestrel_trio._model.kv_cache import KVCache, kv_token_bytes
 from kestrel_trio._model.layers import (
     causal_attention, decode_attentions, dense_mlp, embedding, linear, rms_norm, sparse_moe,
 )
+from kestrel_trio._model.matmul import run_shared, shares_of
 from kestrel_trio._model.rope import Rope, apply_rope
 from kestrel_trio._model.weights import Attention, DenseMLP, Layer, Weights
 
@@ -175,7 +177,13 @@ def _attention(c: ModelConfig, a: Attention, index: int, h: np.ndarray, cos: np.
                caches: Sequence[KVCache], lengths: Sequence[int], tails: Sequence[int] | None) -> np.ndarray:
     """Every row's keys and values into the caches; the attention output [R, hidden] of every row or of the tails."""
     tails = lengths if tails is None else tails
-    q, k, v = _qkv(c, a, h)
+    qkv = linear(h, a.qkv_proj, a.qkv_bias) if a.qkv_proj is not None else None  # [N, (n_heads + 2*n_kv)*hd]
+    if qkv is not None and len(caches) == 1 and lengths[0] > 1:  # a chunk of one sequence: one pass, if it can
+        q = _chunk_qkv(c, a, index, qkv, cos, sin, caches[0])  # [N, n_heads, head_dim]
+        if q is not None:
+            keys, values = caches[0].stored(index, lengths[0])  # [n_kv, past+N, head_dim] each
+            return _chunk_attention(c, a, q, keys, values, caches[0].length, lengths[0], tails[0])
+    q, k, v = _qkv(c, a, h) if qkv is None else _split_qkv(c, qkv)
     if a.q_norm is not None:
         q = rms_norm(q, a.q_norm, c.rms_norm_eps)  # [N, n_heads, head_dim]
         k = rms_norm(k, a.k_norm, c.rms_norm_eps)  # [N, n_kv, head_dim]
@@ -199,20 +207,53 @@ def _attention(c: ModelConfig, a: Attention, index: int, h: np.ndarray, cos: np.
     return linear(out, a.o_proj, a.o_bias)  # [R, hidden]
 
 
+# From this many elements of q/k/v product a chunk's pass over them is shared among the product threads (a
+# 256-token chunk of Qwen3-0.6B has 1 Mi: 0.62 ms on one thread).
+SHARED_QKV_ELEMENTS = 1 << 18
+
+
+def _chunk_qkv(c: ModelConfig, a: Attention, index: int, qkv: np.ndarray, cos: np.ndarray, sin: np.ndarray,
+               cache: KVCache) -> np.ndarray | None:
+    """The chunk's queries [N, n_heads, head_dim], normed and rotated, its keys and values written into ``cache``,
+    in one pass (kestrel_trio._kernels.qkv_rows); None (nothing written) where that cannot run: a bf16 or
+    float16 cache, no compiled loops, or arrays of other kinds."""
+    buffers = cache.float32_buffers(index)
+    if buffers is None:
+        return None
+    sharing = (run_shared, shares_of) if qkv.size >= SHARED_QKV_ELEMENTS else (None, None)
+    return _kernels.qkv_rows(qkv, c.num_attention_heads, c.num_key_value_heads, c.head_dim, a.q_norm, a.k_norm,
+                             c.rms_norm_eps, cos, sin, *buffers, cache.length, *sharing)
+
+
+def _chunk_attention(c: ModelConfig, a: Attention, q: np.ndarray, keys: np.ndarray, values: np.ndarray, past: int,
+                     length: int, tail: int) -> np.ndarray:
+    """The attention output [tail, hidden] of a chunk's last ``tail`` queries (``q`` [N, n_heads, head_dim])."""
+    if not tail:  # a chunk before the last, at the last layer: its keys and values only
+        return linear(np.empty((0, q.shape[1] * q.shape[2]), dtype=np.float32), a.o_proj, a.o_bias)  # [0, hidden]
+    out = causal_attention(q[length - tail :], keys, values, past + length - tail, c.head_dim**-0.5)  # [tail, ...]
+    return linear(out, a.o_proj, a.o_bias)  # [tail, hidden]
+
+
 def _qkv(c: ModelConfig, a: Attention, h: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Queries, keys and values of ``h`` [N, hidden]: one fused matmul when the weights allow."""
+    """Queries, keys and values of ``h`` [N, hidden] from separate q, k and v weights."""
     n, hd = h.shape[0], c.head_dim
-    if a.qkv_proj is None:
-        q = linear(h, a.q_proj, a.q_bias)  # [N, n_heads*head_dim]
-        k = linear(h, a.k_proj, a.k_bias)  # [N, n_kv*head_dim]
-        v = linear(h, a.v_proj, a.v_bias)  # [N, n_kv*head_dim]
-    else:
-        qkv = linear(h, a.qkv_proj, a.qkv_bias)  # [N, (n_heads + 2*n_kv)*head_dim]
-        q_end = c.num_attention_heads * hd
-        k_end = q_end + c.num_key_value_heads * hd
-        q, k, v = qkv[:, :q_end], qkv[:, q_end:k_end], qkv[:, k_end:]  # views
+    q = linear(h, a.q_proj, a.q_bias)  # [N, n_heads*head_dim]
+    k = linear(h, a.k_proj, a.k_bias)  # [N, n_kv*head_dim]
+    v = linear(h, a.v_proj, a.v_bias)  # [N, n_kv*head_dim]
     return (
         q.reshape(n, c.num_attention_heads, hd),  # [N, n_heads, head_dim]
         k.reshape(n, c.num_key_value_heads, hd),  # [N, n_kv, head_dim]
         v.reshape(n, c.num_key_value_heads, hd),  # [N, n_kv, head_dim]
+    )
+
+
+def _split_qkv(c: ModelConfig, qkv: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Queries, keys and values as views of a fused product ``qkv`` [N, (n_heads + 2*n_kv)*head_dim]."""
+    n, hd = qkv.shape[0], c.head_dim
+    q_end = c.num_attention_heads * hd
+    k_end = q_end + c.num_key_value_heads * hd
+    return (
+        qkv[:, :q_end].reshape(n, c.num_attention_heads, hd),  # [N, n_heads, head_dim]
+        qkv[:, q_end:k_end].reshape(n, c.num_key_value_heads, hd),  # [N, n_kv, head_dim]
+        qkv[:, k_end:].reshape(n, c.num_key_value_heads, hd),  # [N, n_kv, head_dim]
     )

@@ -118,6 +118,19 @@ class KVCache:
         end = self.length + t
         self.keys[layer][:, self.length : end] = to_storage(k.transpose(1, 0, 2), self._storage)  # [n_kv, T, head_dim]
         self.values[layer][:, self.length : end] = to_storage(v.transpose(1, 0, 2), self._storage)  # [n_kv, T, head_dim]
+        return self.stored(layer, t)
+
+    def float32_buffers(self, layer: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """The layer's key and value buffers [n_kv, capacity, head_dim] where they are float32, else None.
+
+        For a kernel that writes the next tokens in place (kestrel_trio._kernels.qkv_rows), after
+        :meth:`reserve`; :meth:`stored` then gives them as :meth:`write` does.
+        """
+        return (self.keys[layer], self.values[layer]) if self._storage == np.float32 else None
+
+    def stored(self, layer: int, t: int) -> tuple[np.ndarray, np.ndarray]:
+        """The layer's keys and values up to and including ``t`` tokens after the committed ones (views)."""
+        end = self.length + t
         return self.keys[layer][:, :end], self.values[layer][:, :end]
 
     def commit(self, new_tokens: int) -> None:
