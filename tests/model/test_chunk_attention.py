@@ -115,9 +115,10 @@ def test_a_nan_score_makes_its_row_nan_whatever_the_maximum_gives(lanes):
 
 @pytest.mark.parametrize("t, dtype, head_dim, taken", [
     (1, np.float32, 128, False),  # a decode step: its own compiled call
-    (2, np.float32, 128, True), (256, np.float32, 64, True),
-    (16, np.float16, 128, False),  # a float16 cache: widened as read, in numpy
-    (16, np.float32, 48, False),  # head_dim not a multiple of 32
+    (2, np.float32, 128, False), (31, np.float32, 128, False),  # a verify step's few queries: numpy's way
+    (32, np.float32, 128, True), (256, np.float32, 64, True),
+    (40, np.float16, 128, False),  # a float16 cache: widened as read, in numpy
+    (40, np.float32, 48, False),  # head_dim not a multiple of 32
 ])
 def test_causal_attention_takes_the_kernel_for_float32_chunks(monkeypatch, t, dtype, head_dim, taken):
     calls = []
@@ -128,6 +129,7 @@ def test_causal_attention_takes_the_kernel_for_float32_chunks(monkeypatch, t, dt
     keys, values = (a.astype(dtype) for a in _cache(rng, 2, 10 + t, head_dim))
     got = layers.causal_attention(q, keys, values, 10, head_dim**-0.5)
     assert (bool(calls) and real(*calls[0]) is not None) == taken
+    assert bool(calls) == (t >= layers.CHUNK_ATTENTION_MIN_QUERIES)
     exact = _exact(q, keys.astype(np.float32), values.astype(np.float32), 10, head_dim**-0.5)
     assert np.abs(got - exact).max() < 1e-5
 

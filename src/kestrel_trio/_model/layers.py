@@ -76,12 +76,12 @@ def causal_attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, past: 
         if fused is not None:
             return fused.reshape(1, -1)
     n_kv, total, _ = keys.shape
-    # A prefill chunk's or a verify step's: one compiled call a kv head where its assembly runs (x86-64 with
-    # AVX-512 or AVX2; a float32 cache), shared among the product threads from SHARED_ATTENTION_SCORES.
-    sharing = (run_shared, shares_of) if shared and t * total * n_heads >= SHARED_ATTENTION_SCORES else (None, None)
-    fused = _kernels.prefill_attention(q, keys, values, past, scale, *sharing)  # [T, n_heads*head_dim]
-    if fused is not None:
-        return fused
+    if t >= CHUNK_ATTENTION_MIN_QUERIES:  # a prefill chunk's: one compiled call a kv head where its assembly runs
+        # (x86-64 with AVX-512 or AVX2; a float32 cache), shared among the product threads from SHARED_ATTENTION_SCORES
+        sharing = (run_shared, shares_of) if shared and t * total * n_heads >= SHARED_ATTENTION_SCORES else (None, None)
+        fused = _kernels.prefill_attention(q, keys, values, past, scale, *sharing)  # [T, n_heads*head_dim]
+        if fused is not None:
+            return fused
     group = n_heads // n_kv
     scaled = q * np.float32(scale)  # [T, n_heads, head_dim]: fewer multiplies than scaling the scores
     # Rows in (query, group) order, so that a block of queries is a run of rows.
@@ -152,6 +152,11 @@ def _shares_by_keys(lengths: Sequence[int], count: int) -> list[tuple[int, int]]
     return list(zip(edges[:-1], edges[1:]))
 
 
+# Queries from which a chunk's attention takes kestrel_trio._kernels.prefill_attention. The kernel packs every key
+# and value of each head a call: for a verify step's few queries numpy's way is faster (2-core Xeon, two threads,
+# Qwen3-0.6B's heads over 1024 keys: 4 queries 1.14 ms against 0.69, 16 queries 1.90 against 1.45, 32 queries 1.52
+# against 2.22; SmolLM2's, 32 queries 0.72 against 0.68, 128 queries 1.67 against 2.40).
+CHUNK_ATTENTION_MIN_QUERIES = 32
 # Scores (T x total x heads) from which attention is shared among threads: 128 Ki, about half a millisecond
 # on one thread. A 128-token chunk of Qwen3-0.6B (256 Ki scores, 1.4 ms a layer alone) gained 4% of its whole
 # prefill shared (403-410 ms against 415-431, 2-core Xeon, alternated), 96 tokens 2%, 64 tokens nothing.
