@@ -189,18 +189,19 @@ def _avx2_row_text() -> str:
              "2:", "mov 0($0), %r8", "lea (%r8,%r9,4), %r13", "mov 24($0), %r10", "mov 32($0), %rcx", "shr $$2, %rcx"]
     lines += [f"vxorps {s}, {s}, {s}" for s in sums]
     lines.append("1:")
+    lanes = LANES[1]
     for u in range(f32_chunks.K_STEP):
-        at = 4 * 16 * u
+        at = 4 * lanes * u
         lines += [f"vmovups {at}(%r10), %ymm12", f"vmovups {at + 32}(%r10), %ymm13",
                   f"prefetcht0 {_AVX2_PREFETCH + at}(%r10)"]
         for i, row in enumerate(rows):
             lines += [f"vbroadcastss {4 * u if u else ''}{row}, %ymm14", f"vfmadd231ps %ymm12, %ymm14, {sums[2 * i]}",
                       f"vfmadd231ps %ymm13, %ymm14, {sums[2 * i + 1]}"]
     lines += [f"add $${4 * f32_chunks.K_STEP}, %{r}" for r in ("r8", "r13")]
-    lines += [f"add $${4 * 16 * f32_chunks.K_STEP}, %r10", "dec %rcx", "jnz 1b", "mov %rsi, %r13"]
+    lines += [f"add $${4 * lanes * f32_chunks.K_STEP}, %r10", "dec %rcx", "jnz 1b", "mov %rsi, %r13"]
     for i in range(_AVX2_ROWS):
         lines += [f"vmovups {sums[2 * i]}, (%r13)", f"vmovups {sums[2 * i + 1]}, 32(%r13)", "add %rdi, %r13"]
-    lines += ["add $$64, %rsi", "mov 72($0), %rdx", "add %rdx, 24($0)", "dec %rax", "jnz 2b", "vzeroupper"]
+    lines += [f"add $${4 * lanes}, %rsi", "mov 72($0), %rdx", "add %rdx, 24($0)", "dec %rax", "jnz 2b", "vzeroupper"]
     return "\n".join(lines)
 
 
