@@ -64,8 +64,8 @@ def _exact(q: np.ndarray, keys: np.ndarray, values: np.ndarray, past: int, scale
 
 
 @pytest.mark.parametrize("t, past, n_heads, n_kv, head_dim", [
-    (2, 0, 4, 2, 32), (20, 17, 4, 2, 32),  # under one block of rows
-    (63, 0, 16, 8, 128), (64, 1, 16, 8, 128),  # 126 rows (one whole block), 128 rows (two)
+    (2, 0, 4, 2, 32), (20, 17, 4, 2, 32),  # 4 rows (one part-filled register block), 40 rows
+    (63, 0, 16, 8, 128), (64, 1, 16, 8, 128),  # 126 rows (9 blocks of 14, 21 of 6), 128 (the last part-filled)
     (130, 300, 14, 2, 64),  # a group of 7
     (200, 0, 8, 8, 64),  # a group of 1: one row a query
     (33, 5, 32, 8, 128),  # a group of 4
