@@ -516,17 +516,21 @@ def prefill_attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, past:
 
     out = np.empty((t, n_heads * head_dim), dtype=np.float32)  # [T, n_heads*head_dim]
     attend = _attend(attention, lanes)
-
-    def heads(first: int, stop: int) -> None:
-        attend(q, keys, values, past, np.float32(scale), out, first, stop)
-
-    spans = shares(keys.shape[0]) if shares is not None else [(0, keys.shape[0])]
-    if run is None or len(spans) < 2:
-        heads(0, keys.shape[0])
-    else:
-        tasks = [(lambda a=a, b=b: heads(a, b)) for a, b in spans if b > a]
-        run([tasks[-1]] + tasks[:-1])
+    _run_spans(lambda first, stop: attend(q, keys, values, past, np.float32(scale), out, first, stop), keys.shape[0],
+               run, shares)
     return out
+
+
+def _run_spans(work: Callable[[int, int], None], items: int, run: Callable[[list[Callable[[], None]]], None] | None,
+               shares: Callable[[int], list[tuple[int, int]]] | None) -> None:
+    """``work(first, stop)`` over ``shares(items)``, each span a task of ``run`` (the caller taking the last, as it
+    starts at once); over all items on this thread where ``run`` is None or there is one span."""
+    spans = [(a, b) for a, b in shares(items) if b > a] if shares is not None else [(0, items)]
+    if run is None or len(spans) < 2:
+        work(0, items)
+        return
+    tasks = [(lambda a=a, b=b: work(a, b)) for a, b in spans]
+    run([tasks[-1]] + tasks[:-1])
 
 
 # ---------------------------------------------------------------- a chunk's queries, keys and values
@@ -569,14 +573,9 @@ def qkv_rows(qkv: np.ndarray, n_heads: int, n_kv: int, head_dim: int, q_norm: np
 
     def rows(first: int, stop: int) -> None:
         chunk_qkv.qkv_rows(qkv, n_heads, n_kv, q_weight, k_weight, normed, np.float32(eps), cos, sin, q, keys, values,
-                        past, first, stop)
+                           past, first, stop)
 
-    spans = shares(t) if shares is not None else [(0, t)]
-    if run is None or len(spans) < 2:
-        rows(0, t)
-    else:
-        tasks = [(lambda a=a, b=b: rows(a, b)) for a, b in spans if b > a]
-        run([tasks[-1]] + tasks[:-1])
+    _run_spans(rows, t, run, shares)
     return q
 
 
