@@ -156,7 +156,7 @@ def _rows_product(w, packed, out, k, blocks, operands, lanes):
     rows), by the row kernel of ``lanes``. ``packed``: [blocks, >= k, lanes], C-contiguous; ``operands``: int64 [12]
     scratch (f32_chunks' layout)."""
     operands[1], operands[6], operands[9] = w.strides[0], out.strides[0], packed.strides[0]
-    operands[2], operands[4], operands[7] = packed.ctypes.data, k, blocks
+    operands[2], operands[4], operands[7], operands[8] = packed.ctypes.data, k, blocks, 4 * lanes
     for first in range(0, w.shape[0], block_rows(lanes)):
         operands[0] = w.ctypes.data + first * w.strides[0]
         operands[5] = out.ctypes.data + first * out.strides[0]
@@ -181,7 +181,7 @@ def _row_block(typingctx, operands, lanes):
 
 def _avx2_row_text() -> str:
     """f32_chunks' row kernel in ymm: 6 weight rows x 16 activation lanes, 12 sums (ymm0-11), activations in ymm12-13,
-    the broadcast in ymm14. Operands as f32_chunks._block_text's, 5 being out[first weight row, first lane]."""
+    the broadcast in ymm14. Operands as f32_chunks._row_text's (8: the bytes from a block's sums in out to the next's)."""
     sums = [f"%ymm{a}" for a in range(2 * _AVX2_ROWS)]
     rows = ["(%r8)", "(%r8,%r9,1)", "(%r8,%r9,2)", "(%r8,%r12,1)", "(%r13)", "(%r13,%r9,1)"]
     lines = ["mov 8($0), %r9", "lea (%r9,%r9,2), %r12", "mov 48($0), %rdi", "mov 40($0), %rsi", "mov 56($0), %rax",
@@ -201,7 +201,7 @@ def _avx2_row_text() -> str:
     lines += [f"add $${4 * lanes * f32_chunks.K_STEP}, %r10", "dec %rcx", "jnz 1b", "mov %rsi, %r13"]
     for i in range(_AVX2_ROWS):
         lines += [f"vmovups {sums[2 * i]}, (%r13)", f"vmovups {sums[2 * i + 1]}, 32(%r13)", "add %rdi, %r13"]
-    lines += [f"add $${4 * lanes}, %rsi", "mov 72($0), %rdx", "add %rdx, 24($0)", "dec %rax", "jnz 2b", "vzeroupper"]
+    lines += ["add 64($0), %rsi", "mov 72($0), %rdx", "add %rdx, 24($0)", "dec %rax", "jnz 2b", "vzeroupper"]
     return "\n".join(lines)
 
 

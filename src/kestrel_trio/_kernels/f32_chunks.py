@@ -19,6 +19,12 @@ small, and reads the weights as they are stored:
    rows of ``out``: for each activation row a gather of its 14 sums (from
    L1) and one masked store. Scattering the 28 sums straight into ``out``'s
    rows instead ran at 171-177 GFLOP/s against 212-217 (one thread, 128 rows).
+5. :func:`packed_product` keeps the output packed instead, [M/32, N, 32]:
+   a block's 32 sums of weight row n are two whole stores at out[b, n]
+   (:func:`_row_text`), and out is the next product's packed input
+   (kestrel_trio._kernels.packed_rows). The 28 layers' four products of a
+   256-row chunk, two threads: 346-368 GFLOP/s against 319-342 by
+   :func:`product` with its packing (2026-12-05, alternated in one process).
 
 Measured on the 2-core Xeon with AMX (2026-12-05, Qwen3-0.6B's layer
 shapes): one thread 208-217 GFLOP/s at 128 rows, 88% of a core's float32
@@ -44,12 +50,14 @@ from numba.extending import intrinsic
 
 from kestrel_trio._kernels.products import _ZMM, _asm_codegen
 
-__all__ = ["pack", "product", "WEIGHT_ROWS", "ACTIVATION_ROWS", "K_STEP", "GROUP"]
+__all__ = ["pack", "product", "packed_product", "WEIGHT_ROWS", "ACTIVATION_ROWS", "K_STEP", "GROUP", "PACKED_GROUP"]
 
 WEIGHT_ROWS = 14  # a register block's weight rows, each broadcast into two sums
 ACTIVATION_ROWS = 32  # a register block's activation rows: two zmm vectors of the packed activations
 K_STEP = 4  # k steps an iteration of the kernel's loop: K must be a multiple
 GROUP = 2  # blocks of activation rows that go through the weights together (one thread: 208-217 against 190)
+PACKED_GROUP = 4  # the same for :func:`packed_product` (a thread's 4 blocks of a 256-row chunk: 344-361 GFLOP/s
+# against 339-349 at 2, two threads, the 28 layers' distinct weights)
 K_CHUNK = 1024  # k a pass, each chunk's sums added to out: all of K in one sum had 2-5x BLAS's error, chunks of
 # 512 ran a fifth slower on one thread (169-179 GFLOP/s against 208-217 at 128 rows)
 PREFETCH = 1024  # bytes ahead the packed activations are asked into L1
@@ -86,16 +94,21 @@ def _gathered_rows(add: bool) -> list[str]:
     return lines
 
 
-def _row_text() -> str:
-    """:func:`_block_text` with out's rows the weight rows: ``out[n, m] = w[n] . activation m``, stored.
+def _row_text(add: bool = False) -> str:
+    """:func:`_block_text` with out's rows the weight rows: ``out[n, m] = w[n] . activation m``, stored (``add``:
+    added to what out holds).
 
-    Operands as :func:`_block_text`'s, but 5 is out[first weight row, first activation row] and neither staging
-    nor offsets is read: a block's sums for weight row i are out[i]'s 32 floats of the block, two stores.
+    Operands as :func:`_block_text`'s, but 5 is out[first weight row, first activation row], 8 the bytes from one
+    block's sums in out to the next's (128 where out is [N, M], out's stride where it is packed [M/32, N, 32]), and
+    neither staging nor offsets is read: a block's sums for weight row i are out[i]'s 32 floats, two stores.
     """
     stores = ["mov %rsi, %r13"]
     for i in range(WEIGHT_ROWS):
-        stores += [f"vmovups {_SUMS[2 * i]}, (%r13)", f"vmovups {_SUMS[2 * i + 1]}, 64(%r13)", "add %rdi, %r13"]
-    return "\n".join(_blocks_loop(stores + [f"add $${4 * ACTIVATION_ROWS}, %rsi"]))
+        for half, s in enumerate(_SUMS[2 * i : 2 * i + 2]):
+            stores += [f"vaddps {64 * half}(%r13), {s}, {s}"] if add else []
+            stores.append(f"vmovups {s}, {64 * half}(%r13)")
+        stores.append("add %rdi, %r13")
+    return "\n".join(_blocks_loop(stores + ["add 64($0), %rsi"]))
 
 
 # The 28 sums of a register block: weight row i's activation rows 0-15 at 2i, 16-31 at 2i+1.
@@ -138,9 +151,15 @@ def _add_blocks(typingctx, operands):
 
 
 @intrinsic
-def _store_rows(typingctx, operands):
-    """:func:`_row_text`; ``operands``: the address of its int64 [12] operands."""
-    return types.void(types.int64), _asm_codegen(_row_text(), _CLOBBERED)
+def _store_packed(typingctx, operands):
+    """:func:`_row_text`, storing; ``operands``: the address of its int64 [12] operands."""
+    return types.void(types.int64), _asm_codegen(_row_text(False), _CLOBBERED)
+
+
+@intrinsic
+def _add_packed(typingctx, operands):
+    """:func:`_row_text`, adding to out; ``operands``: the address of its int64 [12] operands."""
+    return types.void(types.int64), _asm_codegen(_row_text(True), _CLOBBERED)
 
 
 def pack(x: np.ndarray, rows: int) -> np.ndarray:
@@ -190,3 +209,35 @@ def _product(w, packed, out, start, stop, staging, offsets):
                     _store_blocks(operands.ctypes.data)
                 else:
                     _add_blocks(operands.ctypes.data)
+
+
+@njit(nogil=True, cache=True)
+def packed_product(w, packed, out, first, stop):
+    """out[b, :R] = w[:R] @ packed[b] for the blocks b in [first, stop): the product packed as its input is.
+
+    ``packed`` float32 [B, K, 32] (:func:`pack`'s layout) and ``out`` float32 [B, >= R, 32], both C-contiguous;
+    ``w`` float32 [>= R, K] with unit column stride, R its rows rounded down to a multiple of 14 (the caller
+    multiplies the rows past them). By :func:`_row_text`: no staging, no gather, each weight row's 32 sums of a
+    block two stores into out[b, row].
+    """
+    _packed_product(w, packed, out, first, stop, np.zeros(12, np.int64))
+
+
+@njit(nogil=True, cache=True)
+def _packed_product(w, packed, out, first, stop, operands):
+    """:func:`packed_product` with its operands, which the caller keeps alive while the assembly reads them."""
+    k = packed.shape[1]
+    rows = w.shape[0] - w.shape[0] % WEIGHT_ROWS
+    operands[1], operands[6], operands[8], operands[9] = w.strides[0], out.strides[1], out.strides[0], packed.strides[0]
+    for g in range(first, stop, PACKED_GROUP):
+        operands[7] = min(PACKED_GROUP, stop - g)
+        for k0 in range(0, k, K_CHUNK):  # chunk outermost: each weight row block streams through once a chunk
+            operands[2] = packed.ctypes.data + g * packed.strides[0] + 4 * ACTIVATION_ROWS * k0
+            operands[4] = min(K_CHUNK, k - k0)
+            for r in range(0, rows, WEIGHT_ROWS):
+                operands[0] = w.ctypes.data + r * w.strides[0] + 4 * k0
+                operands[5] = out.ctypes.data + g * out.strides[0] + r * out.strides[1]
+                if k0 == 0:
+                    _store_packed(operands.ctypes.data)
+                else:
+                    _add_packed(operands.ctypes.data)
