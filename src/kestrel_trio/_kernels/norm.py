@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-__all__ = ["rms_norm"]
+__all__ = ["rms_norm", "rms_norm_packed"]
 
 
 @njit(nogil=True, cache=True, error_model="numpy", fastmath={"reassoc", "nsz"})
@@ -44,3 +44,22 @@ def rms_norm(flat, row_stride, head_stride, weight, eps, out):
             scale = np.float32(1.0) / np.sqrt(total / np.float32(dim) + eps)
             for i in range(dim):
                 out[a, h, i] = row[i] * scale * weight[i]
+
+
+@njit(nogil=True, cache=True, error_model="numpy", fastmath={"reassoc", "nsz"})
+def rms_norm_packed(x, weight, eps, out):
+    """:func:`rms_norm` of rows held packed: ``out`` [B, dim, L] from ``x`` [B, dim, L] (token ``L b + lane`` at
+    ``x[b, :, lane]``, kestrel_trio._kernels.f32_chunks' layout). The loops over a block's lanes vectorize: each
+    token's sum of squares is its lane's, in order over dim (rms_norm's rows sum in another order: a few ulp)."""
+    blocks, dim, lanes = x.shape
+    scales = np.empty(lanes, np.float32)  # [L]
+    for b in range(blocks):
+        scales[:] = 0
+        for i in range(dim):
+            for lane in range(lanes):
+                scales[lane] += x[b, i, lane] * x[b, i, lane]
+        for lane in range(lanes):
+            scales[lane] = np.float32(1.0) / np.sqrt(scales[lane] / np.float32(dim) + eps)
+        for i in range(dim):
+            for lane in range(lanes):
+                out[b, i, lane] = x[b, i, lane] * scales[lane] * weight[i]
