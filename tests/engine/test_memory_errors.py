@@ -22,6 +22,7 @@ from kestrel_trio.text.sampling import Sampler
 from engine_kit import greedy_tokens, running_engine
 
 forward_module = importlib.import_module("kestrel_trio._model.forward")  # the package re-exports a function of that name
+chunk_attention_module = importlib.import_module("kestrel_trio._model.chunk_attention")  # one sequence's chunks
 LONG_CONTEXT = 200  # keys beyond this many tokens "cannot be allocated" in these tests
 
 
@@ -67,7 +68,8 @@ async def test_a_long_prompt_whose_step_cannot_get_memory_fails_alone(tiny_model
             raise MemoryError("the scores of a long context")
         return real_attention(q, keys, values, past, scale)
 
-    monkeypatch.setattr(forward_module, "causal_attention", refusing_attention)
+    for module in (forward_module, chunk_attention_module):  # batched rows, and one sequence's chunks
+        monkeypatch.setattr(module, "causal_attention", refusing_attention)
     with trio.fail_after(60):
         async with running_engine(tiny_model, max_batch=3, prefill_chunk=64) as engine:
             results = await run_together(engine, [request(short[0], 60), request(prompt_of(300, 70), 10),

@@ -20,13 +20,13 @@ from typing import Sequence
 import attrs
 import numpy as np
 
-from kestrel_trio import _kernels
+from kestrel_trio._model.chunk_attention import chunk_attention
 from kestrel_trio._model.config import ModelConfig
 from kestrel_trio._model.kv_cache import KVCache, kv_token_bytes
 from kestrel_trio._model.layers import (
     causal_attention, decode_attentions, dense_mlp, embedding, linear, rms_norm, sparse_moe,
 )
-from kestrel_trio._model.matmul import run_shared, shares_of
+from kestrel_trio._model.packed_layers import packed_layers, takes_packed
 from kestrel_trio._model.rope import Rope, apply_rope
 from kestrel_trio._model.weights import Attention, DenseMLP, Layer, Weights
 
@@ -116,7 +116,11 @@ def forward(
     tails = None if all_logits else _output_tails(lengths, wanted)  # None: every row's logits
     last = len(w.layers) - 1
     trimmed = tails is not None and tails != lengths and not (overrides is not None and last < len(overrides.deepstack))
-    for index, layer in enumerate(w.layers):
+    start = 0
+    if overrides is None and takes_packed(w.layers, caches, lengths):  # a chunk of one sequence, packed
+        x, start = packed_layers(decoder, x, cos, sin, caches[0], last if trimmed else last + 1)  # [N, hidden]
+    for index in range(start, last + 1):
+        layer = w.layers[index]
         x = _layer(decoder, layer, index, x, cos, sin, caches, lengths, tails if trimmed and index == last else None)
         if overrides is not None and index < len(overrides.deepstack):
             x[overrides.rows] += overrides.deepstack[index]  # [n_img, hidden]
@@ -179,10 +183,9 @@ def _attention(c: ModelConfig, a: Attention, index: int, h: np.ndarray, cos: np.
     tails = lengths if tails is None else tails
     qkv = linear(h, a.qkv_proj, a.qkv_bias) if a.qkv_proj is not None else None  # [N, (n_heads + 2*n_kv)*hd]
     if qkv is not None and len(caches) == 1 and lengths[0] > 1:  # a chunk of one sequence: one pass, if it can
-        q = _chunk_qkv(c, a, index, qkv, cos, sin, caches[0])  # [N, n_heads, head_dim]
-        if q is not None:
-            keys, values = caches[0].stored(index, lengths[0])  # [n_kv, past+N, head_dim] each
-            return _chunk_attention(c, a, q, keys, values, caches[0].length, lengths[0], tails[0])
+        out = chunk_attention(c, a, index, qkv, cos, sin, caches[0], tails[0])  # [tail, n_heads*head_dim]
+        if out is not None:
+            return linear(out, a.o_proj, a.o_bias)  # [tail, hidden]
     q, k, v = _qkv(c, a, h) if qkv is None else _split_qkv(c, qkv)
     if a.q_norm is not None:
         q = rms_norm(q, a.q_norm, c.rms_norm_eps)  # [N, n_heads, head_dim]
@@ -205,33 +208,6 @@ def _attention(c: ModelConfig, a: Attention, index: int, h: np.ndarray, cos: np.
             start += length
             row += tail
     return linear(out, a.o_proj, a.o_bias)  # [R, hidden]
-
-
-# From this many elements of q/k/v product a chunk's pass over them is shared among the product threads (a
-# 256-token chunk of Qwen3-0.6B has 1 Mi: 0.62 ms on one thread).
-SHARED_QKV_ELEMENTS = 1 << 18
-
-
-def _chunk_qkv(c: ModelConfig, a: Attention, index: int, qkv: np.ndarray, cos: np.ndarray, sin: np.ndarray,
-               cache: KVCache) -> np.ndarray | None:
-    """The chunk's queries [N, n_heads, head_dim], normed and rotated, its keys and values written into ``cache``,
-    in one pass (kestrel_trio._kernels.qkv_rows); None (nothing written) where that cannot run: a bf16 or
-    float16 cache, no compiled loops, or arrays of other kinds."""
-    buffers = cache.float32_buffers(index)
-    if buffers is None:
-        return None
-    sharing = (run_shared, shares_of) if qkv.size >= SHARED_QKV_ELEMENTS else (None, None)
-    return _kernels.qkv_rows(qkv, c.num_attention_heads, c.num_key_value_heads, c.head_dim, a.q_norm, a.k_norm,
-                             c.rms_norm_eps, cos, sin, *buffers, cache.length, *sharing)
-
-
-def _chunk_attention(c: ModelConfig, a: Attention, q: np.ndarray, keys: np.ndarray, values: np.ndarray, past: int,
-                     length: int, tail: int) -> np.ndarray:
-    """The attention output [tail, hidden] of a chunk's last ``tail`` queries (``q`` [N, n_heads, head_dim])."""
-    if not tail:  # a chunk before the last, at the last layer: its keys and values only
-        return linear(np.empty((0, q.shape[1] * q.shape[2]), dtype=np.float32), a.o_proj, a.o_bias)  # [0, hidden]
-    out = causal_attention(q[length - tail :], keys, values, past + length - tail, c.head_dim**-0.5)  # [tail, ...]
-    return linear(out, a.o_proj, a.o_bias)  # [tail, hidden]
 
 
 def _qkv(c: ModelConfig, a: Attention, h: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
