@@ -1,6 +1,7 @@
-"""A prefill chunk held packed through its layers (kestrel_trio._kernels.packed_rows, kestrel_trio._model.packed_layers):
-the packed products, norm and layout against float64 and numpy, the forward pass's logits and cache against the
-layers over rows, which chunks take it, and the way back to rows where a layer's one q/k/v pass cannot run."""
+"""A prefill chunk held packed through its layers (kestrel_trio._kernels.packed_rows and
+kestrel_trio._model.packed_layers): the packed products, norm and layout against float64 and numpy, the forward
+pass's logits and cache against the layers over rows, which chunks take it, and the way back to rows where a
+layer's one q/k/v pass cannot run."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import numpy as np
 import pytest
 
 from kestrel_trio import _kernels, load_model
-from kestrel_trio._model.layers import rms_norm
+from kestrel_trio._model.layers import rms_norm, swiglu
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 pytestmark = pytest.mark.skipif(_kernels.enable_chunk_products() is not None,
@@ -62,6 +63,31 @@ def test_the_products_agree_with_float64_in_every_layout(m, n, k, shares):
     np.testing.assert_allclose(rows[:m], exact, rtol=0, atol=limit)
 
 
+@pytest.mark.parametrize("shares", [1, 2, 3])
+def test_the_epilogue_runs_once_on_each_shares_blocks_after_their_product(shares):
+    rng = np.random.default_rng(shares)
+    packed = packed_rows.pack(rng.standard_normal((150, 16), dtype=np.float32), 5)  # [5, K, 32]
+    w = rng.standard_normal((30, 16), dtype=np.float32)  # [N, K]
+    seen = []
+
+    def then(out, first, stop):  # the share's blocks are written when it runs
+        seen.append((first, stop, out[first:stop].copy()))
+    out = packed_rows.product(packed, w, _serially, _split(shares), then)  # [5, N, 32]
+    assert sorted((first, stop) for first, stop, _ in seen) == _split(shares)(5)
+    for first, stop, part in seen:
+        np.testing.assert_array_equal(part, out[first:stop])
+
+
+def test_the_packed_swiglu_is_the_rows_swiglu_token_by_token():
+    rng = np.random.default_rng(2)
+    gate, up = rng.standard_normal((2, 64, 24), dtype=np.float32) * 3  # [T, inter] each
+    gate_up = np.concatenate([packed_rows.pack(gate, 2), packed_rows.pack(up, 2)], axis=1)  # [2, 2*inter, 32]
+    act = np.full((2, 24, 32), np.nan, dtype=np.float32)  # [2, inter, 32]
+    packed_rows.swiglu(gate_up, act, 0, 1)
+    packed_rows.swiglu(gate_up, act, 1, 2)
+    np.testing.assert_array_equal(packed_rows.unpack(act, 64), swiglu(np.concatenate([gate, up], axis=1)))
+
+
 def test_the_packed_norm_is_the_rows_norm_token_by_token():
     rng = np.random.default_rng(1)
     x = rng.standard_normal((80, 96), dtype=np.float32) * 4  # [T, hidden]
@@ -96,7 +122,7 @@ def test_a_chunk_of_one_sequence_goes_packed_and_agrees_with_the_rows(monkeypatc
     runs = _spy_on_packed(monkeypatch)
     packed_cache = model.new_cache()
     packed = model.prefill(packed_cache, ids, chunk=64)  # [vocab]: two chunks of 64
-    assert runs == [layers - 1, layers - 1]  # each chunk's last layer in rows: none of the first's rows, one of the last's
+    assert runs == [layers - 1, layers - 1]  # each chunk's last layer in rows (none of the first's rows wanted)
     _rows_only(monkeypatch)
     rows_cache = model.new_cache()
     rows = model.prefill(rows_cache, ids, chunk=64)  # [vocab]

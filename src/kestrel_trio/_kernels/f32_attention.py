@@ -181,7 +181,8 @@ def _row_block(typingctx, operands, lanes):
 
 def _avx2_row_text() -> str:
     """f32_chunks' row kernel in ymm: 6 weight rows x 16 activation lanes, 12 sums (ymm0-11), activations in ymm12-13,
-    the broadcast in ymm14. Operands as f32_chunks._row_text's (8: the bytes from a block's sums in out to the next's)."""
+    the broadcast in ymm14. Operands as f32_chunks._row_text's (8: the bytes from one block's sums in out to the
+    next's)."""
     sums = [f"%ymm{a}" for a in range(2 * _AVX2_ROWS)]
     rows = ["(%r8)", "(%r8,%r9,1)", "(%r8,%r9,2)", "(%r8,%r12,1)", "(%r13)", "(%r13,%r9,1)"]
     lines = ["mov 8($0), %r9", "lea (%r9,%r9,2), %r12", "mov 48($0), %rdi", "mov 40($0), %rsi", "mov 56($0), %rax",

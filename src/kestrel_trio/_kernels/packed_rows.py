@@ -23,12 +23,13 @@ import numpy as np
 
 from kestrel_trio._kernels import _run_spans
 
-__all__ = ["pack", "unpack", "product", "product_of_rows", "product_rows", "rms_norm", "LANES"]
+__all__ = ["pack", "unpack", "product", "product_of_rows", "product_rows", "rms_norm", "swiglu", "LANES"]
 
 LANES = 32  # tokens a block: f32_chunks.ACTIVATION_ROWS (checked by tests/model/test_packed_layers.py)
 
 Run = Callable[[list[Callable[[], None]]], None]
 Shares = Callable[[int], list[tuple[int, int]]]
+Then = Callable[[np.ndarray, int, int], None]
 
 
 def pack(x: np.ndarray, blocks: int) -> np.ndarray:
@@ -43,22 +44,26 @@ def unpack(packed: np.ndarray, rows: int) -> np.ndarray:
     return np.ascontiguousarray(packed.transpose(0, 2, 1).reshape(-1, packed.shape[1])[:rows])  # [rows, K]
 
 
-def product(packed: np.ndarray, w: np.ndarray, run: Run, shares: Shares) -> np.ndarray:
+def product(packed: np.ndarray, w: np.ndarray, run: Run, shares: Shares, then: Then | None = None) -> np.ndarray:
     """``packed`` [B, K, 32] times ``w`` float32 [N, K] (unit column stride, K a multiple of 4), packed: [B, N, 32].
 
     The blocks are shared among ``run``'s threads (``shares(B)``), each multiplying its own by every weight row:
-    f32_chunks.packed_product the rows in whole register blocks of 14, numpy the few past them.
+    f32_chunks.packed_product the rows in whole register blocks of 14, numpy the few past them. ``then(out,
+    first, stop)``, if given, runs in the same task on the share's blocks [first, stop) of the product: what
+    follows it token by token (a residual sum, a norm, SwiGLU) shared among the threads without a hand-off of
+    its own, on blocks the task has just written.
     """
-    return _product(packed, packed.shape[0], w, run, shares)
+    return _product(packed, packed.shape[0], w, run, shares, then)
 
 
-def product_of_rows(x: np.ndarray, blocks: int, w: np.ndarray, run: Run, shares: Shares) -> np.ndarray:
+def product_of_rows(x: np.ndarray, blocks: int, w: np.ndarray, run: Run, shares: Shares,
+                    then: Then | None = None) -> np.ndarray:
     """:func:`product` of rows ``x`` float32 [M, K] (C-contiguous, M <= 32 blocks), each thread packing its own
     blocks first (on one thread, a 256-token chunk's attention output took 0.43 ms to pack): [blocks, N, 32]."""
-    return _product(x, blocks, w, run, shares)
+    return _product(x, blocks, w, run, shares, then)
 
 
-def _product(source: np.ndarray, blocks: int, w: np.ndarray, run: Run, shares: Shares) -> np.ndarray:
+def _product(source: np.ndarray, blocks: int, w: np.ndarray, run: Run, shares: Shares, then: Then | None) -> np.ndarray:
     """:func:`product` of ``source``: packed [blocks, K, 32], or rows [M, K] that each share packs for itself."""
     from kestrel_trio._kernels import f32_chunks
 
@@ -73,6 +78,8 @@ def _product(source: np.ndarray, blocks: int, w: np.ndarray, run: Run, shares: S
         f32_chunks.packed_product(w, packed, out[first:stop], 0, stop - first)
         if blocked < n:
             out[first:stop, blocked:] = np.matmul(w[blocked:], packed)  # [blocks, N % 14, 32]
+        if then is not None:
+            then(out, first, stop)
 
     _run_spans(work, blocks, run, shares)
     return out
@@ -96,10 +103,22 @@ def product_rows(packed: np.ndarray, w: np.ndarray, run: Run, shares: Shares) ->
     return out
 
 
-def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
-    """Each token of ``x`` [B, D, 32] normed over D and scaled by ``weight`` float32 [D]: a new [B, D, 32]."""
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray | None = None, first: int = 0,
+             stop: int | None = None) -> np.ndarray:
+    """Each token of ``x`` [B, D, 32] normed over D and scaled by ``weight`` float32 [D], into ``out`` (a new
+    [B, D, 32] if None): its blocks [first, stop) (all if ``stop`` is None)."""
     from kestrel_trio._kernels import norm
 
-    out = np.empty(x.shape, dtype=np.float32)  # [B, D, 32]
-    norm.rms_norm_packed(x, weight, np.float32(eps), out)
+    out = np.empty(x.shape, dtype=np.float32) if out is None else out  # [B, D, 32]
+    blocks = slice(first, x.shape[0] if stop is None else stop)
+    norm.rms_norm_packed(x[blocks], weight, np.float32(eps), out[blocks])
     return out
+
+
+def swiglu(gate_up: np.ndarray, out: np.ndarray, first: int, stop: int) -> None:
+    """silu(gate) * up of the blocks [first, stop) of ``gate_up`` [B, 2 I, 32] (each block's gate rows, then its up
+    rows) into ``out`` [B, I, 32] (kestrel_trio._kernels.exp.swiglu: a block is a row of gate, then up)."""
+    from kestrel_trio._kernels import exp
+
+    count = stop - first
+    exp.swiglu(gate_up[first:stop].reshape(count, -1), out[first:stop].reshape(count, -1))
