@@ -373,11 +373,10 @@ def kestrel_prefill_products(model, prompts: dict) -> dict:
     Every layer's products on every row of a chunk, but the last layer's past q/k/v, which a prefill runs on
     the returned row alone (forward trims it). lm_head's row, attention, norms and the rest are left out: this
     is the floor the products put under kestrel's prefill, set beside PyTorch's whole prefill in
-    :func:`check_targets`.
+    :func:`check_targets`. Each product is the call the prefill makes (:func:`chunk_product`).
     """
     import numpy as np
 
-    from kestrel_trio._model.matmul import linear
     from kestrel_trio.model import DEFAULT_PREFILL_CHUNK
 
     layers = model.decoder.weights.layers
@@ -388,18 +387,51 @@ def kestrel_prefill_products(model, prompts: dict) -> dict:
         chunks = [min(DEFAULT_PREFILL_CHUNK, n - start) for start in range(0, n, DEFAULT_PREFILL_CHUNK)]
         xs = {(rows, m.shape[1]): rng.standard_normal((rows, m.shape[1]), dtype=np.float32)  # [rows, in]
               for rows in set(chunks) for m in matrices}
+        calls = {rows: chunk_product(model, rows) for rows in set(chunks)}
 
-        def products(chunks=chunks, xs=xs) -> None:
+        def products(chunks=chunks, xs=xs, calls=calls) -> None:
             # Each product's output dropped at once, as in a prefill: kept in a list, every one was new memory
             # (page faults), and the products measured 12-14% slower than the same ones inside a prefill.
             for rows in chunks:
                 for m in matrices:
-                    linear(xs[rows, m.shape[1]], m)
+                    calls[rows](xs[rows, m.shape[1]], m)
 
         seconds = best_of(3, products)
         result[f"products_{n}_s"] = seconds
         result[f"products_gflop_{n}"] = 2 * n * sum(m.size for m in matrices) / 1e9
     return result
+
+
+def chunk_product(model, rows: int):
+    """``call(x, m)``: the product a prefill chunk of ``rows`` tokens makes of ``x`` [rows, in] and weight ``m``.
+
+    Where its layers run packed (kestrel_trio._model.packed_layers): the q/k/v product packed in and gathered into
+    rows, o_proj's packed by each thread from rows, gate/up's and down's packed in and out (inputs packed here,
+    untimed, as a prefill keeps them packed); else ``linear``.
+    """
+    from kestrel_trio._kernels import packed_rows
+    from kestrel_trio._model.matmul import linear, run_shared, shares_of
+    from kestrel_trio._model.packed_layers import takes_packed
+
+    cache = model.new_cache()
+    cache.reserve(rows)
+    layers = model.decoder.weights.layers
+    if not takes_packed(layers, [cache], [rows]):
+        return linear
+    blocks = -(-rows // packed_rows.LANES)
+    qkv = {id(layer.attn.qkv_proj) for layer in layers}
+    o_proj = {id(layer.attn.o_proj) for layer in layers}
+    packed = {}
+
+    def call(x, m) -> None:
+        if id(m) in o_proj:
+            packed_rows.product_of_rows(x, blocks, m, run_shared, shares_of)
+            return
+        if id(x) not in packed:
+            packed[id(x)] = packed_rows.pack(x, blocks)  # [blocks, in, 32]
+        product = packed_rows.product_rows if id(m) in qkv else packed_rows.product
+        product(packed[id(x)], m, run_shared, shares_of)
+    return call
 
 
 def layer_matrices(layers) -> list:
