@@ -23,7 +23,7 @@ import numpy as np
 
 from kestrel_trio._kernels import _run_spans
 
-__all__ = ["pack", "unpack", "product", "product_of_rows", "product_rows", "rms_norm", "swiglu", "LANES"]
+__all__ = ["pack", "unpack", "product", "product_of_rows", "product_rows", "rms_norm", "swiglu", "LANES", "Then"]
 
 LANES = 32  # tokens a block: f32_chunks.ACTIVATION_ROWS (checked by tests/model/test_packed_layers.py)
 
@@ -72,9 +72,10 @@ def _product(source: np.ndarray, blocks: int, w: np.ndarray, run: Run, shares: S
     out = np.empty((blocks, n, LANES), dtype=np.float32)  # [B, N, 32]
 
     def work(first: int, stop: int) -> None:
-        rows = source.ndim == 2
-        packed = f32_chunks.pack(source[first * LANES : stop * LANES], (stop - first) * LANES) if rows else \
-            source[first:stop]  # [blocks, K, 32]
+        if source.ndim == 2:  # rows: this share's, packed here
+            packed = f32_chunks.pack(source[first * LANES : stop * LANES], (stop - first) * LANES)  # [blocks, K, 32]
+        else:
+            packed = source[first:stop]  # [blocks, K, 32]
         f32_chunks.packed_product(w, packed, out[first:stop], 0, stop - first)
         if blocked < n:
             out[first:stop, blocked:] = np.matmul(w[blocked:], packed)  # [blocks, N % 14, 32]

@@ -11,6 +11,8 @@ only on the rows whose logits are returned. Nothing after the last layer reads
 its other rows, so that layer writes every row's keys and values to the caches
 but computes attention, o_proj and the MLP only for the rows returned (none for a
 prompt chunk whose logits nobody wants): 1/num_layers of a prefill's products.
+One sequence's prefill chunk runs its layers (all, or all but a trimmed last)
+packed where the chunk kernel runs (kestrel_trio._model.packed_layers).
 """
 
 from __future__ import annotations

@@ -99,31 +99,32 @@ def packed_layers(decoder: Decoder, x: np.ndarray, cos: np.ndarray, sin: np.ndar
         if attended is None:
             return packed_rows.unpack(stream, t), index
         h = np.empty_like(stream)  # [B, hidden, 32]: the post-attention norm's
-        packed_rows.product_of_rows(attended, blocks, a.o_proj, run_shared, shares_of,
-                                    _add_and_norm(stream, a.o_bias, layer.post_attention_layernorm, c, h))
+        then = _add_and_norm(stream, a.o_bias, layer.post_attention_layernorm, c.rms_norm_eps, h)
+        packed_rows.product_of_rows(attended, blocks, a.o_proj, run_shared, shares_of, then)
         act = np.empty((blocks, mlp.down_proj.shape[1], packed_rows.LANES), dtype=np.float32)  # [B, inter, 32]
         packed_rows.product(h, mlp.gate_up_proj, run_shared, shares_of, _swiglu(mlp.gate_up_bias, act))
         following = layers[index + 1].input_layernorm if index + 1 < stop else None
         h = np.empty_like(stream) if following is not None else None  # [B, hidden, 32]: the next layer's input norm
-        packed_rows.product(act, mlp.down_proj, run_shared, shares_of, _add_and_norm(stream, mlp.down_bias, following,
-                                                                                     c, h))
+        then = _add_and_norm(stream, mlp.down_bias, following, c.rms_norm_eps, h)
+        packed_rows.product(act, mlp.down_proj, run_shared, shares_of, then)
     return packed_rows.unpack(stream, t), stop
 
 
-def _add_and_norm(stream: np.ndarray, bias: np.ndarray | None, norm: np.ndarray | None, c, normed: np.ndarray | None):
-    """The epilogue of a product whose output [B, hidden, 32] (plus ``bias``) adds to the residual ``stream``,
-    which ``norm`` (if not None) then norms into ``normed``: block by block, in each share's task."""
+def _add_and_norm(stream: np.ndarray, bias: np.ndarray | None, norm: np.ndarray | None, eps: float,
+                  normed: np.ndarray | None) -> packed_rows.Then:
+    """The epilogue of a product whose output [B, hidden, 32] plus ``bias`` adds to the residual ``stream``, which
+    ``norm`` (if not None) then norms into ``normed``: block by block, in each share's task. The bias goes to the
+    output first, as in the layers over rows (``x + (x @ w.T + bias)``): the same roundings."""
     def then(out: np.ndarray, first: int, stop: int) -> None:
-        part = stream[first:stop]  # [blocks, hidden, 32]
-        part += out[first:stop]
         if bias is not None:
-            part += bias[None, :, None]
+            out[first:stop] += bias[None, :, None]
+        stream[first:stop] += out[first:stop]  # [blocks, hidden, 32]
         if norm is not None:
-            packed_rows.rms_norm(stream, norm, c.rms_norm_eps, normed, first, stop)
+            packed_rows.rms_norm(stream, norm, eps, normed, first, stop)
     return then
 
 
-def _swiglu(bias: np.ndarray | None, act: np.ndarray):
+def _swiglu(bias: np.ndarray | None, act: np.ndarray) -> packed_rows.Then:
     """The epilogue of gate/up's product [B, 2*inter, 32]: plus ``bias``, then silu(gate) * up into ``act``
     [B, inter, 32], block by block, in each share's task."""
     def then(out: np.ndarray, first: int, stop: int) -> None:
