@@ -98,9 +98,13 @@ def packed_layers(decoder: Decoder, x: np.ndarray, cos: np.ndarray, sin: np.ndar
         attended = chunk_attention(c, a, index, qkv, cos, sin, cache, t)  # [T, n_heads*head_dim]
         if attended is None:
             return packed_rows.unpack(stream, t), index
+        # Each temporary let go once read: the engine's step budget counts about 4 hidden + q/k/v + 3 inter
+        # values a row held at once (kestrel_trio.engine.kv_budget).
+        del qkv
         h = np.empty_like(stream)  # [B, hidden, 32]: the post-attention norm's
         then = _add_and_norm(stream, a.o_bias, layer.post_attention_layernorm, c.rms_norm_eps, h)
         packed_rows.product_of_rows(attended, blocks, a.o_proj, run_shared, shares_of, then)
+        del attended
         act = np.empty((blocks, mlp.down_proj.shape[1], packed_rows.LANES), dtype=np.float32)  # [B, inter, 32]
         packed_rows.product(h, mlp.gate_up_proj, run_shared, shares_of, _swiglu(mlp.gate_up_bias, act))
         following = layers[index + 1].input_layernorm if index + 1 < stop else None
