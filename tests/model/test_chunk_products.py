@@ -112,3 +112,18 @@ def test_a_failed_self_test_keeps_the_kernel_off_on_every_later_call(monkeypatch
     assert "chunks" not in _kernels._state
     x = np.ones((64, 64), dtype=np.float32)
     assert np.array_equal(matmul.linear(x, np.ones((48, 64), dtype=np.float32)), np.full((64, 48), 64.0))
+
+
+@pytest.mark.parametrize("broken, named", [("product", "chunk"), ("packed_product", "packed")])
+def test_the_self_test_finds_either_kernel_wrong(monkeypatch, broken, named):
+    from kestrel_trio._kernels import f32_chunks
+
+    real = getattr(f32_chunks, broken)
+
+    def off_by_one(w, packed, out, *rest):  # the right sums, plus one
+        real(w, packed, out, *rest)
+        out += 1
+    monkeypatch.setattr(f32_chunks, broken, off_by_one)
+    assert f"the float32 {named} product disagrees" in _kernels._chunks_self_test(f32_chunks)
+    monkeypatch.setattr(f32_chunks, broken, real)
+    assert _kernels._chunks_self_test(f32_chunks) is None

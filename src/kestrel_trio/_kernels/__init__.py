@@ -346,15 +346,25 @@ def _chunks_unusable() -> str | None:
 
 
 def _chunks_self_test(chunks) -> str | None:
-    """The kernel on 64 x 1028 times 28 x 1028 (two K chunks, two weight blocks) against float64; None if they agree."""
+    """The kernels, gathered and packed, on 64 x 1028 times 28 x 1028 (two K chunks, two weight blocks) against
+    float64; None if they agree. The packed layers' norm compiles (or loads) here too: no prompt waits for it."""
+    from kestrel_trio._kernels import packed_rows
+
     rng = np.random.default_rng(0)
     x = rng.standard_normal((64, 1028)).astype(np.float32)  # [64, K]
     w = rng.standard_normal((28, 1028)).astype(np.float32)  # [28, K]
     out = np.empty((64, 28), dtype=np.float32)  # [64, 28]
-    chunks.product(w, chunks.pack(x, 64), out, 0, 28)
+    packed = chunks.pack(x, 64)  # [2, K, 32]
+    chunks.product(w, packed, out, 0, 28)
+    packed_out = np.empty((2, 28, chunks.ACTIVATION_ROWS), dtype=np.float32)  # [2, 28, 32]
+    chunks.packed_product(w, packed, packed_out, 0, 2)
+    packed_rows.rms_norm(packed, np.ones(1028, dtype=np.float32), 1e-6)
     exact = x.astype(np.float64) @ w.T.astype(np.float64)  # [64, 28]
-    error = np.abs(out - exact).max() / np.abs(exact).max()
-    return None if error < 1e-5 else f"the float32 chunk product disagrees with numpy here (relative error {error:.1e})"
+    for name, got in (("chunk", out), ("packed", packed_rows.unpack(packed_out, 64))):
+        error = np.abs(got - exact).max() / np.abs(exact).max()
+        if not error < 1e-5:
+            return f"the float32 {name} product disagrees with numpy here (relative error {error:.1e})"
+    return None
 
 
 def chunk_product(x: np.ndarray, w: np.ndarray, run: Callable[[list[Callable[[], None]]], None],

@@ -23,7 +23,7 @@ small, and reads the weights as they are stored:
    a block's 32 sums of weight row n are two whole stores at out[b, n]
    (:func:`_row_text`), and out is the next product's packed input
    (kestrel_trio._kernels.packed_rows). The 28 layers' four products of a
-   256-row chunk, two threads: 346-368 GFLOP/s against 319-342 by
+   256-row chunk, two threads: 351-368 GFLOP/s against 322-342 by
    :func:`product` with its packing (2026-12-05, alternated in one process).
 
 Measured on the 2-core Xeon with AMX (2026-12-05, Qwen3-0.6B's layer
