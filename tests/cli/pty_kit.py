@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import pty
 import select
+import signal
 import time
 import warnings
 
@@ -20,6 +21,10 @@ class Terminal:
             warnings.simplefilter("ignore", DeprecationWarning)
             self.pid, self.fd = pty.fork()
         if self.pid == 0:  # the child: become the command, its terminal the pty
+            # Ctrl-C's SIGINT as a terminal's foreground job has it: a test run started as a background job
+            # (``cmd &`` in a script) ignores SIGINT, the child would inherit that, and Python then installs no
+            # KeyboardInterrupt handler (measured: the chat answered on past Ctrl-C to the end of its context).
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
             os.execv(argv[0], argv)
         self.seen = b""
         self.deadline = time.monotonic() + BUDGET
