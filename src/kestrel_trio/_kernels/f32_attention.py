@@ -107,7 +107,7 @@ def _attend_heads(q, keys, values, past, scale, out, first, stop, lanes):
     weighted = np.empty((rows_per, head_dim), np.float32)  # [rows_per, head_dim]
     sums = np.empty(rows_per, np.float32)  # [rows_per]
     maxima = np.empty(_MAXIMA, np.float32)  # [16]
-    operands = np.zeros(12, np.int64)
+    operands = np.zeros(f32_chunks.OPERANDS, np.int64)
     for head in range(first, stop):
         _pack_head(q, keys, values, head, group, scale, queries, packed_keys, packed_values, lanes)
         for start in range(0, rows_padded, rows_per):  # a register block's rows at a time
@@ -153,8 +153,8 @@ def _pack_head(q, keys, values, head, group, scale, queries, packed_keys, packed
 @njit(nogil=True, cache=True)
 def _rows_product(w, packed, out, k, blocks, operands, lanes):
     """``out[:n, :blocks*lanes] = w[:n, :k] @ packed[:blocks, :k].T`` (n = w's rows, a multiple of the block's
-    rows), by the row kernel of ``lanes``. ``packed``: [blocks, >= k, lanes], C-contiguous; ``operands``: int64 [12]
-    scratch (f32_chunks' layout)."""
+    rows), by the row kernel of ``lanes``. ``packed``: [blocks, >= k, lanes], C-contiguous; ``operands``: int64
+    [OPERANDS] scratch (f32_chunks' layout)."""
     operands[1], operands[6], operands[9] = w.strides[0], out.strides[0], packed.strides[0]
     operands[2], operands[4], operands[7], operands[8] = packed.ctypes.data, k, blocks, 4 * lanes
     for first in range(0, w.shape[0], block_rows(lanes)):
@@ -170,7 +170,7 @@ def _row_block(typingctx, operands, lanes):
     if not isinstance(lanes, types.IntegerLiteral) or lanes.literal_value not in LANES:
         return None
     if lanes.literal_value == f32_chunks.ACTIVATION_ROWS:
-        assembly = _asm_codegen(f32_chunks._row_text(), f32_chunks._CLOBBERED)
+        assembly = _asm_codegen(f32_chunks._row_text(next_rows=False), f32_chunks._CLOBBERED)
     else:
         assembly = _asm_codegen(_avx2_row_text(), [f"ymm{i}" for i in range(16)])
 
