@@ -83,3 +83,20 @@ def test_a_chunked_prefill_returns_the_last_position_s_logits(name):
         cache = model.new_cache()
         close(model.prefill(cache, ids, chunk=chunk), reference)
         assert cache.length == len(ids)
+
+
+def test_a_chunked_prefill_makes_room_for_the_whole_prompt_once():
+    model = load_model(FIXTURES / "qwen2_fp32")
+    cache = model.new_cache()
+    capacities = []
+    reserve = cache.reserve
+
+    def reserving(new_tokens: int) -> None:
+        reserve(new_tokens)
+        capacities.append(cache.capacity)
+
+    cache.reserve = reserving
+    model.prefill(cache, list(range(3, 203)), chunk=32)  # 7 chunks
+    assert cache.length == 200
+    assert capacities[0] >= 200  # the first reserve made room for all: no copy as each chunk came
+    assert set(capacities) == {capacities[0]}

@@ -147,6 +147,7 @@ def feed_chunks(decoder: Decoder, cache: KVCache, token_ids: np.ndarray, chunk: 
     """
     if token_ids.size == 0:
         raise ValueError("feeding needs at least one token")
+    cache.reserve(token_ids.size)  # the whole prompt at once, as the engine does: no copy as the cache grows
     last = (token_ids.size - 1) // chunk * chunk  # where the last chunk starts
     for start in range(0, token_ids.size, chunk):
         piece = token_ids[start : start + chunk]  # [<= chunk]
