@@ -22,7 +22,8 @@ R weight rows x L activation lanes (AVX-512: f32_chunks' row kernel, 14 x
 3. Each row's softmax numerators over its own keys: the causal mask is the
    row's key count, every score after it set to 0. The row maximum takes
    16 running maxima (LLVM vectorizes that loop; a plain max reduction it
-   does not), the exponentials kestrel_trio._kernels.exp's.
+   does not), the exponentials kestrel_trio._kernels.exp's; with AVX-512's
+   block, kestrel_trio._kernels.f32_exp's assembly does a block's rows.
 4. The numerators times the values by the same row kernel, and each output
    row divided by its sum into ``out``.
 
@@ -44,9 +45,9 @@ from __future__ import annotations
 
 import numpy as np
 from numba import njit, types
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
-from kestrel_trio._kernels import f32_chunks
+from kestrel_trio._kernels import f32_chunks, f32_exp
 from kestrel_trio._kernels.exp import _exp
 from kestrel_trio._kernels.products import _asm_codegen
 
@@ -107,7 +108,8 @@ def _attend_heads(q, keys, values, past, scale, out, first, stop, lanes):
     weighted = np.empty((rows_per, head_dim), np.float32)  # [rows_per, head_dim]
     sums = np.empty(rows_per, np.float32)  # [rows_per]
     maxima = np.empty(_MAXIMA, np.float32)  # [16]
-    operands = np.zeros(f32_chunks.OPERANDS, np.int64)
+    counts = np.empty(rows_per, np.int64)  # [rows_per]: the keys each row's query sees
+    operands = np.zeros(max(f32_chunks.OPERANDS, f32_exp.OPERANDS), np.int64)
     for head in range(first, stop):
         _pack_head(q, keys, values, head, group, scale, queries, packed_keys, packed_values, lanes)
         for start in range(0, rows_padded, rows_per):  # a register block's rows at a time
@@ -117,8 +119,8 @@ def _attend_heads(q, keys, values, past, scale, out, first, stop, lanes):
             _rows_product(queries[start : start + rows_per], packed_keys, scores, head_dim, width // lanes, operands,
                           lanes)
             for r in range(rows_per):
-                own = min(past + (start + r) // group + 1, seen)  # keys row r's query sees: the causal mask
-                sums[r] = _softmax_numerators(scores, r, own, width, maxima)
+                counts[r] = min(past + (start + r) // group + 1, seen)  # keys row r's query sees: the causal mask
+            _softmax_block(scores, counts, width, sums, maxima, operands, lanes)
             _rows_product(scores, packed_values, weighted, width, head_dim // lanes, operands, lanes)
             for r in range(end - start):
                 token, column = (start + r) // group, (head * group + (start + r) % group) * head_dim
@@ -222,6 +224,28 @@ def _row_maximum(scores, r, count, maxima):
     for j in range(whole, count):
         top = scores[r, j] if scores[r, j] > top else top
     return top
+
+
+def _softmax_block(scores, counts, width, sums, maxima, operands, lanes):
+    """A register block's softmax numerators: each row r of ``scores`` as :func:`_softmax_numerators` makes them
+    over ``counts[r]`` keys (its sum into ``sums[r]``); by f32_exp's assembly where ``lanes`` is AVX-512's."""
+    raise NotImplementedError("compiled only: see _softmax_block_for")
+
+
+@overload(_softmax_block, prefer_literal=True)
+def _softmax_block_for(scores, counts, width, sums, maxima, operands, lanes):
+    """:func:`_softmax_block` for the literal ``lanes``: only AVX-512's block meets f32_exp's zmm assembly."""
+    if not isinstance(lanes, types.IntegerLiteral):
+        return None
+    if lanes.literal_value == LANES[0]:
+        def assembly(scores, counts, width, sums, maxima, operands, lanes):
+            f32_exp.softmax_rows(scores, counts, width, sums, operands)
+        return assembly
+
+    def loops(scores, counts, width, sums, maxima, operands, lanes):
+        for r in range(scores.shape[0]):
+            sums[r] = _softmax_numerators(scores, r, counts[r], width, maxima)
+    return loops
 
 
 @njit(**_FAST)
