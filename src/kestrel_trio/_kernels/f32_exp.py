@@ -73,7 +73,8 @@ def _exp_lines(x: str, out: str, n: str, r: str) -> list[str]:
     where that overflows); 0 where x is below exp._LOWEST (k2 is scratch).
     """
     return [f"vmaxps %zmm28, {x}, {n}", f"vminps %zmm30, {n}, {n}", f"vfmadd132ps %zmm16, %zmm17, {n}",
-            f"vrndscaleps $$9, {n}, {n}", f"vmovaps {x}, {r}", f"vfnmadd231ps %zmm18, {n}, {r}", f"vfnmadd231ps %zmm19, {n}, {r}",
+            f"vrndscaleps $$9, {n}, {n}", f"vmovaps {x}, {r}", f"vfnmadd231ps %zmm18, {n}, {r}",
+            f"vfnmadd231ps %zmm19, {n}, {r}",
             f"vmovaps %zmm20, {out}", f"vfmadd213ps %zmm21, {r}, {out}", f"vfmadd213ps %zmm22, {r}, {out}",
             f"vfmadd213ps %zmm23, {r}, {out}", f"vfmadd213ps %zmm24, {r}, {out}", f"vfmadd213ps %zmm25, {r}, {out}",
             f"vmulps {r}, {out}, {out}", f"vfmadd213ps {r}, {r}, {out}", f"vaddps %zmm26, {out}, {out}",
