@@ -148,14 +148,14 @@ def _address_carriers(function_ir, statements, name) -> tuple[set[str], int | No
 
 def _freed_early(n):  # a kernel as the modules write them, with the mistake f32_chunks.product made
     scratch = np.empty(n, np.float32)
-    operands = np.zeros(12, np.int64)
+    operands = np.zeros(13, np.int64)  # f32_chunks.OPERANDS
     operands[10] = scratch.ctypes.data
     for _ in range(n):
         _store_blocks(operands.ctypes.data)
 
 
 def _operands_of(scratch):
-    operands = np.zeros(12, np.int64)
+    operands = np.zeros(13, np.int64)  # f32_chunks.OPERANDS
     operands[10] = scratch.ctypes.data
     return operands
 
