@@ -81,6 +81,16 @@ def _exp_lines(x: str, out: str, n: str, r: str) -> list[str]:
             f"vscalefps {n}, {out}, {out}", f"vcmpps $$1, %zmm27, {x}, %k2", f"vmovaps {_ZERO}, {out} {{%k2}}"]
 
 
+def _folded(op: str, v: int, scratch: int) -> list[str]:
+    """zmm ``v``'s 16 lanes folded by ``op`` ("vmaxps", "vaddps") into its lane 0: halves, then quarters, down to
+    one (``scratch`` a zmm register number)."""
+    lines = [f"vextractf64x4 $$1, %zmm{v}, %ymm{scratch}", f"{op} %ymm{scratch}, %ymm{v}, %ymm{v}",
+             f"vextractf128 $$1, %ymm{v}, %xmm{scratch}", f"{op} %xmm{scratch}, %xmm{v}, %xmm{v}"]
+    for swap in (78, 177):  # the two 64-bit halves, then neighbouring lanes
+        lines += [f"vpermilps $${swap}, %xmm{v}, %xmm{scratch}", f"{op} %xmm{scratch}, %xmm{v}, %xmm{v}"]
+    return lines
+
+
 def _softmax_text() -> str:
     """Rows of scores to their softmax numerators, in place. Operands at $0, int64 [OPERANDS]: 0 the first row;
     1 the rows' stride (bytes); 2 the rows; 3 each row's count, int64 [rows] (>= 1); 4 the width (floats, a
@@ -91,10 +101,7 @@ def _softmax_text() -> str:
     # The maximum: whole vectors, then the part-vector's lanes (k1), each lane's largest folded into lane 0.
     lines += ["vbroadcastss (%r8), %zmm0", "mov %rdx, %rdi", "test %rdi, %rdi", "jz 2f",
               "1:", "vmaxps (%rsi), %zmm0, %zmm0", "add $$64, %rsi", "dec %rdi", "jnz 1b",
-              "2:", "vmaxps (%rsi), %zmm0, %zmm0 {%k1}",
-              "vextractf64x4 $$1, %zmm0, %ymm1", "vmaxps %ymm1, %ymm0, %ymm0", "vextractf128 $$1, %ymm0, %xmm1",
-              "vmaxps %xmm1, %xmm0, %xmm0", "vpermilps $$78, %xmm0, %xmm1", "vmaxps %xmm1, %xmm0, %xmm0",
-              "vpermilps $$177, %xmm0, %xmm1", "vmaxps %xmm1, %xmm0, %xmm0", "vbroadcastss %xmm0, %zmm0"]
+              "2:", "vmaxps (%rsi), %zmm0, %zmm0 {%k1}"] + _folded("vmaxps", 0, 1) + ["vbroadcastss %xmm0, %zmm0"]
     # The numerators: whole vectors, then the part-vector (its lanes past the count 0), then zeros to the width.
     lines += ["vpxord %zmm5, %zmm5, %zmm5", "mov %r8, %rsi", "mov %rdx, %rdi", "test %rdi, %rdi", "jz 2f",
               "1:", "vmovups (%rsi), %zmm1", "vsubps %zmm0, %zmm1, %zmm1"]
@@ -106,10 +113,8 @@ def _softmax_text() -> str:
               "3:", "mov 32($0), %rdi", "lea (%r8,%rdi,4), %rdi", "5:", "cmp %rdi, %rsi", "jae 6f",
               f"vmovups {_ZERO}, (%rsi)", "add $$64, %rsi", "jmp 5b", "6:"]
     # The sum of the numerators' 16 lanes into sums[row].
-    lines += ["vextractf64x4 $$1, %zmm5, %ymm1", "vaddps %ymm1, %ymm5, %ymm5", "vextractf128 $$1, %ymm5, %xmm1",
-              "vaddps %xmm1, %xmm5, %xmm5", "vpermilps $$78, %xmm5, %xmm1", "vaddps %xmm1, %xmm5, %xmm5",
-              "vpermilps $$177, %xmm5, %xmm1", "vaddss %xmm1, %xmm5, %xmm5", "vmovss %xmm5, (%r10)",
-              "add 8($0), %r8", "add $$8, %r9", "add $$4, %r10", "dec %r11", "jnz 4b", "vzeroupper"]
+    lines += _folded("vaddps", 5, 1) + ["vmovss %xmm5, (%r10)"]
+    lines += ["add 8($0), %r8", "add $$8, %r9", "add $$4, %r10", "dec %r11", "jnz 4b", "vzeroupper"]  # the next row
     return "\n".join(lines)
 
 
