@@ -23,7 +23,10 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-__all__ = ["FORMS", "ready", "compiled", "unavailable_reason", "describe", "prepare", "packed_product", "packed_expand",
+from kestrel_trio._kernels import cpu as _cpu
+
+__all__ = ["FORMS", "ready", "compiled", "unavailable_reason", "describe", "describe_cpu", "product_kernels",
+           "prepare", "packed_product", "packed_expand",
            "packed_weights", "release_compiler_pages", "enable_tiles", "tile_product", "tile_pack", "tile_multiply",
            "enable_chunk_products", "chunk_product", "CHUNK_WEIGHT_ROWS", "CHUNK_K_STEP", "enable_prefill_attention",
            "prefill_attention", "qkv_rows",
@@ -36,6 +39,10 @@ FORMS = frozenset(("int8", "int4", "bf16", "F32", "F16", "BF16", "Q8_0", "Q4_0",
 _RUN = 32  # a block's inner loop length, an argument so that it stays a run-time value (products.py)
 
 log = logging.getLogger("kestrel_trio.kernels")
+
+# Before any of this package's modules imports numba: on aarch64 numba compiles for the features the kernel
+# reports (AT_HWCAP), not for what LLVM reads from /proc/cpuinfo (kestrel_trio._kernels.cpu says why).
+_cpu.configure_numba()
 
 _state: dict = {}  # "products": the compiled module, or "error": why it cannot be had
 _state_lock = threading.Lock()
@@ -77,7 +84,33 @@ def describe() -> str:
         return f"numpy expansion and BLAS ({unavailable_reason()})"
     import numba
 
-    return f"compiled row products (numba {numba.__version__})"
+    return f"compiled row products (numba {numba.__version__}) for {describe_cpu()}"
+
+
+def describe_cpu() -> str:
+    """The CPU the compiled code is for and the features the kernels saw, e.g. "cortex-a76 dotprod fp16 neon".
+
+    On x86-64 the name is LLVM's for this host (numba compiles for it) once the kernels are loaded.
+    """
+    cpu = _cpu.this_cpu()
+    if cpu.name == "host" and ready():
+        import llvmlite.binding as llvm_binding
+
+        return " ".join((llvm_binding.get_host_cpu_name(), *cpu.features))
+    return cpu.describe()
+
+
+def product_kernels(forms) -> dict[str, str]:
+    """For each storage form of ``forms`` (names in FORMS), the kernel its products take in this process.
+
+    "portable": the compiled reference loops (kestrel_trio._kernels.products), compiled for :func:`describe_cpu`;
+    "avx512", "avx2", "avx2+avx512": an x86-64 assembly block, from four activation rows; "numpy": numba
+    cannot run here (numpy expansion and BLAS). Names outside FORMS are left out.
+    """
+    wanted = sorted(set(forms) & FORMS)
+    if not ready():
+        return {form: "numpy" for form in wanted}
+    return {form: _products().kernel_name(form) for form in wanted}
 
 
 def _products():
