@@ -84,12 +84,25 @@ import numpy as np
 from numba import njit, types
 from numba.extending import intrinsic
 
-__all__ = ["FORMS", "product_for", "f16_table", "COLUMNS_PER_ITEM"]
+__all__ = ["FORMS", "product_for", "kernel_name", "f16_table", "COLUMNS_PER_ITEM"]
 
 
 def f16_table() -> np.ndarray:
-    """Every float16 bit pattern's float32 value: float32 [65536]."""
-    return np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)  # [65536]
+    """Every float16 bit pattern's float32 value: float32 [65536], the same bits on every architecture.
+
+    Made from the bits, not by numpy's float16 cast: on aarch64 that cast is the CPU's ``fcvt``, which
+    quiets a signalling NaN and raises the invalid flag (numpy warns), while x86-64's keeps the payload. Here
+    every NaN keeps its payload and sign, as x86-64's cast gives, and no floating-point flag is raised.
+    """
+    bits = np.arange(1 << 16, dtype=np.uint32)  # [65536]
+    exponent = (bits >> 10) & 0x1F
+    mantissa = bits & 0x3FF
+    # Finite values: mantissa * 2^-24 (subnormal, exponent 0) or (1024 + mantissa) * 2^(exponent - 25), exact.
+    significand = (mantissa | np.where(exponent > 0, 0x400, 0)).astype(np.float32)  # [65536]
+    magnitude = np.ldexp(significand, np.maximum(exponent, 1).astype(np.int32) - 25).view(np.uint32)  # [65536]
+    infinite_or_nan = np.uint32(0x7F800000) | (mantissa << 13)  # [65536]
+    value = np.where(exponent == 0x1F, infinite_or_nan, magnitude) | ((bits & 0x8000) << 16)  # [65536]
+    return value.astype(np.uint32).view(np.float32)
 
 
 def _storage(dtype) -> types.Array:
@@ -1415,15 +1428,32 @@ def product_for(form: str):
         with _compile_lock:
             found = _compiled.get(form)
             if found is None:
-                product, expand, storage, scales, view = _PRODUCTS[form]
-                if form == "F32" and f32_assembly():  # the assembly blocks where they apply
-                    product = {"avx512": product_f32_avx512, "avx2": product_f32_avx2,
-                               "avx2+avx512": product_f32_zen}[f32_assembly()]
-                elif form in ("bf16", "BF16", "int8") and f32_assembly():  # every such CPU has AVX2's block
-                    product = product_int8_avx2 if form == "int8" else product_bf16_avx2
+                _, expand, storage, scales, view = _PRODUCTS[form]
+                product = _chosen(form)[0]
                 found = _compiled[form] = (
                     njit(_signature(storage, scales), **_COMPILE)(product),
                     njit(_expand_signature(storage, scales), **_COMPILE)(expand),
                     view,
                 )
     return found
+
+
+def _chosen(form: str):
+    """(the Python function of ``form``'s product in this process, the name of its kernel).
+
+    The name says what runs from four activation rows up: "portable" (the compiled loops above, for whatever
+    CPU numba compiles for) or an assembly block's (:func:`f32_assembly`; bf16 and int8 rows take AVX2's 3x4
+    block on every CPU that has one). Below four rows every form runs the portable loops.
+    """
+    assembly = f32_assembly()
+    if form == "F32" and assembly:  # the assembly blocks where they apply
+        return {"avx512": product_f32_avx512, "avx2": product_f32_avx2, "avx2+avx512": product_f32_zen}[assembly], \
+            assembly
+    if form in ("bf16", "BF16", "int8") and assembly:  # every such CPU has AVX2's block
+        return (product_int8_avx2 if form == "int8" else product_bf16_avx2), "avx2"
+    return _PRODUCTS[form][0], "portable"
+
+
+def kernel_name(form: str) -> str:
+    """The kernel ``form``'s products take in this process ("portable", "avx512", "avx2", "avx2+avx512")."""
+    return _chosen(form)[1]
