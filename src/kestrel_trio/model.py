@@ -21,7 +21,7 @@ from kestrel_trio._model import (
     config_from_gguf, feed_chunks, forward, gguf_architecture, is_gguf_file, is_qwen3_vl, linear, load_gguf_weights,
     load_qwen3_vl, load_weights, product_threads, random_tensors, read_config, read_config_json, resolve_residency,
     set_product_threads, vl_config_from_dict, UPCAST_CHUNK, PackedMatrix, default_cache_dir, describe_weights,
-    packed_matrices, warm_fused_products, PREFILL_PRECISIONS, set_prefill_precision as _set_prefill_precision,
+    packed_matrices, resident_bytes, warm_fused_products, PREFILL_PRECISIONS, set_prefill_precision as _set_prefill_precision,
     prefill_precision,
 )
 from kestrel_trio.text.images import ImageProcessorConfig, require_pillow
@@ -79,8 +79,21 @@ class Model:
         self.image_config: ImageProcessorConfig | None = None  # its preprocessor_config.json
         self._template: ChatTemplate | None = None
         self._max_model_len: int | None = None  # a serving cap below the checkpoint's context (with_context_length)
+        self._kernels: dict | None = None  # kernel_report's, made once
         if tokenizer is not None and tokenizer.chat_template is not None:
             self._template = ChatTemplate(tokenizer.chat_template, special_tokens=tokenizer.special_tokens_map)
+
+    def kernel_report(self) -> dict:
+        """Which kernel each storage form of this model's matrices takes in this process, and the CPU they were
+        chosen for: ``{"cpu": "cortex-a76 dotprod fp16 neon", "products": {"Q8_0": "portable", ...}}`` (the
+        start-up log, /health; kestrel_trio._kernels.product_kernels names the kernels). float32 matrices are "F32"."""
+        if self._kernels is None:
+            forms = set(resident_bytes(self.decoder.weights))
+            if self.vision is not None:
+                forms |= {part.form for matrix in packed_matrices(self.vision.vision) for part in matrix.parts}
+            forms = {"F32" if form == "float32" else form for form in forms}
+            self._kernels = {"cpu": _kernels.describe_cpu(), "products": _kernels.product_kernels(forms)}
+        return self._kernels
 
     @property
     def is_demo(self) -> bool:
@@ -496,6 +509,9 @@ def _ready(model: Model, residency: str) -> Model:
     if residency != "fp32":
         log.info("%s: packed weights' products: %s", model.name, _kernels.describe())
     model.prepare_products()
+    report = model.kernel_report()
+    log.info("%s: product kernels: %s; CPU: %s", model.name,
+             ", ".join(f"{form} {kernel}" for form, kernel in report["products"].items()), report["cpu"])
     return model
 
 

@@ -28,7 +28,9 @@ from kestrel_trio._model.random_init import random_tensors, write_random_checkpo
 from kestrel_trio._model.safetensors import SafetensorsCheckpoint
 from kestrel_trio._model.shapes import expected_shapes
 from kestrel_trio._model.vision import vision_shapes
-from kestrel_trio._model.residency import describe_weights, load_weights, packed_matrices, resolve_residency
+from kestrel_trio._model.residency import (
+    describe_weights, load_weights, packed_matrices, resident_bytes, resolve_residency,
+)
 from kestrel_trio._model.weights import assemble_weights
 
 __all__ = [
@@ -48,7 +50,7 @@ __all__ = [
     "choose_small_batch_call", "product_threads", "set_product_threads", "small_batch_call", "UPCAST_CHUNK",
     "warm_fused_products", "packed_matrices", "set_prefill_precision", "prefill_precision", "PREFILL_PRECISIONS",
     # quantized residency
-    "PackedMatrix", "GgmlRows", "default_cache_dir", "describe_weights",
+    "PackedMatrix", "GgmlRows", "default_cache_dir", "describe_weights", "resident_bytes",
     # for the benchmarks' checkpoints and tables
     "gguf_name", "SafetensorsCheckpoint", "vision_shapes",
 ]

@@ -66,6 +66,7 @@ class ServerState:
         body: dict = {"status": status, "model": self.model_id}
         if self.model is not None:
             body["weights"] = self.model.weights_mode
+            body.update(self.model.kernel_report())  # "cpu" and "products": which kernels run, for bug reports
         if engine is not None:
             body.update(engine.report())
         else:
