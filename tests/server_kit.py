@@ -16,6 +16,7 @@ from kestrel_trio.model import Model
 from step_gate import StepGate, greedy_tokens, wait_until  # noqa: F401 (re-exported to the tests)
 from kestrel_trio.openai import parse_sse
 from kestrel_trio.server import Server, serve
+from slow_host import allowance
 
 HOST = "127.0.0.1"
 JSON = "application/json"
@@ -168,7 +169,7 @@ def assert_envelope(response: RawResponse, status: int) -> dict:
 
 def client_for(server: Server) -> openai.OpenAI:
     """The official openai client pointed at ``server`` (no retries, so a refusal shows as is)."""
-    return openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=30)
+    return openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=allowance(30))
 
 
 async def assert_left_in_decode_and_stopped(engine) -> None:

@@ -18,6 +18,7 @@ from gguf_kit import TEXTS, assert_same_ids
 from kestrel_trio import load_model
 from kestrel_trio._model.gguf_reader import GgufFile
 from real_models import smollm2_135m
+from slow_host import allowance
 
 GOLDEN = Path(__file__).resolve().parents[1] / "fixtures" / "smollm2"
 META = json.loads((GOLDEN / "smollm2_golden.json").read_text(encoding="utf-8"))
@@ -117,7 +118,7 @@ async def test_the_official_openai_client_gets_paris_from_the_server(smollm2):
 
     from server_kit import client_for, running_server
 
-    with trio.fail_after(120):
+    with trio.fail_after(allowance(120)):
         async with running_server(smollm2) as server:
 
             def ask():

@@ -17,6 +17,7 @@ from kestrel_trio._model.random_init import write_random_checkpoint
 from kestrel_trio._model.safetensors import SafetensorsCheckpoint
 from kestrel_trio._model.weights import Attention, DenseMLP, SparseMoE
 from kestrel_trio.errors import ModelLoadError
+from slow_host import allowance
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 TINY = {
@@ -197,7 +198,7 @@ def test_product_threads_run_one_thread_blas_when_the_caller_is_a_worker_thread(
         load_model(tmp_path, blas_threads=2)
         worker = threading.Thread(target=step_in_a_worker)
         worker.start()
-        worker.join(timeout=30)
+        worker.join(timeout=allowance(30))
         assert seen == [{1}] * 2, f"BLAS threads seen inside a shared product: {seen}"
         assert after == [{2}], "the worker's own BLAS count is given back after the product"
     finally:

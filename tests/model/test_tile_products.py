@@ -12,6 +12,7 @@ from kestrel_trio import _kernels
 from kestrel_trio._model import matmul
 from kestrel_trio.errors import ModelLoadError
 from kestrel_trio.model import load_model, prefill_precision, set_prefill_precision
+from slow_host import allowance
 
 FP32_FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "qwen3_fp32"
 
@@ -99,6 +100,6 @@ def test_asking_for_the_tiles_first_leaves_the_compiled_products_available():
 
     script = ("from kestrel_trio import _kernels; reason = _kernels.enable_tiles(); "
               "print(_kernels.ready(), _kernels.unavailable_reason() or '-')")
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=allowance(120))
     assert done.returncode == 0, done.stderr
     assert done.stdout.split()[0] == "True", done.stdout
