@@ -186,6 +186,7 @@ def _pageout_drops_a_files_pages(folder: Path) -> bool:
     return before == pages and after < pages // 2
 
 
+@pytest.mark.host_cpu  # qemu-user's emulated CPU (the aarch64 lane) has no working MADV_PAGEOUT
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc and MADV_PAGEOUT are Linux's")
 def test_warming_loads_the_products_and_hands_back_the_compilers_pages(tmp_path):
     if not _pageout_drops_a_files_pages(tmp_path):
@@ -255,6 +256,17 @@ def test_more_rows_than_the_fused_product_takes_expand_chunks_for_the_small_batc
 # ---------------------------------------------------------------- float32 rows: the assembly blocks (x86-64)
 
 
+@pytest.mark.host_cpu
+@pytest.mark.skipif(platform.machine() in ("x86_64", "AMD64"), reason="x86-64 runs assembly blocks (the test below)")
+def test_off_x86_64_every_form_takes_the_portable_loops_whatever_numba_compiles_for():
+    from kestrel_trio._kernels import products
+
+    assert products.f32_assembly() is None
+    assert set(_kernels.product_kernels(_kernels.FORMS).values()) == {"portable"}
+
+
+@pytest.mark.host_cpu
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86-64's assembly blocks")
 def test_the_float32_assembly_is_the_widest_the_cpu_and_the_compiled_code_both_have():
     import llvmlite.binding as llvm_binding
 
@@ -268,17 +280,16 @@ def test_the_float32_assembly_is_the_widest_the_cpu_and_the_compiled_code_both_h
     def has(*wanted):
         return all(host.get(f, False) and (listed is None or f"+{f}" in listed) for f in wanted)
 
-    expected = None
-    if platform.machine() in ("x86_64", "AMD64"):
-        cpu = llvm_binding.get_host_cpu_name()
-        if name == "host" and has("avx512f") and not cpu.startswith("znver"):
-            expected = "avx512"
-        elif name == "host" and has("avx512f"):  # AMD's Zen 4 and 5: the AVX2 block, the 6x4 zmm one from 12 rows
-            expected = "avx2+avx512"
-        elif name in ("host", "haswell", "znver3") and has("avx2", "fma"):
-            expected = "avx2"
     if name not in ("host", "haswell", "znver3"):
         pytest.skip(f"NUMBA_CPU_NAME={name}: the expectation is the subprocess tests' below")
+    expected = None
+    cpu = llvm_binding.get_host_cpu_name()
+    if name == "host" and has("avx512f") and not cpu.startswith("znver"):
+        expected = "avx512"
+    elif name == "host" and has("avx512f"):  # AMD's Zen 4 and 5: the AVX2 block, the 6x4 zmm one from 12 rows
+        expected = "avx2+avx512"
+    elif name in ("host", "haswell", "znver3") and has("avx2", "fma"):
+        expected = "avx2"
     assert products.f32_assembly() == expected
 
 

@@ -15,8 +15,9 @@ from kestrel_trio import _kernels, load_model
 from kestrel_trio._model.layers import rms_norm, swiglu
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
-pytestmark = pytest.mark.skipif(_kernels.enable_chunk_products() is not None,
-                                reason=f"the chunk kernel does not run here: {_kernels.enable_chunk_products()}")
+pytestmark = [pytest.mark.host_cpu,
+              pytest.mark.skipif(_kernels.enable_chunk_products() is not None,
+                                 reason=f"the chunk kernel does not run here: {_kernels.enable_chunk_products()}")]
 forward_module = importlib.import_module("kestrel_trio._model.forward")  # the package's ``forward`` is the function
 if _kernels.enable_chunk_products() is None:
     from kestrel_trio._kernels import f32_chunks, packed_rows

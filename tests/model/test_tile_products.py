@@ -35,13 +35,31 @@ def _serially(tasks):
         task()
 
 
-def test_tiles_give_the_bf16_rounded_product_or_a_reason_they_cannot_run():
-    reason = _kernels.enable_tiles()
-    if reason is not None:  # this CPU or OS has no AMX: asking for it says why, and nothing changes
-        with pytest.raises(ModelLoadError, match="bf16 prefill needs AMX tiles"):
-            set_prefill_precision("bf16")
-        assert prefill_precision() == "fp32"
-        return
+_NO_TILES = _kernels.enable_tiles()  # None where this CPU and OS run AMX tiles, else why not
+needs_tiles = pytest.mark.skipif(_NO_TILES is not None, reason=f"no AMX tiles here: {_NO_TILES}")
+
+
+@pytest.mark.host_cpu
+@pytest.mark.skipif(_NO_TILES is None, reason="this host has AMX tiles: test_a_cpu_without_tiles_is_refused_with_its_"
+                                              "reason plays a CPU without them")
+def test_a_host_without_tiles_refuses_bf16_prefill_and_keeps_float32():
+    with pytest.raises(ModelLoadError, match="bf16 prefill needs AMX tiles"):
+        set_prefill_precision("bf16")
+    assert prefill_precision() == "fp32"
+
+
+@pytest.mark.parametrize("weights", ["fp32", "bf16"])
+@pytest.mark.host_cpu
+@pytest.mark.skipif(_NO_TILES is None, reason="this host has AMX tiles")
+def test_a_host_without_tiles_refuses_bf16_prefill_at_load(weights):
+    with pytest.raises(ModelLoadError, match="bf16 prefill needs AMX tiles"):
+        load_model(FP32_FIXTURE, weights=weights, prefill_precision="bf16")
+    assert prefill_precision() == "fp32"
+
+
+@pytest.mark.host_cpu
+@needs_tiles
+def test_tiles_give_the_bf16_rounded_product():
     rng = np.random.default_rng(7)
     for m, n, k in [(1, 32, 32), (17, 64, 96), (33, 96, 64), (100, 128, 2048)]:
         x = rng.standard_normal((m, k), dtype=np.float32)
@@ -64,6 +82,8 @@ def test_a_cpu_without_tiles_is_refused_with_its_reason(monkeypatch):
     assert prefill_precision() == "fp32"
 
 
+@pytest.mark.host_cpu
+@needs_tiles
 @pytest.mark.parametrize(("weights", "products_a_layer", "qkv_products"),
                          [("fp32", 4, 1), ("bf16", 7, 3)])  # bf16: each q/k/v, gate/up part
 def test_bf16_prefill_runs_its_chunks_on_tiles_and_keeps_decode_in_float32(monkeypatch, weights, products_a_layer,
@@ -71,10 +91,6 @@ def test_bf16_prefill_runs_its_chunks_on_tiles_and_keeps_decode_in_float32(monke
     model = load_model(FP32_FIXTURE, weights=weights)
     prompt = [(i * 37) % 500 + 3 for i in range(48)]  # one 48-row chunk: more rows than a decode step's 32
     reference = model.prefill(model.new_cache(), prompt)  # [vocab]
-    if _kernels.enable_tiles() is not None:
-        with pytest.raises(ModelLoadError):
-            set_prefill_precision("bf16")
-        return
     rows = []
     real = _kernels.tile_multiply
     monkeypatch.setattr(_kernels, "tile_multiply", lambda packed, m, *rest: rows.append(m) or real(packed, m, *rest))
