@@ -47,10 +47,11 @@ def test_an_rk3588_compiles_for_its_big_core_with_dotprod_and_fp16():
     assert found.describe() == "cortex-a76 dotprod fp16 neon"
 
 
-def test_under_qemu_user_the_features_come_from_the_emulated_cpus_hwcap_and_the_name_is_generic():
+def test_under_qemu_user_the_features_come_from_the_emulated_cpus_hwcap_and_the_name_is_llvms():
     """qemu-user's /proc/cpuinfo is the x86 host's: no CPU part, no Features line; AT_HWCAP is the guest's."""
     a53 = cpu.detect("aarch64", {}, A53_HWCAP, 0, X86_CPUINFO)
-    assert (a53.name, a53.features) == ("generic", ("neon",))
+    assert (a53.name, a53.features) == ("host", ("neon",))
+    assert "NUMBA_CPU_NAME" not in a53.numba
     assert a53.numba["NUMBA_CPU_FEATURES"] == "+neon,-fullfp16,-dotprod,-sve,-i8mm,-bf16"  # nothing it lacks
     told = cpu.detect("aarch64", {"NUMBA_CPU_NAME": "cortex-a76"}, A76_HWCAP, 0, X86_CPUINFO)
     assert (told.name, told.features) == ("cortex-a76", ("dotprod", "fp16", "neon"))
@@ -62,6 +63,12 @@ def test_the_users_numba_settings_win_and_are_reported_as_such():
                       A76_HWCAP, 0, RK3588_CPUINFO)
     assert (told.name, told.features, told.source, dict(told.numba)) == (
         "cortex-a55", ("dotprod", "neon"), "NUMBA_CPU_FEATURES", {})
+
+
+def test_a_core_missing_from_the_table_keeps_llvms_name_and_gets_the_features():
+    apple = RK3588_CPUINFO.replace("0x41", "0x61")  # another implementer's part numbers are not Arm's
+    found = cpu.detect("aarch64", {}, A76_HWCAP, 0, apple)
+    assert found.name == "host" and set(found.numba) == {"NUMBA_CPU_FEATURES"}
 
 
 def test_without_the_auxiliary_vector_cpuinfo_features_serve():

@@ -13,7 +13,8 @@ So on aarch64 the features numba compiles with come from ``AT_HWCAP`` (and
 ``AT_HWCAP2``): ``NUMBA_CPU_FEATURES`` is set to them, a feature the CPU
 lacks spelled as ``-feature`` so that no CPU name can imply it; and the
 CPU name from ``/proc/cpuinfo``'s ``CPU part`` lines (the big core's where
-there are two), ``generic`` where there is none (under emulation). A
+there are two; LLVM's own name where the part is not in our table or there
+is none: under emulation LLVM says ``generic``). A
 ``NUMBA_CPU_NAME`` or ``NUMBA_CPU_FEATURES`` already in the environment
 wins (``NUMBA_CPU_NAME=cortex-a76`` makes an emulated lane compile what the
 board compiles). numba's on-disk cache keys each compiled function by the
@@ -67,7 +68,7 @@ class Cpu:
 
     Attributes:
         arch: ``platform.machine()`` normalized: "aarch64", "x86_64", or what it said.
-        name: the CPU numba compiles for ("cortex-a76", "generic"; "host" on x86-64: LLVM's detection).
+        name: the CPU numba compiles for ("cortex-a76"; "host": LLVM's own detection, as on x86-64).
         features: the features the kernels care about that this CPU has, sorted ("dotprod", "fp16", "neon").
         source: where the features came from ("AT_HWCAP", "/proc/cpuinfo", "NUMBA_CPU_FEATURES", "none").
         numba: the environment settings that make numba compile for it ({} where LLVM's own detection stands).
@@ -112,7 +113,9 @@ def _arm(environ: Mapping[str, str], hwcap: int | None, hwcap2: int | None, cpui
         source = "/proc/cpuinfo" if listed else "none"
     numba: dict[str, str] = {}
     name = environ.get("NUMBA_CPU_NAME") or _arm_core(cpuinfo)
-    if not environ.get("NUMBA_CPU_NAME"):
+    if name is None:
+        name = "host"  # a core not in the table, or none listed (qemu-user): LLVM's own name for it
+    elif not environ.get("NUMBA_CPU_NAME"):
         numba["NUMBA_CPU_NAME"] = name
     if environ.get("NUMBA_CPU_FEATURES"):  # the user's word: report it as what the code is compiled with
         wanted = set(environ["NUMBA_CPU_FEATURES"].split(","))
@@ -123,19 +126,22 @@ def _arm(environ: Mapping[str, str], hwcap: int | None, hwcap2: int | None, cpui
     return Cpu("aarch64", name, tuple(sorted(seen)), source, numba)
 
 
-def _arm_core(cpuinfo: str) -> str:
-    """LLVM's name for the biggest known core /proc/cpuinfo lists; "generic" where it lists none (qemu-user)."""
-    names = []
+def _arm_core(cpuinfo: str) -> str | None:
+    """LLVM's name for the biggest core of the table /proc/cpuinfo lists; None where it lists none of them."""
+    names, implementer = [], None
     for line in cpuinfo.splitlines():
         key, _, value = line.partition(":")
-        if key.strip() == "CPU part":
+        key, value = key.strip(), value.strip()
+        if key == "CPU implementer":
+            implementer = value
+        elif key == "CPU part" and implementer == "0x41":  # Arm Ltd's own cores: other vendors number theirs
             try:
-                names.append(_ARM_PARTS.get(int(value.strip(), 16)))
+                names.append(_ARM_PARTS.get(int(value, 16)))
             except ValueError:
                 continue
     known = [n for n in names if n is not None]
     big = [n for n in known if n not in _LITTLE]
-    return (big or known or ["generic"])[0]
+    return (big or known or [None])[0]
 
 
 def _cpuinfo_field(cpuinfo: str, field: str) -> str:
