@@ -47,6 +47,16 @@ def gate(monkeypatch: pytest.MonkeyPatch) -> StepGate:
     return step_gate
 
 
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    """Once, plainly, after the results (``-q`` too): the CPU the kernels are compiled for, and which kernels this
+    host runs and which it cannot (their tests skip, marked host_cpu)."""
+    from kestrel_trio import _kernels
+
+    terminalreporter.write_sep("-", f"kernels: CPU {_kernels.describe_cpu()}")
+    for family, reason in _kernels.optional_kernels().items():
+        terminalreporter.write_line(f"{family}: {'runs here' if reason is None else 'not here: ' + reason}")
+
+
 def _in_ci() -> bool:
     return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
 

@@ -506,11 +506,9 @@ def _ready(model: Model, residency: str) -> Model:
     """Record and log how the weights are held, and choose the small-batch call."""
     model.weights_mode = residency
     log.info("%s: weights in memory as %s: %s", model.name, residency, describe_weights(model.decoder.weights))
-    if residency != "fp32":
-        log.info("%s: packed weights' products: %s", model.name, _kernels.describe())
     model.prepare_products()
     report = model.kernel_report()
-    log.info("%s: product kernels: %s; CPU: %s", model.name,
+    log.info("%s: product kernels (%s): %s; CPU: %s", model.name, _kernels.describe(),
              ", ".join(f"{form} {kernel}" for form, kernel in report["products"].items()), report["cpu"])
     return model
 

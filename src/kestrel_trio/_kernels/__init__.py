@@ -26,6 +26,7 @@ import numpy as np
 from kestrel_trio._kernels import cpu as _cpu
 
 __all__ = ["FORMS", "ready", "compiled", "unavailable_reason", "describe", "describe_cpu", "product_kernels",
+           "optional_kernels",
            "prepare", "packed_product", "packed_expand",
            "packed_weights", "release_compiler_pages", "enable_tiles", "tile_product", "tile_pack", "tile_multiply",
            "enable_chunk_products", "chunk_product", "CHUNK_WEIGHT_ROWS", "CHUNK_K_STEP", "enable_prefill_attention",
@@ -84,7 +85,7 @@ def describe() -> str:
         return f"numpy expansion and BLAS ({unavailable_reason()})"
     import numba
 
-    return f"compiled row products (numba {numba.__version__}) for {describe_cpu()}"
+    return f"compiled row products (numba {numba.__version__})"
 
 
 def describe_cpu() -> str:
@@ -98,6 +99,22 @@ def describe_cpu() -> str:
 
         return " ".join((llvm_binding.get_host_cpu_name(), *cpu.features))
     return cpu.describe()
+
+
+def optional_kernels() -> dict[str, str | None]:
+    """Each kernel family that not every host runs, and None where it runs here, else why not (one line each).
+
+    Loads (or compiles) each family that can run, as a model's load would: for test reports and bug reports.
+    """
+    assembly = _products().f32_assembly() if ready() else None
+    return {
+        "compiled loops (numba)": None if ready() else unavailable_reason(),
+        "float32 assembly blocks (x86-64 AVX2/AVX-512)": None if assembly else (
+            unavailable_reason() or f"no AVX2 or AVX-512 block for this CPU ({describe_cpu()})"),
+        "float32 chunk products (Intel AVX-512)": enable_chunk_products(),
+        "chunk attention (AVX2/AVX-512)": enable_prefill_attention(),
+        "bf16 tile products (AMX)": enable_tiles(),
+    }
 
 
 def product_kernels(forms) -> dict[str, str]:
