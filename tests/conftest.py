@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,22 @@ import kestrel_trio.engine.engine as engine_module
 from kestrel_trio.model import Model, load_demo_model, load_model
 
 FIXTURE_CHECKPOINT = Path(__file__).resolve().parent / "fixtures" / "qwen3_bf16_tied"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _the_default_port_is_taken():
+    """The suite runs as if the quick start's server held 127.0.0.1:8000 (the README runs the tests beside it):
+    a test that binds the default port instead of port 0 fails here, wherever it runs."""
+    holder = socket.socket()
+    try:
+        holder.bind(("127.0.0.1", 8000))
+        holder.listen(1)
+    except OSError:
+        pass  # taken already, perhaps by that very server: the same condition
+    try:
+        yield
+    finally:
+        holder.close()
 
 
 @pytest.fixture(scope="module")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import functools
 import logging
 import socket
 import sys
@@ -53,7 +54,7 @@ async def test_what_start_up_made_is_out_of_the_collector_s_reach_once_the_serve
     try:
         with trio.fail_after(30):
             async with trio.open_nursery() as nursery:
-                server = await nursery.start(serve, tiny_model)
+                server = await nursery.start(functools.partial(serve, tiny_model, port=0))
                 assert gc.get_freeze_count() > 0  # full collections no longer scan start-up's objects
                 assert made_at_start not in gc.get_objects()  # frozen objects are not listed as tracked
                 server.shutdown()
