@@ -21,8 +21,8 @@ from kestrel_trio._model import (
     config_from_gguf, feed_chunks, forward, gguf_architecture, is_gguf_file, is_qwen3_vl, linear, load_gguf_weights,
     load_qwen3_vl, load_weights, product_threads, random_tensors, read_config, read_config_json, resolve_residency,
     set_product_threads, vl_config_from_dict, UPCAST_CHUNK, PackedMatrix, default_cache_dir, describe_weights,
-    packed_matrices, resident_bytes, warm_fused_products, PREFILL_PRECISIONS, set_prefill_precision as _set_prefill_precision,
-    prefill_precision,
+    packed_matrices, resident_bytes, warm_fused_products, PREFILL_PRECISIONS,
+    set_prefill_precision as _set_prefill_precision, prefill_precision,
 )
 from kestrel_trio.text.images import ImageProcessorConfig, require_pillow
 from kestrel_trio.errors import BadRequestError, ContextLengthError, KestrelError, ModelLoadError
@@ -282,6 +282,7 @@ class Model:
             x = np.zeros((DEFAULT_PREFILL_CHUNK, weight.shape[1]), dtype=np.float32)  # [chunk, in]
             np.matmul(x, weight.T)  # [chunk, out]: BLAS itself, where linear may take kestrel's chunk kernel
             linear(x, weight)  # [chunk, out]: the chunk kernel compiled or loaded now where it runs
+        self.kernel_report()  # made here, off the event loop (engines run this in a thread): /health only reads it
 
     def prefill(self, cache: KVCache, token_ids: Sequence[int], chunk: int = DEFAULT_PREFILL_CHUNK) -> np.ndarray:
         """Feed a prompt in chunks of ``chunk`` tokens; the last position's logits [vocab].
