@@ -104,6 +104,27 @@ def _write(writer, path: Path) -> None:
     partial.rename(path)
 
 
+def qwen3_writer(arch: str, name: str, *, layers: int, context: int, hidden: int, inter: int, heads: int,
+                 kv_heads: int, head_dim: int, vocab: int, rope_theta: float = 1e6, eps: float = 1e-6):
+    """A GGUFWriter for ``arch`` ("qwen3", "qwen3moe") with a Qwen3's shape metadata written."""
+    import gguf
+
+    writer = gguf.GGUFWriter(None, arch)
+    writer.add_name(name)
+    writer.add_block_count(layers)
+    writer.add_context_length(context)
+    writer.add_embedding_length(hidden)
+    writer.add_feed_forward_length(inter)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    writer.add_rope_freq_base(float(rope_theta))
+    writer.add_layer_norm_rms_eps(eps)
+    writer.add_vocab_size(vocab)
+    return writer
+
+
 def build_dense_gguf(path: Path, kind: str, source: Path, add_vocab=None) -> None:
     """Qwen3-0.6B's tensors from the bf16 checkpoint ``source`` as a ``kind`` GGUF (vectors F32).
 
@@ -119,19 +140,10 @@ def build_dense_gguf(path: Path, kind: str, source: Path, add_vocab=None) -> Non
 
     started = time.perf_counter()
     c = QWEN3_0_6B
-    writer = gguf.GGUFWriter(None, "qwen3")
-    writer.add_name(f"qwen3-0.6b-shapes-{kind}")
-    writer.add_block_count(c["num_hidden_layers"])
-    writer.add_context_length(c["max_position_embeddings"])
-    writer.add_embedding_length(c["hidden_size"])
-    writer.add_feed_forward_length(c["intermediate_size"])
-    writer.add_head_count(c["num_attention_heads"])
-    writer.add_head_count_kv(c["num_key_value_heads"])
-    writer.add_key_length(c["head_dim"])
-    writer.add_value_length(c["head_dim"])
-    writer.add_rope_freq_base(float(c["rope_theta"]))
-    writer.add_layer_norm_rms_eps(c["rms_norm_eps"])
-    writer.add_vocab_size(c["vocab_size"])
+    writer = qwen3_writer("qwen3", f"qwen3-0.6b-shapes-{kind}", layers=c["num_hidden_layers"],
+                          context=c["max_position_embeddings"], hidden=c["hidden_size"], inter=c["intermediate_size"],
+                          heads=c["num_attention_heads"], kv_heads=c["num_key_value_heads"], head_dim=c["head_dim"],
+                          vocab=c["vocab_size"], rope_theta=c["rope_theta"], eps=c["rms_norm_eps"])
     if add_vocab is not None:
         add_vocab(writer)
     checkpoint = SafetensorsCheckpoint(source)
@@ -160,19 +172,9 @@ def build_moe_gguf(path: Path) -> None:
 
     m = MOE
     rng = np.random.default_rng(23)
-    writer = gguf.GGUFWriter(None, "qwen3moe")
-    writer.add_name("qwen3moe-reduced")
-    writer.add_block_count(m["layers"])
-    writer.add_context_length(4096)
-    writer.add_embedding_length(m["hidden"])
-    writer.add_feed_forward_length(m["moe_inter"])
-    writer.add_head_count(m["heads"])
-    writer.add_head_count_kv(m["kv_heads"])
-    writer.add_key_length(m["head_dim"])
-    writer.add_value_length(m["head_dim"])
-    writer.add_rope_freq_base(1e6)
-    writer.add_layer_norm_rms_eps(1e-6)
-    writer.add_vocab_size(m["vocab"])
+    writer = qwen3_writer("qwen3moe", "qwen3moe-reduced", layers=m["layers"], context=4096, hidden=m["hidden"],
+                          inter=m["moe_inter"], heads=m["heads"], kv_heads=m["kv_heads"], head_dim=m["head_dim"],
+                          vocab=m["vocab"])
     writer.add_expert_count(m["experts"])
     writer.add_expert_used_count(m["top_k"])
     writer.add_expert_feed_forward_length(m["moe_inter"])
