@@ -1,0 +1,112 @@
+"""The integer Q8_0 x Q8_0 loops (kestrel_trio._kernels.integer) against numpy: bit for bit on every CPU, within
+the activations' rounding of the exact product, and compiled to ``sdot`` where the CPU has dotprod."""
+
+from __future__ import annotations
+
+import platform
+
+import numpy as np
+import pytest
+
+from kestrel_trio import _kernels
+
+pytestmark = pytest.mark.skipif(not _kernels.ready(), reason=_kernels.unavailable_reason())
+
+if _kernels.ready():
+    from kestrel_trio._kernels import cpu, integer
+    from kestrel_trio._kernels.products import f16_table
+
+
+def q8_0_rows(rng, rows: int, cols: int) -> np.ndarray:
+    """Random Q8_0 rows as a GGUF stores them: uint8 [rows, cols / 32 * 34], finite scales of about 1e-3."""
+    raw = rng.integers(0, 256, (rows, cols // 32, 34), dtype=np.uint8)  # [rows, blocks, 34]
+    raw[:, :, 0:2] = (rng.uniform(0.5, 1.5, (rows, cols // 32, 1)) * 1e-3).astype(np.float16).view(np.uint8)
+    return raw.reshape(rows, -1)
+
+
+def numpy_quantized(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """ggml's Q8_0 activation quantization in numpy: int8 [N, cols], float32 scales [N, cols / 32]."""
+    blocks = x.reshape(x.shape[0], -1, 32)  # [N, blocks, 32]
+    d = np.abs(blocks).max(axis=-1) / np.float32(127)  # [N, blocks]
+    inverse = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d > 0)
+    return np.rint(blocks * inverse[..., None]).astype(np.int8).reshape(x.shape), d
+
+
+def numpy_product(data: np.ndarray, xq: np.ndarray, xd: np.ndarray) -> np.ndarray:
+    """[N, rows]: exact int64 block sums, each times (d_w * d_x) in float32, the blocks added in order."""
+    rows, n = data.shape[0], xq.shape[0]
+    blocks = data.reshape(rows, -1, 34)  # [rows, blocks, 34]
+    d_w = blocks[:, :, :2].copy().view(np.float16)[..., 0].astype(np.float32)  # [rows, blocks]
+    q_w = blocks[:, :, 2:].view(np.int8).astype(np.int64)  # [rows, blocks, 32]
+    sums = np.einsum("rki,nki->nrk", q_w, xq.reshape(n, -1, 32).astype(np.int64))  # [N, rows, blocks]
+    terms = (d_w[None] * xd[:, None, :]) * sums.astype(np.float32)  # [N, rows, blocks], float32
+    return np.cumsum(terms, axis=-1, dtype=np.float32)[..., -1]  # in order, as the loop adds them
+
+
+def quantized(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    xq = np.empty(x.shape, dtype=np.int8)  # [N, cols]
+    xd = np.empty((x.shape[0], x.shape[1] // 32), dtype=np.float32)  # [N, blocks]
+    integer.quantize_q8_rows(x, 32, xq, xd)
+    return xq, xd
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_activations_quantize_as_ggml_does_bit_for_bit(n):
+    rng = np.random.default_rng(n)
+    x = rng.standard_normal((n, 256), dtype=np.float32)  # [N, 256]
+    x[0, 32:64] = 0.0  # a block of zeros: scale 0, quants 0
+    x[0, 64] = 127.5 * np.abs(x[0, 65:96]).max() / 127  # a block whose largest value is its own
+    xq, xd = quantized(x)
+    want_q, want_d = numpy_quantized(x)
+    np.testing.assert_array_equal(xq, want_q)
+    np.testing.assert_array_equal(xd.view(np.uint32), want_d.view(np.uint32))
+    assert xd[0, 1] == 0 and not xq[0, 32:64].any() and np.abs(xq).max() == 127
+
+
+@pytest.mark.parametrize(("n", "cols"), [(1, 1024), (2, 96), (4, 2048)])
+def test_the_integer_product_equals_numpys_bit_for_bit(n, cols):
+    rng = np.random.default_rng(cols + n)
+    data = q8_0_rows(rng, 13, cols)  # [13, cols / 32 * 34]
+    xq, xd = quantized(rng.standard_normal((n, cols), dtype=np.float32))
+    out = np.full((n, 15), np.nan, dtype=np.float32)  # rows 2..11 land in columns 1..10, a strided view
+    integer.product_q8_0(data, f16_table(), 32, xq, xd, 2, 12, out[:, 1:11])
+    np.testing.assert_array_equal(out[:, 1:11].view(np.uint32), numpy_product(data[2:12], xq, xd).view(np.uint32))
+    assert np.isnan(out[:, 0]).all() and np.isnan(out[:, 11:]).all()
+
+
+def test_the_integer_product_is_the_exact_one_within_the_activations_rounding():
+    """Each activation moves by at most half its block's step (d_x / 2): the product by at most the sum over
+    blocks of sum|w| * d_x / 2, plus float32's own rounding."""
+    rng = np.random.default_rng(5)
+    data = q8_0_rows(rng, 64, 2048)  # [64, ...]
+    x = rng.standard_normal((2, 2048), dtype=np.float32)  # [2, 2048]
+    xq, xd = quantized(x)
+    out = np.empty((2, 64), dtype=np.float32)
+    integer.product_q8_0(data, f16_table(), 32, xq, xd, 0, 64, out)
+    blocks = data.reshape(64, -1, 34)
+    scales = blocks[:, :, :2].copy().view(np.float16)  # [64, blocks, 1]
+    weights = blocks[:, :, 2:].view(np.int8).astype(np.float64) * scales  # [64, blocks, 32]
+    exact = np.einsum("rki,nki->nr", weights, x.reshape(2, -1, 32).astype(np.float64))  # [2, 64]
+    bound = np.einsum("rk,nk->nr", np.abs(weights).sum(-1), xd.astype(np.float64) / 2)  # [2, 64]
+    slack = 1e-6 * np.einsum("rki,nki->nr", np.abs(weights), np.abs(x.reshape(2, -1, 32)))
+    error = np.abs(out - exact)
+    assert np.all(error <= bound + slack)
+    assert error.max() > 0  # the activations were rounded: not the exact product
+
+
+def _assembly(kernel) -> str:
+    return "\n".join(kernel.inspect_asm().values())
+
+
+@pytest.mark.host_cpu
+@pytest.mark.skipif(platform.machine() not in ("aarch64", "arm64"), reason="aarch64's dot-product instructions")
+def test_on_aarch64_the_block_sums_compile_to_sdot_exactly_where_the_cpu_has_dotprod():
+    rng = np.random.default_rng(1)
+    data = q8_0_rows(rng, 2, 64)
+    xq, xd = quantized(rng.standard_normal((1, 64), dtype=np.float32))
+    integer.product_q8_0(data, f16_table(), 32, xq, xd, 0, 2, np.empty((1, 2), dtype=np.float32))
+    sdot = _assembly(integer.product_q8_0).count("sdot")
+    if cpu.this_cpu().has("dotprod"):  # cortex-a76 in the aarch64 lane: the board's code
+        assert sdot >= 2
+    else:  # cortex-a53: code without the instruction, which the emulated core would refuse (SIGILL)
+        assert sdot == 0
