@@ -24,7 +24,10 @@ used by the model yet: the integer path becomes a form's product once its
 fidelity on every fixture is measured (the integer-products issue).
 
 Weights are the GGUF rows as stored, uint8 [rows, blocks * 34] (float16 ``d``
-then 32 int8 ``q`` a block), read in place.
+then 32 int8 ``q`` a block), read in place. The float16 lookup and the int8
+from a stored byte are written out here, not called from products.py (its
+``_half`` and ``_q8_signed``): numba invalidates a cached function when its
+own file changes, not when a function it calls from another file does.
 """
 
 from __future__ import annotations
