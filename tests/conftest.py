@@ -66,7 +66,12 @@ def gate(monkeypatch: pytest.MonkeyPatch) -> StepGate:
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
     """Once, plainly, after the results (``-q`` too): the CPU the kernels are compiled for, and which kernels this
-    host runs and which it cannot (their tests skip, marked host_cpu)."""
+    host runs and which it cannot (their tests skip, marked host_cpu). Only after a run that loaded the kernels:
+    asking would load them (numba, and a compilation where its cache is cold) for runs that never use them."""
+    import sys
+
+    if "kestrel_trio._kernels.products" not in sys.modules:
+        return
     from kestrel_trio import _kernels
 
     terminalreporter.write_sep("-", f"kernels: CPU {_kernels.describe_cpu()}")
