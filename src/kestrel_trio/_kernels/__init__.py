@@ -26,8 +26,7 @@ import numpy as np
 from kestrel_trio._kernels import cpu as _cpu
 
 __all__ = ["FORMS", "ready", "compiled", "unavailable_reason", "describe", "describe_cpu", "product_kernels",
-           "optional_kernels",
-           "prepare", "packed_product", "packed_expand",
+           "optional_kernels", "prepare", "packed_product", "packed_expand",
            "packed_weights", "release_compiler_pages", "enable_tiles", "tile_product", "tile_pack", "tile_multiply",
            "enable_chunk_products", "chunk_product", "CHUNK_WEIGHT_ROWS", "CHUNK_K_STEP", "enable_prefill_attention",
            "prefill_attention", "qkv_rows",

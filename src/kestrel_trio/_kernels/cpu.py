@@ -81,7 +81,7 @@ class Cpu:
     numba: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     def describe(self) -> str:
-        """One line: the CPU numba compiles for and the features seen, e.g. "cortex-a76 neon dotprod fp16"."""
+        """One line: the CPU numba compiles for and the features seen, sorted: "cortex-a76 dotprod fp16 neon"."""
         return " ".join((self.name, *self.features))
 
     def has(self, feature: str) -> bool:
