@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import platform
 
+import numba
 import numpy as np
 import pytest
 
@@ -94,8 +95,12 @@ def test_the_integer_product_is_the_exact_one_within_the_activations_rounding():
     assert error.max() > 0  # the activations were rounded: not the exact product
 
 
-def _assembly(kernel) -> str:
-    return "\n".join(kernel.inspect_asm().values())
+def _assembly(kernel, *args) -> str:
+    """The aarch64 assembly of ``kernel`` compiled afresh for ``args``: a kernel loaded from numba's cache (the lane
+    keeps one between runs) has no assembly to inspect."""
+    fresh = numba.njit(nogil=True)(kernel.py_func)
+    fresh(*args)
+    return "\n".join(fresh.inspect_asm().values())
 
 
 @pytest.mark.host_cpu
@@ -104,8 +109,8 @@ def test_on_aarch64_the_block_sums_compile_to_sdot_exactly_where_the_cpu_has_dot
     rng = np.random.default_rng(1)
     data = q8_0_rows(rng, 2, 64)
     xq, xd = quantized(rng.standard_normal((1, 64), dtype=np.float32))
-    integer.product_q8_0(data, f16_table(), 32, xq, xd, 0, 2, np.empty((1, 2), dtype=np.float32))
-    sdot = _assembly(integer.product_q8_0).count("sdot")
+    args = (data, f16_table(), 32, xq, xd, 0, 2, np.empty((1, 2), dtype=np.float32))
+    sdot = _assembly(integer.product_q8_0, *args).count("sdot")
     if cpu.this_cpu().has("dotprod"):  # cortex-a76 in the aarch64 lane: the board's code
         assert sdot >= 2
     else:  # cortex-a53: code without the instruction, which the emulated core would refuse (SIGILL)
