@@ -33,15 +33,34 @@ def numpy_quantized(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.rint(blocks * inverse[..., None]).astype(np.int8).reshape(x.shape), d
 
 
+def fma32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """float32 ``a * b + c`` rounded once, in numpy: the product is exact in float64 and the sum rounded to odd
+    there (TwoSum's error nudges an inexact even result one ulp towards it), which a float32 rounding of then
+    rounds correctly (float64 has more than 2 x 24 + 2 bits: Boldo and Melquiond's round-to-odd)."""
+    p = a.astype(np.float64) * b.astype(np.float64)  # exact
+    c = c.astype(np.float64)
+    s = p + c
+    back = s - p
+    error = (p - (s - back)) + (c - back)  # p + c - s, exactly
+    even = (s.view(np.int64) & 1) == 0
+    s = np.where((error != 0) & even, np.nextafter(s, np.where(error > 0, np.inf, -np.inf)), s)
+    return s.astype(np.float32)
+
+
 def numpy_product(data: np.ndarray, xq: np.ndarray, xd: np.ndarray) -> np.ndarray:
-    """[N, rows]: exact int64 block sums, each times (d_w * d_x) in float32, the blocks added in order."""
+    """[N, rows]: per block four exact lane sums (lane j: bytes 4j..4j+3 and 16+4j..16+4j+3), each accumulated
+    as fma(lane, d_w * d_x, acc) in float32, the blocks in order; then (acc0 + acc1) + (acc2 + acc3)."""
     rows, n = data.shape[0], xq.shape[0]
     blocks = data.reshape(rows, -1, 34)  # [rows, blocks, 34]
     d_w = blocks[:, :, :2].copy().view(np.float16)[..., 0].astype(np.float32)  # [rows, blocks]
-    q_w = blocks[:, :, 2:].view(np.int8).astype(np.int64)  # [rows, blocks, 32]
-    sums = np.einsum("rki,nki->nrk", q_w, xq.reshape(n, -1, 32).astype(np.int64))  # [N, rows, blocks]
-    terms = (d_w[None] * xd[:, None, :]) * sums.astype(np.float32)  # [N, rows, blocks], float32
-    return np.cumsum(terms, axis=-1, dtype=np.float32)[..., -1]  # in order, as the loop adds them
+    q_w = blocks[:, :, 2:].view(np.int8).astype(np.int64).reshape(rows, -1, 2, 4, 4)  # [rows, blocks, half, j, 4]
+    q_x = xq.reshape(n, -1, 2, 4, 4).astype(np.int64)  # [N, blocks, half, j, 4]
+    lanes = np.einsum("rkhji,nkhji->nrkj", q_w, q_x).astype(np.float32)  # [N, rows, blocks, 4], exact
+    scales = d_w[None] * xd[:, None, :]  # [N, rows, blocks], float32
+    acc = np.zeros((n, rows, 4), dtype=np.float32)  # [N, rows, 4]
+    for k in range(lanes.shape[2]):
+        acc = fma32(lanes[:, :, k], scales[:, :, k, None], acc)
+    return (acc[..., 0] + acc[..., 1]) + (acc[..., 2] + acc[..., 3])
 
 
 def quantized(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -103,15 +122,42 @@ def _assembly(kernel, *args) -> str:
     return "\n".join(fresh.inspect_asm().values())
 
 
+def arm_kernels() -> list:
+    """The aarch64 kernels this CPU can run: the widening one anywhere, ``sdot`` where the CPU has dotprod (compiled
+    elsewhere, LLVM could not select the instruction)."""
+    from kestrel_trio._kernels.arm import integer as arm
+
+    found = [arm.product_q8_0_widening]
+    if cpu.this_cpu().has("dotprod"):
+        found.append(arm.product_q8_0_sdot)
+    return found
+
+
+@pytest.mark.parametrize(("n", "rows", "cols"), [(1, 13, 1024), (2, 4, 96), (3, 9, 2048), (1, 3, 32)])
+def test_the_arm_kernels_equal_the_reference_bit_for_bit(n, rows, cols):
+    """Four rows a pass and the rows left one by one, into a strided view of a wider result."""
+    rng = np.random.default_rng(rows * cols + n)
+    data = q8_0_rows(rng, rows + 3, cols)  # [rows + 3, ...]
+    xq, xd = quantized(rng.standard_normal((n, cols), dtype=np.float32))
+    want = np.empty((n, rows), dtype=np.float32)
+    integer.product_q8_0(data, f16_table(), 32, xq, xd, 2, 2 + rows, want)
+    for kernel in arm_kernels():
+        out = np.full((n, rows + 2), np.nan, dtype=np.float32)
+        kernel(data, xq, xd, 2, 2 + rows, out[:, 1 : 1 + rows])
+        np.testing.assert_array_equal(out[:, 1 : 1 + rows].view(np.uint32), want.view(np.uint32))
+        assert np.isnan(out[:, 0]).all() and np.isnan(out[:, -1]).all()
+
+
 @pytest.mark.host_cpu
 @pytest.mark.skipif(platform.machine() not in ("aarch64", "arm64"), reason="aarch64's dot-product instructions")
 def test_on_aarch64_the_block_sums_compile_to_sdot_exactly_where_the_cpu_has_dotprod():
+    from kestrel_trio._kernels.arm import integer as arm
+
     rng = np.random.default_rng(1)
-    data = q8_0_rows(rng, 2, 64)
+    data = q8_0_rows(rng, 5, 64)
     xq, xd = quantized(rng.standard_normal((1, 64), dtype=np.float32))
-    args = (data, f16_table(), 32, xq, xd, 0, 2, np.empty((1, 2), dtype=np.float32))
-    sdot = _assembly(integer.product_q8_0, *args).count("sdot")
-    if cpu.this_cpu().has("dotprod"):  # cortex-a76 in the aarch64 lane: the board's code
-        assert sdot >= 2
+    args = (data, xq, xd, 0, 5, np.empty((1, 5), dtype=np.float32))
+    if cpu.this_cpu().has("dotprod"):  # cortex-a76 in the aarch64 lane: the board's code, two a block and row
+        assert _assembly(arm.product_q8_0_sdot, *args).count("sdot") >= 2 * 4 + 2
     else:  # cortex-a53: code without the instruction, which the emulated core would refuse (SIGILL)
-        assert sdot == 0
+        assert _assembly(arm.product_q8_0_widening, *args).count("sdot") == 0

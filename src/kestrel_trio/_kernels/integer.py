@@ -33,7 +33,10 @@ own file changes, not when a function it calls from another file does.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from llvmlite import ir
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 __all__ = ["quantize_q8_rows", "product_q8_0"]
 
@@ -56,24 +59,39 @@ def quantize_q8_rows(x, run, xq, xd):
                 xq[b, first + i] = np.int8(np.rint(x[b, first + i] * inverse))
 
 
+@intrinsic
+def _fma(typingctx, a, b, c):
+    """``a * b + c`` (float32) rounded once: LLVM's fma, as NEON's ``fmla`` and x86's ``vfmadd`` compute it."""
+    def codegen(context, builder, signature, args):
+        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.FloatType(), [ir.FloatType()] * 3),
+                                             "llvm.fma.f32")
+        return builder.call(fma, args)
+    if a == b == c == types.float32:
+        return types.float32(a, b, c), codegen
+    return None
+
+
 @njit(nogil=True, cache=True)
 def product_q8_0(data, f16, run, xq, xd, start, stop, out):
     """``out`` [N, stop-start] = the quantized rows ``xq``/``xd`` [N, ...] (quantize_q8_rows) @ Q8_0 rows
-    ``data`` [start:stop].T, block by block: d_w * d_x * (int32 sum of q_w * q_x), summed in order."""
+    ``data`` [start:stop].T: per block, four int32 lane sums (lane j: bytes 4j..4j+3 and 16+4j..16+4j+3, as
+    two ``sdot`` group them), each accumulated as ``acc[j] = fma(float32(lane), d_w * d_x, acc[j])``; the row's
+    value ``(acc[0] + acc[1]) + (acc[2] + acc[3])``."""
     n = xq.shape[0]
     blocks = xq.shape[1] // run
     for r in range(start, stop):
         row = data[r]
         for b in range(n):
             quants = xq[b]
-            total = np.float32(0.0)
+            acc = np.zeros(4, dtype=np.float32)
             for block in range(blocks):
                 at = 34 * block
-                weights = row[at + 2 : at + 2 + run]  # slices indexed by range(run): unit strides, no wraparound
-                activations = quants[block * run : block * run + run]
-                acc = np.int32(0)
-                for i in range(run):
-                    acc += ((np.int32(weights[i]) ^ np.int32(128)) - np.int32(128)) * np.int32(activations[i])
-                d = f16[np.int32(row[at]) | (np.int32(row[at + 1]) << 8)]
-                total += (d * xd[b, block]) * np.float32(acc)
-            out[b, r - start] = total
+                scale = f16[np.int32(row[at]) | (np.int32(row[at + 1]) << 8)] * xd[b, block]
+                for j in range(4):
+                    lane = np.int32(0)
+                    for half in range(2):
+                        for i in range(16 * half + 4 * j, 16 * half + 4 * j + 4):
+                            weight = (np.int32(row[at + 2 + i]) ^ np.int32(128)) - np.int32(128)
+                            lane += weight * np.int32(quants[block * run + i])
+                    acc[j] = _fma(np.float32(lane), scale, acc[j])
+            out[b, r - start] = (acc[0] + acc[1]) + (acc[2] + acc[3])
