@@ -13,8 +13,8 @@ import trio.testing
 from http_kit import RawClient, build_request, start_server
 
 pytestmark = pytest.mark.usefixtures("close_raw_clients")
-BUDGET = 10  # s, absolute per test
-PROMPTLY = 1.0  # s; the slow stream yields every 0.05 s and would run forever
+BUDGET = 10  # s per test (virtual with autojump_clock: the deadlines are trio.sleep's, not the machine's speed)
+PROMPTLY = 1.0  # virtual s; the slow stream yields every 0.05 s and would run forever
 
 
 async def read_first_event(client: RawClient) -> bytes:
@@ -29,7 +29,7 @@ async def wait_for_no_connections(running) -> None:
         await trio.sleep(0.01)
 
 
-async def test_disconnect_mid_stream_closes_the_generator_promptly(nursery):
+async def test_disconnect_mid_stream_closes_the_generator_promptly(nursery, autojump_clock):
     with trio.fail_after(BUDGET):
         running = await start_server(nursery)
         client = await RawClient.connect(running.port)
@@ -41,7 +41,7 @@ async def test_disconnect_mid_stream_closes_the_generator_promptly(nursery):
             await wait_for_no_connections(running)
 
 
-async def test_reset_mid_stream_closes_the_generator_promptly(nursery):
+async def test_reset_mid_stream_closes_the_generator_promptly(nursery, autojump_clock):
     with trio.fail_after(BUDGET):
         running = await start_server(nursery)
         client = await RawClient.connect(running.port)
@@ -54,7 +54,7 @@ async def test_reset_mid_stream_closes_the_generator_promptly(nursery):
             await wait_for_no_connections(running)
 
 
-async def test_disconnect_while_the_handler_runs_cancels_it(nursery, caplog):
+async def test_disconnect_while_the_handler_runs_cancels_it(nursery, caplog, autojump_clock):
     caplog.set_level(logging.INFO)
     with trio.fail_after(BUDGET):
         running = await start_server(nursery)

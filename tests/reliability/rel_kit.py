@@ -75,6 +75,15 @@ class LatencyProbe:
             with trio.move_on_at(scheduled):
                 await stop.wait()
 
+    async def run_quietly(self, interval: float, count: int) -> None:
+        """``count`` probes, one every ``interval`` seconds, with nothing else going on: a baseline of this run."""
+        stop = trio.Event()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self.run, interval, stop)
+            while len(self.samples) + len(self.failures) < count:
+                await trio.sleep(interval)
+            stop.set()
+
     def quantile(self, q: float) -> float:
         ordered = sorted(self.samples)
         return ordered[min(len(ordered) - 1, int(q * len(ordered)))]

@@ -27,7 +27,9 @@ from rel_kit import LatencyProbe, connected, fetch
 from kestrel_trio._model.random_init import write_random_checkpoint
 from kestrel_trio.model import DEMO_CONFIG
 
-HEALTH_BOUND = 0.25  # s, five times the 50 ms budget: only a real stall can exceed it
+# The longest /health wait over the long prompt's round trip, at most (a relative bound: the machine may be
+# loaded): a few % while the model steps in a worker thread; a step on the event loop stalls it throughout.
+STALL_FRACTION = 0.2
 ROOM = 256 * 2**20  # address space left above the server's size: thread stacks and BLAS buffers, not 500 MiB
 STREAM_TOKENS = 120
 LONG_PROMPT = 8000  # tokens; the demo model's context is 8192
@@ -103,9 +105,11 @@ async def test_a_prompt_too_long_for_the_address_space_fails_alone_and_the_serve
                                            streams, event)
                     for event in started:
                         await event.wait()
+                    long_started = trio.current_time()
                     long = await fetch(port, "POST", "/v1/completions",
                                        {"prompt": [1000 + (i * 37) % 140000 for i in range(LONG_PROMPT)],
                                         "max_tokens": 8})
+                    long_took = trio.current_time() - long_started
                 health_after = await fetch(port, "GET", "/health")
                 after = await fetch(port, "POST", "/v1/completions",
                                     {"prompt": [1000, 2000, 3000], "max_tokens": 4, "ignore_eos": True})
@@ -114,7 +118,8 @@ async def test_a_prompt_too_long_for_the_address_space_fails_alone_and_the_serve
         finally:
             process.terminate()
             await process.wait()
-    print(f"address-space limit: /health max {max(probe.samples) * 1000:.1f} ms over {len(probe.samples)} probes")
+    print(f"address-space limit: /health max {max(probe.samples) * 1000:.1f} ms over {len(probe.samples)} probes, "
+          f"the long prompt's answer took {long_took * 1000:.0f} ms")
     assert long.status == 503, long.body[:500]
     error = long.json()["error"]
     assert error["code"] == "out_of_memory" and "ran out of memory" in error["message"]
@@ -129,4 +134,4 @@ async def test_a_prompt_too_long_for_the_address_space_fails_alone_and_the_serve
     assert after.status == 200 and after.json()["usage"]["completion_tokens"] == 4
     assert "kestrel:request_out_of_memory_total 1" in metrics
     assert not probe.failures, probe.failures[:3]
-    assert max(probe.samples) < HEALTH_BOUND, sorted(probe.samples)[-3:]
+    assert max(probe.samples) < STALL_FRACTION * long_took, (sorted(probe.samples)[-3:], long_took)

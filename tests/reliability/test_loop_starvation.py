@@ -2,7 +2,9 @@
 answering while a multi-megabyte prompt is tokenized or a huge conversation is
 rendered through the chat template (each ends in a 400 context-length error).
 
-Real sockets and the real clock: the stall being measured is real CPU time.
+Real sockets and the real clock: the stall being measured is real CPU time. The bound is relative, so that a
+loaded machine cannot break it: work done on the event loop would stall /health for about as long as the request
+takes; work in a worker thread stalls it for a small fraction of that (a GIL switch, a JSON parse).
 """
 
 from __future__ import annotations
@@ -14,18 +16,23 @@ from rel_kit import LatencyProbe, assert_envelope, connected, running_server
 
 from kestrel_trio.model import Model
 
-HEALTH_BOUND = 0.25  # s, five times the issue's 50 ms budget: only a real stall can exceed it
+# The longest /health wait over the shortest huge request's round trip, at most: 1-3% on a loaded 2-core
+# machine; the template or the tokenizer run on the event loop: 50% or more.
+STALL_FRACTION = 0.1
 HUGE_PROMPT = json.dumps({"prompt": "a" * 3_000_000, "max_tokens": 1}).encode()  # 3 MB < the 4 MiB body limit
 HUGE_CHAT = json.dumps({"messages": [{"role": "user", "content": "x"}] * 60_000, "max_tokens": 1}).encode()
 
 
-async def post_raw(port: int, path: str, body: bytes, answers: list) -> None:
+async def post_raw(port: int, path: str, body: bytes, answers: list, durations: list) -> None:
     async with connected(port) as client:
+        started = trio.current_time()
         answers.append(await client.request("POST", path, body))
+        durations.append(trio.current_time() - started)
 
 
 async def test_health_stays_fast_while_huge_prompts_are_processed(tiny_model: Model) -> None:
     answers: list = []
+    durations: list[float] = []  # s, each huge request's round trip
     with trio.fail_after(60):
         async with running_server(tiny_model) as server:
             probe = LatencyProbe(server.port)
@@ -33,14 +40,16 @@ async def test_health_stays_fast_while_huge_prompts_are_processed(tiny_model: Mo
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(probe.run, 0.01, stop)
                 async with trio.open_nursery() as heavy:
-                    heavy.start_soon(post_raw, server.port, "/v1/completions", HUGE_PROMPT, answers)
-                    heavy.start_soon(post_raw, server.port, "/v1/chat/completions", HUGE_CHAT, answers)
+                    heavy.start_soon(post_raw, server.port, "/v1/completions", HUGE_PROMPT, answers, durations)
+                    heavy.start_soon(post_raw, server.port, "/v1/chat/completions", HUGE_CHAT, answers, durations)
                 stop.set()
             steps = server.engine.metrics.steps.value()
 
-    print(f"loop starvation: /health max {max(probe.samples) * 1000:.0f} ms over {len(probe.samples)} probes")
+    print(f"loop starvation: /health max {max(probe.samples) * 1000:.0f} ms over {len(probe.samples)} probes, "
+          f"the huge requests took {', '.join(f'{d * 1000:.0f}' for d in durations)} ms")
     for response in answers:
         assert assert_envelope(response, 400)["code"] == "context_length_exceeded"
     assert steps == 0
     assert not probe.failures
-    assert max(probe.samples) < HEALTH_BOUND, sorted(probe.samples)[-3:]
+    assert len(durations) == 2
+    assert max(probe.samples) < STALL_FRACTION * min(durations), (sorted(probe.samples)[-3:], durations)
