@@ -12,9 +12,11 @@ Run a server with a real Qwen3 checkpoint, then the agent::
 ``--port`` defaults to ``$KESTREL_PORT``, else 8000 (as ``kestrel-trio serve`` does);
 ``--base-url`` names any other server.
 
-The built-in demo model has random weights and will not call tools on its
-own; tests/server/test_tools.py runs this example against a server whose
-model step is scripted to emit a real Qwen3 tool call.
+A model whose chat template cannot render tools (``--model smollm2-135m``) gets them
+as a Hermes-style system prompt (docs/api.md, "Tools on every model"); a model that
+small seldom calls them by itself. The built-in demo model has random weights and
+will not call tools on its own; tests/server/test_tools.py runs this example
+against a server whose model step is scripted to emit a real Qwen3 tool call.
 """
 
 from __future__ import annotations

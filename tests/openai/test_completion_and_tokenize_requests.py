@@ -100,6 +100,18 @@ def test_tokenize_prompt_and_messages():
     assert parse_tokenize_request(raw(messages=[{"role": "user", "content": "x"}])).add_generation_prompt is True
 
 
+def test_tokenize_renders_tools_as_chat_does():
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}
+    chat = parse_tokenize_request(raw(messages=[{"role": "assistant", "tool_calls": [call]}], tools=tools))
+    assert chat.tools == tuple(tools)
+    assert chat.template_messages()[0]["tool_calls"][0]["function"]["arguments"] == {"a": 1}  # as chat's
+    assert parse_tokenize_request(raw(messages=[{"role": "user", "content": "x"}])).tools is None
+    rejected(parse_tokenize_request, raw(messages=[{"role": "user", "content": "x"}], tools=[{"type": "function"}]),
+             "tools[0].function", "required")
+    rejected(parse_tokenize_request, raw(prompt="a", tools=tools), "tools", "only with 'messages'")
+
+
 def test_tokenize_errors():
     rejected(parse_tokenize_request, raw(), "prompt", "Exactly one")
     rejected(parse_tokenize_request, raw(prompt="a", messages=[{"role": "user", "content": "x"}]), "prompt", "Exactly one")

@@ -13,12 +13,16 @@ run with the reference venv (torch + transformers) and HF_HUB_OFFLINE=1.
 from __future__ import annotations
 
 import copy
+import json
 from datetime import datetime
+from pathlib import Path
 
 import pytest
 
 from kestrel_trio.errors import BadRequestError, ModelLoadError
 from kestrel_trio.text import ChatTemplate, Tokenizer, missing_template_error
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
 SIMPLE = [
     {"role": "system", "content": "You are a helpful assistant."},
@@ -265,3 +269,101 @@ def test_check_kwargs_refuses_a_variable_the_template_never_reads() -> None:
         template.check_kwargs(["enable_thinking", "enable_thinkin"], "chat_template_kwargs")
     assert info.value.param == "chat_template_kwargs.enable_thinkin"
     assert "reads: documents, enable_thinking" in info.value.message
+
+
+# Tools on a template that cannot render them (the fallback of kestrel_trio.text.tool_prompt).
+
+# SmolLM2-135M-Instruct's chat template, as its GGUF file carries it: ChatML that knows nothing of tools.
+SMOLLM2_TEMPLATE = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\n"
+    "You are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}{% endif %}"
+    "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+QUESTION = [{"role": "user", "content": "Weather in Zürich and 東京?"}]
+
+
+@pytest.fixture(scope="module")
+def chatml_template() -> ChatTemplate:
+    return ChatTemplate(SMOLLM2_TEMPLATE, special_tokens={"bos_token": "<|im_start|>", "eos_token": "<|im_end|>"})
+
+
+def test_a_template_without_tools_renders_a_tool_round_trip_as_qwen3s_does(chatml_template: ChatTemplate) -> None:
+    """Byte for byte what transformers renders with Qwen3's own template: tools, calls and results."""
+    assert "tools" not in chatml_template.variables and not chatml_template.renders_tool_turns
+    messages = tool_conversation({"unit": "celsius", "city": "Zürich"}, {"city": "東京"})
+    pristine = copy.deepcopy(messages)
+    expected = TOOLS_SYSTEM_PREFIX + TOOL_CALLS_FROM_DICTS + TOOL_RESULTS_SUFFIX
+    assert chatml_template.render(messages, tools=TOOLS) == expected
+    assert messages == pristine
+    messages = tool_conversation('{"unit":"celsius","city":"Zürich"}', '{"city": "\\u6771\\u4eac"}')
+    expected = TOOLS_SYSTEM_PREFIX + TOOL_CALLS_FROM_STRINGS + TOOL_RESULTS_SUFFIX
+    assert chatml_template.render(messages, tools=TOOLS) == expected
+
+
+def test_without_a_system_message_the_tools_become_the_system_message(chatml_template: ChatTemplate) -> None:
+    plain = chatml_template.render(QUESTION)
+    prompt = chatml_template.render(QUESTION, tools=TOOLS)
+    assert "SmolLM" in plain and "get_weather" not in plain
+    assert prompt.startswith("<|im_start|>system\n# Tools\n\n") and "SmolLM" not in prompt
+    assert prompt == TOOLS_SYSTEM_PREFIX.replace("You are a helpful assistant.\n\n", "")
+
+
+def test_tool_turns_are_text_even_when_no_tools_are_offered(chatml_template: ChatTemplate) -> None:
+    """tool_choice "none" renders no tools, but the history's calls and results still read as such."""
+    prompt = chatml_template.render(tool_conversation({"city": "Zürich"}, {"city": "東京"}))
+    assert "# Tools" not in prompt
+    assert prompt.endswith('</tool_call><|im_end|>\n' + TOOL_RESULTS_SUFFIX)
+    assert "<|im_start|>tool" not in prompt
+
+
+def test_the_qwen3_fixture_template_renders_tools_itself() -> None:
+    """The fixture checkpoint's own template (Qwen3's): its tools and tool turns are its own, as transformers'."""
+    config = json.loads((FIXTURES / "qwen3_bf16_tied" / "tokenizer_config.json").read_text(encoding="utf-8"))
+    template = ChatTemplate(config["chat_template"], special_tokens={"eos_token": config["eos_token"]})
+    assert template.renders_tool_turns
+    messages = tool_conversation({"unit": "celsius", "city": "Zürich"}, {"city": "東京"})
+    assert template.render(messages, tools=TOOLS) == TOOLS_SYSTEM_PREFIX + TOOL_CALLS_FROM_DICTS + TOOL_RESULTS_SUFFIX
+    assert template.render(SIMPLE, tools=TOOLS).count("# Tools") == 1
+
+
+# Writes the tools' names, but only beside a system message.
+TOOLS_WITH_SYSTEM_ONLY = (
+    "{% if tools and messages[0].role == 'system' %}TOOLS:{% for t in tools %} {{ t.function.name }}{% endfor %}\n"
+    "{% endif %}{% for m in messages %}<{{ m.role }}>{{ m.content }}\n{% endfor %}"
+)
+
+
+def test_a_template_rendering_tools_only_in_some_positions_gets_the_fallback_elsewhere() -> None:
+    template = ChatTemplate(TOOLS_WITH_SYSTEM_ONLY)
+    assert template.render(SIMPLE, tools=TOOLS).startswith("TOOLS: get_weather<system>You are a helpful assistant.\n")
+    prompt = template.render(SIMPLE[1:], tools=TOOLS)
+    assert "TOOLS:" not in prompt and prompt.startswith("<system># Tools\n\n") and "get_weather" in prompt
+
+
+def test_a_template_that_reads_tools_but_writes_none_of_them_gets_the_fallback() -> None:
+    template = ChatTemplate("{% if tools %}{% endif %}{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}")
+    assert "tools" in template.variables
+    assert template.render(SIMPLE, tools=TOOLS).startswith("<system>You are a helpful assistant.\n\n# Tools\n\n")
+
+
+@pytest.mark.parametrize(("source", "reason"), [
+    ("{% for m in messages %}{% if m.role != 'system' %}{{ m.content }}{% endif %}{% endfor %}", "drops the system"),
+    ("{% for m in messages %}{% if m.role == 'system' %}{{ raise_exception('System role not supported') }}"
+     "{% endif %}{{ m.content }}{% endfor %}", "System role not supported"),
+], ids=["drops-system-messages", "refuses-system-messages"])
+def test_tools_no_way_renders_are_refused_naming_tools(source: str, reason: str) -> None:
+    template = ChatTemplate(source)
+    assert template.render(SIMPLE[1:]) == "What is 2+2?"
+    with pytest.raises(BadRequestError) as info:
+        template.render(SIMPLE[1:], tools=TOOLS)
+    assert info.value.param == "tools" and reason in info.value.message
+    assert "does not render 'tools'" in info.value.message
+
+
+def test_the_messages_own_error_comes_before_the_tools_one() -> None:
+    template = ChatTemplate("{% for m in messages %}{% if m.role == 'system' %}{{ raise_exception('no system') }}"
+                            "{% endif %}{{ m.content.upper() }}{% endfor %}")
+    with pytest.raises(BadRequestError) as info:
+        template.render([{"role": "user", "content": 3}], tools=TOOLS)
+    assert info.value.param == "messages"

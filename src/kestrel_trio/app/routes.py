@@ -209,8 +209,8 @@ class _Routes:
         model.check_chat_template_kwargs(list(req.chat_template_kwargs))
         if req.messages is not None:
             text = await self._off_loop(functools.partial(
-                model.apply_chat_template, list(req.messages), add_generation_prompt=req.add_generation_prompt,
-                **req.chat_template_kwargs,
+                model.apply_chat_template, req.template_messages(), add_generation_prompt=req.add_generation_prompt,
+                tools=None if req.tools is None else list(req.tools), **req.chat_template_kwargs,
             ))
         else:
             text = req.prompt or ""

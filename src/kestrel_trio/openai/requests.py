@@ -112,6 +112,7 @@ class TokenizeRequest:
         messages: chat messages to render with the chat template, or None.
         add_generation_prompt: with ``messages``, end with the assistant header (default True).
         chat_template_kwargs: extra template variables for ``messages``.
+        tools: tool definitions rendered with ``messages``, as chat renders them, or None.
     """
 
     model: str | None
@@ -119,6 +120,11 @@ class TokenizeRequest:
     messages: tuple[dict, ...] | None
     add_generation_prompt: bool = True
     chat_template_kwargs: dict = attrs.field(factory=dict)
+    tools: tuple[dict, ...] | None = None
+
+    def template_messages(self) -> list[dict]:
+        """A copy of ``messages`` for the chat template (tool-call arguments parsed), as chat renders them."""
+        return template_messages(self.messages or ())
 
 
 @attrs.frozen
@@ -209,6 +215,7 @@ def parse_tokenize_request(body: bytes) -> TokenizeRequest:
         messages=validate_messages(obj["messages"], endpoint=TOKENIZE) if has_messages else None,
         add_generation_prompt=True if add_generation_prompt is None else add_generation_prompt,
         chat_template_kwargs=_template_kwargs(obj),
+        tools=None if obj.get("tools") is None else validate_tools(obj["tools"]),
     )
 
 
@@ -231,7 +238,7 @@ def parse_detokenize_request(body: bytes) -> DetokenizeRequest:
 _CHAT_KEYS = SAMPLING_KEYS_CHAT | {"model", "messages", "tools", "tool_choice", "parallel_tool_calls",
                                    "chat_template_kwargs", "response_format", "structured_outputs"}
 _COMPLETION_KEYS = SAMPLING_KEYS_COMPLETIONS | {"model", "prompt", "echo", "response_format", "structured_outputs"}
-_TEMPLATE_ONLY_KEYS = ("add_generation_prompt", "chat_template_kwargs")
+_TEMPLATE_ONLY_KEYS = ("add_generation_prompt", "chat_template_kwargs", "tools")
 _TOKENIZE_KEYS = frozenset({"model", "prompt", "messages", *_TEMPLATE_ONLY_KEYS})
 
 

@@ -9,10 +9,27 @@ the same way too: message keys whose value is ``None`` are dropped (OpenAI
 clients send ``"content": null`` beside ``tool_calls``), a message's reasoning
 is aliased under ``reasoning_content`` and ``thinking``, and the tokenizer's
 named special tokens (``eos_token`` ...) are passed as variables.
+
+Tools on templates that cannot render them (see :mod:`kestrel_trio.text.tool_prompt`):
+
+* A request's ``tools`` are rendered by the template itself when it does so
+  for this very request: rendered with and without them, each tool's name
+  must occur more often with them. That is checked per request because some
+  templates write tools only in some positions (beside a system message, in
+  the last user turn); a tool without a name only has to change the text.
+  Otherwise the template gets no ``tools`` and the messages get the
+  Hermes/Qwen tool system prompt instead; if the template then drops that
+  prompt, or refuses the messages it makes, the request is refused with a
+  400 naming ``tools``: tools are never dropped in silence.
+* Tool calls and tool results are rendered by the template when, once per
+  template, a probe conversation (a call, its result) comes out with the
+  call's name and the result in it; otherwise they are spelled as text in the
+  same convention before the template sees them.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime
@@ -24,12 +41,24 @@ import jinja2.meta
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from kestrel_trio.errors import BadRequestError, ModelLoadError
+from kestrel_trio.text.tool_prompt import (
+    has_tool_turns,
+    tool_names,
+    tool_system_prompt,
+    tool_turns_as_text,
+    with_tool_system_prompt,
+)
 
 __all__ = ["ChatTemplate", "missing_template_error"]
 
 # Names under which clients send an assistant message's reasoning; the first
 # is the one chat templates read (gpt-oss style templates read "thinking").
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
+
+
+# The probe conversation's call name and result (renders_tool_turns): strings no template writes by itself.
+_PROBE_NAME = "kestrel_probe_function"
+_PROBE_RESULT = "kestrel_probe_result"
 
 
 def _raise_exception(message: str) -> None:
@@ -151,7 +180,9 @@ class ChatTemplate:
             messages: OpenAI-style messages (``role``, ``content``,
                 ``tool_calls``, ...); not modified.
             add_generation_prompt: open an assistant turn at the end.
-            tools: OpenAI-style tool schemas, or ``None``.
+            tools: OpenAI-style tool schemas, or ``None``; rendered by the
+                template, or where it does not render them, as the Hermes/Qwen
+                tool system prompt (module doc).
             **template_kwargs: extra template variables (e.g. ``enable_thinking``);
                 they override the special-token variables.
 
@@ -160,18 +191,70 @@ class ChatTemplate:
 
         Raises:
             BadRequestError: the messages are malformed or the template
-                rejected them (``param`` is ``"messages"`` or ``"tools"``).
+                rejected them (``param`` is ``"messages"`` or ``"tools"``), or
+                the tools can be rendered neither way (``param`` ``"tools"``).
         """
         if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence) or not messages:
             raise BadRequestError("messages must be a non-empty list", param="messages")
         variables = _plain({"documents": None, **self._special_tokens, **template_kwargs})
-        variables.update(
-            messages=[_prepare_message(m, i) for i, m in enumerate(messages)],
-            tools=_prepare_tools(tools),
-            add_generation_prompt=bool(add_generation_prompt),
-        )
+        prepared = [_prepare_message(m, i) for i, m in enumerate(messages)]
+        plain_tools = _prepare_tools(tools)
+        add_generation_prompt = bool(add_generation_prompt)
+        if has_tool_turns(prepared) and not self.renders_tool_turns:
+            prepared = tool_turns_as_text(prepared)
+        if not plain_tools:
+            return self._render(variables, prepared, plain_tools, add_generation_prompt)
+        if "tools" in self.variables:
+            with_tools = self._render(variables, prepared, plain_tools, add_generation_prompt)
+            try:
+                without = self._render(variables, prepared, None, add_generation_prompt)
+            except BadRequestError:  # a template that needs the tools it was given renders them
+                return with_tools
+            if with_tools != without and all(with_tools.count(name) > without.count(name)
+                                             for name in tool_names(plain_tools)):
+                return with_tools
+        return self._render_tool_fallback(variables, prepared, plain_tools, add_generation_prompt)
+
+    @functools.cached_property
+    def renders_tool_turns(self) -> bool:
+        """Whether this template renders an assistant's ``tool_calls`` and ``tool`` results itself.
+
+        Decided once, by rendering a probe conversation (a question, a call
+        without content, its result) and looking for the call's name and the
+        result in the text; a template that fails on it does not.
+        """
+        probe = [
+            {"role": "user", "content": "?"},
+            {"role": "assistant", "tool_calls": [{"id": "call_0", "type": "function", "function": {
+                "name": _PROBE_NAME, "arguments": {"x": 1}}}]},
+            {"role": "tool", "tool_call_id": "call_0", "content": _PROBE_RESULT},
+        ]
         try:
-            return self._compiled.render(**variables)
+            text = self._render(_plain({"documents": None, **self._special_tokens}), probe, None, False)
+        except BadRequestError:
+            return False
+        return _PROBE_NAME in text and _PROBE_RESULT in text
+
+    def _render_tool_fallback(self, variables: dict, messages: list[dict], tools: list[Any],
+                              add_generation_prompt: bool) -> str:
+        """``tools`` as the Hermes/Qwen system prompt, for a template that does not render them (module doc)."""
+        try:
+            text = self._render(variables, with_tool_system_prompt(messages, tools), None, add_generation_prompt)
+        except BadRequestError as exc:
+            self._render(variables, messages, None, add_generation_prompt)  # the messages' own error first
+            raise BadRequestError(f"this model's chat template does not render 'tools', and it cannot render "
+                                  f"them as a system message either: {exc.message}", param="tools") from exc
+        if tool_system_prompt(tools) not in text:
+            raise BadRequestError("this model's chat template does not render 'tools', and it drops the system "
+                                  "message that would describe them; send the request without 'tools'",
+                                  param="tools")
+        return text
+
+    def _render(self, variables: dict, messages: list[dict], tools: list[Any] | None,
+                add_generation_prompt: bool) -> str:
+        try:
+            return self._compiled.render({**variables, "messages": messages, "tools": tools,
+                                          "add_generation_prompt": add_generation_prompt})
         except BadRequestError:
             raise
         # A template indexing into a malformed message fails with any of these.
