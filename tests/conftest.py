@@ -31,6 +31,19 @@ def _the_default_port_is_taken():
         holder.close()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _exact_products():
+    """The exact products of quantized weights, as on x86-64 by default, on every host: the suites compare
+    logits with transformers' goldens within 1e-4 and greedy tokens exactly, which the integer products
+    (aarch64's default) approach only within the activations' rounding. Their own tests set them
+    (tests/gguf_in/test_integer_fidelity.py, tests/model/test_integer_products.py)."""
+    from kestrel_trio import _kernels
+
+    _kernels.set_products("exact")
+    yield
+    _kernels.set_products("auto")
+
+
 @pytest.fixture(scope="module")
 def tiny_model() -> Model:
     """The fixture checkpoint: context 512, vocab 512, a tokenizer and the Qwen3 chat template."""

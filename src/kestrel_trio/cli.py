@@ -93,6 +93,10 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
                         help="how prompts are multiplied with float32 weights: fp32, or bf16 in AMX tiles "
                              "(Intel Sapphire Rapids and later; faster prefill, logits within about 0.5%%; "
                              "docs/performance.md) (default fp32)")
+    parser.add_argument("--exact-products", action="store_true",
+                        help="multiply quantized GGUF weights exactly: each weight expanded to float32, as the "
+                             "reference does, instead of llama.cpp's integer products with the activations "
+                             "quantized to int8 (the default on aarch64; logits within about 1%%)")
 
 
 def _add_speculative_args(serve: argparse.ArgumentParser, engine: dict) -> None:
@@ -366,6 +370,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from kestrel_trio.model import set_prefill_precision
 
             set_prefill_precision(args.prefill_precision)  # process-wide; a CPU without AMX fails here, in one line
+        if getattr(args, "exact_products", False):
+            from kestrel_trio.model import set_products
+
+            set_products("exact")  # process-wide, before any model loads
         if getattr(args, "draft_model", None) is not None:
             _check_draft_model(args)
         if args.command == "serve":

@@ -30,7 +30,8 @@ from kestrel_trio.text import ChatTemplate, Tokenizer, missing_template_error
 from kestrel_trio.text.generation import DEFAULT_PREFILL_CHUNK, check_context
 
 __all__ = ["Model", "load_model", "check_model_folder", "check_draft_model", "is_qwen3_vl_folder", "set_blas_threads",
-           "set_prefill_precision", "prefill_precision", "load_demo_model", "DEMO_MODEL_ID", "DEFAULT_PREFILL_CHUNK"]
+           "set_prefill_precision", "prefill_precision", "set_products", "load_demo_model", "DEMO_MODEL_ID",
+           "DEFAULT_PREFILL_CHUNK"]
 
 log = logging.getLogger(__name__)
 
@@ -357,6 +358,31 @@ def set_blas_threads(threads: int) -> None:
         setter(threads)  # from a worker thread threadpoolctl's call alone leaves OpenBLAS's count as it was
 
 
+def set_products(mode: str) -> None:
+    """Which products quantized GGUF weights take, process-wide, before a model's first step.
+
+    "integer": each step's activations quantized to int8 per block of 32 with a
+    float32 scale, as llama.cpp's, and multiplied with the weights' int8 blocks
+    in integer arithmetic (aarch64's ``sdot``): a Q8_0 decode step reads its
+    bytes instead of expanding every weight to float32, about nine times fewer
+    instructions on a Cortex-A76 (docs/performance.md). The logits differ from
+    the exact ones by the activations' rounding. "exact": every weight
+    expanded to float32 and multiplied in float32 (the reference; what
+    ``--exact-products`` asks for). "auto" (the default): integer where this
+    CPU has integer kernels of its own (aarch64), exact elsewhere. Today the
+    integer products cover Q8_0; other forms stay exact.
+
+    Raises:
+        ModelLoadError: an unknown mode.
+    """
+    from kestrel_trio import _kernels
+
+    try:
+        _kernels.set_products(mode)
+    except ValueError as error:
+        raise ModelLoadError(str(error)) from None
+
+
 def set_prefill_precision(precision: str) -> None:
     """How prefill chunks multiply float32 weights, process-wide: "fp32" (the default) or "bf16".
 
@@ -435,6 +461,7 @@ def load_model(
     weights: Literal["auto", "fp32", "bf16", "int8", "int4", "gguf"] = "auto",
     quantized_cache: str | Path | bool = True,
     prefill_precision: str | None = None,
+    products: str | None = None,
 ) -> Model:
     """Load a Hugging Face checkpoint folder or a GGUF file.
 
@@ -466,6 +493,8 @@ def load_model(
             (``$XDG_CACHE_HOME`` if set), a folder, or False for no cache.
         prefill_precision: "fp32" or "bf16", process-wide (see :func:`set_prefill_precision`;
             None keeps what is set, at first "fp32").
+        products: "auto", "exact" or "integer", process-wide (see :func:`set_products`; None
+            keeps what is set, at first "auto").
 
     Raises:
         ModelLoadError: naming the file, field or tensor at fault.
@@ -474,6 +503,8 @@ def load_model(
         set_blas_threads(blas_threads)  # before reading: a bad value fails fast
     if prefill_precision is not None:
         set_prefill_precision(prefill_precision)
+    if products is not None:
+        set_products(products)
     folder = Path(path)
     cache = _cache_dir(quantized_cache)
     if folder.is_file():

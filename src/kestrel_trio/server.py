@@ -28,7 +28,7 @@ from kestrel_trio.errors import EngineUnavailableError, KestrelError
 from kestrel_trio.http import CorsPolicy, HttpLimits, HttpServer, serve_http
 from kestrel_trio.model import (
     DEMO_MODEL_ID, Model, check_draft_model, check_model_folder, is_qwen3_vl_folder, load_demo_model, load_model,
-    set_blas_threads, set_prefill_precision,
+    set_blas_threads, set_prefill_precision, set_products,
 )
 from kestrel_trio.app import OPEN_PATHS, ImagePolicy, ServerState, build_router
 from kestrel_trio.webui import PATHS as WEBUI_PATHS
@@ -172,6 +172,7 @@ async def serve(
     quantized_cache: str | Path | bool = True,
     blas_threads: int | None = None,
     prefill_precision: str | None = None,
+    products: str | None = None,
     engine_limits: EngineLimits = EngineLimits(),
     http_limits: HttpLimits = HttpLimits(),
     grace: float = 10.0,
@@ -205,6 +206,8 @@ async def serve(
         blas_threads: threads numpy's BLAS may use, process-wide (None: one per core).
         prefill_precision: "fp32" or "bf16" (AMX tiles), process-wide (None: as set, at first
             "fp32"; see kestrel_trio.model.set_prefill_precision).
+        products: "auto", "exact" or "integer": the products of quantized weights, process-wide (None: as set,
+            at first "auto": integer on aarch64; see kestrel_trio.model.set_products).
         engine_limits: queue and batch bounds.
         http_limits: HTTP deadlines (seconds) and size limits (bytes).
         grace: seconds running requests may take to finish once the listener is closed.
@@ -242,6 +245,8 @@ async def serve(
         check_model_folder(model, weights=weights)  # a wrong path fails now, before anything listens or loads
     engine_limits = _speculative_limits(engine_limits, model, draft_model, weights)
     policy = _image_policy(image_policy, allow_image_dir)
+    if products is not None:
+        set_products(products)  # an unknown mode fails now, before anything listens or loads
     if default_max_tokens is not None and default_max_tokens < 1:
         raise KestrelError(f"default_max_tokens must be at least 1, got {default_max_tokens}")
     if default_max_tokens is None and _is_demo(model):

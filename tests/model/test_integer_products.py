@@ -161,3 +161,29 @@ def test_on_aarch64_the_block_sums_compile_to_sdot_exactly_where_the_cpu_has_dot
         assert _assembly(arm.product_q8_0_sdot, *args).count("sdot") >= 2 * 4 + 2
     else:  # cortex-a53: code without the instruction, which the emulated core would refuse (SIGILL)
         assert _assembly(arm.product_q8_0_widening, *args).count("sdot") == 0
+
+
+def test_a_q8_0_product_takes_the_integer_kernel_of_its_mode():
+    """Through the products' dispatch (kestrel_trio._kernels.packed_product): in the integer mode the kernel this
+    CPU gets, equal to the reference on the same quantized activations; in the exact mode today's float32 one."""
+    rng = np.random.default_rng(7)
+    data = q8_0_rows(rng, 10, 256)  # [10, 8 blocks * 34]
+    x = rng.standard_normal((2, 256), dtype=np.float32)  # [2, 256]
+    xq, xd = quantized(x)
+    want = np.empty((2, 10), dtype=np.float32)
+    integer.product_q8_0(data, f16_table(), 32, xq, xd, 0, 10, want)
+    expected = {"aarch64": "sdot" if cpu.this_cpu().has("dotprod") else "neon"}.get(platform.machine(), "int8")
+    try:
+        _kernels.set_products("integer")
+        out = np.empty((2, 10), dtype=np.float32)
+        _kernels.packed_product("Q8_0", data, None, x, 0, 10, out)
+        assert _kernels.product_kernels(["Q8_0"]) == {"Q8_0": expected}
+        np.testing.assert_array_equal(out.view(np.uint32), want.view(np.uint32))
+        _kernels.set_products("exact")
+        _kernels.packed_product("Q8_0", data, None, x, 0, 10, out)
+        assert _kernels.product_kernels(["Q8_0"]) == {"Q8_0": "portable"}
+        assert not np.array_equal(out, want)  # the exact product: activations not rounded
+    finally:
+        _kernels.set_products("exact")
+    with pytest.raises(ValueError, match="products must be one of auto, exact, integer"):
+        _kernels.set_products("fast")

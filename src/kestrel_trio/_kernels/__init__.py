@@ -26,16 +26,17 @@ import numpy as np
 from kestrel_trio._kernels import cpu as _cpu
 
 __all__ = ["FORMS", "ready", "compiled", "unavailable_reason", "describe", "describe_cpu", "product_kernels",
-           "optional_kernels", "prepare", "packed_product", "packed_expand",
-           "packed_weights", "release_compiler_pages", "enable_tiles", "tile_product", "tile_pack", "tile_multiply",
-           "enable_chunk_products", "chunk_product", "CHUNK_WEIGHT_ROWS", "CHUNK_K_STEP", "enable_prefill_attention",
-           "prefill_attention", "qkv_rows",
-           "TILE_BLOCK_ROWS", "TILE_K_STEP", "rotate_half", "rms_norm", "softmax_numerators", "swiglu",
-           "decode_attention", "decode_buffers", "decode_attentions"]
+           "optional_kernels", "set_products", "product_mode", "PRODUCT_MODES", "prepare", "packed_product",
+           "packed_expand", "packed_weights", "release_compiler_pages", "enable_tiles", "tile_product", "tile_pack",
+           "tile_multiply", "enable_chunk_products", "chunk_product", "CHUNK_WEIGHT_ROWS", "CHUNK_K_STEP",
+           "enable_prefill_attention", "prefill_attention", "qkv_rows", "TILE_BLOCK_ROWS", "TILE_K_STEP",
+           "rotate_half", "rms_norm", "softmax_numerators", "swiglu", "decode_attention", "decode_buffers",
+           "decode_attentions"]
 
 # The storage forms the compiled products know (kestrel_trio._kernels.products.FORMS), known without numba.
 FORMS = frozenset(("int8", "int4", "bf16", "F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K",
                     "Q5_K", "Q6_K"))
+PRODUCT_MODES = ("auto", "exact", "integer")  # set_products
 _RUN = 32  # a block's inner loop length, an argument so that it stays a run-time value (products.py)
 
 log = logging.getLogger("kestrel_trio.kernels")
@@ -129,6 +130,26 @@ def product_kernels(forms) -> dict[str, str]:
     return {form: _products().kernel_name(form) for form in wanted}
 
 
+def set_products(mode: str) -> None:
+    """Which products quantized weights take, process-wide (before a model's first step): "exact" (expanded to
+    float32, multiplied in float32: the reference), "integer" (activations quantized to int8 per block of 32,
+    integer block sums as llama.cpp's) or "auto" (integer where this CPU has integer kernels of its own, aarch64;
+    exact elsewhere). Forms a product was already made for keep it for the mode it was made in and take the
+    new mode's at their next call (kestrel_trio._kernels.products.product_for).
+
+    Raises:
+        ValueError: an unknown mode.
+    """
+    if mode not in PRODUCT_MODES:
+        raise ValueError(f"products must be one of {', '.join(PRODUCT_MODES)}, got {mode!r}")
+    _state["mode"] = mode
+
+
+def product_mode() -> str:
+    """The mode :func:`set_products` set ("auto" at first)."""
+    return _state.get("mode", "auto")
+
+
 def _products():
     """The compiled module (loading it on first use); RuntimeError where it cannot be had."""
     products = _state.get("products")
@@ -175,7 +196,7 @@ def prepare(forms) -> None:
     started = time.perf_counter()
     wanted = sorted(set(forms) & FORMS)
     for form in wanted:
-        products.product_for(form)
+        products.warm(form)
     _load_layer_loops()
     seconds = time.perf_counter() - started
     if seconds > 0.5:  # a compilation, not a load from numba's cache: say why the start took longer

@@ -84,7 +84,7 @@ import numpy as np
 from numba import njit, types
 from numba.extending import intrinsic
 
-__all__ = ["FORMS", "product_for", "kernel_name", "f16_table", "COLUMNS_PER_ITEM"]
+__all__ = ["FORMS", "INTEGER_FORMS", "product_for", "kernel_name", "warm", "f16_table", "COLUMNS_PER_ITEM"]
 
 
 def f16_table() -> np.ndarray:
@@ -1415,6 +1415,10 @@ FORMS = frozenset(_PRODUCTS)
 _compiled: dict = {}
 _compile_lock = threading.Lock()
 
+# Integer products (activations quantized per block; kestrel_trio._kernels.integer): the forms that have them.
+# The mode that chooses them is kestrel_trio._kernels.set_products's.
+INTEGER_FORMS = frozenset(("Q8_0",))
+
 
 def product_for(form: str):
     """(form's compiled product, its compiled expansion, how to view its storage), on first use.
@@ -1423,15 +1427,19 @@ def product_for(form: str):
     loaded: each costs about 1-3 MiB of resident memory, loaded or compiled
     (a compilation: about a second).
     """
-    found = _compiled.get(form)
+    product, name = _chosen(form)
+    found = _compiled.get((form, name))
     if found is None:
         with _compile_lock:
-            found = _compiled.get(form)
+            found = _compiled.get((form, name))
             if found is None:
                 _, expand, storage, scales, view = _PRODUCTS[form]
-                product = _chosen(form)[0]
-                found = _compiled[form] = (
-                    njit(_signature(storage, scales), **_COMPILE)(product),
+                if name in _INTEGER_KERNELS:
+                    compiled = _integer_product(name)
+                else:
+                    compiled = njit(_signature(storage, scales), **_COMPILE)(product)
+                found = _compiled[(form, name)] = (
+                    compiled,
                     njit(_expand_signature(storage, scales), **_COMPILE)(expand),
                     view,
                 )
@@ -1443,8 +1451,14 @@ def _chosen(form: str):
 
     The name says what runs from four activation rows up: "portable" (the compiled loops above, for whatever
     CPU numba compiles for) or an assembly block's (:func:`f32_assembly`; bf16 and int8 rows take AVX2's 3x4
-    block on every CPU that has one). Below four rows every form runs the portable loops.
+    block on every CPU that has one). Below four rows every form runs the portable loops. A form of
+    INTEGER_FORMS in the integer mode (kestrel_trio._kernels.set_products) names its integer kernel at every row count:
+    "sdot" and "neon" (aarch64 with and without dotprod), "int8" (the portable reference elsewhere).
     """
+    if form in INTEGER_FORMS:
+        integer = _integer_kernel_name()
+        if integer is not None:
+            return None, integer
     assembly = f32_assembly()
     if form == "F32" and assembly:  # the assembly blocks where they apply
         return {"avx512": product_f32_avx512, "avx2": product_f32_avx2, "avx2+avx512": product_f32_zen}[assembly], \
@@ -1454,6 +1468,62 @@ def _chosen(form: str):
     return _PRODUCTS[form][0], "portable"
 
 
+_INTEGER_KERNELS = ("sdot", "neon", "int8")
+
+
+def _integer_kernel_name() -> str | None:
+    """The integer kernel of this process's mode and CPU, or None for the exact products."""
+    from kestrel_trio._kernels import product_mode
+
+    mode = product_mode()
+    if mode == "exact":
+        return None
+    if platform.machine() in ("aarch64", "arm64"):
+        from kestrel_trio._kernels import cpu
+
+        return "sdot" if cpu.this_cpu().has("dotprod") else "neon"
+    return "int8" if mode == "integer" else None
+
+
+def _integer_product(name: str):
+    """The Q8_0 integer product of kernel ``name`` with the products' arguments: the activations quantized
+    (kestrel_trio._kernels.integer), then the kernel's block sums. Composed here in Python, not compiled as
+    one function: numba would not see a change to either file in a cached caller in a third."""
+    from kestrel_trio._kernels import integer
+
+    if name == "int8":
+        def block_sums(data, f16, run, xq, xd, start, stop, out):
+            integer.product_q8_0(data, f16, run, xq, xd, start, stop, out)
+    else:
+        from kestrel_trio._kernels.arm import integer as arm
+
+        kernel = arm.product_q8_0_sdot if name == "sdot" else arm.product_q8_0_widening
+
+        def block_sums(data, f16, run, xq, xd, start, stop, out):
+            kernel(data, xq, xd, start, stop, out)
+
+    quantize = integer.quantize_q8_rows
+
+    def product(data, scales, f16, run, x, start, stop, out):
+        xq = np.empty(x.shape, dtype=np.int8)  # [N, cols]
+        xd = np.empty((x.shape[0], x.shape[1] // run), dtype=np.float32)  # [N, cols / 32]
+        quantize(x, run, xq, xd)
+        block_sums(data, f16, run, xq, xd, start, stop, out)
+
+    return product
+
+
 def kernel_name(form: str) -> str:
-    """The kernel ``form``'s products take in this process ("portable", "avx512", "avx2", "avx2+avx512")."""
+    """The kernel ``form``'s products take in this process ("portable", "avx512", "avx2", "avx2+avx512"; "sdot",
+    "neon", "int8" for the integer products)."""
     return _chosen(form)[1]
+
+
+def warm(form: str) -> None:
+    """Compile, or load from numba's cache, ``form``'s product and expansion now: for an integer product, by
+    running it once on one zero block (its kernels compile at their first call)."""
+    product, _, view = product_for(form)
+    if _chosen(form)[1] in _INTEGER_KERNELS:
+        data = np.zeros((1, 34), dtype=np.uint8)  # [1 row, one Q8_0 block]
+        product(data, np.empty((1, 0), dtype=np.uint8), f16_table(), 32, np.zeros((1, 32), dtype=np.float32), 0, 1,
+                np.empty((1, 1), dtype=np.float32))

@@ -1,0 +1,49 @@
+"""The integer products (activations quantized to int8 per block) on every GGUF fixture, against the exact ones.
+
+Each fixture's decode steps, teacher-forced along transformers' greedy tokens, in both modes: the logits'
+largest difference relative to the row's largest logit, and how often the integer step's top token is the
+exact one's. The integer arithmetic is the same on every CPU (each kernel equals the portable reference bit
+for bit), so these figures are the board's too. Measured (docs/performance.md, "Integer products"): relative
+differences 0.5-3%, top tokens 30-32 of 32 (the fixtures are tiny random models whose logits lie close
+together; each holds two to six Q8_0 tensors).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kestrel_trio import _kernels, load_model
+
+pytestmark = pytest.mark.skipif(not _kernels.ready(), reason=_kernels.unavailable_reason())
+
+GGUF_FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "gguf"
+NAMES = sorted(p.name for p in GGUF_FIXTURES.iterdir() if (p / "golden.npz").exists())
+
+
+def decode_logits(name: str, mode: str) -> tuple[np.ndarray, dict[str, str]]:
+    """[steps, vocab] logits of each decode step along the golden greedy tokens, and the kernels that took them."""
+    golden = np.load(GGUF_FIXTURES / name / "golden.npz")
+    prompt, answer = golden["prompt_ids"].tolist(), golden["greedy_ids"].tolist()
+    _kernels.set_products(mode)
+    try:
+        model = load_model(GGUF_FIXTURES / name / f"{name}.gguf")
+        cache = model.new_cache()
+        rows = [model.step(cache, prompt, all_logits=True)[-1:]]
+        rows += [model.step(cache, [token], all_logits=True) for token in answer[:-1]]
+        return np.concatenate(rows), model.kernel_report()["products"]  # [len(answer), vocab]
+    finally:
+        _kernels.set_products("exact")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_integer_decode_steps_stay_within_3_5_percent_of_the_exact_logits(name):
+    exact, exact_kernels = decode_logits(name, "exact")
+    integer, integer_kernels = decode_logits(name, "integer")
+    assert exact_kernels["Q8_0"] == "portable" and integer_kernels["Q8_0"] in ("sdot", "neon", "int8")
+    relative = np.abs(integer - exact).max(axis=1) / np.abs(exact).max(axis=1)  # [steps]
+    assert 0 < relative.max() <= 0.035  # not zero: the integer products ran
+    assert (integer.argmax(axis=1) == exact.argmax(axis=1)).sum() >= 29
+
