@@ -17,7 +17,6 @@ see docs/operations.md, "Memory after use").
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import resource
 from pathlib import Path
 
@@ -136,8 +135,7 @@ def process_memory(proc: Path = Path("/proc")) -> dict[str, int | None]:
 def _malloc_trim() -> "ctypes._CFuncPtr | None":
     """glibc's ``malloc_trim``, or None on another C library (musl, macOS: nothing to call)."""
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return libc.malloc_trim
+        return ctypes.CDLL(None).malloc_trim  # the C library the interpreter runs on, already loaded
     except (OSError, AttributeError):
         return None
 
