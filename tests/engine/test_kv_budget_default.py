@@ -141,6 +141,9 @@ def test_on_an_8_gb_board_the_default_budget_is_what_the_batch_and_the_prefix_ca
     assert "capped at" in budget.source and "MemAvailable 6.00 GiB" in budget.source
     wider = kv_budget_module.budget_for(tiny_model, EngineLimits(max_batch=8, prefix_cache_bytes=0))
     assert wider.budget_bytes == 8 * per_sequence
+    drafted = kv_budget_module.budget_for(tiny_model, EngineLimits(max_batch=2, prefix_cache_bytes=0),
+                                          draft_token_bytes=256)  # a draft model's cache beside each sequence's
+    assert drafted.budget_bytes == 2 * (per_sequence + 512 * 256)
 
 
 def test_a_model_that_could_use_more_gets_a_modest_share_of_what_is_free():

@@ -46,8 +46,8 @@ Theory of operation:
   that does not fit the room left (after evicting idle prefix-cache entries)
   stays queued, first come first served, until running generations end. Its
   cache grows with its tokens but never past the reservation, so the real KV
-  bytes never exceed the budget. A MemoryError inside a step fails only the generations
-  that needed the memory (:mod:`kestrel_trio.engine.contained_step`).
+  bytes never exceed the budget. A MemoryError inside a step fails only the
+  generations that needed the memory (:mod:`kestrel_trio.engine.contained_step`).
 * When the batch empties and nothing waits, the engine tidies memory once in
   its worker thread (:meth:`Engine._tidy_memory`): idle prefix-cache entries
   are shrunk to their tokens, and the C heap's free pages go back to the
@@ -138,7 +138,7 @@ class Engine:
         self.model = model
         self.limits = limits
         self.speculation = Speculation(limits, model, draft_model)
-        self.kv = budget_for(model, limits)
+        self.kv = budget_for(model, limits, draft_token_bytes=self.speculation.draft_token_bytes)
         log.info("KV cache budget: %.1f MiB = %d tokens of %s KV (%s); context cap %d tokens",
                  self.kv.budget_bytes / 2**20, self.kv.budget_tokens, self.kv.dtype, self.kv.source,
                  model.context_length)

@@ -118,8 +118,10 @@ class KVBudget:
                 f"{self.source}")
 
 
-def budget_for(model: Model, limits: EngineLimits) -> KVBudget:
+def budget_for(model: Model, limits: EngineLimits, *, draft_token_bytes: int = 0) -> KVBudget:
     """The KV budget ``limits`` set for ``model`` (as served), or the one derived from the memory available now.
+
+    ``draft_token_bytes``: a draft model's KV a token (speculative decoding), reserved beside each sequence's.
 
     Raises:
         KestrelError: no budget could be derived (see :func:`derive_budget_bytes`).
@@ -129,7 +131,7 @@ def budget_for(model: Model, limits: EngineLimits) -> KVBudget:
         return KVBudget(limits.kv_cache_bytes, token_bytes, limits.kv_dtype, source="set (kv_cache_bytes)")
     step_bytes = step_temporaries_bytes(model.config, prefill_chunk=limits.prefill_chunk, max_batch=limits.max_batch,
                                         max_model_len=model.context_length)
-    most = most_kv_bytes(token_bytes, max_batch=limits.max_batch, max_model_len=model.context_length,
+    most = most_kv_bytes(token_bytes + draft_token_bytes, max_batch=limits.max_batch, max_model_len=model.context_length,
                          prefix_cache_bytes=limits.prefix_cache_bytes)
     budget, how = derive_budget_bytes(read_host_memory(), mapped_weight_bytes=mapped_bytes(model.decoder.weights),
                                       step_bytes=step_bytes, most_bytes=most)
