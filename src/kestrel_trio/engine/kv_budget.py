@@ -131,8 +131,8 @@ def budget_for(model: Model, limits: EngineLimits, *, draft_token_bytes: int = 0
         return KVBudget(limits.kv_cache_bytes, token_bytes, limits.kv_dtype, source="set (kv_cache_bytes)")
     step_bytes = step_temporaries_bytes(model.config, prefill_chunk=limits.prefill_chunk, max_batch=limits.max_batch,
                                         max_model_len=model.context_length)
-    most = most_kv_bytes(token_bytes + draft_token_bytes, max_batch=limits.max_batch, max_model_len=model.context_length,
-                         prefix_cache_bytes=limits.prefix_cache_bytes)
+    most = most_kv_bytes(token_bytes + draft_token_bytes, max_batch=limits.max_batch,
+                         max_model_len=model.context_length, prefix_cache_bytes=limits.prefix_cache_bytes)
     budget, how = derive_budget_bytes(read_host_memory(), mapped_weight_bytes=mapped_bytes(model.decoder.weights),
                                       step_bytes=step_bytes, most_bytes=most)
     return KVBudget(budget, token_bytes, limits.kv_dtype, source=how)
