@@ -266,7 +266,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--kv-cache-mb", type=_at_least(1.0, float), default=kv_cache_mb, metavar="MIB",
                        help="MiB of KV cache for every running generation and the prefix cache together; a request "
                             "waits for room, or gets 400 if it can never fit (default: "
-                            + ("derived from the memory available at start" if kv_cache_mb is None else f"{kv_cache_mb:g}")
+                            + ("what --max-batch sequences at the context cap and the prefix cache can hold, "
+                               "at most half the memory available at start" if kv_cache_mb is None
+                               else f"{kv_cache_mb:g}")
                             + ")")
     serve.add_argument("--kv-dtype", choices=list(KV_DTYPES), default=engine["kv_dtype"],
                        help=f"KV cache storage: bf16 or fp16 hold twice the tokens; compute stays fp32 "

@@ -207,7 +207,7 @@ class Model:
 
         Args:
             dtype: storage, "fp32", "bf16" or "fp16" (half the bytes; attention computes in float32).
-            max_tokens: the most tokens it may hold, allocated at once when first needed (None: grows as needed).
+            max_tokens: the most tokens it may hold; it grows as needed up to it (None: no cap).
         """
         return self.decoder.new_cache(dtype, max_tokens)
 

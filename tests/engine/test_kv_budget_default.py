@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 import trio
 
+import kestrel_trio.engine.kv_budget as kv_budget_module
+from kestrel_trio.engine import EngineLimits
 from kestrel_trio.engine.host_memory import HostMemory, read_host_memory
 from kestrel_trio.engine.kv_budget import BUDGET_SHARE, HEADROOM_BYTES, derive_budget_bytes, step_temporaries_bytes
 from kestrel_trio._model.resident import is_mapped, mapped_bytes
@@ -122,3 +124,32 @@ def test_a_cgroup_v1_memory_limit_of_this_process_counts(tmp_path):
     assert read_host_memory(proc, tmp_path / "cgroup").cgroup_room == 4 * GIB
     folder.joinpath("memory.limit_in_bytes").write_text("9223372036854771712")  # v1's "no limit"
     assert read_host_memory(proc, tmp_path / "cgroup").cgroup_room is None
+
+
+def test_on_an_8_gb_board_the_default_budget_is_what_the_batch_and_the_prefix_cache_can_use(
+    tiny_model: Model, monkeypatch
+) -> None:
+    # A board with 8 GiB, 6 GiB of it free at start: the KV budget is not most of it, but what max_batch
+    # sequences at the context cap and the prefix cache can ever hold.
+    board = HostMemory(mem_available=6 * GIB)
+    monkeypatch.setattr(kv_budget_module, "read_host_memory", lambda: board)
+    limits = EngineLimits()
+    budget = kv_budget_module.budget_for(tiny_model, limits)
+    per_sequence = 512 * tiny_model.decoder.kv_token_bytes("fp32")  # the 512-token context, in whole blocks
+    assert budget.budget_bytes == limits.max_batch * per_sequence + limits.prefix_cache_bytes
+    assert limits.prefix_cache_bytes <= 256 * 2**20  # a modest fixed share, not half a gigabyte
+    assert "capped at" in budget.source and "MemAvailable 6.00 GiB" in budget.source
+    wider = kv_budget_module.budget_for(tiny_model, EngineLimits(max_batch=8, prefix_cache_bytes=0))
+    assert wider.budget_bytes == 8 * per_sequence
+    drafted = kv_budget_module.budget_for(tiny_model, EngineLimits(max_batch=2, prefix_cache_bytes=0),
+                                          draft_token_bytes=256)  # a draft model's cache beside each sequence's
+    assert drafted.budget_bytes == 2 * (per_sequence + 512 * 256)
+
+
+def test_a_model_that_could_use_more_gets_a_modest_share_of_what_is_free():
+    board = HostMemory(mem_available=6 * GIB)  # an 8 GiB board shared with other programs
+    budget, how = derive_budget_bytes(board, mapped_weight_bytes=GIB, step_bytes=GIB // 4,
+                                      most_bytes=40 * GIB)  # e.g. 4 x 40,960 tokens of Qwen3-8B KV
+    room = 6 * GIB - GIB - HEADROOM_BYTES - GIB // 4
+    assert budget <= room // 2  # half at most, not 90%: the board runs other programs too
+    assert budget == int(room * BUDGET_SHARE) and "capped" not in how

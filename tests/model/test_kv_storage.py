@@ -81,23 +81,44 @@ def test_chunked_attention_over_stored_kv_equals_the_float32_path(monkeypatch, d
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
 
 
-def test_a_capped_cache_is_allocated_once_at_its_reservation_and_never_grows_past_it():
-    cache = KVCache(2, 2, 4, block_tokens=16, max_tokens=48)
+def test_a_capped_cache_grows_with_its_tokens_and_never_past_its_reservation():
+    # Not allocated at the whole reservation up front: numpy's huge pages would make all of it resident
+    # as soon as each head's first tokens are written (kv_cache.py).
+    cache = KVCache(2, 2, 4, block_tokens=16, max_tokens=100)
     per_token = cache.token_bytes
     cache.reserve(3)
-    assert cache.capacity == 48 and cache.nbytes == 48 * per_token  # exactly the reservation, at once
-    arrays = [id(a) for a in cache.keys + cache.values]
+    assert cache.capacity == 16 and cache.nbytes == 16 * per_token  # one block, not the 100-token reservation
     rng = np.random.default_rng(1)
-    for _ in range(48):  # fill it one token at a time: never regrown, never more bytes
+    written = []
+    for _ in range(100):  # fill it one token at a time: it grows in blocks, never past the reservation
         cache.reserve(1)
+        kv = rng.standard_normal((1, 2, 4), dtype=np.float32)
         for layer in range(2):
-            kv = rng.standard_normal((1, 2, 4), dtype=np.float32)
             cache.write(layer, kv, kv)
         cache.commit(1)
-        assert cache.nbytes <= 48 * per_token
-    assert [id(a) for a in cache.keys + cache.values] == arrays
-    with pytest.raises(KVCacheFull, match="reservation of 48"):
+        written.append(kv[0])  # [n_kv, head_dim]
+        assert cache.capacity <= 100 and cache.nbytes <= 100 * per_token
+        assert cache.capacity - cache.length <= cache.length // 4 + 16  # room: a quarter and a block at most
+    assert cache.capacity == 100
+    np.testing.assert_array_equal(cache.keys[1][:, :100], np.stack(written, axis=1))  # nothing lost on growth
+    with pytest.raises(KVCacheFull, match="reservation of 100"):
         cache.reserve(1)
+
+
+def test_shrink_to_fit_keeps_the_tokens_in_whole_blocks():
+    cache = KVCache(2, 1, 4, block_tokens=16, max_tokens=512)
+    cache.reserve(200)
+    data = np.arange(20 * 4, dtype=np.float32).reshape(20, 1, 4)
+    for layer in range(2):
+        cache.write(layer, data, -data)
+    cache.commit(20)
+    cache.shrink_to_fit()
+    assert cache.capacity == 32 and cache.nbytes == 32 * cache.token_bytes
+    keys, values = cache.stored(1, 0)
+    np.testing.assert_array_equal(keys, data.transpose(1, 0, 2))
+    np.testing.assert_array_equal(values, -data.transpose(1, 0, 2))
+    cache.reserve(100)  # and grows again as a request reuses it
+    assert cache.capacity >= 120 and cache.length == 20
 
 
 def test_an_uncapped_cache_still_grows_by_a_quarter_in_blocks():
@@ -137,11 +158,12 @@ def test_handing_over_an_idle_entry_respects_the_new_requests_reservation():
     prefix = PrefixCache(2**30, min_tokens=4)
     ids = list(range(20))
     big = KVCache(1, 1, 4, block_tokens=16, max_tokens=64)
-    big.reserve(20)
+    big.reserve(50)
     for layer in range(1):
         big.write(layer, np.ones((20, 1, 4), np.float32), np.ones((20, 1, 4), np.float32))
     big.commit(20)
-    prefix.store(ids, big)
+    prefix.store(ids, big, in_use=True)  # kept at the end of its prefill,
+    prefix.release(big)  # then abandoned: idle at its 64-token capacity
     small = KVCache(1, 1, 4, block_tokens=16, max_tokens=32)
     cache, restored = prefix.reuse(ids + [99], small)
     assert cache is small and restored == 20  # 64-token capacity > 32-token reservation: copied, not handed over

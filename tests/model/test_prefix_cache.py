@@ -148,3 +148,34 @@ def test_truncate_keeps_storage_and_never_grows() -> None:
     assert (cache.length, cache.capacity) == (4, 64)
     cache.truncate(5)
     assert cache.length == 4
+
+
+def test_a_finished_requests_entry_keeps_its_tokens_not_its_reservation(model) -> None:
+    ids = prompt(11, 40)
+    cache = model.new_cache(max_tokens=4096)  # a chat without max_tokens reserves the whole context
+    cache.reserve(1000)  # room a longer answer would have used
+    model.step(cache, ids)
+    prefix_cache = PrefixCache(2**30, min_tokens=8)
+    prefix_cache.store(ids, cache)
+    assert cache.capacity == 64 and prefix_cache.nbytes == 64 * cache.token_bytes  # 40 tokens in one block
+    reused = model.new_cache(max_tokens=4096)
+    handed, restored = prefix_cache.reuse(ids + [7], reused)
+    assert handed is cache and restored == 40
+
+
+def test_an_abandoned_requests_entry_is_shrunk_once_the_engine_is_idle(model) -> None:
+    ids = prompt(12, 30)
+    live = model.new_cache(max_tokens=4096)
+    live.reserve(2000)
+    model.step(live, ids)
+    prefix_cache = PrefixCache(2**30, min_tokens=8)
+    prefix_cache.store(ids, live, in_use=True)  # stored at the end of its prefill
+    model.step(live, prompt(13, 5))  # it decoded on, then its client left
+    prefix_cache.release(live)
+    assert prefix_cache.idle_bytes == live.capacity * live.token_bytes >= 2000 * live.token_bytes
+    freed = prefix_cache.shrink_idle()
+    assert live.capacity == 64 and live.length == 30  # its entry's tokens: the 5 decoded ones had no ids kept
+    assert freed == (2048 - 64) * live.token_bytes and prefix_cache.idle_bytes == 64 * live.token_bytes
+    fresh = model.new_cache()
+    _, restored = prefix_cache.reuse(ids + [3], fresh)
+    assert restored == 30

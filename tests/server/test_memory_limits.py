@@ -84,3 +84,19 @@ async def test_health_and_metrics_show_the_kv_budget(tiny_model: Model) -> None:
                  f"kestrel:kv_cache_used_bytes {64 * 256}", "kestrel:num_requests_waiting_for_kv 0",
                  "kestrel:kv_cache_waits_total 0", "kestrel:request_out_of_memory_total 0"):
         assert line in metrics, line
+
+
+async def test_health_says_what_the_process_and_the_prefix_cache_hold(tiny_model: Model) -> None:
+    limits = EngineLimits(prefix_cache_bytes=3 * BLOCK_BYTES, kv_cache_bytes=8 * BLOCK_BYTES)
+    with trio.fail_after(30):
+        async with running_server(tiny_model, engine_limits=limits) as server:
+            done = await fetch(server.port, "POST", "/v1/completions",
+                               {"prompt": list(range(10, 30)), "max_tokens": 8, "ignore_eos": True})
+            response = await fetch(server.port, "GET", "/health")
+    assert done.status == 200 and response.status == 200
+    health = response.json()
+    memory = health["memory"]
+    assert memory["rss_bytes"] > 0 and memory["peak_rss_bytes"] >= memory["rss_bytes"]  # VmRSS, VmHWM
+    kv = health["kv_cache"]
+    assert kv["prefix_cache_budget_bytes"] == 3 * BLOCK_BYTES and kv["budget_bytes"] == 8 * BLOCK_BYTES
+    assert kv["prefix_cache_bytes"] == BLOCK_BYTES  # the finished request's 28 tokens, kept in one block

@@ -11,8 +11,10 @@ over (no copy, no new memory): the entry is cut to the shared prefix, since
 the new request writes after it, and is in use until that request ends.
 Otherwise the shared tokens are copied into the new request's own cache. The
 last prompt token is always recomputed, since its logits are needed to
-sample. Entries are evicted least recently used first, until their storage
-fits the byte budget.
+sample. An entry no request writes to any more is shrunk to its tokens (in
+whole blocks), so a short answer to a request that reserved the whole context
+does not keep the whole context's bytes. Entries are evicted least recently
+used first, until their storage fits the byte budget.
 
 Under an engine's KV budget, a new request's cache is capped at its
 reservation (``KVCache.max_tokens``): an idle entry is handed over only if
@@ -105,6 +107,23 @@ class PrefixCache:
                 freed += entry.cache.nbytes
         return freed
 
+    def shrink_idle(self) -> int:
+        """Shrink every idle entry to its tokens (whole blocks); entries that cannot be shrunk are dropped.
+
+        An abandoned request's entry is released idle at its full reservation
+        (:meth:`release` runs where no copy should); this is the later, cheap
+        place for the copy. Returns the bytes let go.
+        """
+        before = self.nbytes
+        for key, entry in list(self._entries.items()):
+            if not entry.in_use:
+                entry.cache.truncate(entry.length)
+                try:
+                    entry.cache.shrink_to_fit()
+                except MemoryError:
+                    del self._entries[key]
+        return before - self.nbytes
+
     def __len__(self) -> int:
         return len(self._entries)
 
@@ -180,7 +199,7 @@ class PrefixCache:
 
         Args:
             token_ids: the tokens whose KV ``cache`` holds, in order.
-            cache: the KV, kept without a copy.
+            cache: the KV, kept without a copy (unless not ``in_use``: then shrunk to its tokens, a copy).
             in_use: a running request still appends to ``cache`` (it is then
                 copied from, not handed over, until stored again or released).
         """
@@ -193,6 +212,11 @@ class PrefixCache:
             if entry.cache is cache or common_prefix_length(entry.token_ids, ids) == entry.length:
                 del self._entries[key]
         entry = _Entry(token_ids=ids, cache=cache, in_use=in_use)
+        if not in_use:
+            try:
+                cache.shrink_to_fit()  # kept at its length, not at the reservation of the request that filled it
+            except MemoryError:
+                return  # short of memory: better not kept than kept whole
         if cache.nbytes > self.budget_bytes:
             return
         self._entries[id(entry)] = entry

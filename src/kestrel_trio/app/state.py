@@ -9,6 +9,7 @@ import trio
 
 from kestrel_trio.app.images import ImagePolicy
 from kestrel_trio.engine import Engine
+from kestrel_trio.engine.host_memory import process_memory
 from kestrel_trio.http import HttpServer
 from kestrel_trio.model import Model
 
@@ -71,4 +72,5 @@ class ServerState:
             body.update(engine.report())
         else:
             body.update(busy=False, queued=0, active=0, batch=0)
+        body["memory"] = process_memory()  # the whole process: weights, KV, step temporaries, the interpreter
         return (200 if status == "ok" else 503), body

@@ -45,9 +45,14 @@ Theory of operation:
   cap (``max_model_len``). Admission reserves that worst case; a waiting job
   that does not fit the room left (after evicting idle prefix-cache entries)
   stays queued, first come first served, until running generations end. Its
-  cache is allocated at exactly the reservation, so the real KV bytes never
-  exceed the budget. A MemoryError inside a step fails only the generations
-  that needed the memory (:mod:`kestrel_trio.engine.contained_step`).
+  cache grows with its tokens but never past the reservation, so the real KV
+  bytes never exceed the budget. A MemoryError inside a step fails only the
+  generations that needed the memory (:mod:`kestrel_trio.engine.contained_step`).
+* When the batch empties and nothing waits, the engine tidies memory once in
+  its worker thread (:meth:`Engine._tidy_memory`): idle prefix-cache entries
+  are shrunk to their tokens, and the C heap's free pages go back to the
+  kernel, so an idle server does not keep the high-water mark of its last
+  long generations.
 * Speculative decoding (``limits.speculative``; :mod:`kestrel_trio.engine.speculation`)
   runs inside a step whose batch is one generation: that step may produce
   several tokens, each delivered as its own delta, exactly as plain steps
@@ -67,6 +72,7 @@ import trio
 
 from kestrel_trio._model import PrefixCache
 from kestrel_trio.engine.contained_step import step_contained
+from kestrel_trio.engine.host_memory import release_free_memory
 from kestrel_trio.engine.kv_budget import budget_for
 from kestrel_trio.engine.metrics import EngineMetrics
 from kestrel_trio.engine.speculation import Speculation
@@ -132,7 +138,7 @@ class Engine:
         self.model = model
         self.limits = limits
         self.speculation = Speculation(limits, model, draft_model)
-        self.kv = budget_for(model, limits)
+        self.kv = budget_for(model, limits, draft_token_bytes=self.speculation.draft_token_bytes)
         log.info("KV cache budget: %.1f MiB = %d tokens of %s KV (%s); context cap %d tokens",
                  self.kv.budget_bytes / 2**20, self.kv.budget_tokens, self.kv.dtype, self.kv.source,
                  model.context_length)
@@ -156,6 +162,8 @@ class Engine:
         self.mean_service_seconds: float | None = None
         self.max_steps_after_abandon = 0
         self.batch_in_flight = 0
+        self.memory_tidied = 0  # times the engine gave memory back on going idle (_tidy_memory)
+        self._untidy = False  # a step ran since the last tidy
         self.prefix_cache = PrefixCache(min(limits.prefix_cache_bytes, self.kv.budget_bytes))
         self._ended: KestrelError | None = None  # set by end_generations: every handle raises it
         self.metrics = EngineMetrics(running=lambda: len(self._active), waiting=lambda: self._live_queued,
@@ -200,6 +208,7 @@ class Engine:
                 "kv_cache": {"dtype": kv.dtype, "budget_bytes": kv.budget_bytes, "budget_tokens": kv.budget_tokens,
                              "token_bytes": kv.token_bytes, "reserved_bytes": usage.reserved_bytes,
                              "used_bytes": usage.used_bytes, "prefix_cache_bytes": usage.prefix_bytes,
+                             "prefix_cache_budget_bytes": self.prefix_cache.budget_bytes,
                              "waiting_for_kv": usage.waiting_for_kv, "budget_from": kv.source}}
 
     def retry_after(self) -> int:
@@ -365,6 +374,7 @@ class Engine:
     async def _admit(self) -> None:
         self._drain_queue()
         if not self._active and not self._waiting:
+            await self._tidy_memory()
             self._waiting.append(await self._queue_recv.receive())
             self._drain_queue()
         self._drop_abandoned()
@@ -388,6 +398,20 @@ class Engine:
             self._active.append(job)
         self._waiting.extendleft(reversed(deferred))
         self._note_kv_usage(blocked)
+
+    async def _tidy_memory(self) -> None:
+        """Once per idle spell: shrink idle prefix-cache entries and hand the heap's free pages back to the kernel.
+
+        In the worker thread (a copy of the kept tokens and a heap walk: milliseconds, not for the event loop).
+        Measured with SmolLM2-135M (docs/operations.md, "Memory after use"): without it an idle server kept
+        most of the RSS its longest generations had reached.
+        """
+        if not self._untidy:
+            return
+        self._untidy = False
+        await trio.to_thread.run_sync(_tidy, self.prefix_cache, limiter=self._limiter)
+        self.memory_tidied += 1
+        self._note_kv_usage()
 
     def _make_kv_room(self, need: int) -> bool:
         """Whether ``need`` more bytes fit the KV budget now, evicting idle prefix-cache entries to make them fit."""
@@ -447,6 +471,7 @@ class Engine:
         generations = [job.generation for job in batch]
         started = self.step_started_at = trio.current_time()
         self.batch_in_flight = len(batch)
+        self._untidy = True
         try:
             results = await trio.to_thread.run_sync(
                 _contained, self.model.decoder, generations, self.prefix_cache, self.model.vision,
@@ -599,6 +624,11 @@ class GenerationHandle:
 def _contained(decoder, generations, prefix_cache, vision) -> list:
     """The engine's step (the module's ``step_generations``, so a test may wrap it), MemoryErrors contained."""
     return step_contained(step_generations, decoder, generations, prefix_cache, vision)
+
+
+def _tidy(prefix_cache: PrefixCache) -> None:
+    prefix_cache.shrink_idle()
+    release_free_memory()
 
 
 def _ewma(previous: float | None, sample: float, weight: float = 0.2) -> float:

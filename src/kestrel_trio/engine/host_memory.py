@@ -1,19 +1,28 @@
-"""How much memory this process may still take: the machine's, its cgroup's and its address-space limit.
+"""This process's memory: how much it may still take, how much it holds, and giving freed memory back.
 
-Read once, at engine start (after the weights are loaded), to derive the
-default KV budget. Each source may be missing (not Linux, no cgroup limit, no
-rlimit); the smallest of those present wins, and :class:`HostMemory` says
-which, so the log line and /health can show where the budget came from.
+:func:`read_host_memory` is read once, at engine start (after the weights are
+loaded), to derive the default KV budget. Each source may be missing (not
+Linux, no cgroup limit, no rlimit); the smallest of those present wins, and
+:class:`HostMemory` says which, so the log line and /health can show where the
+budget came from.
+
+:func:`process_memory` is what /health shows of the process as a whole (its
+resident set now and at its peak). :func:`release_free_memory` hands the
+heap's free pages back to the kernel: glibc keeps memory freed by a worker
+thread in that thread's arena, and a KV cache of a few MiB a layer, once freed,
+stays resident there until something trims it (measured with SmolLM2-135M:
+see docs/operations.md, "Memory after use").
 """
 
 from __future__ import annotations
 
+import ctypes
 import resource
 from pathlib import Path
 
 import attrs
 
-__all__ = ["HostMemory", "read_host_memory"]
+__all__ = ["HostMemory", "read_host_memory", "process_memory", "release_free_memory"]
 
 _CGROUP_ROOT = Path("/sys/fs/cgroup")
 
@@ -111,3 +120,36 @@ def _address_space_room(proc: Path) -> int | None:
         return None
     size = _meminfo(proc / "self" / "status", "VmSize")
     return None if size is None else max(0, soft - size)
+
+
+def process_memory(proc: Path = Path("/proc")) -> dict[str, int | None]:
+    """This process's resident memory (bytes; None where not readable).
+
+    Returns:
+        ``{"rss_bytes": VmRSS, "peak_rss_bytes": VmHWM}`` from ``/proc/self/status``.
+    """
+    return {"rss_bytes": _meminfo(proc / "self" / "status", "VmRSS"),
+            "peak_rss_bytes": _meminfo(proc / "self" / "status", "VmHWM")}
+
+
+def _malloc_trim() -> "ctypes._CFuncPtr | None":
+    """glibc's ``malloc_trim``, or None on another C library (musl, macOS: nothing to call)."""
+    try:
+        return ctypes.CDLL(None).malloc_trim  # the C library the interpreter runs on, already loaded
+    except (OSError, AttributeError):
+        return None
+
+
+_TRIM = _malloc_trim()
+
+
+def release_free_memory() -> bool:
+    """Give the C heap's free pages back to the kernel (glibc ``malloc_trim(0)``: every arena).
+
+    A millisecond or two; call it from a worker thread when a burst of work
+    has ended, not between steps.
+
+    Returns:
+        Whether there was a trim to call (glibc) and it released something.
+    """
+    return bool(_TRIM is not None and _TRIM(0))

@@ -9,8 +9,8 @@ Theory of operation (the policy; docs/operations.md says what a client sees):
   generation's memory, not the prefix cache's.
 * A generation reserves its worst case when it is admitted to the batch:
   prompt + max_tokens tokens, rounded up to whole blocks of
-  :data:`~kestrel_trio._model.kv_cache.BLOCK_TOKENS`. Its cache is allocated
-  at exactly that capacity and can never grow past it, so no admitted
+  :data:`~kestrel_trio._model.kv_cache.BLOCK_TOKENS`. Its cache grows with
+  its tokens (in blocks) and can never grow past that, so no admitted
   generation can run out of KV and the real bytes never exceed the
   reserved ones. Without max_tokens, a request gets as many tokens as the
   context cap and the budget both allow (and reserves them all).
@@ -21,12 +21,16 @@ Theory of operation (the policy; docs/operations.md says what a client sees):
   and its immediate 429 still hold). Room is made first by evicting idle
   prefix-cache entries, least recently used first; if that is not enough,
   the request waits for running generations to end.
-* The default budget is derived once, after the weights are loaded, from
-  the memory the process may still take (:mod:`.host_memory`): the
-  smallest of MemAvailable, the cgroup's room and the address-space room,
-  less the weights still mapped from the checkpoint, less a headroom for
-  step temporaries at the context cap, and then only
-  :data:`BUDGET_SHARE` of what remains.
+* The default budget is derived once, after the weights are loaded, and is
+  the smaller of two figures. What the engine can ever use: ``max_batch``
+  sequences at the context cap plus the prefix cache's share (more is never
+  touched, so never worth promising). And a modest share of the memory the
+  process may still take (:mod:`.host_memory`): the smallest of
+  MemAvailable, the cgroup's room and the address-space room, less the
+  weights still mapped from the checkpoint, less a headroom and the step
+  temporaries at the context cap, times :data:`BUDGET_SHARE`. A board is
+  shared with other programs, and MemAvailable at start says nothing about
+  what they take later.
 """
 
 from __future__ import annotations
@@ -39,11 +43,11 @@ from kestrel_trio.engine.types import EngineLimits
 from kestrel_trio.errors import ContextLengthError, KestrelError
 from kestrel_trio.model import Model
 
-__all__ = ["KVBudget", "budget_for", "derive_budget_bytes", "step_temporaries_bytes", "HEADROOM_BYTES",
-           "BUDGET_SHARE"]
+__all__ = ["KVBudget", "budget_for", "derive_budget_bytes", "step_temporaries_bytes", "most_kv_bytes",
+           "HEADROOM_BYTES", "BUDGET_SHARE"]
 
 HEADROOM_BYTES = 256 * 2**20  # the interpreter, tokenizer, HTTP buffers and allocator slack beside the KV
-BUDGET_SHARE = 0.9  # of the memory left after the headroom: the kernel's estimate is an estimate
+BUDGET_SHARE = 0.5  # of the memory left after the headroom: the board is shared, the kernel's figure a guess
 MIN_BUDGET_BYTES = 16 * 2**20  # below this a derived budget is refused: the machine has no memory to spare
 
 
@@ -114,8 +118,10 @@ class KVBudget:
                 f"{self.source}")
 
 
-def budget_for(model: Model, limits: EngineLimits) -> KVBudget:
+def budget_for(model: Model, limits: EngineLimits, *, draft_token_bytes: int = 0) -> KVBudget:
     """The KV budget ``limits`` set for ``model`` (as served), or the one derived from the memory available now.
+
+    ``draft_token_bytes``: a draft model's KV a token (speculative decoding), reserved beside each sequence's.
 
     Raises:
         KestrelError: no budget could be derived (see :func:`derive_budget_bytes`).
@@ -125,9 +131,25 @@ def budget_for(model: Model, limits: EngineLimits) -> KVBudget:
         return KVBudget(limits.kv_cache_bytes, token_bytes, limits.kv_dtype, source="set (kv_cache_bytes)")
     step_bytes = step_temporaries_bytes(model.config, prefill_chunk=limits.prefill_chunk, max_batch=limits.max_batch,
                                         max_model_len=model.context_length)
+    most = most_kv_bytes(token_bytes + draft_token_bytes, max_batch=limits.max_batch,
+                         max_model_len=model.context_length, prefix_cache_bytes=limits.prefix_cache_bytes)
     budget, how = derive_budget_bytes(read_host_memory(), mapped_weight_bytes=mapped_bytes(model.decoder.weights),
-                                      step_bytes=step_bytes)
+                                      step_bytes=step_bytes, most_bytes=most)
     return KVBudget(budget, token_bytes, limits.kv_dtype, source=how)
+
+
+def most_kv_bytes(token_bytes: int, *, max_batch: int, max_model_len: int, prefix_cache_bytes: int,
+                  block_tokens: int = BLOCK_TOKENS) -> int:
+    """The most KV an engine can ever hold (bytes): ``max_batch`` reservations at the context cap, and the prefix cache.
+
+    Args:
+        token_bytes: one token's keys and values in every layer.
+        max_batch: generations in the batch at once.
+        max_model_len: the context cap (tokens; a reservation is at most this, in whole blocks).
+        prefix_cache_bytes: the prefix cache's cap.
+    """
+    sequence = -(-max_model_len // block_tokens) * block_tokens * token_bytes
+    return max_batch * sequence + prefix_cache_bytes
 
 
 def step_temporaries_bytes(config: ModelConfig, *, prefill_chunk: int, max_batch: int, max_model_len: int) -> int:
@@ -148,7 +170,8 @@ def step_temporaries_bytes(config: ModelConfig, *, prefill_chunk: int, max_batch
     return scores + mask + activations + logits
 
 
-def derive_budget_bytes(host: HostMemory, *, mapped_weight_bytes: int, step_bytes: int) -> tuple[int, str]:
+def derive_budget_bytes(host: HostMemory, *, mapped_weight_bytes: int, step_bytes: int,
+                        most_bytes: int | None = None) -> tuple[int, str]:
     """The default KV budget (bytes) and a line saying how it was reached.
 
     Args:
@@ -156,6 +179,8 @@ def derive_budget_bytes(host: HostMemory, *, mapped_weight_bytes: int, step_byte
         mapped_weight_bytes: weights still mapped from the checkpoint file (counted as
             available by the kernel, but read at every step).
         step_bytes: temporaries of one model step (:func:`step_temporaries_bytes`).
+        most_bytes: the most KV the engine can ever hold (:func:`most_kv_bytes`); the budget
+            never exceeds it (None: no such cap).
 
     Raises:
         KestrelError: no memory figure could be read, or too little is left; set the budget explicitly.
@@ -177,4 +202,7 @@ def derive_budget_bytes(host: HostMemory, *, mapped_weight_bytes: int, step_byte
     if budget < MIN_BUDGET_BYTES:
         raise KestrelError(f"too little memory is left for a KV cache ({_mib(max(budget, 0))}; {how}); free some "
                            "memory, lower the context cap (--max-model-len) or set --kv-cache-mb explicitly")
+    if most_bytes is not None and most_bytes < budget:
+        return most_bytes, (f"{how} = {_mib(budget)}, capped at {_mib(most_bytes)}: what --max-batch sequences at "
+                            "the context cap and the prefix cache can hold")
     return budget, how

@@ -29,7 +29,8 @@ class EngineLimits:
         max_model_len: the longest sequence (prompt plus generated tokens) served, at most the
             model's context (None: the model's context).
         kv_cache_bytes: every live KV byte (running generations and the prefix cache) stays
-            within this (bytes; None: derived at start from the memory available, see
+            within this (bytes; None: derived at start, what ``max_batch`` sequences at the
+            context cap and the prefix cache can hold, at most half the memory available; see
             kestrel_trio.engine.kv_budget).
         kv_dtype: KV cache storage, "fp32", "bf16" or "fp16" (half the bytes; compute stays fp32).
         speculative: speculative decoding at batch 1: "off", "ngram" (prompt lookup) or "draft"
@@ -40,7 +41,7 @@ class EngineLimits:
     max_queued: int = attrs.field(default=16, validator=attrs.validators.ge(1))
     max_batch: int = attrs.field(default=4, validator=attrs.validators.ge(1))
     prefill_chunk: int = attrs.field(default=DEFAULT_PREFILL_CHUNK, validator=attrs.validators.ge(1))
-    prefix_cache_bytes: int = attrs.field(default=512 * 2**20, validator=attrs.validators.ge(0))
+    prefix_cache_bytes: int = attrs.field(default=256 * 2**20, validator=attrs.validators.ge(0))
     stall_factor: float = 50.0
     stall_floor: float = 60.0
     max_model_len: int | None = attrs.field(default=None, validator=attrs.validators.optional(attrs.validators.ge(1)))
