@@ -99,7 +99,7 @@ def parse_model_name(text: str, named: frozenset[str] | set[str]) -> LocalModel 
         return repo
     close = close_names(text, named)
     if close:
-        raise ModelLoadError(f"{text!r} is not a named model{did_you_mean(close)} (--model also takes a folder, "
+        raise ModelLoadError(f"{text!r} is not a named model{did_you_mean(close)} (other models: a folder, "
                              "a .gguf file or a hub repo id, owner/name)", code="not_found")
     names = ", ".join(sorted(named))
     raise ModelLoadError(
