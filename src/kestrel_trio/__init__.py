@@ -1,4 +1,4 @@
-"""kestrel-trio: an OpenAI-compatible Qwen server on trio, h11 and numpy.
+"""kestrel-trio: an OpenAI-compatible server of Qwen and Llama-family models on trio, h11 and numpy.
 
 The public API is exactly the names in ``__all__``.
 """
