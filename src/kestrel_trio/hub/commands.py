@@ -1,6 +1,7 @@
 """The ``pull``, ``list`` and ``rm`` subcommands, and ``--model NAME`` resolution for the others.
 
-cli.py stays the only module that reads argv: it hands its subparsers to
+cli.py stays the only module that reads argv: it hands its ``add_command`` (a
+subcommand with the usage line and global flags of the others) to
 :func:`add_hub_commands` and its parsed arguments to :func:`run_hub_command`
 or :func:`resolve_model_arg`. Errors are raised as KestrelError for cli.py's
 one-line ``kestrel-trio: error: ...``.
