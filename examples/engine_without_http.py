@@ -1,9 +1,12 @@
 """Use the engine directly from trio, with no HTTP: several generations at once.
 
-Run: python examples/engine_without_http.py [CHECKPOINT_DIR]
+Run: python examples/engine_without_http.py [MODEL]
+
+MODEL is what ``kestrel-trio --model`` takes: a checkpoint folder, a .gguf file, a hub repo id, or a named
+model such as smollm2-135m (downloaded once); without it, the built-in demo model (random weights).
 """
 
-import sys
+import argparse
 
 import trio
 
@@ -23,8 +26,13 @@ async def ask(engine: kestrel_trio.Engine, model: kestrel_trio.Model, question: 
     print(f"{question!r} -> {''.join(pieces)!r} ({delta.finish_reason}, {delta.completion_tokens} tokens)")
 
 
-async def main() -> None:
-    model = kestrel_trio.load_model(sys.argv[1]) if len(sys.argv) > 1 else kestrel_trio.load_demo_model()
+def load(name: str | None) -> kestrel_trio.Model:
+    if name is None:
+        return kestrel_trio.load_demo_model()
+    return kestrel_trio.load_model(kestrel_trio.resolve_model(name).path)  # a name or repo id: its local file
+
+
+async def main(model: kestrel_trio.Model) -> None:
     async with trio.open_nursery() as nursery:
         engine = await nursery.start(kestrel_trio.run_engine, model)
         async with trio.open_nursery() as questions:
@@ -34,4 +42,11 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    trio.run(main)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model", nargs="?", metavar="MODEL",
+                        help="a checkpoint folder, .gguf file, hub repo id or named model (default: the demo model)")
+    try:
+        loaded = load(parser.parse_args().model)
+    except kestrel_trio.KestrelError as exc:  # a wrong name or folder: one line, not a traceback
+        parser.exit(2, f"{parser.prog}: error: {exc.message}\n")
+    trio.run(main, loaded)

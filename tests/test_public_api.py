@@ -9,6 +9,7 @@ EXPECTED = {
     "Model",
     "load_model",
     "load_demo_model",
+    "resolve_model",
     "SamplingParams",
     "Engine",
     "EngineLimits",

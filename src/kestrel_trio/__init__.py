@@ -1,4 +1,4 @@
-"""kestrel-trio: an OpenAI-compatible Qwen server on trio, h11 and numpy.
+"""kestrel-trio: an OpenAI-compatible server of Qwen and Llama-family models on trio, h11 and numpy.
 
 The public API is exactly the names in ``__all__``.
 """
@@ -16,6 +16,7 @@ from kestrel_trio.errors import (
 )
 from kestrel_trio.engine import Delta, Engine, EngineLimits, GenerationHandle, GenerationRequest, run_engine
 from kestrel_trio.http import HttpLimits
+from kestrel_trio.hub import resolve_model
 from kestrel_trio.model import Model, load_demo_model, load_model
 from kestrel_trio.app import ImagePolicy
 from kestrel_trio.server import Server, serve
@@ -28,6 +29,7 @@ __all__ = [
     "Model",
     "load_model",
     "load_demo_model",
+    "resolve_model",
     "SamplingParams",
     "Engine",
     "EngineLimits",

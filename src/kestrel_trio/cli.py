@@ -1,4 +1,4 @@
-"""The ``kestrel-trio`` command: serve, generate, chat.
+"""The ``kestrel-trio`` command: serve, generate, chat, and pull, list, rm (kestrel_trio.hub.commands).
 
 The only module that reads argv and calls ``trio.run``.
 """
@@ -179,6 +179,8 @@ def _add_sampling_args(parser: argparse.ArgumentParser) -> None:
 
 
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+COMMANDS = ("serve", "generate", "chat", *HUB_COMMANDS)
+DESCRIPTION = "An OpenAI-compatible inference server for Qwen and Llama-family models, on trio."
 
 
 class _Parser(argparse.ArgumentParser):
@@ -227,17 +229,18 @@ def _add_global_args(parser: argparse.ArgumentParser, *, top: bool) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``kestrel-trio`` argument parser (``parse_args`` names unknown flags under their subcommand's usage)."""
-    parser = _Parser(prog="kestrel-trio", description="An OpenAI-compatible Qwen server on trio.",
-                     usage="%(prog)s [-h] [--version] [--log-level LEVEL] {serve,generate,chat} ...",
+    choices = "{" + ",".join(COMMANDS) + "}"
+    parser = _Parser(prog="kestrel-trio", description=DESCRIPTION,
+                     usage=f"%(prog)s [-h] [--version] [--log-level LEVEL] {choices} ...",
                      epilog="'kestrel-trio COMMAND --help' lists a command's options. Run with no command, "
                             "kestrel-trio prints this help and exits 0.")
     _add_global_args(parser, top=True)
-    commands = parser.add_subparsers(dest="command", title="commands", metavar="{serve,generate,chat}",
+    commands = parser.add_subparsers(dest="command", title="commands", metavar=choices,
                                      parser_class=argparse.ArgumentParser)
     parser.subcommands = {}
 
-    def add_command(name: str, usage: str, help: str) -> argparse.ArgumentParser:
-        command = commands.add_parser(name, prog=f"kestrel-trio {name}", help=help, description=help,
+    def add_command(name: str, usage: str, help: str, description: str | None = None) -> argparse.ArgumentParser:
+        command = commands.add_parser(name, prog=f"kestrel-trio {name}", help=help, description=description or help,
                                       usage=f"%(prog)s {usage}")
         _add_global_args(command, top=False)
         parser.subcommands[name] = command
@@ -338,7 +341,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "interactive multi-turn chat (/help lists its commands, Ctrl-C stops an answer)")
     _add_model_args(chat)
     _add_sampling_args(chat)
-    add_hub_commands(commands)  # pull, list, rm
+    add_hub_commands(add_command)  # pull, list, rm
     return parser
 
 

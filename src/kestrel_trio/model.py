@@ -29,8 +29,9 @@ from kestrel_trio.errors import BadRequestError, ContextLengthError, KestrelErro
 from kestrel_trio.text import ChatTemplate, Tokenizer, missing_template_error
 from kestrel_trio.text.generation import DEFAULT_PREFILL_CHUNK, check_context
 
-__all__ = ["Model", "load_model", "check_model_folder", "check_draft_model", "is_qwen3_vl_folder", "set_blas_threads",
-           "set_prefill_precision", "prefill_precision", "set_products", "load_demo_model", "DEMO_MODEL_ID",
+__all__ = ["Model", "load_model", "check_model_folder", "check_context_cap", "check_draft_model", "is_qwen3_vl_folder",
+           "set_blas_threads", "set_prefill_precision", "prefill_precision", "set_products", "load_demo_model",
+           "DEMO_MODEL_ID",
            "DEFAULT_PREFILL_CHUNK"]
 
 log = logging.getLogger(__name__)
@@ -192,12 +193,7 @@ class Model:
         Raises:
             KestrelError: ``max_model_len`` is below 1 or above the checkpoint's context.
         """
-        context = self.decoder.config.max_position_embeddings
-        if isinstance(max_model_len, bool) or not isinstance(max_model_len, int) or max_model_len < 1:
-            raise KestrelError(f"max_model_len must be a positive number of tokens, got {max_model_len!r}")
-        if max_model_len > context:
-            raise KestrelError(f"max_model_len {max_model_len} exceeds the model's context length of {context} "
-                               f"tokens (max_position_embeddings of {self.name})")
+        _check_context_cap(max_model_len, self.decoder.config.max_position_embeddings, self.name)
         view = copy.copy(self)
         view._max_model_len = max_model_len
         return view
@@ -561,7 +557,7 @@ def _load_gguf_model(path: Path, progress: Callable[[float], None] | None, weigh
     return _ready(model, residency)
 
 
-def check_model_folder(path: str | Path, *, weights: str | None = None) -> None:
+def check_model_folder(path: str | Path, *, weights: str | None = None) -> ModelConfig:
     """Check, in milliseconds, what :func:`load_model` would refuse first: the folder and its config.json.
 
     Reads config.json with the loader's own readers (so a field the loader
@@ -575,6 +571,10 @@ def check_model_folder(path: str | Path, *, weights: str | None = None) -> None:
         weights: load_model's ``weights``, checked against the kind of model
             (int8/int4 need a folder, gguf a GGUF file); None: not checked.
 
+    Returns:
+        The configuration of the language model the loader would build (of a
+        Qwen3-VL checkpoint: its text model), for further checks against it.
+
     Raises:
         ModelLoadError: ``path`` is neither a folder nor a GGUF file, or its
             config.json is missing, unreadable, not JSON, or names a field or
@@ -586,14 +586,54 @@ def check_model_folder(path: str | Path, *, weights: str | None = None) -> None:
     if weights is not None and weights != "auto":
         resolve_residency(None, weights, gguf=is_gguf)  # raises when the form does not apply
     if is_gguf:
-        config_from_gguf(GgufFile(folder))
-        return
+        return config_from_gguf(GgufFile(folder))
     if not folder.is_dir():
         raise ModelLoadError(f"{folder}: no such checkpoint folder or GGUF file" if not folder.exists()
                              else f"{folder}: not a folder (a checkpoint is a folder with config.json) "
                                   "or a GGUF file")
     raw, config_path = read_config_json(folder)
-    (vl_config_from_dict if is_qwen3_vl(raw) else config_from_dict)(raw, source=str(config_path))
+    if is_qwen3_vl(raw):
+        return vl_config_from_dict(raw, source=str(config_path)).text
+    return config_from_dict(raw, source=str(config_path))
+
+
+def check_context_cap(model: Model | str | Path | None, max_model_len: int | None, *,
+                      config: ModelConfig | None = None) -> None:
+    """Refuse a context cap (``max_model_len``, tokens) longer than the model's context, from its config alone.
+
+    What :meth:`Model.with_context_length` would refuse once the weights are
+    loaded, checked in milliseconds before (no weights read), so a server
+    fails before it binds, loads or compiles anything.
+
+    Args:
+        model: a loaded Model, a checkpoint folder or GGUF file, or None for the built-in demo model.
+        max_model_len: the cap; None: none asked for, nothing to check.
+        config: the configuration :func:`check_model_folder` returned for ``model``
+            (None: read it again).
+
+    Raises:
+        KestrelError: ``max_model_len`` is below 1 or above the model's context.
+    """
+    if max_model_len is None:
+        return
+    if isinstance(model, Model):
+        model.with_context_length(max_model_len)
+        return
+    if model is None:
+        context, name = DEMO_CONFIG["max_position_embeddings"], DEMO_MODEL_ID
+    else:
+        path = Path(model)
+        context = (config or check_model_folder(path)).max_position_embeddings
+        name = path.name.removesuffix(".gguf") if path.is_file() else path.resolve().name  # as load_model names it
+    _check_context_cap(max_model_len, context, name)
+
+
+def _check_context_cap(max_model_len: int, context: int, name: str) -> None:
+    if isinstance(max_model_len, bool) or not isinstance(max_model_len, int) or max_model_len < 1:
+        raise KestrelError(f"max_model_len must be a positive number of tokens, got {max_model_len!r}")
+    if max_model_len > context:
+        raise KestrelError(f"max_model_len {max_model_len} exceeds the model's context length of {context} "
+                           f"tokens (max_position_embeddings of {name})")
 
 
 def check_draft_model(target: Model | str | Path | None, draft: Model | str | Path) -> None:

@@ -27,8 +27,8 @@ from kestrel_trio.engine import Engine, EngineLimits, run_engine
 from kestrel_trio.errors import EngineUnavailableError, KestrelError
 from kestrel_trio.http import CorsPolicy, HttpLimits, HttpServer, serve_http
 from kestrel_trio.model import (
-    DEMO_MODEL_ID, Model, check_draft_model, check_model_folder, is_qwen3_vl_folder, load_demo_model, load_model,
-    set_blas_threads, set_prefill_precision, set_products,
+    DEMO_MODEL_ID, Model, check_context_cap, check_draft_model, check_model_folder, is_qwen3_vl_folder,
+    load_demo_model, load_model, set_blas_threads, set_prefill_precision, set_products,
 )
 from kestrel_trio.app import OPEN_PATHS, ImagePolicy, ServerState, build_router
 from kestrel_trio.webui import PATHS as WEBUI_PATHS
@@ -234,15 +234,18 @@ async def serve(
         ModelLoadError: ``model`` (or ``draft_model``) is not a checkpoint folder or its config.json is
             refused, or the draft's vocabulary differs from the model's (checked before the socket
             is bound), or its weights fail to load.
-        KestrelError: ``engine_limits.speculative`` and ``draft_model`` disagree.
+        KestrelError: ``engine_limits.speculative`` and ``draft_model`` disagree, or
+            ``engine_limits.max_model_len`` exceeds the model's context (both checked before the socket is bound).
         OSError: the socket cannot be bound (e.g. the port is in use); the message
             names the address.
 
     A Qwen3-VL model raises ``http_limits.max_body_bytes`` when needed so that
     a request can carry ``max_images`` base64 images of ``max_bytes`` each.
     """
+    config = None
     if model is not None and not isinstance(model, Model):
-        check_model_folder(model, weights=weights)  # a wrong path fails now, before anything listens or loads
+        config = check_model_folder(model, weights=weights)  # a wrong path fails now, before anything listens or loads
+    check_context_cap(model, engine_limits.max_model_len, config=config)  # so does a cap the config cannot hold
     engine_limits = _speculative_limits(engine_limits, model, draft_model, weights)
     policy = _image_policy(image_policy, allow_image_dir)
     if products is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 
 import pytest
@@ -10,6 +11,7 @@ from cli_kit import run_cli
 import kestrel_trio
 
 COMMANDS = ["serve", "generate", "chat"]
+HUB_COMMANDS = ["pull", "list", "rm"]
 
 
 def test_an_unknown_top_level_flag_is_named():
@@ -41,6 +43,36 @@ def test_run_alone_it_prints_the_help_to_stdout_and_exits_0():
     for command in COMMANDS:
         assert command in result.stdout
     assert result.stderr == ""
+
+
+def test_the_top_level_usage_lists_every_command_and_says_what_it_serves():
+    result = run_cli(["--help"], timeout=30)
+    assert result.returncode == 0, result.stderr
+    usage = result.stdout.splitlines()[0]
+    assert usage == "usage: kestrel-trio [-h] [--version] [--log-level LEVEL] {serve,generate,chat,pull,list,rm} ..."
+    assert "Qwen and Llama-family models" in " ".join(result.stdout.split())  # SmolLM2, the quick start's, is Llama
+
+
+@pytest.mark.parametrize(("command", "usage"), [("pull", "[options] NAME"), ("list", "[options]"),
+                                                ("rm", "[options] NAME")])
+def test_each_hub_command_has_its_own_usage_line_and_a_description(command, usage):
+    result = run_cli([command, "--help"], timeout=30)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == f"usage: kestrel-trio {command} {usage}"  # not the top-level usage with the command after it
+    assert lines[1] == "" and lines[2] and not lines[2].startswith(("options:", "positional")), result.stdout
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_the_hub_commands_take_the_global_flags(tmp_path, where):
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "xdg"), "HF_HOME": str(tmp_path / "hf")}
+    env.pop("HF_HUB_CACHE", None)
+    flag = ["--log-level", "DEBUG"]
+    result = run_cli([*flag, "list"] if where == "before" else ["list", *flag], timeout=30, env=env)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.startswith("no models cached")
+    version = run_cli(["list", "--version"], timeout=30)
+    assert version.stdout.strip() == f"kestrel-trio {kestrel_trio.__version__}"
 
 
 @pytest.mark.parametrize("where", [["--version"], ["serve", "--version"]])
@@ -81,12 +113,12 @@ def _option_entries(help_text: str) -> dict[str, str]:
     return entries
 
 
-@pytest.mark.parametrize("command", COMMANDS)
+@pytest.mark.parametrize("command", COMMANDS + HUB_COMMANDS)
 def test_every_option_shows_its_default_in_help(command):
     result = run_cli([command, "--help"], timeout=30)
     assert result.returncode == 0, result.stderr
     entries = _option_entries(result.stdout)
-    assert "--log-level" in entries and "--model" in entries
+    assert "--log-level" in entries and ("--model" in entries or command in HUB_COMMANDS)
     missing = [option for option, entry in entries.items()
                if option not in ("--help", "--version") and "default" not in entry]
     assert missing == []

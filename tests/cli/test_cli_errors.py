@@ -62,6 +62,15 @@ def test_a_bad_model_folder_is_one_line_exit_2_before_anything_listens(tmp_path,
     assert str(folder) in line and named in line
 
 
+@pytest.mark.parametrize("model", [["--model", str(FIXTURE)], []])
+def test_a_context_cap_beyond_the_models_config_is_one_line_exit_2_before_anything_listens(model):
+    # The config alone answers it: no port is bound, no weights load, nothing compiles first.
+    result = run_cli(["serve", "--port", "0", *model, "--max-model-len", "100000"], timeout=60)
+    assert result.returncode == 2, result.stderr
+    line = _one_error_line(result.stderr)  # no "listening on", no "loading weights" before it
+    assert "max_model_len 100000 exceeds the model's context length of " in line
+
+
 def test_a_port_in_use_is_one_line_exit_1():
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

@@ -101,6 +101,16 @@ def test_offline_with_an_empty_cache_is_one_error_line_and_exit_code_2(env: dict
         "HF_HUB_OFFLINE is set, so nothing can be downloaded"]
 
 
+@pytest.mark.parametrize("command", [["pull", "smollm2"], ["pull", "smollm2-135M"], ["rm", "smollm2"],
+                                     ["serve", "--port", "0", "--model", "smollm-135m"],
+                                     ["generate", "--model", "smollm2-135M", "hi"]])
+def test_a_near_miss_of_a_named_model_is_one_line_naming_it(env: dict[str, str], command: list[str]):
+    result = _run(env, *command)
+    assert result.returncode == 2, result.stderr
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("kestrel-trio: error: ") and "did you mean smollm2-135m?" in line, line
+
+
 def test_hf_token_opens_a_gated_repo(fake_hub: FakeHub, env: dict[str, str]):
     fake_hub.add_folder("Gate/Kept", FIXTURE, gated=True)
     refused = _run(env, "pull", "Gate/Kept")

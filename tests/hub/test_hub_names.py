@@ -53,6 +53,24 @@ def test_names_that_are_nothing_say_so_in_one_line(text, says, tmp_path, monkeyp
     assert says in refused.value.message and "\n" not in refused.value.message
 
 
+@pytest.mark.parametrize("text", ["smollm2", "smollm2-135M", "SMOLLM2-135M", "smollm-135m", "smolm2-135m",
+                                  "SmolLM2-135M-Instruct", "smol"])
+def test_a_near_miss_of_a_named_model_is_told_the_name(text, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ModelLoadError) as refused:
+        parse_model_name(text, NAMED)
+    message = refused.value.message
+    assert message.startswith(f"{text!r} is not a named model: did you mean smollm2-135m?"), message
+    assert "\n" not in message and "e.g. Qwen/Qwen3-0.6B" not in message  # one line, not the generic list of forms
+
+
+@pytest.mark.parametrize("text", ["qwen3", "llama", "x"])
+def test_a_name_near_nothing_gets_no_suggestion(text):
+    from kestrel_trio.hub.names import close_names
+
+    assert close_names(text, NAMED) == []
+
+
 def test_a_file_that_is_not_gguf_is_refused(tmp_path):
     # An existing path is the loader's to judge: the name resolves to it, and the loader's own check refuses it.
     (tmp_path / "model.bin").write_bytes(b"\0")

@@ -215,3 +215,18 @@ def test_docs_list_every_no_op_and_every_refused_field() -> None:
     documented = set(re.findall(r"^\| `([^`]+)` \|", text, flags=re.MULTILINE))
     for field in [no_op.field for no_op in NO_OP_FIELDS] + list(REFUSED_FIELDS):
         assert field in documented, f"docs/api.md has no table row for `{field}`"
+
+
+@pytest.mark.parametrize(("doc", "sentence"), [
+    ("README.md", r"and the refused ones \((.*?)\)\."),
+    ("docs/operations.md", r"a known one the server cannot honour \(e\.g\. (.*?)\) \|"),
+], ids=["README", "operations"])
+def test_the_fields_other_docs_give_as_refused_are_refused(doc: str, sentence: str) -> None:
+    # Structured outputs exist: response_format is a field that acts, not an example of a refused one.
+    text = " ".join((DOCS.parents[1] / doc).read_text(encoding="utf-8").split())
+    match = re.search(sentence, text, flags=re.DOTALL)
+    assert match is not None, f"{doc} no longer has the sentence this test reads: update the test"
+    named = re.findall(r"`([^`]+)`", match.group(1))
+    assert named and all(field in REFUSED_FIELDS for field in named), (doc, named)
+    for field in named:
+        refused("chat", {**MINIMAL["chat"], field: {"x": 1}}, field)

@@ -7,11 +7,12 @@ import functools
 import logging
 import socket
 import sys
+from pathlib import Path
 
 import pytest
 import trio
 
-from kestrel_trio import serve
+from kestrel_trio import EngineLimits, KestrelError, serve
 from kestrel_trio.errors import ModelLoadError
 
 if sys.version_info < (3, 11):  # trio depends on the backport there
@@ -30,6 +31,29 @@ async def test_a_bad_model_folder_fails_before_anything_listens(tmp_path, caplog
         with pytest.raises(ModelLoadError) as refused:  # raised as itself: nothing had started to wrap it
             await serve(folder, port=0)
     assert str(folder) in refused.value.message
+    assert not any("listening" in record.getMessage() for record in caplog.records)
+
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+
+
+@pytest.mark.parametrize(("model", "context"), [
+    (FIXTURES / "qwen3_bf16_tied", 512), (FIXTURES / "gguf" / "llama_quant" / "llama_quant.gguf", None), (None, 8192),
+])
+async def test_a_context_cap_beyond_the_config_fails_before_anything_listens_or_loads(caplog, monkeypatch, model,
+                                                                                        context):
+    def never(*args, **kwargs):
+        raise AssertionError("serve loaded weights for a cap the config alone refuses")
+
+    monkeypatch.setattr("kestrel_trio.server.load_model", never)
+    monkeypatch.setattr("kestrel_trio.server.load_demo_model", never)
+    caplog.set_level(logging.INFO)
+    with trio.fail_after(10):
+        with pytest.raises(KestrelError) as refused:  # raised as itself: nothing had started to wrap it
+            await serve(model, port=0, engine_limits=EngineLimits(max_model_len=100_000))
+    assert "max_model_len 100000 exceeds the model's context length of " in refused.value.message
+    if context is not None:
+        assert f"context length of {context} tokens" in refused.value.message
     assert not any("listening" in record.getMessage() for record in caplog.records)
 
 

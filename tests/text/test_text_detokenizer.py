@@ -137,3 +137,14 @@ def test_each_push_looks_at_its_own_token_only(qwen_tokenizer: Tokenizer) -> Non
     assert text == qwen_tokenizer.decode(ids)
     # No re-decoding of earlier tokens, however long the stream: per-push cost is bounded.
     assert spy.requests == ids
+
+
+def test_a_cut_stream_drops_the_incomplete_character_instead_of_a_replacement(qwen_tokenizer: Tokenizer) -> None:
+    ids = [*qwen_tokenizer.encode("ok"), byte_token(qwen_tokenizer, 0xF0), byte_token(qwen_tokenizer, 0x9F)]
+    detok = IncrementalDetokenizer(qwen_tokenizer)
+    assert "".join(detok.push(i) for i in ids) == "ok"
+    assert detok.flush(cut=True) == ""
+    # Bytes already known to be invalid are still U+FFFD: only the incomplete tail is dropped.
+    detok = IncrementalDetokenizer(qwen_tokenizer)
+    pushed = "".join(detok.push(byte_token(qwen_tokenizer, b)) for b in (0xF0, 0x41, 0xE2, 0x82))
+    assert pushed == REPLACEMENT + "A" and detok.flush(cut=True) == ""

@@ -19,7 +19,7 @@ import attrs
 from kestrel_trio.errors import ModelLoadError
 from kestrel_trio.hub.gguf_files import model_files
 from kestrel_trio.hub.named import NAMED_MODELS, kestrel_cache_dir, named_model_path
-from kestrel_trio.hub.names import parse_hub_repo
+from kestrel_trio.hub.names import close_names, did_you_mean, parse_hub_repo
 
 __all__ = ["CachedModel", "cached_models", "remove_model"]
 
@@ -84,8 +84,10 @@ def remove_model(name: str, hub_cache: Path, kestrel_cache: Path | None = None) 
 
 
 def _not_cached(name: str, hub_cache: Path, kestrel_cache: Path | None) -> ModelLoadError:
-    return ModelLoadError(f"{name} is not cached (looked in {hub_cache} and {kestrel_cache or kestrel_cache_dir()}; "
-                          "`kestrel-trio list` shows what is)", code="not_cached")
+    hint = did_you_mean(close_names(name, NAMED_MODELS)) if name not in NAMED_MODELS and "/" not in name else ""
+    return ModelLoadError(f"{name} is not cached{hint} (looked in {hub_cache} and "
+                          f"{kestrel_cache or kestrel_cache_dir()}; `kestrel-trio list` shows what is)",
+                          code="not_cached")
 
 
 def _scan_info(hub_cache: Path) -> Any:

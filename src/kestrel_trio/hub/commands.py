@@ -1,6 +1,7 @@
 """The ``pull``, ``list`` and ``rm`` subcommands, and ``--model NAME`` resolution for the others.
 
-cli.py stays the only module that reads argv: it hands its subparsers to
+cli.py stays the only module that reads argv: it hands its ``add_command`` (a
+subcommand with the usage line and global flags of the others) to
 :func:`add_hub_commands` and its parsed arguments to :func:`run_hub_command`
 or :func:`resolve_model_arg`. Errors are raised as KestrelError for cli.py's
 one-line ``kestrel-trio: error: ...``.
@@ -11,6 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Callable
 
 from kestrel_trio.hub import (
     NAMED_MODELS, HubSettings, cached_models, kestrel_cache_dir, remove_model, resolve_model,
@@ -26,15 +28,20 @@ MODEL_HELP = (f"a checkpoint folder, a .gguf file, a hub repo id (owner/name[@re
               "(default: the built-in random demo model)")
 
 
-def add_hub_commands(commands: argparse._SubParsersAction) -> None:
-    """Add ``pull``, ``list`` and ``rm`` to the ``kestrel-trio`` subcommands."""
-    pull = commands.add_parser("pull", help="download a model into the cache (nothing already cached is fetched)",
-                               description="Download a model: " + MODEL_HELP.removesuffix(
-                                   " (default: the built-in random demo model)") + ". Prints its local path.")
+def add_hub_commands(add_command: Callable[..., argparse.ArgumentParser]) -> None:
+    """Add ``pull``, ``list`` and ``rm`` with cli.py's ``add_command(name, usage, help, description=None)``,
+    which gives each the usage line, the global flags (``--log-level``, ``--version``) and the error
+    reporting of the other subcommands."""
+    pull = add_command("pull", "[options] NAME", "download a model into the cache (nothing already cached is fetched)",
+                       description="Download a model: " + MODEL_HELP.removesuffix(
+                           " (default: the built-in random demo model)") + ". Prints its local path.")
     pull.add_argument("name", metavar="NAME", help="owner/name[:QUANT][@revision] or a named model")
-    commands.add_parser("list", help="list cached models: id, format, size, path")
-    rm = commands.add_parser("rm", help="delete a cached model (owner/name, owner/name:QUANT, owner/name@revision, "
-                                        "or a named model)")
+    add_command("list", "[options]", "list cached models: id, format, size, path",
+                description="List the cached models, named models first, then the hub's: id, format, size, path. "
+                            "Looks in the kestrel-trio model cache ($XDG_CACHE_HOME/kestrel-trio/models) and the "
+                            "Hugging Face cache ($HF_HUB_CACHE, $HF_HOME/hub, ~/.cache/huggingface/hub).")
+    rm = add_command("rm", "[options] NAME", "delete a cached model (owner/name, owner/name:QUANT, "
+                                             "owner/name@revision, or a named model)")
     rm.add_argument("name", metavar="NAME", help="as `kestrel-trio list` shows it")
 
 

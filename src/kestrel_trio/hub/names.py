@@ -7,14 +7,16 @@ name, as in transformers' ``from_pretrained``).
 
 from __future__ import annotations
 
+import difflib
 import re
 from pathlib import Path
+from typing import Iterable
 
 import attrs
 
 from kestrel_trio.errors import ModelLoadError
 
-__all__ = ["LocalModel", "HubRepo", "NamedRef", "parse_model_name", "parse_hub_repo"]
+__all__ = ["LocalModel", "HubRepo", "NamedRef", "parse_model_name", "parse_hub_repo", "close_names", "did_you_mean"]
 
 # owner/name as the hub spells it (huggingface_hub's validate_repo_id checks the finer rules),
 # then an optional quant tag (llama.cpp's -hf convention) and revision, in either order.
@@ -95,7 +97,35 @@ def parse_model_name(text: str, named: frozenset[str] | set[str]) -> LocalModel 
     repo = parse_hub_repo(text)
     if repo is not None:
         return repo
+    close = close_names(text, named)
+    if close:
+        raise ModelLoadError(f"{text!r} is not a named model{did_you_mean(close)} (other models: a folder, "
+                             "a .gguf file or a hub repo id, owner/name)", code="not_found")
     names = ", ".join(sorted(named))
     raise ModelLoadError(
         f"{text!r} is not a folder, a .gguf file, a hub repo id (owner/name, e.g. Qwen/Qwen3-0.6B, "
         f"or owner/name:QUANT for a GGUF repo) or a named model ({names})", code="not_found")
+
+
+def close_names(text: str, named: Iterable[str]) -> list[str]:
+    """The named models ``text`` is likely a slip for, best first (none: nothing close).
+
+    The same name in another case (names are lower-case: ``smollm2-135M``),
+    else the names it begins (``smollm2``), else difflib's close matches
+    (``smollm-135m``, ``SmolLM2-135M-Instruct``).
+    """
+    by_lower = {name.lower(): name for name in named}
+    lowered = text.strip().lower()
+    if lowered in by_lower:
+        return [by_lower[lowered]]
+    starts = sorted(name for low, name in by_lower.items() if len(lowered) >= 3 and low.startswith(lowered))
+    if starts:
+        return starts
+    return [by_lower[low] for low in difflib.get_close_matches(lowered, list(by_lower), n=3, cutoff=0.6)]
+
+
+def did_you_mean(names: list[str]) -> str:
+    """``": did you mean smollm2-135m?"`` (or ``"... a or b?"``) for an error message; "" for no names."""
+    if not names:
+        return ""
+    return f": did you mean {' or '.join(names)}?"

@@ -13,6 +13,12 @@ Because the replacement policy of Python's decoder and of the tokenizer's
 concatenated deltas plus :meth:`IncrementalDetokenizer.flush` equal
 ``tokenizer.decode(all_ids)`` exactly. Each push costs O(token length),
 however long the sequence or however long a run of invalid bytes.
+
+A stream cut short (``max_tokens`` reached between two tokens of one
+character) ends with ``flush(cut=True)``: the held bytes are the start of a
+valid character whose remaining bytes were never generated, so they are
+dropped rather than sent as U+FFFD. Text therefore never ends inside a
+character, and a U+FFFD still marks only bytes that are invalid.
 """
 
 from __future__ import annotations
@@ -47,6 +53,15 @@ class IncrementalDetokenizer:
             return ""
         return self._utf8.decode(raw)
 
-    def flush(self) -> str:
-        """End of stream: the held-back tail, as U+FFFD if it never completed."""
+    def flush(self, *, cut: bool = False) -> str:
+        """End of stream: the held-back tail (at most 3 bytes of one character that never completed).
+
+        Args:
+            cut: the stream was cut short (max_tokens), not ended by the model: the tail is the
+                start of a character whose other bytes were never generated, and it is dropped ("").
+                Otherwise the tail decodes as U+FFFD, as ``tokenizer.decode`` of all the ids does.
+        """
+        if cut:
+            self._utf8.reset()
+            return ""
         return self._utf8.decode(b"", final=True)

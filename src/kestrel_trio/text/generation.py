@@ -10,7 +10,10 @@ which returns a :class:`StepResult`. Phases:
              but the last chunk are ignored.
     DECODE   next_input() is the last sampled token; each advance() samples
              one token, detokenizes it incrementally and filters stop strings.
-    DONE     finish_reason is set ("stop" or "length"); usage is final.
+    DONE     finish_reason is set ("stop" or "length"); usage is final. A
+             "length" cut between two tokens of one UTF-8 character drops
+             that character's incomplete bytes: text never ends inside a
+             character, nor with a U+FFFD the model did not produce.
 
 Because the driver owns the compute, several generations can be stepped in one
 batched forward, and a driver can stop between any two steps (cancellation).
@@ -463,7 +466,8 @@ class Generation:
         if stopped:
             return self._finish("stop", token, text, None, scored)
         if len(self.generated_ids) >= self._max_tokens:
-            return self._finish("length", token, text, self._detokenizer.flush(), scored)
+            # Cut short: bytes of a character whose rest was never generated are dropped, never sent as U+FFFD.
+            return self._finish("length", token, text, self._detokenizer.flush(cut=True), scored)
         return StepResult(text=text, token_id=token, logprobs=scored)
 
     def _finish(
