@@ -31,8 +31,7 @@ from kestrel_trio.text.generation import DEFAULT_PREFILL_CHUNK, check_context
 
 __all__ = ["Model", "load_model", "check_model_folder", "check_context_cap", "check_draft_model", "is_qwen3_vl_folder",
            "set_blas_threads", "set_prefill_precision", "prefill_precision", "set_products", "load_demo_model",
-           "DEMO_MODEL_ID",
-           "DEFAULT_PREFILL_CHUNK"]
+           "DEMO_MODEL_ID", "DEFAULT_PREFILL_CHUNK"]
 
 log = logging.getLogger(__name__)
 
