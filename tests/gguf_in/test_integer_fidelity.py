@@ -4,8 +4,9 @@ Each fixture's decode steps, teacher-forced along transformers' greedy tokens, i
 largest difference relative to the row's largest logit, and how often the integer step's top token is the
 exact one's. The integer arithmetic is the same on every CPU (each kernel equals the portable reference bit
 for bit), so these figures are the board's too. Measured (docs/performance.md, "Integer products"): relative
-differences 0.5-3%, top tokens 30-32 of 32 (the fixtures are tiny random models whose logits lie close
-together; each holds two to six Q8_0 tensors).
+differences at most 3.2-6.9% a fixture, 1.5-2% in the median step, the top token the same in 30-32 of 32
+steps (the fixtures are tiny random models whose logits lie close together; each holds six to twelve Q8_0,
+Q4_0 and Q4_1 tensors).
 """
 
 from __future__ import annotations
@@ -39,11 +40,13 @@ def decode_logits(name: str, mode: str) -> tuple[np.ndarray, dict[str, str]]:
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_integer_decode_steps_stay_within_3_5_percent_of_the_exact_logits(name):
+def test_integer_decode_steps_stay_within_a_few_percent_of_the_exact_logits(name):
     exact, exact_kernels = decode_logits(name, "exact")
     integer, integer_kernels = decode_logits(name, "integer")
-    assert exact_kernels["Q8_0"] == "portable" and integer_kernels["Q8_0"] in ("sdot", "neon", "int8")
+    for form in ("Q8_0", "Q4_0", "Q4_1"):
+        assert exact_kernels[form] == "portable" and integer_kernels[form] in ("sdot", "neon", "int8")
     relative = np.abs(integer - exact).max(axis=1) / np.abs(exact).max(axis=1)  # [steps]
-    assert 0 < relative.max() <= 0.035  # not zero: the integer products ran
+    assert 0 < relative.max() <= 0.08  # not zero: the integer products ran
+    assert np.median(relative) <= 0.025
     assert (integer.argmax(axis=1) == exact.argmax(axis=1)).sum() >= 29
 

@@ -1,5 +1,7 @@
-"""The integer Q8_0 x Q8_0 loops (kestrel_trio._kernels.integer) against numpy: bit for bit on every CPU, within
-the activations' rounding of the exact product, and compiled to ``sdot`` where the CPU has dotprod."""
+"""The integer products of Q8_0, Q4_0 and Q4_1 weights with int8 activations (kestrel_trio._kernels.integer, the
+portable reference; kestrel_trio._kernels.arm, aarch64's kernels): the reference against numpy bit for bit, each
+kernel against the reference bit for bit on every CPU that runs it, within the activations' rounding of the exact
+product, compiled to ``sdot`` where the CPU has dotprod, and taken by the products' dispatch in the integer mode."""
 
 from __future__ import annotations
 
@@ -15,14 +17,35 @@ pytestmark = pytest.mark.skipif(not _kernels.ready(), reason=_kernels.unavailabl
 
 if _kernels.ready():
     from kestrel_trio._kernels import cpu, integer
+    from kestrel_trio._kernels.arm import integer as arm
     from kestrel_trio._kernels.products import f16_table
 
+FORMS = ["Q8_0", "Q4_0", "Q4_1"]
+BLOCK_BYTES = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20}
 
-def q8_0_rows(rng, rows: int, cols: int) -> np.ndarray:
-    """Random Q8_0 rows as a GGUF stores them: uint8 [rows, cols / 32 * 34], finite scales of about 1e-3."""
-    raw = rng.integers(0, 256, (rows, cols // 32, 34), dtype=np.uint8)  # [rows, blocks, 34]
+
+def block_rows(form: str, rng, rows: int, cols: int) -> np.ndarray:
+    """Random rows of ``form`` as a GGUF stores them: uint8 [rows, cols / 32 * block bytes], finite float16 scales
+    of about 1e-3 (Q4_1: minimums of about -8e-3)."""
+    raw = rng.integers(0, 256, (rows, cols // 32, BLOCK_BYTES[form]), dtype=np.uint8)  # [rows, blocks, bytes]
     raw[:, :, 0:2] = (rng.uniform(0.5, 1.5, (rows, cols // 32, 1)) * 1e-3).astype(np.float16).view(np.uint8)
+    if form == "Q4_1":
+        raw[:, :, 2:4] = (rng.uniform(-1.5, -0.5, (rows, cols // 32, 1)) * 8e-3).astype(np.float16).view(np.uint8)
     return raw.reshape(rows, -1)
+
+
+def numpy_weights(form: str, data: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(int64 quants [rows, blocks, 32], float32 d [rows, blocks], float32 m [rows, blocks] or zeros)."""
+    blocks = data.reshape(data.shape[0], -1, BLOCK_BYTES[form])  # [rows, blocks, bytes]
+    d = blocks[:, :, 0:2].copy().view(np.float16)[..., 0].astype(np.float32)  # [rows, blocks]
+    m = np.zeros_like(d)
+    if form == "Q8_0":
+        return blocks[:, :, 2:].view(np.int8).astype(np.int64), d, m
+    nibbles = blocks[:, :, 4 if form == "Q4_1" else 2:].astype(np.int64)  # [rows, blocks, 16]
+    quants = np.concatenate([nibbles & 15, nibbles >> 4], axis=-1)  # [rows, blocks, 32]: low ones, then high
+    if form == "Q4_1":
+        return quants, d, blocks[:, :, 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+    return quants - 8, d, m
 
 
 def numpy_quantized(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -47,20 +70,25 @@ def fma32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
     return s.astype(np.float32)
 
 
-def numpy_product(data: np.ndarray, xq: np.ndarray, xd: np.ndarray) -> np.ndarray:
-    """[N, rows]: per block four exact lane sums (lane j: bytes 4j..4j+3 and 16+4j..16+4j+3), each accumulated
-    as fma(lane, d_w * d_x, acc) in float32, the blocks in order; then (acc0 + acc1) + (acc2 + acc3)."""
+def numpy_product(form: str, data: np.ndarray, xq: np.ndarray, xd: np.ndarray) -> np.ndarray:
+    """[N, rows]: per block four exact lane sums (lane j: weights 4j..4j+3 and 16+4j..16+4j+3), each accumulated
+    as fma(lane, d_w * d_x, acc) in float32, the blocks in order, and Q4_1's bias = fma(m_w, d_x * sum(q_x),
+    bias); then (acc0 + acc1) + (acc2 + acc3) (+ bias)."""
     rows, n = data.shape[0], xq.shape[0]
-    blocks = data.reshape(rows, -1, 34)  # [rows, blocks, 34]
-    d_w = blocks[:, :, :2].copy().view(np.float16)[..., 0].astype(np.float32)  # [rows, blocks]
-    q_w = blocks[:, :, 2:].view(np.int8).astype(np.int64).reshape(rows, -1, 2, 4, 4)  # [rows, blocks, half, j, 4]
-    q_x = xq.reshape(n, -1, 2, 4, 4).astype(np.int64)  # [N, blocks, half, j, 4]
-    lanes = np.einsum("rkhji,nkhji->nrkj", q_w, q_x).astype(np.float32)  # [N, rows, blocks, 4], exact
+    q_w, d_w, m_w = numpy_weights(form, data)
+    q_x = xq.reshape(n, -1, 32).astype(np.int64)  # [N, blocks, 32]
+    lanes = np.einsum("rkhji,nkhji->nrkj", q_w.reshape(rows, -1, 2, 4, 4), q_x.reshape(n, -1, 2, 4, 4))
+    lanes = lanes.astype(np.float32)  # [N, rows, blocks, 4], exact
     scales = d_w[None] * xd[:, None, :]  # [N, rows, blocks], float32
+    sums = xd * q_x.sum(-1).astype(np.float32)  # [N, blocks]: d_x * sum(q_x)
     acc = np.zeros((n, rows, 4), dtype=np.float32)  # [N, rows, 4]
+    bias = np.zeros((n, rows), dtype=np.float32)  # [N, rows]
     for k in range(lanes.shape[2]):
+        if form == "Q4_1":
+            bias = fma32(np.broadcast_to(m_w[None, :, k], bias.shape), sums[:, k, None], bias)
         acc = fma32(lanes[:, :, k], scales[:, :, k, None], acc)
-    return (acc[..., 0] + acc[..., 1]) + (acc[..., 2] + acc[..., 3])
+    total = (acc[..., 0] + acc[..., 1]) + (acc[..., 2] + acc[..., 3])
+    return total + bias if form == "Q4_1" else total
 
 
 def quantized(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -68,6 +96,12 @@ def quantized(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     xd = np.empty((x.shape[0], x.shape[1] // 32), dtype=np.float32)  # [N, blocks]
     integer.quantize_q8_rows(x, 32, xq, xd)
     return xq, xd
+
+
+def sums_of(xq: np.ndarray, xd: np.ndarray) -> np.ndarray:
+    xs = np.empty_like(xd)  # [N, blocks]
+    integer.block_sums(xq, xd, 32, xs)
+    return xs
 
 
 @pytest.mark.parametrize("n", [1, 3])
@@ -81,37 +115,64 @@ def test_activations_quantize_as_ggml_does_bit_for_bit(n):
     np.testing.assert_array_equal(xq, want_q)
     np.testing.assert_array_equal(xd.view(np.uint32), want_d.view(np.uint32))
     assert xd[0, 1] == 0 and not xq[0, 32:64].any() and np.abs(xq).max() == 127
+    want_sums = want_d * want_q.reshape(n, -1, 32).astype(np.int64).sum(-1).astype(np.float32)
+    np.testing.assert_array_equal(sums_of(xq, xd).view(np.uint32), want_sums.view(np.uint32))
 
 
+@pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize(("n", "cols"), [(1, 1024), (2, 96), (4, 2048)])
-def test_the_integer_product_equals_numpys_bit_for_bit(n, cols):
+def test_the_reference_equals_numpys_bit_for_bit(form, n, cols):
     rng = np.random.default_rng(cols + n)
-    data = q8_0_rows(rng, 13, cols)  # [13, cols / 32 * 34]
+    data = block_rows(form, rng, 13, cols)  # [13, ...]
     xq, xd = quantized(rng.standard_normal((n, cols), dtype=np.float32))
     out = np.full((n, 15), np.nan, dtype=np.float32)  # rows 2..11 land in columns 1..10, a strided view
-    integer.product_q8_0(data, f16_table(), 32, xq, xd, 2, 12, out[:, 1:11])
-    np.testing.assert_array_equal(out[:, 1:11].view(np.uint32), numpy_product(data[2:12], xq, xd).view(np.uint32))
+    integer.product_blocks(arm.form_id(form), data, f16_table(), 32, xq, xd, sums_of(xq, xd), 2, 12, out[:, 1:11])
+    want = numpy_product(form, data[2:12], xq, xd)
+    np.testing.assert_array_equal(out[:, 1:11].view(np.uint32), want.view(np.uint32))
     assert np.isnan(out[:, 0]).all() and np.isnan(out[:, 11:]).all()
 
 
-def test_the_integer_product_is_the_exact_one_within_the_activations_rounding():
+@pytest.mark.parametrize("form", FORMS)
+def test_the_integer_product_is_the_exact_one_within_the_activations_rounding(form):
     """Each activation moves by at most half its block's step (d_x / 2): the product by at most the sum over
     blocks of sum|w| * d_x / 2, plus float32's own rounding."""
     rng = np.random.default_rng(5)
-    data = q8_0_rows(rng, 64, 2048)  # [64, ...]
+    data = block_rows(form, rng, 64, 2048)  # [64, ...]
     x = rng.standard_normal((2, 2048), dtype=np.float32)  # [2, 2048]
     xq, xd = quantized(x)
     out = np.empty((2, 64), dtype=np.float32)
-    integer.product_q8_0(data, f16_table(), 32, xq, xd, 0, 64, out)
-    blocks = data.reshape(64, -1, 34)
-    scales = blocks[:, :, :2].copy().view(np.float16)  # [64, blocks, 1]
-    weights = blocks[:, :, 2:].view(np.int8).astype(np.float64) * scales  # [64, blocks, 32]
+    integer.product_blocks(arm.form_id(form), data, f16_table(), 32, xq, xd, sums_of(xq, xd), 0, 64, out)
+    q_w, d_w, m_w = numpy_weights(form, data)
+    weights = q_w * d_w[..., None].astype(np.float64) + m_w[..., None]  # [64, blocks, 32]
     exact = np.einsum("rki,nki->nr", weights, x.reshape(2, -1, 32).astype(np.float64))  # [2, 64]
     bound = np.einsum("rk,nk->nr", np.abs(weights).sum(-1), xd.astype(np.float64) / 2)  # [2, 64]
-    slack = 1e-6 * np.einsum("rki,nki->nr", np.abs(weights), np.abs(x.reshape(2, -1, 32)))
+    slack = 1e-5 * np.einsum("rki,nki->nr", np.abs(weights), np.abs(x.reshape(2, -1, 32)))
     error = np.abs(out - exact)
     assert np.all(error <= bound + slack)
     assert error.max() > 0  # the activations were rounded: not the exact product
+
+
+def arm_kernels() -> list:
+    """The aarch64 kernels this CPU can run: the widening one anywhere, ``sdot`` where the CPU has dotprod (compiled
+    elsewhere, LLVM could not select the instruction)."""
+    return [arm.product_widening] + ([arm.product_sdot] if cpu.this_cpu().has("dotprod") else [])
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize(("n", "rows", "cols"), [(1, 13, 1024), (2, 4, 96), (3, 9, 2048), (1, 3, 32)])
+def test_the_arm_kernels_equal_the_reference_bit_for_bit(form, n, rows, cols):
+    """Four rows a pass and the rows left one by one, into a strided view of a wider result."""
+    rng = np.random.default_rng(rows * cols + n)
+    data = block_rows(form, rng, rows + 3, cols)  # [rows + 3, ...]
+    xq, xd = quantized(rng.standard_normal((n, cols), dtype=np.float32))
+    xs = sums_of(xq, xd)
+    want = np.empty((n, rows), dtype=np.float32)
+    integer.product_blocks(arm.form_id(form), data, f16_table(), 32, xq, xd, xs, 2, 2 + rows, want)
+    for kernel in arm_kernels():
+        out = np.full((n, rows + 2), np.nan, dtype=np.float32)
+        kernel(arm.form_id(form), data, xq, xd, xs, 2, 2 + rows, out[:, 1 : 1 + rows])
+        np.testing.assert_array_equal(out[:, 1 : 1 + rows].view(np.uint32), want.view(np.uint32))
+        assert np.isnan(out[:, 0]).all() and np.isnan(out[:, -1]).all()
 
 
 def _assembly(kernel, *args) -> str:
@@ -122,66 +183,40 @@ def _assembly(kernel, *args) -> str:
     return "\n".join(fresh.inspect_asm().values())
 
 
-def arm_kernels() -> list:
-    """The aarch64 kernels this CPU can run: the widening one anywhere, ``sdot`` where the CPU has dotprod (compiled
-    elsewhere, LLVM could not select the instruction)."""
-    from kestrel_trio._kernels.arm import integer as arm
-
-    found = [arm.product_q8_0_widening]
-    if cpu.this_cpu().has("dotprod"):
-        found.append(arm.product_q8_0_sdot)
-    return found
-
-
-@pytest.mark.parametrize(("n", "rows", "cols"), [(1, 13, 1024), (2, 4, 96), (3, 9, 2048), (1, 3, 32)])
-def test_the_arm_kernels_equal_the_reference_bit_for_bit(n, rows, cols):
-    """Four rows a pass and the rows left one by one, into a strided view of a wider result."""
-    rng = np.random.default_rng(rows * cols + n)
-    data = q8_0_rows(rng, rows + 3, cols)  # [rows + 3, ...]
-    xq, xd = quantized(rng.standard_normal((n, cols), dtype=np.float32))
-    want = np.empty((n, rows), dtype=np.float32)
-    integer.product_q8_0(data, f16_table(), 32, xq, xd, 2, 2 + rows, want)
-    for kernel in arm_kernels():
-        out = np.full((n, rows + 2), np.nan, dtype=np.float32)
-        kernel(data, xq, xd, 2, 2 + rows, out[:, 1 : 1 + rows])
-        np.testing.assert_array_equal(out[:, 1 : 1 + rows].view(np.uint32), want.view(np.uint32))
-        assert np.isnan(out[:, 0]).all() and np.isnan(out[:, -1]).all()
-
-
 @pytest.mark.host_cpu
 @pytest.mark.skipif(platform.machine() not in ("aarch64", "arm64"), reason="aarch64's dot-product instructions")
 def test_on_aarch64_the_block_sums_compile_to_sdot_exactly_where_the_cpu_has_dotprod():
-    from kestrel_trio._kernels.arm import integer as arm
-
     rng = np.random.default_rng(1)
-    data = q8_0_rows(rng, 5, 64)
+    data = block_rows("Q8_0", rng, 5, 64)
     xq, xd = quantized(rng.standard_normal((1, 64), dtype=np.float32))
-    args = (data, xq, xd, 0, 5, np.empty((1, 5), dtype=np.float32))
-    if cpu.this_cpu().has("dotprod"):  # cortex-a76 in the aarch64 lane: the board's code, two a block and row
-        assert _assembly(arm.product_q8_0_sdot, *args).count("sdot") >= 2 * 4 + 2
+    args = (0, data, xq, xd, xd, 0, 5, np.empty((1, 5), dtype=np.float32))
+    if cpu.this_cpu().has("dotprod"):  # cortex-a76 in the aarch64 lane: the board's code
+        # two a block and row, in each form's four-row and one-row kernels: 3 x (2 x 4 + 2)
+        assert _assembly(arm.product_sdot, *args).count("sdot") >= 3 * (2 * 4 + 2)
     else:  # cortex-a53: code without the instruction, which the emulated core would refuse (SIGILL)
-        assert _assembly(arm.product_q8_0_widening, *args).count("sdot") == 0
+        assert _assembly(arm.product_widening, *args).count("sdot") == 0
 
 
-def test_a_q8_0_product_takes_the_integer_kernel_of_its_mode():
+@pytest.mark.parametrize("form", FORMS)
+def test_a_product_takes_the_integer_kernel_of_its_mode(form):
     """Through the products' dispatch (kestrel_trio._kernels.packed_product): in the integer mode the kernel this
-    CPU gets, equal to the reference on the same quantized activations; in the exact mode today's float32 one."""
+    CPU gets, equal to the reference on the same quantized activations; in the exact mode the float32 one."""
     rng = np.random.default_rng(7)
-    data = q8_0_rows(rng, 10, 256)  # [10, 8 blocks * 34]
+    data = block_rows(form, rng, 10, 256)  # [10, 8 blocks]
     x = rng.standard_normal((2, 256), dtype=np.float32)  # [2, 256]
     xq, xd = quantized(x)
     want = np.empty((2, 10), dtype=np.float32)
-    integer.product_q8_0(data, f16_table(), 32, xq, xd, 0, 10, want)
+    integer.product_blocks(arm.form_id(form), data, f16_table(), 32, xq, xd, sums_of(xq, xd), 0, 10, want)
     expected = {"aarch64": "sdot" if cpu.this_cpu().has("dotprod") else "neon"}.get(platform.machine(), "int8")
     try:
         _kernels.set_products("integer")
         out = np.empty((2, 10), dtype=np.float32)
-        _kernels.packed_product("Q8_0", data, None, x, 0, 10, out)
-        assert _kernels.product_kernels(["Q8_0"]) == {"Q8_0": expected}
+        _kernels.packed_product(form, data, None, x, 0, 10, out)
+        assert _kernels.product_kernels([form]) == {form: expected}
         np.testing.assert_array_equal(out.view(np.uint32), want.view(np.uint32))
         _kernels.set_products("exact")
-        _kernels.packed_product("Q8_0", data, None, x, 0, 10, out)
-        assert _kernels.product_kernels(["Q8_0"]) == {"Q8_0": "portable"}
+        _kernels.packed_product(form, data, None, x, 0, 10, out)
+        assert _kernels.product_kernels([form]) == {form: "portable"}
         assert not np.array_equal(out, want)  # the exact product: activations not rounded
     finally:
         _kernels.set_products("exact")

@@ -1,33 +1,29 @@
-"""Integer dot products of Q8_0 weights with activations quantized to Q8_0: the portable reference loops.
+"""Integer dot products of Q8_0, Q4_0 and Q4_1 weights with activations quantized to int8: the portable reference.
 
-Theory of operation: today's products expand every quantized weight to
-float32 and multiply in float32, so a decode step costs about three aarch64
-instructions a weight (benchmarks/board_speed.py) where llama.cpp, reading
-the same bytes, spends a fifth of one: it quantizes each activation row once,
-per block of 32, to int8 with one float32 scale (``d_x = max|x| / 127``,
-``q_x = x / d_x`` rounded to nearest, ties to even, as ggml's NEON and AVX
-paths round), and takes each block's product as ``d_w * d_x * sum(q_w * q_x)``:
-an int32 sum of 32 int8 products. LLVM compiles that sum, written as a plain
-loop whose trip count is a run-time value (``run``, 32), to ``sdot`` on an
-aarch64 CPU with the dot-product extension (Cortex-A76, A55: four int32 lanes
-of four int8 products each, two instructions a block) and to widening
-multiplies without it (Cortex-A53) or on x86-64 (``vpmaddwd``); with a
-constant 32 it unrolls the loop into scalar code instead (measured under
-qemu, numba 0.68: no ``sdot``). The integer sum is exact whatever the order,
-and the blocks' float32 terms are added in order (no fastmath), so these
-loops are bit-exact against the numpy reference in the tests on every CPU.
+Theory of operation: the exact products expand every quantized weight to
+float32 and multiply in float32, about three aarch64 instructions a weight;
+llama.cpp, reading the same bytes, spends about a quarter of one. It
+quantizes each activation row once, per block of 32, to int8 with one
+float32 scale (``d_x = max|x| / 127``, ``q_x = x / d_x`` rounded to nearest,
+ties to even, as ggml's NEON and AVX paths round), and takes each block's
+product as ``d_w * d_x * sum(q_w * q_x)``, an int32 sum of 32 int8 products
+(two ``sdot`` on a CPU with dotprod); Q4_1's minimum adds ``m_w * s_x``, the
+block's activation sum ``s_x = d_x * sum(q_x)``.
 
-The results differ from the exact float32 product by the activations'
-rounding (a relative error of about 1/254 per activation, which averages
-down over a row); llama.cpp's quantized products differ the same way. Not
-used by the model yet: the integer path becomes a form's product once its
-fidelity on every fixture is measured (the integer-products issue).
+These loops fix that arithmetic for every kernel (kestrel_trio._kernels.arm):
+four int32 lane sums a block, grouped as two ``sdot`` group them, accumulated
+into four float32 lanes by fused multiply-adds, the lanes added pairwise at
+the row's end. Integer sums are exact in any order and every float32 step is
+written out (no fastmath), so each kernel equals these loops bit for bit on
+every CPU. The results differ from the exact products by the activations'
+rounding (about 1/254 of an activation, averaging down over a row), as
+llama.cpp's do.
 
-Weights are the GGUF rows as stored, uint8 [rows, blocks * 34] (float16 ``d``
-then 32 int8 ``q`` a block), read in place. The float16 lookup and the int8
-from a stored byte are written out here, not called from products.py (its
-``_half`` and ``_q8_signed``): numba invalidates a cached function when its
-own file changes, not when a function it calls from another file does.
+Weights are the GGUF rows as stored (uint8 blocks: float16 ``d``, Q4_1's
+float16 ``m``, then the quants), read in place. The float16 lookup and the
+weights' decoding are written out here rather than called from products.py:
+numba invalidates a cached function when its own file changes, not when a
+function it calls from another file does.
 """
 
 from __future__ import annotations
@@ -38,7 +34,7 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-__all__ = ["quantize_q8_rows", "product_q8_0"]
+__all__ = ["quantize_q8_rows", "block_sums", "product_blocks"]
 
 
 @njit(nogil=True, cache=True)
@@ -72,26 +68,55 @@ def _fma(typingctx, a, b, c):
 
 
 @njit(nogil=True, cache=True)
-def product_q8_0(data, f16, run, xq, xd, start, stop, out):
-    """``out`` [N, stop-start] = the quantized rows ``xq``/``xd`` [N, ...] (quantize_q8_rows) @ Q8_0 rows
-    ``data`` [start:stop].T: per block, four int32 lane sums (lane j: bytes 4j..4j+3 and 16+4j..16+4j+3, as
-    two ``sdot`` group them), each accumulated as ``acc[j] = fma(float32(lane), d_w * d_x, acc[j])``; the row's
-    value ``(acc[0] + acc[1]) + (acc[2] + acc[3])``."""
+def block_sums(xq, xd, run, xs):
+    """``xs`` float32 [N, cols / run]: each block's activation sum as its quants give it, ``d_x * sum(q_x)``
+    (Q4_1's minimum multiplies it, as llama.cpp's Q8_1 activations carry it)."""
+    for b in range(xq.shape[0]):
+        for block in range(xq.shape[1] // run):
+            total = np.int32(0)
+            for i in range(block * run, block * run + run):
+                total += np.int32(xq[b, i])
+            xs[b, block] = xd[b, block] * np.float32(total)
+
+
+@njit(nogil=True, cache=True)
+def _weight(row, at, form, i):
+    """Weight ``i`` (0-31) of the block at byte ``at`` as an int32: Q8_0 (form 0) its signed byte, Q4_0 (1)
+    its nibble less 8, Q4_1 (2) its nibble (low nibbles: weights 0-15, high: 16-31)."""
+    if form == 0:
+        return (np.int32(row[at + 2 + i]) ^ np.int32(128)) - np.int32(128)
+    quants = at + (2 if form == 1 else 4)
+    byte = np.int32(row[quants + (i & 15)])
+    nibble = (byte & np.int32(15)) if i < 16 else (byte >> np.int32(4))
+    return nibble - np.int32(8) if form == 1 else nibble
+
+
+@njit(nogil=True, cache=True)
+def product_blocks(form, data, f16, run, xq, xd, xs, start, stop, out):
+    """``out`` [N, stop-start] = the quantized rows ``xq``/``xd`` [N, ...] (quantize_q8_rows; ``xs``, their block
+    sums, for Q4_1) @ rows ``data`` [start:stop].T of ``form`` (0: Q8_0, 34 bytes a block; 1: Q4_0, 18; 2: Q4_1,
+    20): per block, four int32 lane sums (lane j: weights 4j..4j+3 and 16+4j..16+4j+3, as two ``sdot`` group
+    them), each accumulated as ``acc[j] = fma(float32(lane), d_w * d_x, acc[j])``, and for Q4_1 ``bias =
+    fma(m_w, s_x, bias)``; the row's value ``(acc[0] + acc[1]) + (acc[2] + acc[3])`` (``+ bias``)."""
     n = xq.shape[0]
     blocks = xq.shape[1] // run
+    size = 34 if form == 0 else (18 if form == 1 else 20)
     for r in range(start, stop):
         row = data[r]
         for b in range(n):
             quants = xq[b]
             acc = np.zeros(4, dtype=np.float32)
+            bias = np.float32(0.0)
             for block in range(blocks):
-                at = 34 * block
+                at = size * block
+                if form == 2:
+                    bias = _fma(f16[np.int32(row[at + 2]) | (np.int32(row[at + 3]) << 8)], xs[b, block], bias)
                 scale = f16[np.int32(row[at]) | (np.int32(row[at + 1]) << 8)] * xd[b, block]
                 for j in range(4):
                     lane = np.int32(0)
                     for half in range(2):
                         for i in range(16 * half + 4 * j, 16 * half + 4 * j + 4):
-                            weight = (np.int32(row[at + 2 + i]) ^ np.int32(128)) - np.int32(128)
-                            lane += weight * np.int32(quants[block * run + i])
+                            lane += _weight(row, at, form, i) * np.int32(quants[block * run + i])
                     acc[j] = _fma(np.float32(lane), scale, acc[j])
-            out[b, r - start] = (acc[0] + acc[1]) + (acc[2] + acc[3])
+            total = (acc[0] + acc[1]) + (acc[2] + acc[3])
+            out[b, r - start] = total + bias if form == 2 else total

@@ -1417,7 +1417,7 @@ _compile_lock = threading.Lock()
 
 # Integer products (activations quantized per block; kestrel_trio._kernels.integer): the forms that have them.
 # The mode that chooses them is kestrel_trio._kernels.set_products's.
-INTEGER_FORMS = frozenset(("Q8_0",))
+INTEGER_FORMS = frozenset(("Q8_0", "Q4_0", "Q4_1"))
 
 
 def product_for(form: str):
@@ -1435,7 +1435,7 @@ def product_for(form: str):
             if found is None:
                 _, expand, storage, scales, view = _PRODUCTS[form]
                 if name in _INTEGER_KERNELS:
-                    compiled = _integer_product(name)
+                    compiled = _integer_product(name, form)
                 else:
                     compiled = njit(_signature(storage, scales), **_COMPILE)(product)
                 found = _compiled[(form, name)] = (
@@ -1485,30 +1485,34 @@ def _integer_kernel_name() -> str | None:
     return "int8" if mode == "integer" else None
 
 
-def _integer_product(name: str):
-    """The Q8_0 integer product of kernel ``name`` with the products' arguments: the activations quantized
-    (kestrel_trio._kernels.integer), then the kernel's block sums. Composed here in Python, not compiled as
-    one function: numba would not see a change to either file in a cached caller in a third."""
+def _integer_product(name: str, form: str):
+    """``form``'s integer product by kernel ``name``, with the products' arguments: the activations quantized
+    (kestrel_trio._kernels.integer; Q4_1's block sums too), then the kernel's block sums. Composed here in
+    Python, not compiled as one function: numba would not see a change to either file in a cached caller."""
     from kestrel_trio._kernels import integer
+    from kestrel_trio._kernels.arm import integer as arm
 
+    form_id = arm.form_id(form)
     if name == "int8":
-        def block_sums(data, f16, run, xq, xd, start, stop, out):
-            integer.product_q8_0(data, f16, run, xq, xd, start, stop, out)
+        def block_sums(data, f16, run, xq, xd, xs, start, stop, out):
+            integer.product_blocks(form_id, data, f16, run, xq, xd, xs, start, stop, out)
     else:
-        from kestrel_trio._kernels.arm import integer as arm
+        kernel = arm.product_sdot if name == "sdot" else arm.product_widening
 
-        kernel = arm.product_q8_0_sdot if name == "sdot" else arm.product_q8_0_widening
+        def block_sums(data, f16, run, xq, xd, xs, start, stop, out):
+            kernel(form_id, data, xq, xd, xs, start, stop, out)
 
-        def block_sums(data, f16, run, xq, xd, start, stop, out):
-            kernel(data, xq, xd, start, stop, out)
-
-    quantize = integer.quantize_q8_rows
+    quantize, sums, with_sums = integer.quantize_q8_rows, integer.block_sums, arm.FORMS[form][2]
 
     def product(data, scales, f16, run, x, start, stop, out):
         xq = np.empty(x.shape, dtype=np.int8)  # [N, cols]
         xd = np.empty((x.shape[0], x.shape[1] // run), dtype=np.float32)  # [N, cols / 32]
         quantize(x, run, xq, xd)
-        block_sums(data, f16, run, xq, xd, start, stop, out)
+        xs = xd
+        if with_sums:
+            xs = np.empty_like(xd)  # [N, cols / 32]
+            sums(xq, xd, run, xs)
+        block_sums(data, f16, run, xq, xd, xs, start, stop, out)
 
     return product
 
@@ -1524,6 +1528,6 @@ def warm(form: str) -> None:
     running it once on one zero block (its kernels compile at their first call)."""
     product, _, view = product_for(form)
     if _chosen(form)[1] in _INTEGER_KERNELS:
-        data = np.zeros((1, 34), dtype=np.uint8)  # [1 row, one Q8_0 block]
+        data = np.zeros((1, {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20}[form]), dtype=np.uint8)  # [1 row, one block]
         product(data, np.empty((1, 0), dtype=np.uint8), f16_table(), 32, np.zeros((1, 32), dtype=np.float32), 0, 1,
                 np.empty((1, 1), dtype=np.float32))

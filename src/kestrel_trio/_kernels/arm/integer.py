@@ -1,11 +1,15 @@
-"""Q8_0 x Q8_0 block dot products for aarch64 NEON: ``sdot`` where the CPU has dotprod, widening multiplies where not.
+"""Q8_0, Q4_0 and Q4_1 x Q8_0 block dot products for aarch64 NEON: ``sdot`` with dotprod, widening multiplies without.
 
-Theory of operation: each Q8_0 block's product is ``d_w * d_x * (the int8
-products of its 32 weights and 32 quantized activations)``. The portable
-reference (``_kernels.integer.product_q8_0``) fixes the arithmetic; this file
+Theory of operation: each block's product is ``d_w * d_x * (the int8
+products of its 32 weights and 32 quantized activations)`` (Q4_1 adds its
+minimum times the block's activation sum, ``m_w * s_x``). The portable
+reference (``_kernels.integer.product_blocks``) fixes the arithmetic; this file
 emits it as LLVM vector IR (numba ``intrinsic``s), since numba's loops over a
 fixed 32-block unroll into scalar code. A block, for one weight row:
 
+- its 32 weights as two int8x16 vectors: Q8_0's bytes as stored; Q4_0's 16
+  bytes of nibbles split (low nibbles: weights 0-15, high: 16-31) less 8;
+  Q4_1's split, unsigned;
 - its 32 products summed into four int32 lanes, lane ``j`` holding bytes
   ``4j..4j+3`` and ``16+4j..16+4j+3``: two ``sdot`` (``llvm.aarch64.neon.sdot``;
   ARMv8.2-A dotprod: Cortex-A76, A55), or without dotprod the same lane sums from
@@ -13,7 +17,8 @@ fixed 32-block unroll into scalar code. A block, for one weight row:
   NEON, to ``vpmaddwd`` on x86-64);
 - the lanes converted to float32 and accumulated as ``acc = fma(lanes, d_w *
   d_x, acc)``: four float32 lanes a row, no across-lanes add per block;
-- at the row's end ``(acc0 + acc1) + (acc2 + acc3)``.
+- Q4_1: ``bias = fma(m_w, s_x, bias)``, a float32 scalar a row;
+- at the row's end ``(acc0 + acc1) + (acc2 + acc3)`` (``+ bias``).
 
 Rows go four at a time, sharing the activation loads and the loop. Integer sums
 are exact, and every float32 step is the reference's in its order, so each
@@ -29,7 +34,7 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-__all__ = ["product_q8_0_sdot", "product_q8_0_widening"]
+__all__ = ["FORMS", "product_sdot", "product_widening", "form_id"]
 
 _I8x16 = ir.VectorType(ir.IntType(8), 16)
 _I32x4 = ir.VectorType(ir.IntType(32), 4)
@@ -62,51 +67,86 @@ def _load16(builder, base, offset):
     return builder.load(builder.bitcast(builder.gep(base, [offset]), _I8x16.as_pointer()), align=1)
 
 
-def _rows_dot(lanes_of, rows: int):
-    """An intrinsic ``(data, r, xq, xd, out, b, column) -> None``: Q8_0 rows ``data[r : r + rows]`` (uint8
-    [rows, blocks * 34], C order) against quantized activation row ``b`` (``xq`` int8 [N, blocks * 32], ``xd``
-    float32 [N, blocks]), into ``out[b, column : column + rows]``."""
+# Each form: (bytes a block, where its quants start, whether it has a minimum at bytes 2-3).
+FORMS = {"Q8_0": (34, 2, False), "Q4_0": (18, 2, False), "Q4_1": (20, 4, True)}
+_FORM_IDS = {"Q8_0": 0, "Q4_0": 1, "Q4_1": 2}  # the kernels' ``form`` argument
+
+
+def _weights(builder, form: str, at):
+    """The block at ``at``'s 32 weights as two int8x16 vectors (weights 0-15, 16-31)."""
+    quants = ir.Constant(_I64, FORMS[form][1])
+    if form == "Q8_0":
+        return _load16(builder, at, quants), _load16(builder, at, ir.Constant(_I64, quants.constant + 16))
+    nibbles = _load16(builder, at, quants)  # [16] bytes: weight i low, weight 16 + i high
+    low = builder.and_(nibbles, ir.Constant(_I8x16, [0x0F] * 16))
+    high = builder.lshr(nibbles, ir.Constant(_I8x16, [4] * 16))
+    if form == "Q4_0":
+        eight = ir.Constant(_I8x16, [8] * 16)
+        return builder.sub(low, eight), builder.sub(high, eight)
+    return low, high
+
+
+def _half_at(builder, at, offset: int):
+    """The float16 at ``at + offset`` (bytes), as float32."""
+    pointer = builder.bitcast(builder.gep(at, [ir.Constant(_I64, offset)]), ir.HalfType().as_pointer())
+    return builder.fpext(builder.load(pointer, align=1), _F32)
+
+
+def _rows_dot(lanes_of, rows: int, form: str):
+    """An intrinsic ``(data, r, xq, xd, xs, out, b, column) -> None``: ``form`` rows ``data[r : r + rows]``
+    (uint8 [rows, blocks * block bytes], C order) against quantized activation row ``b`` (``xq`` int8 [N, blocks
+    * 32], ``xd`` float32 [N, blocks]; ``xs`` float32 [N, blocks], the blocks' sums ``d_x * sum(q_x)``, read for
+    Q4_1 only), into ``out[b, column : column + rows]``."""
+    block_bytes, _, has_min = FORMS[form]
 
     @intrinsic
-    def rows_dot(typingctx, data, r, xq, xd, out, b, column):
+    def rows_dot(typingctx, data, r, xq, xd, xs, out, b, column):
         def codegen(context, builder, signature, args):
-            data_t, _, xq_t, xd_t, out_t, _, _ = signature.args
+            data_t, _, xq_t, xd_t, xs_t, out_t, _, _ = signature.args
             data_a = context.make_array(data_t)(context, builder, args[0])
             xq_a = context.make_array(xq_t)(context, builder, args[2])
             xd_a = context.make_array(xd_t)(context, builder, args[3])
-            out_a = context.make_array(out_t)(context, builder, args[4])
+            xs_a = context.make_array(xs_t)(context, builder, args[4])
+            out_a = context.make_array(out_t)(context, builder, args[5])
             r, b, column = (context.cast(builder, v, t, types.intp) for v, t in
-                            ((args[1], signature.args[1]), (args[5], signature.args[5]), (args[6], signature.args[6])))
+                            ((args[1], signature.args[1]), (args[6], signature.args[6]), (args[7], signature.args[7])))
             zero = ir.Constant(_I64, 0)
             row_ptrs = [cgutils.get_item_pointer2(context, builder, data_a.data, cgutils.unpack_tuple(
                 builder, data_a.shape, 2), cgutils.unpack_tuple(builder, data_a.strides, 2), "C",
                 [builder.add(r, ir.Constant(_I64, i)), zero]) for i in range(rows)]  # uint8* each
             x_ptr = cgutils.get_item_pointer(context, builder, xq_t, xq_a, [b, zero])  # int8*
             d_ptr = cgutils.get_item_pointer(context, builder, xd_t, xd_a, [b, zero])  # float*
+            s_ptr = cgutils.get_item_pointer(context, builder, xs_t, xs_a, [b, zero])  # float*
             blocks = builder.sdiv(builder.extract_value(xq_a.shape, 1), ir.Constant(_I64, 32))
             fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_F32x4, [_F32x4] * 3),
                                                  "llvm.fma.v4f32")
             accs = [cgutils.alloca_once_value(builder, ir.Constant(_F32x4, None)) for _ in range(rows)]
+            biases = [cgutils.alloca_once_value(builder, ir.Constant(_F32, 0.0)) for _ in range(rows)]
+            fma1 = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_F32, [_F32] * 3), "llvm.fma.f32")
             with cgutils.for_range(builder, blocks) as loop:
                 k = loop.index
                 x_at = builder.gep(x_ptr, [builder.mul(k, ir.Constant(_I64, 32))])
                 x0, x1 = _load16(builder, x_at, zero), _load16(builder, x_at, ir.Constant(_I64, 16))
                 d_x = builder.load(builder.gep(d_ptr, [k]))
-                w_off = builder.mul(k, ir.Constant(_I64, 34))
-                for row_ptr, acc in zip(row_ptrs, accs):
-                    at = builder.gep(row_ptr, [w_off])  # the block's 34 bytes: float16 d, 32 int8 q
-                    d_w = builder.fpext(builder.load(builder.bitcast(at, ir.HalfType().as_pointer()), align=1), _F32)
-                    w0 = _load16(builder, at, ir.Constant(_I64, 2))
-                    w1 = _load16(builder, at, ir.Constant(_I64, 18))
+                s_x = builder.load(builder.gep(s_ptr, [k])) if has_min else None
+                w_off = builder.mul(k, ir.Constant(_I64, block_bytes))
+                for row_ptr, acc, bias in zip(row_ptrs, accs, biases):
+                    at = builder.gep(row_ptr, [w_off])  # the block: float16 d (Q4_1: and m), then the quants
+                    d_w = _half_at(builder, at, 0)
+                    w0, w1 = _weights(builder, form, at)
+                    if has_min:
+                        builder.store(builder.call(fma1, [_half_at(builder, at, 2), s_x, builder.load(bias)]), bias)
                     scale = builder.fmul(d_w, d_x)
                     splat = builder.shuffle_vector(builder.insert_element(ir.Constant(_F32x4, None), scale, zero),
                                                    ir.Constant(_F32x4, None), ir.Constant(_I32x4, [0] * 4))
                     lanes = builder.sitofp(lanes_of(builder, w0, w1, x0, x1), _F32x4)  # [4] float32
                     builder.store(builder.call(fma, [lanes, splat, builder.load(acc)]), acc)
-            for i, acc in enumerate(accs):
+            for i, (acc, bias) in enumerate(zip(accs, biases)):
                 a = builder.load(acc)
                 parts = [builder.extract_element(a, ir.Constant(ir.IntType(32), j)) for j in range(4)]
                 total = builder.fadd(builder.fadd(parts[0], parts[1]), builder.fadd(parts[2], parts[3]))
+                if has_min:
+                    total = builder.fadd(total, builder.load(bias))
                 builder.store(total, cgutils.get_item_pointer(
                     context, builder, out_t, out_a, [b, builder.add(column, ir.Constant(_I64, i))]))
             return context.get_dummy_value()
@@ -115,41 +155,77 @@ def _rows_dot(lanes_of, rows: int):
             return None
         if not (isinstance(xq, types.Array) and xq.ndim == 2 and xq.layout == "C" and xq.dtype == types.int8):
             return None
-        if not (isinstance(xd, types.Array) and xd.ndim == 2 and xd.layout == "C" and xd.dtype == types.float32):
-            return None
+        for scales in (xd, xs):
+            if not (isinstance(scales, types.Array) and scales.ndim == 2 and scales.layout == "C"
+                    and scales.dtype == types.float32):
+                return None
         if not (isinstance(out, types.Array) and out.ndim == 2 and out.dtype == types.float32):
             return None
-        return types.void(data, r, xq, xd, out, b, column), codegen
+        return types.void(data, r, xq, xd, xs, out, b, column), codegen
 
     return rows_dot
 
 
-_four_sdot, _one_sdot = _rows_dot(_lanes_sdot, _ROWS), _rows_dot(_lanes_sdot, 1)
-_four_widening, _one_widening = _rows_dot(_lanes_widening, _ROWS), _rows_dot(_lanes_widening, 1)
+_KERNELS = {(lanes.__name__, form, rows): _rows_dot(lanes, rows, form)
+            for lanes in (_lanes_sdot, _lanes_widening) for form in FORMS for rows in (_ROWS, 1)}
+_q8_0_sdot, _q8_0_sdot_1 = _KERNELS["_lanes_sdot", "Q8_0", _ROWS], _KERNELS["_lanes_sdot", "Q8_0", 1]
+_q4_0_sdot, _q4_0_sdot_1 = _KERNELS["_lanes_sdot", "Q4_0", _ROWS], _KERNELS["_lanes_sdot", "Q4_0", 1]
+_q4_1_sdot, _q4_1_sdot_1 = _KERNELS["_lanes_sdot", "Q4_1", _ROWS], _KERNELS["_lanes_sdot", "Q4_1", 1]
+_q8_0_wide, _q8_0_wide_1 = _KERNELS["_lanes_widening", "Q8_0", _ROWS], _KERNELS["_lanes_widening", "Q8_0", 1]
+_q4_0_wide, _q4_0_wide_1 = _KERNELS["_lanes_widening", "Q4_0", _ROWS], _KERNELS["_lanes_widening", "Q4_0", 1]
+_q4_1_wide, _q4_1_wide_1 = _KERNELS["_lanes_widening", "Q4_1", _ROWS], _KERNELS["_lanes_widening", "Q4_1", 1]
 
 
+# One compiled function a lane kind, the form chosen by an argument (``_FORM_IDS``) outside the loops: numba
+# caches neither a function a factory makes nor one handed a kernel, so the six kernels are named here.
 @njit(nogil=True, cache=True)
-def product_q8_0_sdot(data, xq, xd, start, stop, out):
-    """``out`` [N, stop-start] = the quantized activations ``xq`` int8 [N, cols] / ``xd`` float32 [N, cols/32]
-    @ Q8_0 rows ``data`` uint8 [start:stop, cols/32*34].T, by ``sdot`` (needs dotprod)."""
+def product_sdot(form, data, xq, xd, xs, start, stop, out):
+    """``out`` [N, stop-start] = the quantized activations ``xq`` int8 [N, cols] / ``xd``, ``xs`` float32 [N,
+    cols/32] (scales, block sums) @ rows ``data`` uint8 [start:stop, ...] of form ``form`` (0: Q8_0, 1: Q4_0,
+    2: Q4_1), by ``sdot`` (needs dotprod), four rows a pass."""
     r = start
     while r + 4 <= stop:
         for b in range(xq.shape[0]):
-            _four_sdot(data, r, xq, xd, out, b, r - start)
+            if form == 0:
+                _q8_0_sdot(data, r, xq, xd, xs, out, b, r - start)
+            elif form == 1:
+                _q4_0_sdot(data, r, xq, xd, xs, out, b, r - start)
+            else:
+                _q4_1_sdot(data, r, xq, xd, xs, out, b, r - start)
         r += 4
     for last in range(r, stop):
         for b in range(xq.shape[0]):
-            _one_sdot(data, last, xq, xd, out, b, last - start)
+            if form == 0:
+                _q8_0_sdot_1(data, last, xq, xd, xs, out, b, last - start)
+            elif form == 1:
+                _q4_0_sdot_1(data, last, xq, xd, xs, out, b, last - start)
+            else:
+                _q4_1_sdot_1(data, last, xq, xd, xs, out, b, last - start)
 
 
 @njit(nogil=True, cache=True)
-def product_q8_0_widening(data, xq, xd, start, stop, out):
-    """As :func:`product_q8_0_sdot` without the dot-product extension (any NEON CPU; x86-64 too)."""
+def product_widening(form, data, xq, xd, xs, start, stop, out):
+    """As :func:`product_sdot` without the dot-product extension (any NEON CPU; x86-64 too)."""
     r = start
     while r + 4 <= stop:
         for b in range(xq.shape[0]):
-            _four_widening(data, r, xq, xd, out, b, r - start)
+            if form == 0:
+                _q8_0_wide(data, r, xq, xd, xs, out, b, r - start)
+            elif form == 1:
+                _q4_0_wide(data, r, xq, xd, xs, out, b, r - start)
+            else:
+                _q4_1_wide(data, r, xq, xd, xs, out, b, r - start)
         r += 4
     for last in range(r, stop):
         for b in range(xq.shape[0]):
-            _one_widening(data, last, xq, xd, out, b, last - start)
+            if form == 0:
+                _q8_0_wide_1(data, last, xq, xd, xs, out, b, last - start)
+            elif form == 1:
+                _q4_0_wide_1(data, last, xq, xd, xs, out, b, last - start)
+            else:
+                _q4_1_wide_1(data, last, xq, xd, xs, out, b, last - start)
+
+
+def form_id(form: str) -> int:
+    """The kernels' ``form`` argument for a form name of FORMS."""
+    return _FORM_IDS[form]
