@@ -214,7 +214,13 @@ def test_a_product_takes_the_integer_kernel_of_its_mode(form):
         _kernels.packed_product(form, data, None, x, 0, 10, out)
         assert _kernels.product_kernels([form]) == {form: expected}
         np.testing.assert_array_equal(out.view(np.uint32), want.view(np.uint32))
+        shared = _kernels.quantize_activations(x, ["F32", form])  # once for every product taking x
+        again = np.empty((2, 10), dtype=np.float32)
+        _kernels.packed_product(form, data, None, x, 0, 10, again, shared)
+        np.testing.assert_array_equal(again.view(np.uint32), want.view(np.uint32))
+        assert (shared[2] is not None) == (form == "Q4_1")  # the block sums only where a minimum takes them
         _kernels.set_products("exact")
+        assert _kernels.quantize_activations(x, [form]) is None
         _kernels.packed_product(form, data, None, x, 0, 10, out)
         assert _kernels.product_kernels([form]) == {form: "portable"}
         assert not np.array_equal(out, want)  # the exact product: activations not rounded

@@ -27,11 +27,11 @@ from kestrel_trio._kernels import cpu as _cpu
 
 __all__ = ["FORMS", "ready", "compiled", "unavailable_reason", "describe", "describe_cpu", "product_kernels",
            "optional_kernels", "set_products", "product_mode", "PRODUCT_MODES", "prepare", "packed_product",
-           "packed_expand", "packed_weights", "release_compiler_pages", "enable_tiles", "tile_product", "tile_pack",
-           "tile_multiply", "enable_chunk_products", "chunk_product", "CHUNK_WEIGHT_ROWS", "CHUNK_K_STEP",
-           "enable_prefill_attention", "prefill_attention", "qkv_rows", "TILE_BLOCK_ROWS", "TILE_K_STEP",
-           "rotate_half", "rms_norm", "softmax_numerators", "swiglu", "decode_attention", "decode_buffers",
-           "decode_attentions"]
+           "quantize_activations", "packed_expand", "packed_weights", "release_compiler_pages", "enable_tiles",
+           "tile_product", "tile_pack", "tile_multiply", "enable_chunk_products", "chunk_product",
+           "CHUNK_WEIGHT_ROWS", "CHUNK_K_STEP", "enable_prefill_attention", "prefill_attention", "qkv_rows",
+           "TILE_BLOCK_ROWS", "TILE_K_STEP", "rotate_half", "rms_norm", "softmax_numerators", "swiglu",
+           "decode_attention", "decode_buffers", "decode_attentions"]
 
 # The storage forms the compiled products know (kestrel_trio._kernels.products.FORMS), known without numba.
 FORMS = frozenset(("int8", "int4", "bf16", "F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K",
@@ -161,7 +161,7 @@ def _products():
 
 
 def packed_product(form: str, data: np.ndarray, scales: np.ndarray | None, x: np.ndarray, start: int, stop: int,
-                   out: np.ndarray) -> None:
+                   out: np.ndarray, quantized: tuple | None = None) -> None:
     """``out`` [N, stop-start] = ``x`` [N, cols] @ W[start:stop].T for W stored as ``form`` (one of FORMS).
 
     Args:
@@ -172,9 +172,23 @@ def packed_product(form: str, data: np.ndarray, scales: np.ndarray | None, x: np
         x: float32 [N, cols], C-contiguous.
         start, stop: weight rows.
         out: float32 [N, stop-start], any strides.
+        quantized: :func:`quantize_activations` of ``x`` for these forms, made once for every product that
+            takes ``x`` (None: an integer product quantizes ``x`` itself).
     """
     product, _, data, scales = _typed(form, data, scales)
-    product(data, scales, _state["table"], _RUN, x, start, stop, out)
+    if quantized is not None and getattr(product, "takes_quantized", False):
+        product(data, scales, _state["table"], _RUN, x, start, stop, out, quantized)
+    else:
+        product(data, scales, _state["table"], _RUN, x, start, stop, out)
+
+
+def quantize_activations(x: np.ndarray, forms) -> tuple | None:
+    """``x`` float32 [N, cols] (C-contiguous) quantized to int8 per block of 32 for the integer products of
+    ``forms`` (names in FORMS) that this process takes (:func:`set_products`), once for all of them; None where
+    none does. Hand it to :func:`packed_product` with the same ``x``."""
+    if not ready():
+        return None
+    return _products().quantize(x, forms)
 
 
 def packed_expand(form: str, data: np.ndarray, scales: np.ndarray | None, start: int, stop: int,

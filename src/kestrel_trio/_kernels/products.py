@@ -84,7 +84,7 @@ import numpy as np
 from numba import njit, types
 from numba.extending import intrinsic
 
-__all__ = ["FORMS", "INTEGER_FORMS", "product_for", "kernel_name", "warm", "f16_table", "COLUMNS_PER_ITEM"]
+__all__ = ["FORMS", "INTEGER_FORMS", "product_for", "kernel_name", "warm", "quantize", "f16_table", "COLUMNS_PER_ITEM"]
 
 
 def f16_table() -> np.ndarray:
@@ -1492,29 +1492,41 @@ def _integer_product(name: str, form: str):
     from kestrel_trio._kernels import integer
     from kestrel_trio._kernels.arm import integer as arm
 
-    form_id = arm.form_id(form)
-    if name == "int8":
-        def block_sums(data, f16, run, xq, xd, xs, start, stop, out):
-            integer.product_blocks(form_id, data, f16, run, xq, xd, xs, start, stop, out)
-    else:
-        kernel = arm.product_sdot if name == "sdot" else arm.product_widening
+    form_id, reference = arm.form_id(form), name == "int8"
+    kernel = arm.product_sdot if name == "sdot" else arm.product_widening
 
-        def block_sums(data, f16, run, xq, xd, xs, start, stop, out):
+    def product(data, scales, f16, run, x, start, stop, out, quantized=None):
+        if quantized is None:
+            quantized = quantize(x, (form,))
+        xq, xd, xs = quantized
+        xs = xd if xs is None else xs  # read by Q4_1 only
+        if reference:
+            integer.product_blocks(form_id, data, f16, run, xq, xd, xs, start, stop, out)
+        else:
             kernel(form_id, data, xq, xd, xs, start, stop, out)
 
-    quantize, sums, with_sums = integer.quantize_q8_rows, integer.block_sums, arm.FORMS[form][2]
-
-    def product(data, scales, f16, run, x, start, stop, out):
-        xq = np.empty(x.shape, dtype=np.int8)  # [N, cols]
-        xd = np.empty((x.shape[0], x.shape[1] // run), dtype=np.float32)  # [N, cols / 32]
-        quantize(x, run, xq, xd)
-        xs = xd
-        if with_sums:
-            xs = np.empty_like(xd)  # [N, cols / 32]
-            sums(xq, xd, run, xs)
-        block_sums(data, f16, run, xq, xd, xs, start, stop, out)
-
+    product.takes_quantized = True  # kestrel_trio._kernels.packed_product hands it quantize()'s activations
     return product
+
+
+def quantize(x: np.ndarray, forms) -> tuple | None:
+    """``x`` float32 [N, cols] quantized for the integer products of ``forms`` (names in FORMS), once for all:
+    (int8 [N, cols], float32 scales [N, cols / 32], the blocks' sums [N, cols / 32] or None where no form
+    needs them); None where none of ``forms`` takes an integer product in this process."""
+    integer_forms = [form for form in forms if form in INTEGER_FORMS and _integer_kernel_name() is not None]
+    if not integer_forms:
+        return None
+    from kestrel_trio._kernels import integer
+    from kestrel_trio._kernels.arm import integer as arm
+
+    xq = np.empty(x.shape, dtype=np.int8)  # [N, cols]
+    xd = np.empty((x.shape[0], x.shape[1] // 32), dtype=np.float32)  # [N, cols / 32]
+    integer.quantize_q8_rows(x, 32, xq, xd)
+    xs = None
+    if any(arm.FORMS[form][2] for form in integer_forms):
+        xs = np.empty_like(xd)  # [N, cols / 32]
+        integer.block_sums(xq, xd, 32, xs)
+    return xq, xd, xs
 
 
 def kernel_name(form: str) -> str:

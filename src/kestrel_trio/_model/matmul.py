@@ -371,12 +371,14 @@ def _fused_product(x: np.ndarray, weight: PackedMatrix) -> np.ndarray:
     for part in weight.parts:
         runs.append((part.kernel_args(), first, first + part.rows))
         first += part.rows
+    # Integer products (aarch64's default): x quantized once for every part and thread, not once a call.
+    quantized = _kernels.quantize_activations(x, [part.form for part in weight.parts])
 
     def stretch(start: int, stop: int) -> None:
         for (form, data, scales), lo, hi in runs:
             a, b = max(start, lo), min(stop, hi)
             if a < b:
-                _kernels.packed_product(form, data, scales, x, a - lo, b - lo, out[:, a:b])
+                _kernels.packed_product(form, data, scales, x, a - lo, b - lo, out[:, a:b], quantized)
 
     threads = _threads
     if threads is None or weight.shape[0] * weight.shape[1] < SHARE_MIN_ELEMENTS:
