@@ -3,6 +3,11 @@
 Usage (as root on an x86-64 Debian machine; see docs/performance.md, "On the board", for building the pieces):
     python benchmarks/board_speed.py --root ARM64_ROOT --qemu QEMU_AARCH64 --plugin LIBINSN_SO \\
         --llama-bench LLAMA_BENCH [--cpu cortex-a76] [--models 1.7b,4b] [--forms Q8_0,Q4_K_M] [--cache DIR]
+    python benchmarks/board_speed.py ... --smollm2 Q8_0,Q4_0,Q4_1 --llama-quantize LLAMA_QUANTIZE [--bound 1.5]
+
+With ``--smollm2`` it counts SmolLM2-135M-Instruct's decode steps instead (the shipped Q4_1 file, Q8_0 and Q4_0
+made from it by llama.cpp's llama-quantize), kestrel-trio's (``--products``) against llama.cpp's, and prints each
+ratio against ``--bound``.
 
 For one decode step of Qwen3-1.7B's and Qwen3-4B's shapes (random weights) at Q8_0 and Q4_K_M, it counts
 the aarch64 instructions kestrel-trio executes (its kernels compiled by numba for ``--cpu``) and those
@@ -155,7 +160,8 @@ def counted(command: list[str], qemu: str, plugin: str, cpu: str, env: dict, roo
 
 def kestrel_command(args, path: Path, tokens: int) -> tuple[list[str], dict]:
     code = ("import sys; from kestrel_trio import load_model; "
-            f"m = load_model(sys.argv[1], blas_threads=1); m.greedy({PROMPT}, int(sys.argv[2]))")
+            f"m = load_model(sys.argv[1], blas_threads=1, products={args.products!r}); "
+            f"m.greedy({PROMPT}, int(sys.argv[2]))")
     site = f"/opt/venv/lib/python{args.python}/site-packages"  # the arm64 root's venv (.ci/arm-lane makes it)
     env = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/root"), "LANG": "C.UTF-8",
            "PYTHONPATH": f"{REPO / 'src'}:{site}", "NUMBA_CPU_NAME": args.cpu,
@@ -207,6 +213,39 @@ def estimate(instructions: float, weight_bytes: int, args, cores: int) -> float:
     return 1.0 / max(compute, memory)
 
 
+def smollm2_files(args, forms: list[str]) -> dict[str, Path]:
+    """SmolLM2-135M-Instruct as shipped (Q4_1, the model cache's) and requantized by llama.cpp to the other forms."""
+    from kestrel_trio.hub import NAMED_MODELS, fetch_named_model, kestrel_cache_dir
+
+    shipped = fetch_named_model(NAMED_MODELS["smollm2-135m"], kestrel_cache_dir())[0]
+    files = {}
+    for form in forms:
+        files[form] = shipped if form == "Q4_1" else args.cache / f"smollm2-135m-{form}.gguf"
+        if not files[form].exists():
+            if args.llama_quantize is None:
+                raise SystemExit(f"--llama-quantize is needed to make {files[form].name}")
+            subprocess.run([args.qemu, "-cpu", args.cpu, args.llama_quantize, "--allow-requantize", str(shipped),
+                            str(files[form]), form, "2"], check=True, capture_output=True, timeout=3600)
+    return files
+
+
+def smollm2_counts(args) -> None:
+    """Instructions per decoded token of SmolLM2 at each form, kestrel-trio against llama.cpp, and their ratio."""
+    forms = args.smollm2.split(",")
+    args.cache.mkdir(parents=True, exist_ok=True)
+    files = smollm2_files(args, forms)
+    print(f"qemu CPU {args.cpu}; kestrel-trio from {REPO} (products {args.products}); llama.cpp {args.llama_bench}; "
+          f"tokens {args.n1}->{args.n2}", flush=True)
+    ours, theirs = measure(args, "kestrel", files), measure(args, "llama.cpp", files)
+    print(f"\nSmolLM2-135M-Instruct, one decode step under qemu -cpu {args.cpu}, M instructions a token")
+    print("| form | llama.cpp | kestrel-trio | ratio | within " + f"{args.bound}x |")
+    print("|---|---|---|---|---|")
+    for form in forms:
+        ratio = ours[form] / theirs[form]
+        print(f"| {form} | {theirs[form] / 1e6:.1f} | {ours[form] / 1e6:.1f} | {ratio:.2f}x | "
+              f"{'yes' if ratio <= args.bound else 'no'} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--root", required=True, help="the arm64 root with /opt/venv (.ci/arm-lane makes it)")
@@ -224,7 +263,18 @@ def main() -> None:
     parser.add_argument("--ipc", type=float, default=2.0)
     parser.add_argument("--gbps", type=float, default=15.0)
     parser.add_argument("--cache", type=Path, default=CACHE)
+    parser.add_argument("--products", default="auto", choices=("auto", "exact", "integer"),
+                        help="kestrel-trio's products of quantized weights (auto: integer on aarch64)")
+    parser.add_argument("--smollm2", metavar="FORMS", default=None,
+                        help="count SmolLM2-135M-Instruct instead, at these forms (e.g. Q8_0,Q4_0,Q4_1: the shipped "
+                             "Q4_1 file, the others made from it by --llama-quantize), against --bound")
+    parser.add_argument("--llama-quantize", default=None, help="llama.cpp's llama-quantize for aarch64 (--smollm2)")
+    parser.add_argument("--bound", type=float, default=1.5,
+                        help="the ratio kestrel / llama.cpp each --smollm2 form must stay within (the integer-"
+                             "products issue: 1.5 as cortex-a76, 2 as cortex-a53)")
     args = parser.parse_args()
+    if args.smollm2:
+        return smollm2_counts(args)
 
     from bench_http import copy_vocab_from
     from kestrel_trio.hub import NAMED_MODELS, fetch_named_model, kestrel_cache_dir
