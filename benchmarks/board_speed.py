@@ -173,6 +173,11 @@ def per_token(count, n1: int, n2: int) -> float:
     return (count(n2) - count(n1)) / (n2 - n1)
 
 
+def program_forms_differ(files: dict[str, Path]) -> bool:
+    """Whether the files hold different forms (SmolLM2's Q8_0, Q4_0, Q4_1), each of which compiles its own code."""
+    return len({path.name.split("-")[-1] for path in files.values()}) > 1
+
+
 def measure(args, program: str, files: dict[str, Path]) -> dict[str, float]:
     """Instructions per decoded token of each file for ``program`` ("kestrel" or "llama.cpp")."""
     results = {}
@@ -181,8 +186,8 @@ def measure(args, program: str, files: dict[str, Path]) -> dict[str, float]:
             def count(tokens, path=path):
                 command, env = kestrel_command(args, path, tokens)
                 return counted(command, args.qemu, args.plugin, args.cpu, env, args.root)
-            if n == 0:
-                count(1)  # numba's cache for this CPU filled with these forms' code (not counted)
+            if n == 0 or program_forms_differ(files):
+                count(1)  # numba's cache for this CPU filled with this file's forms' code (not counted)
         else:
             def count(tokens, path=path):
                 command = [args.llama_bench, "-m", str(path), "-p", "0", "-n", str(tokens), "-t", "1", "-r", "1",
