@@ -4,9 +4,10 @@ Each fixture's decode steps, teacher-forced along transformers' greedy tokens, i
 largest difference relative to the row's largest logit, and how often the integer step's top token is the
 exact one's. The integer arithmetic is the same on every CPU (each kernel equals the portable reference bit
 for bit), so these figures are the board's too. Measured (docs/performance.md, "Integer products"): relative
-differences at most 3.2-6.9% a fixture, 1.5-2% in the median step, the top token the same in 30-32 of 32
-steps (the fixtures are tiny random models whose logits lie close together; each holds six to twelve Q8_0,
-Q4_0 and Q4_1 tensors).
+differences at most 4-7% a step on the dense fixtures, 2% in the median step, the top token the same in 30-32
+of 32 steps (the fixtures are tiny random models whose logits lie close together; each holds seven to
+thirteen Q8_0, Q4_0, Q4_1 and Q4_K tensors). On the MoE fixture one step in 32 differs by 56%: the rounded
+activations route a token to another expert there (its Q4_K tensor alone moves no step by more than 3%).
 """
 
 from __future__ import annotations
@@ -43,10 +44,12 @@ def decode_logits(name: str, mode: str) -> tuple[np.ndarray, dict[str, str]]:
 def test_integer_decode_steps_stay_within_a_few_percent_of_the_exact_logits(name):
     exact, exact_kernels = decode_logits(name, "exact")
     integer, integer_kernels = decode_logits(name, "integer")
-    for form in ("Q8_0", "Q4_0", "Q4_1"):
+    for form in set(exact_kernels) & {"Q8_0", "Q4_0", "Q4_1", "Q4_K"}:
         assert exact_kernels[form] == "portable" and integer_kernels[form] in ("sdot", "neon", "int8")
     relative = np.abs(integer - exact).max(axis=1) / np.abs(exact).max(axis=1)  # [steps]
-    assert 0 < relative.max() <= 0.08  # not zero: the integer products ran
-    assert np.median(relative) <= 0.025
+    assert relative.min() > 0  # the integer products ran
+    assert np.median(relative) <= 0.03
+    # every step of a dense model; an MoE's step may route to another expert (one of 32 here)
+    assert np.sort(relative)[-2 if "moe" in name else -1] <= 0.08
     assert (integer.argmax(axis=1) == exact.argmax(axis=1)).sum() >= 29
 

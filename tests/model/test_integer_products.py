@@ -20,23 +20,31 @@ if _kernels.ready():
     from kestrel_trio._kernels.arm import integer as arm
     from kestrel_trio._kernels.products import f16_table
 
-FORMS = ["Q8_0", "Q4_0", "Q4_1"]
-BLOCK_BYTES = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20}
+FORMS = ["Q8_0", "Q4_0", "Q4_1", "Q4_K"]
+BLOCK_BYTES = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20, "Q4_K": 144}
+BLOCK_COLS = {"Q8_0": 32, "Q4_0": 32, "Q4_1": 32, "Q4_K": 256}
 
 
 def block_rows(form: str, rng, rows: int, cols: int) -> np.ndarray:
-    """Random rows of ``form`` as a GGUF stores them: uint8 [rows, cols / 32 * block bytes], finite float16 scales
-    of about 1e-3 (Q4_1: minimums of about -8e-3)."""
-    raw = rng.integers(0, 256, (rows, cols // 32, BLOCK_BYTES[form]), dtype=np.uint8)  # [rows, blocks, bytes]
-    raw[:, :, 0:2] = (rng.uniform(0.5, 1.5, (rows, cols // 32, 1)) * 1e-3).astype(np.float16).view(np.uint8)
+    """Random rows of ``form`` as a GGUF stores them: uint8 [rows, cols / block cols * block bytes], finite float16
+    scales of about 1e-3 (Q4_1: minimums of about -8e-3; Q4_K: d about 1e-4, dmin about 2e-4, any 6-bit scales)."""
+    blocks = cols // BLOCK_COLS[form]
+    raw = rng.integers(0, 256, (rows, blocks, BLOCK_BYTES[form]), dtype=np.uint8)  # [rows, blocks, bytes]
+    size = 1e-4 if form == "Q4_K" else 1e-3
+    raw[:, :, 0:2] = (rng.uniform(0.5, 1.5, (rows, blocks, 1)) * size).astype(np.float16).view(np.uint8)
     if form == "Q4_1":
-        raw[:, :, 2:4] = (rng.uniform(-1.5, -0.5, (rows, cols // 32, 1)) * 8e-3).astype(np.float16).view(np.uint8)
+        raw[:, :, 2:4] = (rng.uniform(-1.5, -0.5, (rows, blocks, 1)) * 8e-3).astype(np.float16).view(np.uint8)
+    if form == "Q4_K":
+        raw[:, :, 2:4] = (rng.uniform(0.5, 1.5, (rows, blocks, 1)) * 2e-4).astype(np.float16).view(np.uint8)
     return raw.reshape(rows, -1)
 
 
 def numpy_weights(form: str, data: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(int64 quants [rows, blocks, 32], float32 d [rows, blocks], float32 m [rows, blocks] or zeros)."""
+    """Per 32-weight sub-block: (int64 quants [rows, subs, 32], float32 scales [rows, subs], float32 offsets
+    [rows, subs]: Q4_1's m, Q4_K's min * -dmin, else zeros)."""
     blocks = data.reshape(data.shape[0], -1, BLOCK_BYTES[form])  # [rows, blocks, bytes]
+    if form == "Q4_K":
+        return k_weights(blocks)
     d = blocks[:, :, 0:2].copy().view(np.float16)[..., 0].astype(np.float32)  # [rows, blocks]
     m = np.zeros_like(d)
     if form == "Q8_0":
@@ -46,6 +54,21 @@ def numpy_weights(form: str, data: np.ndarray) -> tuple[np.ndarray, np.ndarray, 
     if form == "Q4_1":
         return quants, d, blocks[:, :, 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
     return quants - 8, d, m
+
+
+def k_weights(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Q4_K's blocks [rows, blocks, 144] as numpy_weights gives them, ggml's 6-bit packing of scales and mins."""
+    rows = blocks.shape[0]
+    d = blocks[:, :, 0:2].copy().view(np.float16)[..., 0].astype(np.float32)  # [rows, blocks]
+    dmin = blocks[:, :, 2:4].copy().view(np.float16)[..., 0].astype(np.float32)  # [rows, blocks]
+    q = blocks[:, :, 4:16].astype(np.int64)  # [rows, blocks, 12]
+    scales = np.concatenate([q[..., 0:4] & 63, (q[..., 8:12] & 15) | ((q[..., 0:4] >> 6) << 4)], axis=-1)
+    mins = np.concatenate([q[..., 4:8] & 63, (q[..., 8:12] >> 4) | ((q[..., 4:8] >> 6) << 4)], axis=-1)
+    pairs = blocks[:, :, 16:].astype(np.int64).reshape(rows, -1, 4, 32)  # [rows, blocks, pair, 32]
+    quants = np.stack([pairs & 15, pairs >> 4], axis=3).reshape(rows, -1, 32)  # [rows, blocks * 8, 32]
+    scale_w = (d[..., None] * scales.astype(np.float32)).reshape(rows, -1)  # [rows, blocks * 8]
+    offset_w = (mins.astype(np.float32) * -dmin[..., None]).reshape(rows, -1)  # [rows, blocks * 8]
+    return quants, scale_w, offset_w
 
 
 def numpy_quantized(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -84,11 +107,11 @@ def numpy_product(form: str, data: np.ndarray, xq: np.ndarray, xd: np.ndarray) -
     acc = np.zeros((n, rows, 4), dtype=np.float32)  # [N, rows, 4]
     bias = np.zeros((n, rows), dtype=np.float32)  # [N, rows]
     for k in range(lanes.shape[2]):
-        if form == "Q4_1":
+        if form in ("Q4_1", "Q4_K"):
             bias = fma32(np.broadcast_to(m_w[None, :, k], bias.shape), sums[:, k, None], bias)
         acc = fma32(lanes[:, :, k], scales[:, :, k, None], acc)
     total = (acc[..., 0] + acc[..., 1]) + (acc[..., 2] + acc[..., 3])
-    return total + bias if form == "Q4_1" else total
+    return total + bias if form in ("Q4_1", "Q4_K") else total
 
 
 def quantized(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -120,7 +143,7 @@ def test_activations_quantize_as_ggml_does_bit_for_bit(n):
 
 
 @pytest.mark.parametrize("form", FORMS)
-@pytest.mark.parametrize(("n", "cols"), [(1, 1024), (2, 96), (4, 2048)])
+@pytest.mark.parametrize(("n", "cols"), [(1, 1024), (2, 768), (4, 2048)])
 def test_the_reference_equals_numpys_bit_for_bit(form, n, cols):
     rng = np.random.default_rng(cols + n)
     data = block_rows(form, rng, 13, cols)  # [13, ...]
@@ -159,7 +182,7 @@ def arm_kernels() -> list:
 
 
 @pytest.mark.parametrize("form", FORMS)
-@pytest.mark.parametrize(("n", "rows", "cols"), [(1, 13, 1024), (2, 4, 96), (3, 9, 2048), (1, 3, 32)])
+@pytest.mark.parametrize(("n", "rows", "cols"), [(1, 13, 1024), (2, 4, 768), (3, 9, 2048), (1, 3, 256)])
 def test_the_arm_kernels_equal_the_reference_bit_for_bit(form, n, rows, cols):
     """Four rows a pass and the rows left one by one, into a strided view of a wider result."""
     rng = np.random.default_rng(rows * cols + n)
@@ -191,8 +214,8 @@ def test_on_aarch64_the_block_sums_compile_to_sdot_exactly_where_the_cpu_has_dot
     xq, xd = quantized(rng.standard_normal((1, 64), dtype=np.float32))
     args = (0, data, xq, xd, xd, 0, 5, np.empty((1, 5), dtype=np.float32))
     if cpu.this_cpu().has("dotprod"):  # cortex-a76 in the aarch64 lane: the board's code
-        # two a block and row, in each form's four-row and one-row kernels: 3 x (2 x 4 + 2)
-        assert _assembly(arm.product_sdot, *args).count("sdot") >= 3 * (2 * 4 + 2)
+        # two a block and row, in each form's four-row and one-row kernels (Q4_K's: eight blocks of 32)
+        assert _assembly(arm.product_sdot, *args).count("sdot") >= 3 * (2 * 4 + 2) + 8 * (2 * 4 + 2)
     else:  # cortex-a53: code without the instruction, which the emulated core would refuse (SIGILL)
         assert _assembly(arm.product_widening, *args).count("sdot") == 0
 
@@ -218,7 +241,7 @@ def test_a_product_takes_the_integer_kernel_of_its_mode(form):
         again = np.empty((2, 10), dtype=np.float32)
         _kernels.packed_product(form, data, None, x, 0, 10, again, shared)
         np.testing.assert_array_equal(again.view(np.uint32), want.view(np.uint32))
-        assert (shared[2] is not None) == (form == "Q4_1")  # the block sums only where a minimum takes them
+        assert (shared[2] is not None) == (form in ("Q4_1", "Q4_K"))  # the sums only where minimums take them
         _kernels.set_products("exact")
         assert _kernels.quantize_activations(x, [form]) is None
         _kernels.packed_product(form, data, None, x, 0, 10, out)

@@ -1,4 +1,4 @@
-"""Integer dot products of Q8_0, Q4_0 and Q4_1 weights with activations quantized to int8: the portable reference.
+"""Integer dot products of Q8_0, Q4_0, Q4_1 and Q4_K weights with activations quantized to int8: the portable reference.
 
 Theory of operation: the exact products expand every quantized weight to
 float32 and multiply in float32, about three aarch64 instructions a weight;
@@ -8,7 +8,9 @@ float32 scale (``d_x = max|x| / 127``, ``q_x = x / d_x`` rounded to nearest,
 ties to even, as ggml's NEON and AVX paths round), and takes each block's
 product as ``d_w * d_x * sum(q_w * q_x)``, an int32 sum of 32 int8 products
 (two ``sdot`` on a CPU with dotprod); Q4_1's minimum adds ``m_w * s_x``, the
-block's activation sum ``s_x = d_x * sum(q_x)``.
+block's activation sum ``s_x = d_x * sum(q_x)``; Q4_K's blocks of 256 are
+eight sub-blocks of 32, each with its 6-bit scale and minimum (``d * scale``,
+``min * -dmin``), taken as eight blocks of 32 against the activations' own.
 
 These loops fix that arithmetic for every kernel (kestrel_trio._kernels.arm):
 four int32 lane sums a block, grouped as two ``sdot`` group them, accumulated
@@ -80,11 +82,15 @@ def block_sums(xq, xd, run, xs):
 
 
 @njit(nogil=True, cache=True)
-def _weight(row, at, form, i):
-    """Weight ``i`` (0-31) of the block at byte ``at`` as an int32: Q8_0 (form 0) its signed byte, Q4_0 (1)
-    its nibble less 8, Q4_1 (2) its nibble (low nibbles: weights 0-15, high: 16-31)."""
+def _weight(row, at, form, sub, i):
+    """Weight ``i`` (0-31) of 32-weight sub-block ``sub`` of the block at byte ``at``, an int32: Q8_0 (form 0)
+    its signed byte, Q4_0 (1) its nibble less 8, Q4_1 (2) its nibble (low nibbles: weights 0-15, high: 16-31),
+    Q4_K (3) its nibble (the 32 bytes of sub-block pair ``sub // 2``: low nibbles even sub-blocks, high odd)."""
     if form == 0:
         return (np.int32(row[at + 2 + i]) ^ np.int32(128)) - np.int32(128)
+    if form == 3:
+        byte = np.int32(row[at + 16 + 32 * (sub // 2) + i])
+        return (byte >> np.int32(4)) if sub % 2 else (byte & np.int32(15))
     quants = at + (2 if form == 1 else 4)
     byte = np.int32(row[quants + (i & 15)])
     nibble = (byte & np.int32(15)) if i < 16 else (byte >> np.int32(4))
@@ -92,31 +98,55 @@ def _weight(row, at, form, i):
 
 
 @njit(nogil=True, cache=True)
+def _k_scale_min(row, at, j):
+    """Q4_K sub-block ``j``'s 6-bit scale and minimum from the 12 bytes at ``at + 4`` (ggml's packing)."""
+    if j < 4:
+        return np.int32(row[at + 4 + j]) & 63, np.int32(row[at + 8 + j]) & 63
+    packed = np.int32(row[at + 8 + j])
+    scale = (packed & 15) | ((np.int32(row[at + j]) >> 6) << 4)
+    low_min = (packed >> 4) | ((np.int32(row[at + 4 + j]) >> 6) << 4)
+    return scale, low_min
+
+
+@njit(nogil=True, cache=True)
+def _half(row, at, f16):
+    return f16[np.int32(row[at]) | (np.int32(row[at + 1]) << 8)]
+
+
+@njit(nogil=True, cache=True)
 def product_blocks(form, data, f16, run, xq, xd, xs, start, stop, out):
     """``out`` [N, stop-start] = the quantized rows ``xq``/``xd`` [N, ...] (quantize_q8_rows; ``xs``, their block
-    sums, for Q4_1) @ rows ``data`` [start:stop].T of ``form`` (0: Q8_0, 34 bytes a block; 1: Q4_0, 18; 2: Q4_1,
-    20): per block, four int32 lane sums (lane j: weights 4j..4j+3 and 16+4j..16+4j+3, as two ``sdot`` group
-    them), each accumulated as ``acc[j] = fma(float32(lane), d_w * d_x, acc[j])``, and for Q4_1 ``bias =
-    fma(m_w, s_x, bias)``; the row's value ``(acc[0] + acc[1]) + (acc[2] + acc[3])`` (``+ bias``)."""
+    sums, for Q4_1 and Q4_K) @ rows ``data`` [start:stop].T of ``form`` (0: Q8_0, 34 bytes a block of 32; 1: Q4_0,
+    18; 2: Q4_1, 20; 3: Q4_K, 144 bytes a block of 256). Per 32-weight sub-block: four int32 lane sums (lane j:
+    weights 4j..4j+3 and 16+4j..16+4j+3, as two ``sdot`` group them), each accumulated as ``acc[j] =
+    fma(float32(lane), scale_w * d_x, acc[j])`` (scale_w: the block's d; Q4_K's d * scale), and where the form
+    has minimums ``bias = fma(offset_w, s_x, bias)`` (Q4_1's m; Q4_K's min * -dmin); the row's value
+    ``(acc[0] + acc[1]) + (acc[2] + acc[3])`` (``+ bias``)."""
     n = xq.shape[0]
-    blocks = xq.shape[1] // run
-    size = 34 if form == 0 else (18 if form == 1 else 20)
+    subs = 8 if form == 3 else 1
+    size = (34, 18, 20, 144)[form]
     for r in range(start, stop):
         row = data[r]
         for b in range(n):
             quants = xq[b]
             acc = np.zeros(4, dtype=np.float32)
             bias = np.float32(0.0)
-            for block in range(blocks):
-                at = size * block
-                if form == 2:
-                    bias = _fma(f16[np.int32(row[at + 2]) | (np.int32(row[at + 3]) << 8)], xs[b, block], bias)
-                scale = f16[np.int32(row[at]) | (np.int32(row[at + 1]) << 8)] * xd[b, block]
+            for k in range(xq.shape[1] // run):
+                at, sub = size * (k // subs), k % subs
+                if form == 3:
+                    scale, low_min = _k_scale_min(row, at, sub)
+                    scale_w = _half(row, at, f16) * np.float32(scale)
+                    bias = _fma(np.float32(low_min) * -_half(row, at + 2, f16), xs[b, k], bias)
+                else:
+                    scale_w = _half(row, at, f16)
+                    if form == 2:
+                        bias = _fma(_half(row, at + 2, f16), xs[b, k], bias)
+                step = scale_w * xd[b, k]
                 for j in range(4):
                     lane = np.int32(0)
                     for half in range(2):
                         for i in range(16 * half + 4 * j, 16 * half + 4 * j + 4):
-                            lane += _weight(row, at, form, i) * np.int32(quants[block * run + i])
-                    acc[j] = _fma(np.float32(lane), scale, acc[j])
+                            lane += _weight(row, at, form, sub, i) * np.int32(quants[k * run + i])
+                    acc[j] = _fma(np.float32(lane), step, acc[j])
             total = (acc[0] + acc[1]) + (acc[2] + acc[3])
-            out[b, r - start] = total + bias if form == 2 else total
+            out[b, r - start] = total + bias if form >= 2 else total

@@ -1417,7 +1417,7 @@ _compile_lock = threading.Lock()
 
 # Integer products (activations quantized per block; kestrel_trio._kernels.integer): the forms that have them.
 # The mode that chooses them is kestrel_trio._kernels.set_products's.
-INTEGER_FORMS = frozenset(("Q8_0", "Q4_0", "Q4_1"))
+INTEGER_FORMS = frozenset(("Q8_0", "Q4_0", "Q4_1", "Q4_K"))
 
 
 def product_for(form: str):
@@ -1540,6 +1540,6 @@ def warm(form: str) -> None:
     running it once on one zero block (its kernels compile at their first call)."""
     product, _, view = product_for(form)
     if _chosen(form)[1] in _INTEGER_KERNELS:
-        data = np.zeros((1, {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20}[form]), dtype=np.uint8)  # [1 row, one block]
-        product(data, np.empty((1, 0), dtype=np.uint8), f16_table(), 32, np.zeros((1, 32), dtype=np.float32), 0, 1,
-                np.empty((1, 1), dtype=np.float32))
+        size, cols = {"Q8_0": (34, 32), "Q4_0": (18, 32), "Q4_1": (20, 32), "Q4_K": (144, 256)}[form]
+        product(np.zeros((1, size), dtype=np.uint8), np.empty((1, 0), dtype=np.uint8), f16_table(), 32,
+                np.zeros((1, cols), dtype=np.float32), 0, 1, np.empty((1, 1), dtype=np.float32))  # one block

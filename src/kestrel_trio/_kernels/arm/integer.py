@@ -1,15 +1,18 @@
-"""Q8_0, Q4_0 and Q4_1 x Q8_0 block dot products for aarch64 NEON: ``sdot`` with dotprod, widening multiplies without.
+"""Q8_0, Q4_0, Q4_1, Q4_K x int8 block dot products for aarch64 NEON: ``sdot`` with dotprod, widening without.
 
 Theory of operation: each block's product is ``d_w * d_x * (the int8
 products of its 32 weights and 32 quantized activations)`` (Q4_1 adds its
-minimum times the block's activation sum, ``m_w * s_x``). The portable
+minimum times the block's activation sum, ``m_w * s_x``; a Q4_K block of 256
+is eight sub-blocks of 32, each with its scale ``d * scale`` and offset ``min
+* -dmin`` from ggml's 6-bit packing). The portable
 reference (``_kernels.integer.product_blocks``) fixes the arithmetic; this file
 emits it as LLVM vector IR (numba ``intrinsic``s), since numba's loops over a
 fixed 32-block unroll into scalar code. A block, for one weight row:
 
 - its 32 weights as two int8x16 vectors: Q8_0's bytes as stored; Q4_0's 16
   bytes of nibbles split (low nibbles: weights 0-15, high: 16-31) less 8;
-  Q4_1's split, unsigned;
+  Q4_1's split, unsigned; Q4_K's sub-block pair's 32 bytes, low nibbles for the
+  even sub-block, high for the odd;
 - its 32 products summed into four int32 lanes, lane ``j`` holding bytes
   ``4j..4j+3`` and ``16+4j..16+4j+3``: two ``sdot`` (``llvm.aarch64.neon.sdot``;
   ARMv8.2-A dotprod: Cortex-A76, A55), or without dotprod the same lane sums from
@@ -17,7 +20,7 @@ fixed 32-block unroll into scalar code. A block, for one weight row:
   NEON, to ``vpmaddwd`` on x86-64);
 - the lanes converted to float32 and accumulated as ``acc = fma(lanes, d_w *
   d_x, acc)``: four float32 lanes a row, no across-lanes add per block;
-- Q4_1: ``bias = fma(m_w, s_x, bias)``, a float32 scalar a row;
+- Q4_1, Q4_K: ``bias = fma(offset, s_x, bias)``, a float32 scalar a row;
 - at the row's end ``(acc0 + acc1) + (acc2 + acc3)`` (``+ bias``).
 
 Rows go four at a time, sharing the activation loads and the loop. Integer sums
@@ -67,23 +70,64 @@ def _load16(builder, base, offset):
     return builder.load(builder.bitcast(builder.gep(base, [offset]), _I8x16.as_pointer()), align=1)
 
 
-# Each form: (bytes a block, where its quants start, whether it has a minimum at bytes 2-3).
-FORMS = {"Q8_0": (34, 2, False), "Q4_0": (18, 2, False), "Q4_1": (20, 4, True)}
-_FORM_IDS = {"Q8_0": 0, "Q4_0": 1, "Q4_1": 2}  # the kernels' ``form`` argument
+# Each form: (bytes a block, where its quants start, whether it has minimums, 32-weight sub-blocks a block).
+FORMS = {"Q8_0": (34, 2, False, 1), "Q4_0": (18, 2, False, 1), "Q4_1": (20, 4, True, 1), "Q4_K": (144, 16, True, 8)}
+_FORM_IDS = {"Q8_0": 0, "Q4_0": 1, "Q4_1": 2, "Q4_K": 3}  # the kernels' ``form`` argument
 
 
-def _weights(builder, form: str, at):
-    """The block at ``at``'s 32 weights as two int8x16 vectors (weights 0-15, 16-31)."""
-    quants = ir.Constant(_I64, FORMS[form][1])
+def _sub_blocks(builder, form: str, at):
+    """The block at ``at`` as its 32-weight sub-blocks: for each, its weights as two int8x16 vectors (weights
+    0-15, 16-31), its float32 scale, and its float32 offset (Q4_1's minimum ``m``; Q4_K's ``min * -dmin``) or
+    None."""
+    quants = FORMS[form][1]
     if form == "Q8_0":
-        return _load16(builder, at, quants), _load16(builder, at, ir.Constant(_I64, quants.constant + 16))
-    nibbles = _load16(builder, at, quants)  # [16] bytes: weight i low, weight 16 + i high
-    low = builder.and_(nibbles, ir.Constant(_I8x16, [0x0F] * 16))
-    high = builder.lshr(nibbles, ir.Constant(_I8x16, [4] * 16))
+        return [(_load16(builder, at, _at(quants)), _load16(builder, at, _at(quants + 16)), _half_at(builder, at, 0),
+                 None)]
+    if form == "Q4_K":  # 8 sub-blocks: pair p's 32 bytes hold sub-block 2p in low nibbles, 2p + 1 in high ones
+        d, minus_dmin = _half_at(builder, at, 0), builder.fneg(_half_at(builder, at, 2))
+        found = []
+        for pair in range(4):
+            bytes0 = _load16(builder, at, _at(quants + 32 * pair))  # weights 0-15 of both sub-blocks
+            bytes1 = _load16(builder, at, _at(quants + 32 * pair + 16))  # weights 16-31
+            for high in (False, True):
+                scale, low_min = _k_scale_min(builder, at, 2 * pair + high)
+                found.append((*(_nibbles(builder, v, high) for v in (bytes0, bytes1)),
+                              builder.fmul(d, builder.uitofp(scale, _F32)), builder.fmul(builder.uitofp(low_min, _F32),
+                                                                                          minus_dmin)))
+        return found
+    nibbles = _load16(builder, at, _at(quants))  # [16] bytes: weight i low, weight 16 + i high
+    low, high = _nibbles(builder, nibbles, False), _nibbles(builder, nibbles, True)
     if form == "Q4_0":
         eight = ir.Constant(_I8x16, [8] * 16)
-        return builder.sub(low, eight), builder.sub(high, eight)
-    return low, high
+        return [(builder.sub(low, eight), builder.sub(high, eight), _half_at(builder, at, 0), None)]
+    return [(low, high, _half_at(builder, at, 0), _half_at(builder, at, 2))]
+
+
+def _at(offset: int):
+    return ir.Constant(_I64, offset)
+
+
+def _nibbles(builder, vector, high: bool):
+    """The low or high nibbles of an int8x16 vector's bytes, 0-15."""
+    if high:
+        return builder.lshr(vector, ir.Constant(_I8x16, [4] * 16))
+    return builder.and_(vector, ir.Constant(_I8x16, [0x0F] * 16))
+
+
+def _k_scale_min(builder, at, j: int):
+    """Q4_K sub-block ``j``'s 6-bit scale and minimum (int32), from the 12 bytes at ``at + 4`` (ggml's packing)."""
+    def byte(i):
+        return builder.zext(builder.load(builder.gep(at, [_at(4 + i)])), ir.IntType(32))
+
+    def const(v):
+        return ir.Constant(ir.IntType(32), v)
+
+    if j < 4:
+        return builder.and_(byte(j), const(63)), builder.and_(byte(j + 4), const(63))
+    packed = byte(j + 4)
+    scale = builder.or_(builder.and_(packed, const(15)), builder.shl(builder.lshr(byte(j - 4), const(6)), const(4)))
+    low_min = builder.or_(builder.lshr(packed, const(4)), builder.shl(builder.lshr(byte(j), const(6)), const(4)))
+    return scale, low_min
 
 
 def _half_at(builder, at, offset: int):
@@ -97,7 +141,7 @@ def _rows_dot(lanes_of, rows: int, form: str):
     (uint8 [rows, blocks * block bytes], C order) against quantized activation row ``b`` (``xq`` int8 [N, blocks
     * 32], ``xd`` float32 [N, blocks]; ``xs`` float32 [N, blocks], the blocks' sums ``d_x * sum(q_x)``, read for
     Q4_1 only), into ``out[b, column : column + rows]``."""
-    block_bytes, _, has_min = FORMS[form]
+    block_bytes, _, has_min, subs = FORMS[form]
 
     @intrinsic
     def rows_dot(typingctx, data, r, xq, xd, xs, out, b, column):
@@ -117,30 +161,33 @@ def _rows_dot(lanes_of, rows: int, form: str):
             x_ptr = cgutils.get_item_pointer(context, builder, xq_t, xq_a, [b, zero])  # int8*
             d_ptr = cgutils.get_item_pointer(context, builder, xd_t, xd_a, [b, zero])  # float*
             s_ptr = cgutils.get_item_pointer(context, builder, xs_t, xs_a, [b, zero])  # float*
-            blocks = builder.sdiv(builder.extract_value(xq_a.shape, 1), ir.Constant(_I64, 32))
+            units = builder.sdiv(builder.extract_value(xq_a.shape, 1), ir.Constant(_I64, 32 * subs))  # blocks
             fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_F32x4, [_F32x4] * 3),
                                                  "llvm.fma.v4f32")
             accs = [cgutils.alloca_once_value(builder, ir.Constant(_F32x4, None)) for _ in range(rows)]
             biases = [cgutils.alloca_once_value(builder, ir.Constant(_F32, 0.0)) for _ in range(rows)]
             fma1 = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_F32, [_F32] * 3), "llvm.fma.f32")
-            with cgutils.for_range(builder, blocks) as loop:
-                k = loop.index
-                x_at = builder.gep(x_ptr, [builder.mul(k, ir.Constant(_I64, 32))])
-                x0, x1 = _load16(builder, x_at, zero), _load16(builder, x_at, ir.Constant(_I64, 16))
-                d_x = builder.load(builder.gep(d_ptr, [k]))
-                s_x = builder.load(builder.gep(s_ptr, [k])) if has_min else None
-                w_off = builder.mul(k, ir.Constant(_I64, block_bytes))
+            with cgutils.for_range(builder, units) as loop:
+                first = builder.mul(loop.index, _at(subs))  # the block's first 32-weight sub-block
+                activations = []
+                for sub in range(subs):
+                    k = builder.add(first, _at(sub))
+                    x_at = builder.gep(x_ptr, [builder.mul(k, _at(32))])
+                    activations.append((_load16(builder, x_at, zero), _load16(builder, x_at, _at(16)),
+                                        builder.load(builder.gep(d_ptr, [k])),
+                                        builder.load(builder.gep(s_ptr, [k])) if has_min else None))
+                w_off = builder.mul(loop.index, _at(block_bytes))
                 for row_ptr, acc, bias in zip(row_ptrs, accs, biases):
-                    at = builder.gep(row_ptr, [w_off])  # the block: float16 d (Q4_1: and m), then the quants
-                    d_w = _half_at(builder, at, 0)
-                    w0, w1 = _weights(builder, form, at)
-                    if has_min:
-                        builder.store(builder.call(fma1, [_half_at(builder, at, 2), s_x, builder.load(bias)]), bias)
-                    scale = builder.fmul(d_w, d_x)
-                    splat = builder.shuffle_vector(builder.insert_element(ir.Constant(_F32x4, None), scale, zero),
-                                                   ir.Constant(_F32x4, None), ir.Constant(_I32x4, [0] * 4))
-                    lanes = builder.sitofp(lanes_of(builder, w0, w1, x0, x1), _F32x4)  # [4] float32
-                    builder.store(builder.call(fma, [lanes, splat, builder.load(acc)]), acc)
+                    at = builder.gep(row_ptr, [w_off])  # the block: float16 d (and m or dmin), scales, quants
+                    for (w0, w1, scale_w, offset_w), (x0, x1, d_x, s_x) in zip(_sub_blocks(builder, form, at),
+                                                                              activations):
+                        if has_min:
+                            builder.store(builder.call(fma1, [offset_w, s_x, builder.load(bias)]), bias)
+                        scale = builder.fmul(scale_w, d_x)
+                        splat = builder.shuffle_vector(builder.insert_element(ir.Constant(_F32x4, None), scale, zero),
+                                                       ir.Constant(_F32x4, None), ir.Constant(_I32x4, [0] * 4))
+                        lanes = builder.sitofp(lanes_of(builder, w0, w1, x0, x1), _F32x4)  # [4] float32
+                        builder.store(builder.call(fma, [lanes, splat, builder.load(acc)]), acc)
             for i, (acc, bias) in enumerate(zip(accs, biases)):
                 a = builder.load(acc)
                 parts = [builder.extract_element(a, ir.Constant(ir.IntType(32), j)) for j in range(4)]
@@ -171,18 +218,20 @@ _KERNELS = {(lanes.__name__, form, rows): _rows_dot(lanes, rows, form)
 _q8_0_sdot, _q8_0_sdot_1 = _KERNELS["_lanes_sdot", "Q8_0", _ROWS], _KERNELS["_lanes_sdot", "Q8_0", 1]
 _q4_0_sdot, _q4_0_sdot_1 = _KERNELS["_lanes_sdot", "Q4_0", _ROWS], _KERNELS["_lanes_sdot", "Q4_0", 1]
 _q4_1_sdot, _q4_1_sdot_1 = _KERNELS["_lanes_sdot", "Q4_1", _ROWS], _KERNELS["_lanes_sdot", "Q4_1", 1]
+_q4_k_sdot, _q4_k_sdot_1 = _KERNELS["_lanes_sdot", "Q4_K", _ROWS], _KERNELS["_lanes_sdot", "Q4_K", 1]
 _q8_0_wide, _q8_0_wide_1 = _KERNELS["_lanes_widening", "Q8_0", _ROWS], _KERNELS["_lanes_widening", "Q8_0", 1]
 _q4_0_wide, _q4_0_wide_1 = _KERNELS["_lanes_widening", "Q4_0", _ROWS], _KERNELS["_lanes_widening", "Q4_0", 1]
 _q4_1_wide, _q4_1_wide_1 = _KERNELS["_lanes_widening", "Q4_1", _ROWS], _KERNELS["_lanes_widening", "Q4_1", 1]
+_q4_k_wide, _q4_k_wide_1 = _KERNELS["_lanes_widening", "Q4_K", _ROWS], _KERNELS["_lanes_widening", "Q4_K", 1]
 
 
 # One compiled function a lane kind, the form chosen by an argument (``_FORM_IDS``) outside the loops: numba
-# caches neither a function a factory makes nor one handed a kernel, so the six kernels are named here.
+# caches neither a function a factory makes nor one handed a kernel, so the kernels are named here.
 @njit(nogil=True, cache=True)
 def product_sdot(form, data, xq, xd, xs, start, stop, out):
     """``out`` [N, stop-start] = the quantized activations ``xq`` int8 [N, cols] / ``xd``, ``xs`` float32 [N,
     cols/32] (scales, block sums) @ rows ``data`` uint8 [start:stop, ...] of form ``form`` (0: Q8_0, 1: Q4_0,
-    2: Q4_1), by ``sdot`` (needs dotprod), four rows a pass."""
+    2: Q4_1, 3: Q4_K), by ``sdot`` (needs dotprod), four rows a pass."""
     r = start
     while r + 4 <= stop:
         for b in range(xq.shape[0]):
@@ -190,8 +239,10 @@ def product_sdot(form, data, xq, xd, xs, start, stop, out):
                 _q8_0_sdot(data, r, xq, xd, xs, out, b, r - start)
             elif form == 1:
                 _q4_0_sdot(data, r, xq, xd, xs, out, b, r - start)
-            else:
+            elif form == 2:
                 _q4_1_sdot(data, r, xq, xd, xs, out, b, r - start)
+            else:
+                _q4_k_sdot(data, r, xq, xd, xs, out, b, r - start)
         r += 4
     for last in range(r, stop):
         for b in range(xq.shape[0]):
@@ -199,8 +250,10 @@ def product_sdot(form, data, xq, xd, xs, start, stop, out):
                 _q8_0_sdot_1(data, last, xq, xd, xs, out, b, last - start)
             elif form == 1:
                 _q4_0_sdot_1(data, last, xq, xd, xs, out, b, last - start)
-            else:
+            elif form == 2:
                 _q4_1_sdot_1(data, last, xq, xd, xs, out, b, last - start)
+            else:
+                _q4_k_sdot_1(data, last, xq, xd, xs, out, b, last - start)
 
 
 @njit(nogil=True, cache=True)
@@ -213,8 +266,10 @@ def product_widening(form, data, xq, xd, xs, start, stop, out):
                 _q8_0_wide(data, r, xq, xd, xs, out, b, r - start)
             elif form == 1:
                 _q4_0_wide(data, r, xq, xd, xs, out, b, r - start)
-            else:
+            elif form == 2:
                 _q4_1_wide(data, r, xq, xd, xs, out, b, r - start)
+            else:
+                _q4_k_wide(data, r, xq, xd, xs, out, b, r - start)
         r += 4
     for last in range(r, stop):
         for b in range(xq.shape[0]):
@@ -222,8 +277,10 @@ def product_widening(form, data, xq, xd, xs, start, stop, out):
                 _q8_0_wide_1(data, last, xq, xd, xs, out, b, last - start)
             elif form == 1:
                 _q4_0_wide_1(data, last, xq, xd, xs, out, b, last - start)
-            else:
+            elif form == 2:
                 _q4_1_wide_1(data, last, xq, xd, xs, out, b, last - start)
+            else:
+                _q4_k_wide_1(data, last, xq, xd, xs, out, b, last - start)
 
 
 def form_id(form: str) -> int:
