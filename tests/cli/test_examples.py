@@ -3,6 +3,7 @@ any model ``--model`` takes, named models included."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -11,6 +12,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 from cli_kit import start_serve, stop
@@ -56,10 +58,23 @@ def test_the_agent_loop_takes_the_port_from_the_environment(demo_server):
     assert result.returncode == 0, result.stderr[-2000:]
 
 
-def test_the_embedded_server_binds_the_port_it_is_given():
-    process = subprocess.Popen([sys.executable, str(EXAMPLES / "embedded_server.py"), "--port", "0"],
+@contextlib.contextmanager
+def _embedded_server(*args: str) -> Iterator[subprocess.Popen]:
+    """examples/embedded_server.py running with ``args``, ended (killed if it has not stopped) on the way out."""
+    process = subprocess.Popen([sys.executable, str(EXAMPLES / "embedded_server.py"), *args],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
+        yield process
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait()
+        process.stdout.close()
+        process.stderr.close()
+
+
+def test_the_embedded_server_binds_the_port_it_is_given():
+    with _embedded_server("--port", "0") as process:
         deadline = time.monotonic() + BUDGET
         url = None
         while url is None and time.monotonic() < deadline and process.poll() is None:
@@ -71,12 +86,6 @@ def test_the_embedded_server_binds_the_port_it_is_given():
             assert response.status == 200
         process.send_signal(signal.SIGINT)
         assert process.wait(timeout=30) == 0
-    finally:
-        if process.poll() is None:
-            process.kill()
-        process.wait()
-        process.stdout.close()
-        process.stderr.close()
 
 
 def test_the_engine_example_runs_a_named_model():
@@ -102,9 +111,7 @@ def test_an_example_given_a_wrong_model_name_says_so_in_one_line(example):
 
 def test_the_embedded_server_serves_a_named_model_under_its_name():
     smollm2_135m()
-    process = subprocess.Popen([sys.executable, str(EXAMPLES / "embedded_server.py"), "--port", "0",
-                                "--model", "smollm2-135m"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
+    with _embedded_server("--port", "0", "--model", "smollm2-135m") as process:
         deadline = time.monotonic() + BUDGET
         line = ""
         while "OpenAI API at" not in line and time.monotonic() < deadline and process.poll() is None:
@@ -113,9 +120,3 @@ def test_the_embedded_server_serves_a_named_model_under_its_name():
         assert line.rstrip().endswith("(model smollm2-135m)")
         process.send_signal(signal.SIGINT)
         assert process.wait(timeout=30) == 0
-    finally:
-        if process.poll() is None:
-            process.kill()
-        process.wait()
-        process.stdout.close()
-        process.stderr.close()
