@@ -10,6 +10,8 @@ EXPECTED = {
     "load_model",
     "load_demo_model",
     "SamplingParams",
+    "SamplingDefaults",
+    "RepetitionGuard",
     "Engine",
     "EngineLimits",
     "GenerationRequest",
