@@ -11,6 +11,8 @@ EXPECTED = {
     "load_demo_model",
     "resolve_model",
     "SamplingParams",
+    "SamplingDefaults",
+    "RepetitionGuard",
     "Engine",
     "EngineLimits",
     "GenerationRequest",

@@ -21,6 +21,8 @@ from kestrel_trio.model import Model, load_demo_model, load_model
 from kestrel_trio.app import ImagePolicy
 from kestrel_trio.server import Server, serve
 from kestrel_trio.text import SamplingParams
+from kestrel_trio.text.repetition import RepetitionGuard
+from kestrel_trio.text.sampling import SamplingDefaults
 from kestrel_trio.version import __version__
 
 
@@ -31,6 +33,8 @@ __all__ = [
     "load_demo_model",
     "resolve_model",
     "SamplingParams",
+    "SamplingDefaults",
+    "RepetitionGuard",
     "Engine",
     "EngineLimits",
     "GenerationRequest",

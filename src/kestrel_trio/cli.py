@@ -26,7 +26,7 @@ from kestrel_trio.app.state import OPEN_PATHS
 from kestrel_trio.engine import EngineLimits
 from kestrel_trio.errors import KestrelError
 from kestrel_trio.http import HttpLimits
-from kestrel_trio.server import DEMO_DEFAULT_MAX_TOKENS
+from kestrel_trio.server import DEFAULT_CHAT_MAX_TOKENS, DEMO_DEFAULT_MAX_TOKENS
 from kestrel_trio.server import serve as serve_function
 from kestrel_trio.hub.commands import HUB_COMMANDS, MODEL_HELP, add_hub_commands, resolve_model_arg, run_hub_command
 
@@ -166,17 +166,55 @@ def _sampling(field: str, kind: type):
     return parse
 
 
+def _repetition_guard(text: str):
+    """An argparse type: a RepetitionGuard from WINDOW:REPEATS."""
+    from kestrel_trio.errors import BadRequestError
+    from kestrel_trio.text.repetition import RepetitionGuard
+
+    try:
+        return RepetitionGuard.parse(text)
+    except BadRequestError as exc:
+        raise argparse.ArgumentTypeError(exc.message) from None
+
+
+def _add_sampling_choices(parser: argparse.ArgumentParser | argparse._ArgumentGroup, default: str) -> None:
+    """The sampling flags ``serve``, ``generate`` and ``chat`` share (llama-server's names); ``default``: whose
+    value applies when one is not given."""
+    parser.add_argument("--temperature", type=_sampling("temperature", float), default=None,
+                        help=f"0 to 2; 0 for greedy (default: {default}, else 1)")
+    parser.add_argument("--top-p", type=_sampling("top_p", float), default=None,
+                        help=f"nucleus sampling mass, above 0 and at most 1 (default: {default}, else 1, off)")
+    parser.add_argument("--top-k", type=_sampling("top_k", int), default=None,
+                        help=f"sample from the k most likely tokens; 0 or -1 off (default: {default}, else off)")
+    parser.add_argument("--min-p", type=_sampling("min_p", float), default=None,
+                        help=f"drop tokens less likely than MIN_P times the most likely one, 0 to 1 (default: "
+                             f"{default}, else 0, off)")
+    parser.add_argument("--repeat-penalty", "--repetition-penalty", dest="repetition_penalty", metavar="PENALTY",
+                        type=_sampling("repetition_penalty", float), default=None,
+                        help="divide the logits of tokens already in the prompt or answer by this (over the whole "
+                             f"sequence, as transformers and vLLM do), 0.01 to 100; 1 off (default: {default}, "
+                             "else 1)")
+    parser.add_argument("--repetition-guard", metavar="WINDOW:REPEATS", type=_repetition_guard, default=None,
+                        help="end an answer (finish_reason length) once its last WINDOW tokens are REPEATS or more "
+                             "copies of one cycle, e.g. 128:4 (default: off)")
+
+
 def _add_sampling_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", type=_sampling("max_tokens", int), default=256,
                         help="most tokens to generate, >= 1 (default 256)")
-    parser.add_argument("--temperature", type=_sampling("temperature", float), default=None,
-                        help="0 to 2; 0 for greedy (default: the checkpoint's, else 1)")
-    parser.add_argument("--top-p", type=_sampling("top_p", float), default=None,
-                        help="nucleus sampling mass, above 0 and at most 1 (default: the checkpoint's, else 1)")
+    _add_sampling_choices(parser, "the model's")
     parser.add_argument("--seed", type=_sampling("seed", int), default=None,
                         help="seed for reproducible sampling (default: none, a fresh random seed)")
     parser.add_argument("--no-think", action="store_true",
                         help="disable Qwen3 thinking, enable_thinking=false (default: off, the model may think)")
+
+
+def _sampling_defaults(args: argparse.Namespace):
+    """serve's SamplingDefaults from its sampling flags."""
+    from kestrel_trio.text.sampling import SamplingDefaults
+
+    return SamplingDefaults(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p,
+                            repetition_penalty=args.repetition_penalty, repetition_guard=args.repetition_guard)
 
 
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -288,10 +326,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"largest request head in bytes; more gets 431 (default {http['max_header_bytes']})")
     serve.add_argument("--max-body-bytes", type=_COUNT, default=http["max_body_bytes"],
                        help=f"largest request body in bytes; more gets 413 (default {_mib(http['max_body_bytes'])})")
-    serve.add_argument("--default-max-tokens", type=_COUNT, default=None, metavar="N",
+    serve.add_argument("--default-max-tokens", type=_at_least(0), default=None, metavar="N",
                        help="most new tokens for a request that sets no max_tokens: chat stops there instead of at "
-                            "the end of the context, completions keep OpenAI's 16 unless N is lower (default: none; "
-                            f"{DEMO_DEFAULT_MAX_TOKENS} on the demo model)")
+                            "the end of the context, completions keep OpenAI's 16 unless N is lower; 0: no cap, "
+                            f"OpenAI's behaviour (default {DEFAULT_CHAT_MAX_TOKENS}; {DEMO_DEFAULT_MAX_TOKENS} on the "
+                            "demo model)")
     serve.add_argument("--prefill-chunk", type=_COUNT, default=engine["prefill_chunk"],
                        help=f"prompt tokens per model step: bounds how long running streams wait (default "
                             f"{engine['prefill_chunk']})")
@@ -318,6 +357,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"seconds to keep serving after SIGTERM while /health says draining (default "
                             f"{serving['drain_delay']:g})")
     _add_speculative_args(serve, engine)
+    _add_sampling_choices(serve.add_argument_group(
+        "sampling defaults", "each applies to a request that leaves the field out; without the flag, the model's "
+        "own default applies (its generation_config.json, or a named model's publisher's), else the one named"),
+        "the model's")
     images = serve.add_argument_group("images (Qwen3-VL models)")
     images.add_argument("--allow-image-dir", metavar="DIR", type=_folder, default=None,
                         help="let file:// image URLs name files under DIR (default: none; http(s) URLs are never fetched)")
@@ -446,6 +489,7 @@ def _serve(args: argparse.Namespace) -> NoReturn:
         image_policy=ImagePolicy(max_bytes=args.max_image_bytes, max_pixels=args.max_image_pixels,
                                  max_images=args.max_images),
         allow_image_dir=args.allow_image_dir, default_max_tokens=args.default_max_tokens,
+        sampling_defaults=_sampling_defaults(args),
         cors_origins=args.cors_origins, webui=args.webui, progress=progress, draft_model=args.draft_model,
     )
 

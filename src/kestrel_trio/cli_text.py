@@ -12,8 +12,10 @@ from typing import TextIO
 
 from kestrel_trio.cli_progress import LoadProgress, checkpoint_bytes, is_terminal
 from kestrel_trio.model import DEMO_MODEL_ID, Model, load_demo_model, load_model, set_blas_threads
+from kestrel_trio.errors import BadRequestError
 from kestrel_trio.text import SamplingParams
 from kestrel_trio.text.generation import Generation, check_context
+from kestrel_trio.text.repetition import RepetitionGuard
 
 __all__ = ["load_with_progress", "generate_once", "chat_loop"]
 
@@ -38,12 +40,20 @@ def load_with_progress(path: str | None, *, weights: str = "auto", blas_threads:
         progress.close()
 
 
-def _params(args: argparse.Namespace, model: Model, prompt_tokens: int) -> SamplingParams:
-    max_tokens = min(args.max_tokens, max(1, model.context_length - prompt_tokens))
+# The sampling settings of generate's flags and chat's /set, by SamplingParams field; None: the model's default.
+SETTINGS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_tokens", "seed", "repetition_guard")
+_ALIASES = {"repeat_penalty": "repetition_penalty"}  # llama.cpp's name
+
+
+def _settings(args: argparse.Namespace) -> dict:
+    """The sampling settings the command line chose."""
+    return {name: getattr(args, name) for name in SETTINGS}
+
+
+def _params(settings: dict, model: Model, prompt_tokens: int) -> SamplingParams:
+    max_tokens = min(settings["max_tokens"], max(1, model.context_length - prompt_tokens))
     check_context(prompt_tokens, max_tokens, model.context_length, param="prompt")
-    requested = {"temperature": args.temperature, "top_p": args.top_p, "seed": args.seed, "max_tokens": max_tokens}
-    defaults = model.tokenizer.generation_defaults if model.tokenizer is not None else {}
-    return SamplingParams.with_defaults(requested, defaults)
+    return SamplingParams.with_defaults({**settings, "max_tokens": max_tokens}, model.generation_defaults)
 
 
 def _stream(model: Model, prompt_ids: list[int], params: SamplingParams, out: TextIO) -> tuple[str, str]:
@@ -73,7 +83,7 @@ def generate_once(model: Model, args: argparse.Namespace, out: TextIO = sys.stdo
         prompt = model.apply_chat_template([{"role": "user", "content": args.prompt}], **_template_kwargs(args))
     ids = model.encode(prompt)
     try:
-        _text, reason = _stream(model, ids, _params(args, model, len(ids)), out)
+        _text, reason = _stream(model, ids, _params(_settings(args), model, len(ids)), out)
     except KeyboardInterrupt:
         out.write("\n")
         print("[stopped]", file=sys.stderr)
@@ -86,13 +96,68 @@ def generate_once(model: Model, args: argparse.Namespace, out: TextIO = sys.stdo
 CHAT_COMMANDS = (
     ("/help", "list these commands"),
     ("/reset", "forget the conversation so far"),
+    ("/set", "list the sampling settings; /set NAME VALUE changes one, /set NAME default restores the model's"),
     ("/exit", "leave (also /quit or Ctrl-D)"),
 )
 CHAT_HELP = "\n".join(
     ["commands:"] + [f"  {name:<8} {what}" for name, what in CHAT_COMMANDS]
-    + ["  //text   send a message that begins with /", "Ctrl-C stops an answer being written; "
-       "the arrow keys edit the line and recall earlier ones."]
+    + ["  //text   send a message that begins with /",
+       "settings: " + ", ".join(SETTINGS) + " (e.g. /set temperature 0.2, /set repetition_guard 128:4, "
+       "/set repetition_guard off)",
+       "Ctrl-C stops an answer being written; the arrow keys edit the line and recall earlier ones."]
 ) + "\n"
+
+
+def _setting_lines(settings: dict, model: Model) -> dict[str, str]:
+    """Each setting's line: its value now, ``(default)`` where it is the model's (or the library's)."""
+    effective = SamplingParams.with_defaults({**settings, "max_tokens": None}, model.generation_defaults)
+    lines = {}
+    for name in SETTINGS:
+        value = settings[name] if name == "max_tokens" else getattr(effective, name)
+        if name == "repetition_guard":
+            value = "off" if value is None else value.describe()
+        chosen = settings[name] is not None or name == "max_tokens"
+        lines[name] = f"{name} {'none' if value is None else value}" + ("" if chosen else " (default)")
+    return lines
+
+
+def _set(settings: dict, words: list[str], model: Model) -> str:
+    """Apply ``/set [NAME VALUE]``; what to print."""
+    if not words:
+        return "".join(f"  {line}\n" for line in _setting_lines(settings, model).values())
+    name = words[0].replace("-", "_")
+    name = _ALIASES.get(name, name)
+    if name not in SETTINGS or len(words) != 2:
+        return f"usage: /set NAME VALUE, NAME one of {', '.join(SETTINGS)} (/set alone lists them)\n"
+    try:
+        value = _setting_value(name, words[1])
+        if value is not None:
+            SamplingParams(**{name: value})  # the ranges of the server and the flags
+    except BadRequestError as exc:
+        return f"{name}: {exc.message}\n"
+    except ValueError as exc:
+        return f"{name}: {exc}\n"
+    settings[name] = value
+    return f"[{_setting_lines(settings, model)[name]}]\n"
+
+
+def _setting_value(name: str, text: str):
+    """``text`` as the value of setting ``name``; None for ``default`` (and ``off`` of the guard)."""
+    if name == "max_tokens" and text.lower() == "default":
+        raise ValueError("give a number of tokens (it has no model default)")
+    if text.lower() == "default" or (name == "repetition_guard" and text.lower() == "off"):
+        return None
+    if name == "repetition_guard":
+        return RepetitionGuard.parse(text)
+    if name in ("top_k", "max_tokens", "seed"):
+        try:
+            return int(text)
+        except ValueError:
+            raise ValueError(f"{text!r} is not an integer (or 'default')") from None
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a number (or 'default')") from None
 
 
 def _line_reader(stdin: TextIO, out: TextIO):
@@ -146,6 +211,7 @@ def chat_loop(model: Model, args: argparse.Namespace, stdin: TextIO = sys.stdin,
     the model (an unknown one says so); ``//`` sends a message that begins with ``/``.
     """
     history: list[dict] = []
+    settings = _settings(args)
     read = _line_reader(stdin, out)
     out.write("kestrel-trio chat: /help lists the commands, /exit or Ctrl-D leaves, Ctrl-C stops an answer.\n")
     while True:
@@ -169,6 +235,8 @@ def chat_loop(model: Model, args: argparse.Namespace, stdin: TextIO = sys.stdin,
                 out.write("[history cleared]\n")
             elif command == "/help":
                 out.write(CHAT_HELP)
+            elif command == "/set":
+                out.write(_set(settings, text.split()[1:], model))
             else:
                 out.write(f"unknown command {command!r}: /help lists the commands (// sends a message that "
                           "begins with /)\n")
@@ -179,7 +247,7 @@ def chat_loop(model: Model, args: argparse.Namespace, stdin: TextIO = sys.stdin,
         prompt = model.apply_chat_template(history, **_template_kwargs(args))
         ids = model.encode(prompt)
         try:
-            answer, _reason = _stream(model, ids, _params(args, model, len(ids)), out)
+            answer, _reason = _stream(model, ids, _params(settings, model, len(ids)), out)
         except KeyboardInterrupt:
             history.pop()
             out.write("\n[stopped]\n")

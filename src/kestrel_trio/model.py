@@ -26,6 +26,7 @@ from kestrel_trio._model import (
 )
 from kestrel_trio.text.images import ImageProcessorConfig, require_pillow
 from kestrel_trio.errors import BadRequestError, ContextLengthError, KestrelError, ModelLoadError
+from kestrel_trio.hub import named_model_of_file
 from kestrel_trio.text import ChatTemplate, Tokenizer, missing_template_error
 from kestrel_trio.text.generation import DEFAULT_PREFILL_CHUNK, check_context
 
@@ -60,11 +61,13 @@ class Model:
         blas_threads: threads that share each weight product, process-wide
             (see :func:`set_blas_threads`); None keeps the count already set,
             or at first BLAS's own default (one per core).
+        sampling_defaults: sampling defaults for a checkpoint that carries none in its files
+            (a named model's publisher's, see :attr:`generation_defaults`).
     """
 
     def __init__(
         self, decoder: Decoder, *, name: str, path: Path | None = None, tokenizer: Tokenizer | None = None,
-        blas_threads: int | None = None,
+        blas_threads: int | None = None, sampling_defaults: dict[str, Any] | None = None,
     ) -> None:
         if blas_threads is not None:
             set_blas_threads(blas_threads)
@@ -76,6 +79,7 @@ class Model:
         self.name = name
         self.path = path
         self.tokenizer = tokenizer
+        self._sampling_defaults = dict(sampling_defaults or {})
         self.vision: Qwen3VL | None = None  # a Qwen3-VL's whole model; None for text-only checkpoints
         self.image_config: ImageProcessorConfig | None = None  # its preprocessor_config.json
         self._template: ChatTemplate | None = None
@@ -95,6 +99,17 @@ class Model:
             forms = {"F32" if form == "float32" else form for form in forms}
             self._kernels = {"cpu": _kernels.describe_cpu(), "products": _kernels.product_kernels(forms)}
         return self._kernels
+
+    @property
+    def generation_defaults(self) -> dict[str, Any]:
+        """The model's own sampling defaults, for ``SamplingParams.with_defaults``.
+
+        A checkpoint folder's generation_config.json (``temperature``, ``top_p``, ``top_k``, ``min_p``,
+        ``repetition_penalty``, ``do_sample``); for a named model's GGUF, which has none, its
+        publisher's recommendation (``kestrel_trio.hub.NAMED_MODELS``); else none.
+        """
+        own = self.tokenizer.generation_defaults if self.tokenizer is not None else {}
+        return {**self._sampling_defaults, **own}
 
     @property
     def is_demo(self) -> bool:
@@ -552,7 +567,9 @@ def _load_gguf_model(path: Path, progress: Callable[[float], None] | None, weigh
         raise ModelLoadError(f"{path.name}: the GGUF tokenizer has {tokenizer.vocab_size} tokens but the model's "
                              f"vocabulary is {config.vocab_size}")
     decoder = Decoder.build(config, load_gguf_weights(gguf, config, architecture, progress, residency))
-    model = Model(decoder, name=path.name.removesuffix(".gguf"), path=path, tokenizer=tokenizer)
+    named = named_model_of_file(path)
+    model = Model(decoder, name=path.name.removesuffix(".gguf"), path=path, tokenizer=tokenizer,
+                  sampling_defaults=named.sampling_defaults if named is not None else None)
     return _ready(model, residency)
 
 

@@ -31,14 +31,18 @@ from kestrel_trio.model import (
     load_demo_model, load_model, set_blas_threads, set_prefill_precision, set_products,
 )
 from kestrel_trio.app import OPEN_PATHS, ImagePolicy, ServerState, build_router
+from kestrel_trio.text.sampling import SamplingDefaults
 from kestrel_trio.webui import PATHS as WEBUI_PATHS
 
 __all__ = ["Server", "serve"]
 
 log = logging.getLogger("kestrel_trio.server")
 
-# The demo model's random weights never emit an end token: without a cap, a chat request that sets no
-# max_tokens would run to the end of its 8,192-token context (minutes). A few hundred tokens take seconds.
+# A chat request that sets no max_tokens stops here: OpenAI's API runs to the end of the context, and a small or
+# greedy model that falls into a loop then writes for minutes (8,192 tokens of SmolLM2 on a 2-core board). 1,024
+# tokens hold a long answer (about 700 English words); a reasoning model may need more (--default-max-tokens).
+DEFAULT_CHAT_MAX_TOKENS = 1024
+# The demo model's random weights never emit an end token: a few hundred tokens take seconds.
 DEMO_DEFAULT_MAX_TOKENS = 256
 
 # Seconds after ``grace`` at which the HTTP layer's own hard stop comes, so streams can send their final
@@ -125,6 +129,15 @@ def _room_for_images(limits: HttpLimits, policy: ImagePolicy) -> HttpLimits:
     return limits if limits.max_body_bytes >= needed else attrs.evolve(limits, max_body_bytes=needed)
 
 
+def _default_max_tokens(cap: int | None, model: Model | str | Path | None) -> int | None:
+    """The server's cap for requests without ``max_tokens`` (None: up to the context) from ``serve``'s argument."""
+    if cap is None:
+        return DEMO_DEFAULT_MAX_TOKENS if _is_demo(model) else DEFAULT_CHAT_MAX_TOKENS
+    if isinstance(cap, bool) or not isinstance(cap, int) or cap < 0:
+        raise KestrelError(f"default_max_tokens must be a count of tokens (0 for no cap), got {cap!r}")
+    return cap or None
+
+
 def _load(model: str | Path | None, weights: str, progress: Callable[[float], None] | None,
           quantized_cache: str | Path | bool = True) -> Model:
     if model is None:
@@ -180,6 +193,7 @@ async def serve(
     image_policy: ImagePolicy = ImagePolicy(),
     allow_image_dir: str | Path | None = None,
     default_max_tokens: int | None = None,
+    sampling_defaults: SamplingDefaults = SamplingDefaults(),
     cors_origins: Iterable[str] = (),
     webui: bool = True,
     progress: Callable[[float], None] | None = None,
@@ -216,10 +230,16 @@ async def serve(
         image_policy: image limits of chat requests (Qwen3-VL models only).
         allow_image_dir: a folder whose files ``file://`` image URLs may name
             (overrides ``image_policy.allow_dir``); by default none may.
-        default_max_tokens: the most new tokens of a request that sets no ``max_tokens`` (like
-            llama.cpp's ``-n``): chat generates up to it instead of up to the context; completions
-            keep OpenAI's 16 unless it is lower. None: OpenAI's defaults, except on the demo model,
-            which gets :data:`DEMO_DEFAULT_MAX_TOKENS`.
+        default_max_tokens: the most new tokens (a count of tokens) of a request that sets no
+            ``max_tokens`` (like llama.cpp's ``-n``): chat generates up to it instead of up to the
+            context; completions keep OpenAI's 16 unless it is lower. None:
+            :data:`DEFAULT_CHAT_MAX_TOKENS` (1,024), :data:`DEMO_DEFAULT_MAX_TOKENS` on the demo
+            model. 0: no cap, OpenAI's behaviour (chat runs to the end of the context).
+        sampling_defaults: the server's defaults for ``temperature``, ``top_p``, ``top_k``, ``min_p``,
+            ``repetition_penalty`` and the repetition guard (ranges and units in
+            :class:`~kestrel_trio.text.sampling.SamplingDefaults`): each applies to a request that
+            leaves the field out, over the model's own defaults (its generation_config.json, or a
+            named model's publisher's); by default none.
         cors_origins: origins (``scheme://host[:port]``, or ``*`` for any) whose web
             pages may call the API from a browser; by default none. The API key
             still applies to their requests; CORS preflights need none.
@@ -234,8 +254,9 @@ async def serve(
         ModelLoadError: ``model`` (or ``draft_model``) is not a checkpoint folder or its config.json is
             refused, or the draft's vocabulary differs from the model's (checked before the socket
             is bound), or its weights fail to load.
-        KestrelError: ``engine_limits.speculative`` and ``draft_model`` disagree, or
-            ``engine_limits.max_model_len`` exceeds the model's context (both checked before the socket is bound).
+        KestrelError: ``engine_limits.speculative`` and ``draft_model`` disagree,
+            ``engine_limits.max_model_len`` exceeds the model's context (both checked before the socket is bound),
+            or ``default_max_tokens`` is negative.
         OSError: the socket cannot be bound (e.g. the port is in use); the message
             names the address.
 
@@ -250,15 +271,14 @@ async def serve(
     policy = _image_policy(image_policy, allow_image_dir)
     if products is not None:
         set_products(products)  # an unknown mode fails now, before anything listens or loads
-    if default_max_tokens is not None and default_max_tokens < 1:
-        raise KestrelError(f"default_max_tokens must be at least 1, got {default_max_tokens}")
-    if default_max_tokens is None and _is_demo(model):
-        default_max_tokens = DEMO_DEFAULT_MAX_TOKENS
+    default_max_tokens = _default_max_tokens(default_max_tokens, model)
+    if not isinstance(sampling_defaults, SamplingDefaults):
+        raise KestrelError(f"sampling_defaults must be a SamplingDefaults, got {sampling_defaults!r}")
     cors = _cors_policy(cors_origins)
     open_paths = frozenset(open_paths) | (WEBUI_PATHS if webui else frozenset())
     state = ServerState(model_id=_resolve_model_id(model, model_id), api_key=api_key, images=policy,
                         open_paths=open_paths, accepts_images=_accepts_images(model), webui=webui,
-                        default_max_tokens=default_max_tokens)
+                        default_max_tokens=default_max_tokens, sampling=sampling_defaults)
     http_limits = attrs.evolve(http_limits, shutdown_grace=grace + HTTP_GRACE_MARGIN)
     if _accepts_images(model):
         http_limits = _room_for_images(http_limits, policy)

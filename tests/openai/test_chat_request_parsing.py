@@ -210,3 +210,20 @@ def test_chat_template_kwargs_and_model_pass_through():
     request = parse_chat_request(body(model="qwen3", chat_template_kwargs={"enable_thinking": False}))
     assert request.model == "qwen3"
     assert request.chat_template_kwargs == {"enable_thinking": False}
+
+
+def test_repetition_guard_is_an_object_of_window_and_repeats_or_false() -> None:
+    guard = {"window": 128, "repeats": 4}
+    assert parse_chat_request(body(repetition_guard=guard)).sampling.repetition_guard == (128, 4)
+    assert parse_chat_request(body(repetition_guard=False)).sampling.repetition_guard is False  # off, over a default
+    assert parse_chat_request(body(repetition_guard=None)).sampling.repetition_guard is None  # the server's default
+    refusals = [
+        (True, "repetition_guard", "must be false or an object"),
+        ({"window": 128}, "repetition_guard.repeats", "must be an integer"),
+        ({"window": "128", "repeats": 4}, "repetition_guard.window", "must be an integer"),
+        ({"window": 128, "repeats": 4, "period": 3}, "repetition_guard.period", "Unrecognized"),
+    ]
+    for value, param, message in refusals:
+        with pytest.raises(BadRequestError, match=message) as info:
+            parse_chat_request(body(repetition_guard=value))
+        assert info.value.param == param

@@ -1,4 +1,5 @@
-"""How long a request that sets no max_tokens generates: OpenAI's defaults, the server's cap, the demo model's cap."""
+"""How long a request that sets no max_tokens generates: the server's default cap, a cap chosen, OpenAI's defaults
+(cap 0), the demo model's cap."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ from pathlib import Path
 import pytest
 import trio
 
-from kestrel_trio.model import Model
-from kestrel_trio.server import DEMO_DEFAULT_MAX_TOKENS
+from kestrel_trio.model import Model, load_demo_model
+from kestrel_trio.server import DEFAULT_CHAT_MAX_TOKENS, DEMO_DEFAULT_MAX_TOKENS
 
 from server_kit import fetch, running_server
 
@@ -31,14 +32,30 @@ async def generated(port: int, path: str, body: dict) -> tuple[int, str]:
     return answer["usage"]["completion_tokens"], answer["choices"][0]["finish_reason"]
 
 
-async def test_openai_defaults_completions_16_chat_up_to_the_context(tiny_model: Model) -> None:
+async def test_a_chat_without_max_tokens_stops_at_the_default_cap_not_at_the_end_of_the_context() -> None:
+    model = load_demo_model()
+    model.name = "demo-weights-served-as-a-real-model"  # a model with an 8,192-token context and no end token
+    assert not model.is_demo and model.context_length > 4 * DEFAULT_CHAT_MAX_TOKENS
+    with trio.fail_after(300):  # without a default cap this chat runs to the end of 8,192 tokens
+        async with running_server(model) as server:
+            card = (await fetch(server.port, "GET", "/v1/models")).json()["data"][0]
+            chat = await generated(server.port, "/v1/chat/completions", CHAT)
+            completion = await generated(server.port, "/v1/completions", COMPLETION)
+    assert chat == (DEFAULT_CHAT_MAX_TOKENS, "length") and 512 <= DEFAULT_CHAT_MAX_TOKENS <= 2048
+    assert completion == (16, "length")  # OpenAI's completions default stays
+    assert card["sampling_defaults"]["max_tokens"] == DEFAULT_CHAT_MAX_TOKENS  # what the chat page shows
+
+
+async def test_a_cap_of_0_gives_openai_defaults_completions_16_chat_up_to_the_context(tiny_model: Model) -> None:
     with trio.fail_after(60):
-        async with running_server(tiny_model) as server:
+        async with running_server(tiny_model, default_max_tokens=0) as server:
+            card = (await fetch(server.port, "GET", "/v1/models")).json()["data"][0]
             completion = await generated(server.port, "/v1/completions", COMPLETION)
             prompt_tokens = (await fetch(server.port, "POST", "/tokenize", {"messages": CHAT["messages"]})).json()
             chat = await generated(server.port, "/v1/chat/completions", CHAT)
     assert completion == (16, "length")
     assert chat == (tiny_model.context_length - prompt_tokens["count"], "length")
+    assert card["sampling_defaults"]["max_tokens"] is None
 
 
 @pytest.mark.parametrize(("cap", "chat_tokens", "completion_tokens"), [(5, 5, 5), (40, 40, 16)])
@@ -112,9 +129,10 @@ def test_serve_default_max_tokens_flag_caps_a_real_server(tmp_path: Path) -> Non
     assert answer["usage"]["completion_tokens"] == 3 and answer["choices"][0]["finish_reason"] == "length"
 
 
-async def test_a_cap_below_one_token_is_refused_before_anything_starts(tiny_model: Model) -> None:
+@pytest.mark.parametrize("cap", [-1, 2.5, True])
+async def test_a_cap_that_is_not_a_count_of_tokens_is_refused_before_anything_starts(tiny_model: Model, cap) -> None:
     from kestrel_trio.errors import KestrelError
     from kestrel_trio.server import serve
 
-    with pytest.raises(KestrelError, match="default_max_tokens must be at least 1"):
-        await serve(tiny_model, port=0, default_max_tokens=0)
+    with pytest.raises(KestrelError, match=r"default_max_tokens must be a count of tokens \(0 for no cap\)"):
+        await serve(tiny_model, port=0, default_max_tokens=cap)

@@ -35,8 +35,10 @@ from kestrel_trio.http import Response, StreamingResponse
 from kestrel_trio.model import Model
 from kestrel_trio.text import SamplingParams
 from kestrel_trio.text.constraint import Constraint
+from kestrel_trio.text.repetition import RepetitionGuard
+from kestrel_trio.text.sampling import DEFAULTED_FIELDS, SamplingDefaults
 
-__all__ = ["ChatOptions", "CompletionJob"]
+__all__ = ["ChatOptions", "CompletionJob", "sampling_params", "default_sampling"]
 
 log = logging.getLogger("kestrel_trio.server")
 
@@ -65,8 +67,9 @@ class ChatOptions:
     parallel_tool_calls: bool = True
 
 
-def sampling_params(model: Model, fields: oa.SamplingFields) -> SamplingParams:
-    """The request's sampling fields over the checkpoint's defaults; logit_bias ids checked against the vocab."""
+def sampling_params(model: Model, fields: oa.SamplingFields, server: SamplingDefaults | None = None) -> SamplingParams:
+    """The request's sampling fields over the server's and the model's defaults; logit_bias ids checked against
+    the vocab."""
     requested = fields.as_dict()
     values = {name: requested[name] for name in _PARAM_FIELDS if name in requested}
     if fields.logit_bias:
@@ -75,8 +78,26 @@ def sampling_params(model: Model, fields: oa.SamplingFields) -> SamplingParams:
             if token >= vocab:
                 raise BadRequestError(f"'logit_bias' names token {token}, outside 0..{vocab - 1}", param="logit_bias")
         values["logit_bias"] = dict(fields.logit_bias)
-    defaults = model.tokenizer.generation_defaults if model.tokenizer is not None else {}
-    return SamplingParams.with_defaults(values, defaults)
+    guard = fields.repetition_guard
+    if isinstance(guard, tuple):
+        values["repetition_guard"] = RepetitionGuard(*guard)
+    params = SamplingParams.with_defaults(values, model.generation_defaults, server)
+    return attrs.evolve(params, repetition_guard=None) if guard is False else params
+
+
+def default_sampling(model: Model, server: SamplingDefaults, default_max_tokens: int | None) -> dict:
+    """What a chat request gets for each sampling field it leaves out (``/v1/models``' ``sampling_defaults``).
+
+    Args:
+        model: the served model (its own defaults).
+        server: the server's flags.
+        default_max_tokens: the server's cap for a chat that sets no ``max_tokens`` (None: the context).
+    """
+    params = SamplingParams.with_defaults({}, model.generation_defaults, server)
+    guard = params.repetition_guard
+    return {**{name: getattr(params, name) for name in DEFAULTED_FIELDS},
+            "max_tokens": oa.default_max_tokens(chat=True, server_cap=default_max_tokens),
+            "repetition_guard": None if guard is None else {"window": guard.window, "repeats": guard.repeats}}
 
 
 class CompletionJob:
@@ -91,6 +112,7 @@ class CompletionJob:
         chat: chat options, or None for the completions endpoint.
         model_id: the model id to report.
         default_max_tokens: the server's cap on new tokens when the request sets no ``max_tokens``.
+        sampling_defaults: the server's sampling defaults (between the request's fields and the model's).
         echo: the prompt text to echo (completions), or None.
         images: the prompt's preprocessed images (``ids`` hold their expanded pad runs).
         constraint: the compiled grammar every choice must follow (structured outputs), or None.
@@ -101,14 +123,15 @@ class CompletionJob:
 
     def __init__(self, model: Model, engine: Engine, fields: oa.SamplingFields, ids: list[int], prompt_param: str, *,
                  chat: ChatOptions | None, model_id: str, default_max_tokens: int | None = None,
-                 echo: str | None = None, images: tuple = (), constraint: Constraint | None = None) -> None:
+                 sampling_defaults: SamplingDefaults | None = None, echo: str | None = None, images: tuple = (),
+                 constraint: Constraint | None = None) -> None:
         self.model = model
         self.engine = engine
         self.fields = fields
         self.chat = chat
         self.model_id = model_id
         self.echo = echo or ""
-        params = sampling_params(model, fields)
+        params = sampling_params(model, fields, sampling_defaults)
         if fields.max_tokens is None:
             default = oa.default_max_tokens(chat=chat is not None, server_cap=default_max_tokens)
             if default is not None:  # a default the request did not ask for shrinks to the room left

@@ -26,7 +26,7 @@ from kestrel_trio.app.state import ServerState
 from kestrel_trio.errors import AuthenticationError, BadRequestError, EngineUnavailableError, ModelNotFoundError
 from kestrel_trio.http import Request, Response, Route, Router, StreamingResponse, answer_route
 from kestrel_trio.model import Model
-from kestrel_trio.app.chat import ChatOptions, CompletionJob
+from kestrel_trio.app.chat import ChatOptions, CompletionJob, default_sampling
 from kestrel_trio.app.grammar import NO_THINKING as _NO_THINKING
 from kestrel_trio.app.grammar import chat_constraint, completion_constraint, reasoning_before_answer
 from kestrel_trio.app.images import prepare_images, template_parts
@@ -114,7 +114,8 @@ class _Routes:
 
     def models(self, request: Request) -> Response:
         return _json(200, oa.models_list([self.state.model_id], self.state.created, max_model_len=self._max_model_len(),
-                                         input_modalities=self._input_modalities()))
+                                         input_modalities=self._input_modalities(),
+                                         sampling_defaults=self._sampling_defaults()))
 
     def model(self, request: Request) -> Response:
         """``GET /v1/models/{id}``: the model object of the served id, else 404."""
@@ -123,7 +124,13 @@ class _Routes:
             raise ModelNotFoundError(f"The model {requested!r} does not exist; this server serves "
                                      f"{self.state.model_id!r}", param="model", code="model_not_found")
         return _json(200, oa.model_card(self.state.model_id, self.state.created, max_model_len=self._max_model_len(),
-                                        input_modalities=self._input_modalities()))
+                                        input_modalities=self._input_modalities(),
+                                        sampling_defaults=self._sampling_defaults()))
+
+    def _sampling_defaults(self) -> dict | None:
+        """What a chat request gets for the sampling fields it leaves out, once the model is loaded."""
+        state = self.state
+        return None if state.model is None else default_sampling(state.model, state.sampling, state.default_max_tokens)
 
     def _max_model_len(self) -> int | None:
         """The served context (``--max-model-len`` or the model's), once the model is loaded."""
@@ -180,7 +187,8 @@ class _Routes:
             assert model.vision is not None
             ids = expand_image_pads(ids, model.vision.config.image_token_id, [image.num_tokens for image in images])
         job = CompletionJob(model, engine, chat.sampling, ids, "messages", chat=options, model_id=self.state.model_id,
-                            default_max_tokens=self.state.default_max_tokens, images=tuple(images),
+                            default_max_tokens=self.state.default_max_tokens, sampling_defaults=self.state.sampling,
+                            images=tuple(images),
                             constraint=constraint)
         return await job.respond()
 
@@ -198,7 +206,7 @@ class _Routes:
         if req.structured is not None:
             constraint = await self._off_loop(completion_constraint, model, req.structured)
         job = CompletionJob(model, engine, req.sampling, ids, "prompt", chat=None, model_id=self.state.model_id,
-                            default_max_tokens=self.state.default_max_tokens,
+                            default_max_tokens=self.state.default_max_tokens, sampling_defaults=self.state.sampling,
                             echo=req.prompt if (req.echo and isinstance(req.prompt, str)) else None,
                             constraint=constraint)
         return await job.respond()

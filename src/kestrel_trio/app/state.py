@@ -12,6 +12,7 @@ from kestrel_trio.engine import Engine
 from kestrel_trio.engine.host_memory import process_memory
 from kestrel_trio.http import HttpServer
 from kestrel_trio.model import Model
+from kestrel_trio.text.sampling import SamplingDefaults
 
 __all__ = ["ServerState", "OPEN_PATHS"]
 
@@ -32,6 +33,7 @@ class ServerState:
         open_paths: routes that never need the key.
         default_max_tokens: the server-wide cap on new tokens for requests that set no
             ``max_tokens`` (see :func:`kestrel_trio.openai.default_max_tokens`); None: OpenAI's defaults.
+        sampling: the server's sampling defaults (``serve --temperature`` ...), under each request's own fields.
         images: what image input chat requests may carry (Qwen3-VL models only).
         image_workers: requests whose images are being decoded at once (worker threads).
         text_workers: requests whose prompt is being rendered and tokenized at once (worker
@@ -48,6 +50,7 @@ class ServerState:
     api_key: str | None = None
     open_paths: frozenset[str] = OPEN_PATHS
     default_max_tokens: int | None = None
+    sampling: SamplingDefaults = SamplingDefaults()
     images: ImagePolicy = ImagePolicy()
     image_workers: trio.CapacityLimiter = attrs.field(factory=lambda: trio.CapacityLimiter(1))
     text_workers: trio.CapacityLimiter = attrs.field(factory=lambda: trio.CapacityLimiter(2))

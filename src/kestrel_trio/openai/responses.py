@@ -122,26 +122,34 @@ def completion_chunk_usage(id: str, created: int, model: str, usage: Usage) -> d
 
 
 def model_card(model_id: str, created: int, owned_by: str = "kestrel-trio", *, max_model_len: int | None = None,
-               input_modalities: tuple[str, ...] | None = None) -> dict:
+               input_modalities: tuple[str, ...] | None = None, sampling_defaults: dict | None = None) -> dict:
     """One ``model`` object.
 
-    Extensions, each only when given: ``max_model_len`` (vLLM's, tokens) and
+    Extensions, each only when given: ``max_model_len`` (vLLM's, tokens),
     ``input_modalities`` (e.g. ``["text", "image"]``, as OpenRouter names it),
-    which tells a client such as the built-in chat page whether to offer images.
+    which tells a client such as the built-in chat page whether to offer images,
+    and ``sampling_defaults``, what a chat request gets for each sampling field
+    it leaves out (``temperature``, ``top_p``, ``top_k``, ``min_p``,
+    ``repetition_penalty``, ``max_tokens``: null for up to the context,
+    ``repetition_guard``: null or ``{"window", "repeats"}``), which the page shows.
     """
     card: dict = {"id": model_id, "object": "model", "created": created, "owned_by": owned_by}
     if max_model_len is not None:
         card["max_model_len"] = max_model_len
     if input_modalities is not None:
         card["input_modalities"] = list(input_modalities)
+    if sampling_defaults is not None:
+        card["sampling_defaults"] = dict(sampling_defaults)
     return card
 
 
 def models_list(model_ids: list[str] | tuple[str, ...], created: int, owned_by: str = "kestrel-trio", *,
-                max_model_len: int | None = None, input_modalities: tuple[str, ...] | None = None) -> dict:
-    """The ``GET /v1/models`` body (``created`` in Unix seconds; ``max_model_len`` and ``input_modalities`` as in :func:`model_card`)."""
+                max_model_len: int | None = None, input_modalities: tuple[str, ...] | None = None,
+                sampling_defaults: dict | None = None) -> dict:
+    """The ``GET /v1/models`` body (``created`` in Unix seconds; the extensions as in :func:`model_card`)."""
     return {"object": "list", "data": [model_card(model_id, created, owned_by, max_model_len=max_model_len,
-                                                  input_modalities=input_modalities)
+                                                  input_modalities=input_modalities,
+                                                  sampling_defaults=sampling_defaults)
                                        for model_id in model_ids]}
 
 

@@ -38,7 +38,7 @@ _TOKEN_ID_KEY = re.compile(r"[0-9]+")
 SAMPLING_KEYS_COMPLETIONS = frozenset({
     "max_tokens", "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
     "repetition_penalty", "seed", "stop", "stop_token_ids", "logit_bias", "n", "stream", "stream_options",
-    "ignore_eos", "logprobs",
+    "ignore_eos", "logprobs", "repetition_guard",
 })
 SAMPLING_KEYS_CHAT = SAMPLING_KEYS_COMPLETIONS | {"max_completion_tokens", "top_logprobs"}
 
@@ -66,6 +66,9 @@ class SamplingFields:
         stream: answer with server-sent events.
         include_usage: ``stream_options.include_usage``.
         ignore_eos: vLLM extension; keep generating past end-of-sequence tokens.
+        repetition_guard: kestrel extension; ``(window, repeats)``: end the generation once its last
+            ``window`` tokens repeat one cycle ``repeats`` times (ranges checked with the model's
+            limits); False: no guard, whatever the server's default; None: the server's default.
     """
 
     max_tokens: int | None = None
@@ -86,6 +89,7 @@ class SamplingFields:
     include_usage: bool = False
     ignore_eos: bool = False
     logprobs: int | None = None
+    repetition_guard: tuple[int, int] | bool | None = None
 
     def as_dict(self) -> dict:
         """The fields the request set, by name, for merging over model defaults.
@@ -131,6 +135,7 @@ def parse_sampling_fields(body: dict, *, chat: bool) -> SamplingFields:
         include_usage=_include_usage(body, stream, chat),
         ignore_eos=bool(get_bool(body, "ignore_eos")),
         logprobs=_chat_logprobs(body) if chat else _completion_logprobs(body),
+        repetition_guard=_repetition_guard(body, chat),
     )
 
 
@@ -227,6 +232,23 @@ def _stop(body: dict) -> tuple[str, ...]:
         if not item:
             raise BadRequestError(f"'{path}' must not be an empty string", param=path)
     return tuple(items)
+
+
+def _repetition_guard(body: dict, chat: bool) -> tuple[int, int] | bool | None:
+    """``{"window": N, "repeats": K}`` as ``(N, K)``, ``false`` as False (off), absent or null as None."""
+    value = body.get("repetition_guard")
+    if value is None or value is False:
+        return value
+    if not isinstance(value, dict):
+        raise fail("repetition_guard", 'false or an object {"window": tokens, "repeats": count}', value)
+    check_keys(value, ("window", "repeats"), endpoint=CHAT if chat else COMPLETIONS, path="repetition_guard",
+               generic="repetition_guard")
+    window = get_int(value, "window", "repetition_guard")
+    repeats = get_int(value, "repeats", "repetition_guard")
+    for key, number in (("window", window), ("repeats", repeats)):
+        if number is None:
+            raise fail(join_path("repetition_guard", key), "an integer", None)
+    return window, repeats
 
 
 def _stop_token_ids(body: dict) -> tuple[int, ...]:

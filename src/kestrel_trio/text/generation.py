@@ -15,6 +15,10 @@ which returns a :class:`StepResult`. Phases:
              that character's incomplete bytes: text never ends inside a
              character, nor with a U+FFFD the model did not produce.
 
+A generation ends with "length" at ``max_tokens``, at the end of its cache,
+or when its ``repetition_guard`` sees the output loop (the answer is cut short
+either way, so clients treat both alike).
+
 Because the driver owns the compute, several generations can be stepped in one
 batched forward, and a driver can stop between any two steps (cancellation).
 
@@ -54,6 +58,7 @@ from kestrel_trio.errors import ContextLengthError
 from kestrel_trio.text.constraint import Constraint, ConstraintState
 from kestrel_trio.text.detokenizer import IncrementalDetokenizer
 from kestrel_trio.text.images import ProcessedImage
+from kestrel_trio.text.repetition import RepetitionWatch
 from kestrel_trio.text.sampling import Sampler, SamplingParams, TokenLogprobs
 from kestrel_trio.text.speculative import SpeculationState
 from kestrel_trio.text.stops import StopStringMatcher
@@ -180,6 +185,7 @@ class Generation:
         self._sampler = Sampler(params, vocab_size)
         self._detokenizer = IncrementalDetokenizer(tokenizer)
         self._stops = StopStringMatcher(params.stop)
+        self._repetition = RepetitionWatch(params.repetition_guard) if params.repetition_guard is not None else None
         self._usable_vocab = min(vocab_size, tokenizer.vocab_size)
         self.has_images = bool(images)  # never reuses or stores prefix KV: equal pad ids may be different images
         self._images = tuple(images)  # handed to the vision tower by take_images
@@ -465,7 +471,8 @@ class Generation:
         text, stopped = self._stops.push(self._detokenizer.push(token))
         if stopped:
             return self._finish("stop", token, text, None, scored)
-        if len(self.generated_ids) >= self._max_tokens:
+        if len(self.generated_ids) >= self._max_tokens or (self._repetition is not None
+                                                           and self._repetition.push(token)):
             # Cut short: bytes of a character whose rest was never generated are dropped, never sent as U+FFFD.
             return self._finish("length", token, text, self._detokenizer.flush(cut=True), scored)
         return StepResult(text=text, token_id=token, logprobs=scored)

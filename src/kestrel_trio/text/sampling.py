@@ -40,14 +40,17 @@ import attrs
 import numpy as np
 
 from kestrel_trio.errors import BadRequestError
+from kestrel_trio.text.repetition import RepetitionGuard
 from kestrel_trio.text.speculative import accept_or_resample
 
-__all__ = ["SamplingParams", "Sampler", "TokenLogprobs", "token_logprobs", "apply_penalties", "candidate_probabilities"]
+__all__ = ["SamplingParams", "SamplingDefaults", "Sampler", "TokenLogprobs", "token_logprobs", "apply_penalties",
+           "candidate_probabilities", "DEFAULTED_FIELDS"]
 
 MAX_LOGPROBS = 20  # the most alternatives per token any endpoint may ask for (chat top_logprobs)
 
-# Fields whose default may come from a checkpoint's generation_config.json.
-_CHECKPOINT_DEFAULTED = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+# Fields whose default may come from a checkpoint's generation_config.json (or a named model's entry),
+# and from the server's flags (SamplingDefaults).
+DEFAULTED_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 # Mass within this distance of top_p counts as reaching it, so that float
 # rounding in the softmax does not pull in one more token.
 _TOP_P_TOLERANCE = 1e-6
@@ -128,6 +131,12 @@ def _check_stop_token_ids(instance: Any, attribute: attrs.Attribute, value: tupl
             raise BadRequestError(f"stop_token_ids must be >= 0, got {token_id!r}", param="stop_token_ids")
 
 
+def _check_guard(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if value is not None and not isinstance(value, RepetitionGuard):
+        raise BadRequestError(f"repetition_guard must be a RepetitionGuard or None, got {value!r}",
+                              param="repetition_guard")
+
+
 def _check_bool(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
     if not isinstance(value, bool):
         raise BadRequestError(f"{attribute.name} must be a boolean, got {value!r}", param=attribute.name)
@@ -183,6 +192,9 @@ class SamplingParams:
         ignore_eos: keep generating past EOS tokens.
         logprobs: report each chosen token's logprob and this many most likely
             alternatives (0 to 20); ``None`` reports none.
+        repetition_guard: end the generation (finish_reason "length") once its
+            last tokens repeat one cycle (:class:`~kestrel_trio.text.repetition.RepetitionGuard`);
+            ``None``: no guard.
 
     Raises:
         BadRequestError: a value is out of range; ``param`` names the field.
@@ -204,21 +216,27 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = attrs.field(default=(), converter=_to_tuple, validator=_check_stop_token_ids)
     ignore_eos: bool = attrs.field(default=False, validator=_check_bool)
     logprobs: int | None = attrs.field(default=None, validator=_check_logprobs)
+    repetition_guard: RepetitionGuard | None = attrs.field(default=None, validator=_check_guard)
 
     @classmethod
-    def with_defaults(cls, request_fields: Mapping[str, Any], generation_defaults: Mapping[str, Any]) -> SamplingParams:
-        """Params from a request, unset fields filled from the checkpoint's defaults.
+    def with_defaults(cls, request_fields: Mapping[str, Any], generation_defaults: Mapping[str, Any],
+                      server: SamplingDefaults | None = None) -> SamplingParams:
+        """Params from a request, unset fields filled from the server's and the model's defaults.
 
-        Precedence: the request's value; else, for temperature, top_p, top_k,
-        min_p and repetition_penalty, generation_config.json's value (its
-        ``do_sample: false`` means a default temperature of 0, i.e. greedy);
+        Precedence: the request's value; else the server's default
+        (``server``: ``serve --temperature`` ...); else, for temperature,
+        top_p, top_k, min_p and repetition_penalty, the model's
+        (generation_config.json's value, whose ``do_sample: false`` means a
+        default temperature of 0, i.e. greedy; or a named model's entry);
         else the library default (temperature 1, top_p 1, top_k off, min_p 0,
-        neutral penalties).
+        neutral penalties, no repetition guard).
 
         Args:
             request_fields: SamplingParams field names -> request values; a
                 value of ``None`` counts as unset (OpenAI clients send nulls).
-            generation_defaults: ``Tokenizer.generation_defaults``.
+            generation_defaults: ``Model.generation_defaults`` (a checkpoint's
+                ``Tokenizer.generation_defaults``).
+            server: the server-wide defaults, or None.
 
         Raises:
             TypeError: a key is not a SamplingParams field.
@@ -230,11 +248,52 @@ class SamplingParams:
             raise TypeError(f"not SamplingParams fields: {', '.join(unknown)}")
         values = {name: value for name, value in request_fields.items() if value is not None}
         checkpoint = {
-            name: generation_defaults[name] for name in _CHECKPOINT_DEFAULTED if generation_defaults.get(name) is not None
+            name: generation_defaults[name] for name in DEFAULTED_FIELDS if generation_defaults.get(name) is not None
         }
         if generation_defaults.get("do_sample") is False:
             checkpoint["temperature"] = 0.0
-        return cls(**{**checkpoint, **values})
+        served = server.as_dict() if server is not None else {}
+        return cls(**{**checkpoint, **served, **values})
+
+
+def _check_default(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+    """A server default is checked by SamplingParams' own validator: one range, one message."""
+    if value is not None:
+        SamplingParams(**{attribute.name: value})
+
+
+@attrs.frozen
+class SamplingDefaults:
+    """Server-wide sampling defaults (``serve --temperature`` ...): a request's own field wins over each.
+
+    ``None`` leaves a field to the model's default (its generation_config.json, or a named
+    model's entry), else the library's (temperature 1, top_p 1, top_k off, min_p 0, no penalty).
+
+    Attributes:
+        temperature: softmax temperature, 0 to 2; 0 is greedy.
+        top_p: nucleus mass, above 0 and at most 1 (1: off).
+        top_k: keep the k most likely tokens (0 or -1: off).
+        min_p: drop tokens less probable than min_p times the most likely one, 0 to 1 (0: off).
+        repetition_penalty: divides the positive logits (multiplies the negative ones) of every token
+            already in the prompt or the output, 0.01 to 100 (1: off; llama.cpp's ``--repeat-penalty``,
+            applied over the whole sequence as transformers and vLLM do).
+        repetition_guard: end generations that loop (:class:`~kestrel_trio.text.repetition.RepetitionGuard`;
+            None: no guard).
+
+    Raises:
+        BadRequestError: a value out of range (``param`` names the field).
+    """
+
+    temperature: float | None = attrs.field(default=None, validator=_check_default)
+    top_p: float | None = attrs.field(default=None, validator=_check_default)
+    top_k: int | None = attrs.field(default=None, validator=_check_default)
+    min_p: float | None = attrs.field(default=None, validator=_check_default)
+    repetition_penalty: float | None = attrs.field(default=None, validator=_check_default)
+    repetition_guard: RepetitionGuard | None = attrs.field(default=None, validator=_check_default)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The fields set, by name."""
+        return {name: value for name, value in attrs.asdict(self, recurse=False).items() if value is not None}
 
 
 def apply_penalties(

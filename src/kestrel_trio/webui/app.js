@@ -1,6 +1,7 @@
 // The kestrel-trio chat page: plain JavaScript, no build step, no remote loads.
 //
-// It is an OpenAI client like any other: it reads the model id from /v1/models and
+// It is an OpenAI client like any other: it reads the model id (and the sampling defaults a
+// request that leaves a field out gets, shown as the settings' placeholders) from /v1/models and
 // streams answers from /v1/chat/completions (fetch + a stream reader, SSE parsed
 // below), sending the whole conversation each turn. Stop aborts the fetch; the
 // server sees the connection close and cancels the generation.
@@ -17,7 +18,7 @@
   const $ = (id) => document.getElementById(id);
   const ui = {
     model: $("model"), newChat: $("new-chat"), settingsToggle: $("settings-toggle"), settings: $("settings"),
-    systemPrompt: $("system-prompt"), temperature: $("temperature"), maxTokens: $("max-tokens"),
+    systemPrompt: $("system-prompt"), temperature: $("temperature"), topP: $("top-p"), maxTokens: $("max-tokens"),
     forgetKey: $("forget-key"), messages: $("messages"), empty: $("empty"), notice: $("notice"),
     composer: $("composer"), prompt: $("prompt"), attachments: $("attachments"), attachLabel: $("attach-label"),
     attach: $("attach"), send: $("send"), stop: $("stop"), keyDialog: $("key-dialog"), keyForm: $("key-form"),
@@ -157,6 +158,7 @@
       if (!card || typeof card.id !== "string") throw new Error("the server lists no model");
       state.model = card.id;
       state.takesImages = Array.isArray(card.input_modalities) && card.input_modalities.includes("image");
+      showDefaults(card.sampling_defaults);
       ui.model.textContent = card.id;
       ui.attachLabel.hidden = !state.takesImages;
       showNotice("");
@@ -165,6 +167,22 @@
       ui.model.textContent = "no model";
       showNotice(`Could not read the model list: ${error.message}`);
       document.body.dataset.model = "failed";
+    }
+  }
+
+  // The server's defaults as each empty setting's placeholder (and tooltip): what a request that leaves the
+  // field out gets. max_tokens null means the answer may run to the end of the context.
+  function showDefaults(defaults) {
+    if (!defaults || typeof defaults !== "object") return;
+    const unbounded = defaults.max_tokens === null;
+    const shown = [
+      [ui.temperature, defaults.temperature], [ui.topP, defaults.top_p],
+      [ui.maxTokens, unbounded ? "context" : defaults.max_tokens],
+    ];
+    for (const [input, value] of shown) {
+      if (value === undefined) continue;
+      input.placeholder = String(value);
+      input.title = `server default: ${unbounded && input === ui.maxTokens ? "up to the end of the context" : value}`;
     }
   }
 
@@ -307,6 +325,8 @@
     const body = { model: state.model, messages, stream: true, stream_options: { include_usage: true } };
     const temperature = Number.parseFloat(ui.temperature.value);
     if (Number.isFinite(temperature)) body.temperature = temperature;
+    const topP = Number.parseFloat(ui.topP.value);
+    if (Number.isFinite(topP)) body.top_p = topP;
     const maxTokens = Number.parseInt(ui.maxTokens.value, 10);
     if (Number.isFinite(maxTokens)) body.max_tokens = maxTokens;
     return body;
@@ -480,13 +500,15 @@
       const saved = JSON.parse(localStorage.getItem(SETTINGS_STORE) || "{}");
       if (typeof saved.systemPrompt === "string") ui.systemPrompt.value = saved.systemPrompt;
       if (typeof saved.temperature === "string") ui.temperature.value = saved.temperature;
+      if (typeof saved.topP === "string") ui.topP.value = saved.topP;
       if (typeof saved.maxTokens === "string") ui.maxTokens.value = saved.maxTokens;
     } catch (_) { /* unreadable settings: keep the defaults */ }
   }
 
   function saveSettings() {
     localStorage.setItem(SETTINGS_STORE, JSON.stringify({
-      systemPrompt: ui.systemPrompt.value, temperature: ui.temperature.value, maxTokens: ui.maxTokens.value,
+      systemPrompt: ui.systemPrompt.value, temperature: ui.temperature.value, topP: ui.topP.value,
+      maxTokens: ui.maxTokens.value,
     }));
   }
 
@@ -512,7 +534,9 @@
   ui.settingsToggle.addEventListener("click", toggleSettings);
   ui.forgetKey.addEventListener("click", forgetKey);
   ui.attach.addEventListener("change", attachFiles);
-  for (const input of [ui.systemPrompt, ui.temperature, ui.maxTokens]) input.addEventListener("change", saveSettings);
+  for (const input of [ui.systemPrompt, ui.temperature, ui.topP, ui.maxTokens]) {
+    input.addEventListener("change", saveSettings);
+  }
 
   loadSettings();
   ui.forgetKey.hidden = !storedKey();
