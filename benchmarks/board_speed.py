@@ -163,7 +163,7 @@ def kestrel_command(args, path: Path, tokens: int) -> tuple[list[str], dict]:
             f"m = load_model(sys.argv[1], blas_threads=1, products={args.products!r}); "
             f"m.greedy({PROMPT}, int(sys.argv[2]))")
     site = f"/opt/venv/lib/python{args.python}/site-packages"  # the arm64 root's venv (.ci/arm-lane makes it)
-    env = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/root"), "LANG": "C.UTF-8",
+    env = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/root"), "LANG": "C.UTF-8", "PYTHONHASHSEED": "0",
            "PYTHONPATH": f"{REPO / 'src'}:{site}", "NUMBA_CPU_NAME": args.cpu,
            "NUMBA_CACHE_DIR": str(args.cache / f"numba-{args.cpu}")}
     return [f"{args.root}/usr/bin/python{args.python}", "-c", code, str(path), str(tokens)], env
@@ -187,7 +187,7 @@ def measure(args, program: str, files: dict[str, Path]) -> dict[str, float]:
                 command, env = kestrel_command(args, path, tokens)
                 return counted(command, args.qemu, args.plugin, args.cpu, env, args.root)
             if n == 0 or program_forms_differ(files):
-                count(1)  # numba's cache for this CPU filled with this file's forms' code (not counted)
+                count(args.n2)  # numba's cache filled with every function the counted runs call (not counted)
         else:
             def count(tokens, path=path):
                 command = [args.llama_bench, "-m", str(path), "-p", "0", "-n", str(tokens), "-t", "1", "-r", "1",
