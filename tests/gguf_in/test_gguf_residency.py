@@ -190,9 +190,9 @@ class _Expansions:
         monkeypatch.setattr(GgmlRows, "integer", integer)
         product, expand = _kernels.packed_product, _kernels.packed_expand
 
-        def packed_product(form, data, scales, x, start, stop, out):
+        def packed_product(form, data, scales, x, start, stop, out, quantized=None):
             self.calls.append((data.__array_interface__["data"][0], start, stop))
-            return product(form, data, scales, x, start, stop, out)
+            return product(form, data, scales, x, start, stop, out, quantized)
 
         def packed_expand(form, data, scales, start, stop, out):
             self.calls.append((data.__array_interface__["data"][0], start, stop))
