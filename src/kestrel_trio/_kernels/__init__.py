@@ -210,7 +210,7 @@ def prepare(forms) -> None:
     started = time.perf_counter()
     wanted = sorted(set(forms) & FORMS)
     for form in wanted:
-        products.warm(form)
+        products.warm(form, _state["table"])
     _load_layer_loops()
     seconds = time.perf_counter() - started
     if seconds > 0.5:  # a compilation, not a load from numba's cache: say why the start took longer

@@ -1535,11 +1535,12 @@ def kernel_name(form: str) -> str:
     return _chosen(form)[1]
 
 
-def warm(form: str) -> None:
+def warm(form: str, f16: np.ndarray) -> None:
     """Compile, or load from numba's cache, ``form``'s product and expansion now: for an integer product, by
-    running it once on one zero block (its kernels compile at their first call)."""
+    running it once on one zero block (its kernels compile at their first call). ``f16``: :func:`f16_table`'s
+    table, made once by the caller."""
     product, _, view = product_for(form)
     if _chosen(form)[1] in _INTEGER_KERNELS:
         size, cols = {"Q8_0": (34, 32), "Q4_0": (18, 32), "Q4_1": (20, 32), "Q4_K": (144, 256)}[form]
-        product(np.zeros((1, size), dtype=np.uint8), np.empty((1, 0), dtype=np.uint8), f16_table(), 32,
+        product(np.zeros((1, size), dtype=np.uint8), np.empty((1, 0), dtype=np.uint8), f16, 32,
                 np.zeros((1, cols), dtype=np.float32), 0, 1, np.empty((1, 1), dtype=np.float32))  # one block
