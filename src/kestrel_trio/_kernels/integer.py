@@ -85,15 +85,31 @@ def block_sums(xq, xd, run, xs):
 def _weight(row, at, form, sub, i):
     """Weight ``i`` (0-31) of 32-weight sub-block ``sub`` of the block at byte ``at``, an int32: Q8_0 (form 0)
     its signed byte, Q4_0 (1) its nibble less 8, Q4_1 (2) its nibble (low nibbles: weights 0-15, high: 16-31),
-    Q4_K (3) its nibble (the 32 bytes of sub-block pair ``sub // 2``: low nibbles even sub-blocks, high odd)."""
+    Q4_K (3) its nibble (the 32 bytes of sub-block pair ``sub // 2``: low nibbles even sub-blocks, high odd);
+    Q5_0 (4) and Q5_1 (5) as Q4_0 and Q4_1 with bit ``i`` of the uint32 after the float16s as the fifth bit (Q5_0:
+    less 16), Q5_K (6) as Q4_K with bit ``sub`` of fifth-bit byte ``i``, Q6_K (7) its nibble and two high bits
+    less 32 (``sub`` = 4 * half + quarter: the low or high nibble of byte ``i`` of the half's first or second 32
+    bytes of nibbles, bits ``2 * quarter``, ``2 * quarter + 1`` of the half's high-bit byte ``i``)."""
     if form == 0:
         return (np.int32(row[at + 2 + i]) ^ np.int32(128)) - np.int32(128)
-    if form == 3:
-        byte = np.int32(row[at + 16 + 32 * (sub // 2) + i])
-        return (byte >> np.int32(4)) if sub % 2 else (byte & np.int32(15))
-    quants = at + (2 if form == 1 else 4)
+    if form == 3 or form == 6:
+        byte = np.int32(row[at + (16 if form == 3 else 48) + 32 * (sub // 2) + i])
+        nibble = (byte >> np.int32(4)) if sub % 2 else (byte & np.int32(15))
+        if form == 3:
+            return nibble
+        return nibble | (((np.int32(row[at + 16 + i]) >> np.int32(sub)) & np.int32(1)) << np.int32(4))
+    if form == 7:
+        half, quarter = sub // 4, sub % 4
+        low = np.int32(row[at + 64 * half + 32 * (quarter % 2) + i])
+        nibble = (low >> np.int32(4)) if quarter >= 2 else (low & np.int32(15))
+        high = (np.int32(row[at + 128 + 32 * half + i]) >> np.int32(2 * quarter)) & np.int32(3)
+        return (nibble | (high << np.int32(4))) - np.int32(32)
+    quants = at + (2, 4, 0, 6, 8)[form - 1]
     byte = np.int32(row[quants + (i & 15)])
     nibble = (byte & np.int32(15)) if i < 16 else (byte >> np.int32(4))
+    if form == 4 or form == 5:  # the fifth bit: bit i of the little-endian uint32 before the nibbles
+        nibble |= ((np.int32(row[quants - 4 + i // 8]) >> np.int32(i % 8)) & np.int32(1)) << np.int32(4)
+        return nibble - np.int32(16) if form == 4 else nibble
     return nibble - np.int32(8) if form == 1 else nibble
 
 
@@ -116,15 +132,19 @@ def _half(row, at, f16):
 @njit(nogil=True, cache=True)
 def product_blocks(form, data, f16, run, xq, xd, xs, start, stop, out):
     """``out`` [N, stop-start] = the quantized rows ``xq``/``xd`` [N, ...] (quantize_q8_rows; ``xs``, their block
-    sums, for Q4_1 and Q4_K) @ rows ``data`` [start:stop].T of ``form`` (0: Q8_0, 34 bytes a block of 32; 1: Q4_0,
-    18; 2: Q4_1, 20; 3: Q4_K, 144 bytes a block of 256). Per 32-weight sub-block: four int32 lane sums (lane j:
-    weights 4j..4j+3 and 16+4j..16+4j+3, as two ``sdot`` group them), each accumulated as ``acc[j] =
-    fma(float32(lane), scale_w * d_x, acc[j])`` (scale_w: the block's d; Q4_K's d * scale), and where the form
-    has minimums ``bias = fma(offset_w, s_x, bias)`` (Q4_1's m; Q4_K's min * -dmin); the row's value
-    ``(acc[0] + acc[1]) + (acc[2] + acc[3])`` (``+ bias``)."""
+    sums, for the forms with minimums) @ rows ``data`` [start:stop].T of ``form`` (0: Q8_0, 34 bytes a block of
+    32; 1: Q4_0, 18; 2: Q4_1, 20; 3: Q4_K, 144 bytes a block of 256; 4: Q5_0, 22; 5: Q5_1, 24; 6: Q5_K, 176 a
+    block of 256; 7: Q6_K, 210 a block of 256). Per 32-weight sub-block: four int32 lane sums (lane j: weights
+    4j..4j+3 and 16+4j..16+4j+3, as two ``sdot`` group them; Q6_K: each half's sum times its 16 weights' int8
+    scale, ``s0 * sdot(0-15) + s1 * sdot(16-31)``, exact: at most 2 * 4 * 32 * 127 * 128 < 2**24), each
+    accumulated as ``acc[j] = fma(float32(lane), scale_w * d_x, acc[j])`` (scale_w: the block's d; Q4_K's and
+    Q5_K's d * scale; Q6_K's d), and where the form has minimums ``bias = fma(offset_w, s_x, bias)`` (Q4_1's and
+    Q5_1's m; Q4_K's and Q5_K's min * -dmin); the row's value ``(acc[0] + acc[1]) + (acc[2] + acc[3])``
+    (``+ bias``)."""
     n = xq.shape[0]
-    subs = 8 if form == 3 else 1
-    size = (34, 18, 20, 144)[form]
+    subs = 8 if form == 3 or form >= 6 else 1
+    size = (34, 18, 20, 144, 22, 24, 176, 210)[form]
+    has_min = form == 2 or form == 3 or form == 5 or form == 6
     for r in range(start, stop):
         row = data[r]
         for b in range(n):
@@ -133,20 +153,27 @@ def product_blocks(form, data, f16, run, xq, xd, xs, start, stop, out):
             bias = np.float32(0.0)
             for k in range(xq.shape[1] // run):
                 at, sub = size * (k // subs), k % subs
-                if form == 3:
+                first_scale, second_scale = np.int32(1), np.int32(1)  # Q6_K's int8 scales of weights 0-15, 16-31
+                if form == 3 or form == 6:
                     scale, low_min = _k_scale_min(row, at, sub)
                     scale_w = _half(row, at, f16) * np.float32(scale)
                     bias = _fma(np.float32(low_min) * -_half(row, at + 2, f16), xs[b, k], bias)
+                elif form == 7:
+                    scale_w = _half(row, at + 208, f16)
+                    first_scale = (np.int32(row[at + 192 + 2 * sub]) ^ np.int32(128)) - np.int32(128)
+                    second_scale = (np.int32(row[at + 193 + 2 * sub]) ^ np.int32(128)) - np.int32(128)
                 else:
                     scale_w = _half(row, at, f16)
-                    if form == 2:
+                    if has_min:
                         bias = _fma(_half(row, at + 2, f16), xs[b, k], bias)
                 step = scale_w * xd[b, k]
                 for j in range(4):
                     lane = np.int32(0)
                     for half in range(2):
+                        part = np.int32(0)
                         for i in range(16 * half + 4 * j, 16 * half + 4 * j + 4):
-                            lane += _weight(row, at, form, sub, i) * np.int32(quants[k * run + i])
+                            part += _weight(row, at, form, sub, i) * np.int32(quants[k * run + i])
+                        lane += part * (second_scale if half else first_scale)
                     acc[j] = _fma(np.float32(lane), step, acc[j])
             total = (acc[0] + acc[1]) + (acc[2] + acc[3])
-            out[b, r - start] = total + bias if form >= 2 else total
+            out[b, r - start] = total + bias if has_min else total

@@ -1417,7 +1417,7 @@ _compile_lock = threading.Lock()
 
 # Integer products (activations quantized per block; kestrel_trio._kernels.integer): the forms that have them.
 # The mode that chooses them is kestrel_trio._kernels.set_products's.
-INTEGER_FORMS = frozenset(("Q8_0", "Q4_0", "Q4_1", "Q4_K"))
+INTEGER_FORMS = frozenset(("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q5_1", "Q5_K", "Q6_K"))
 
 
 def product_for(form: str):
@@ -1487,8 +1487,9 @@ def _integer_kernel_name() -> str | None:
 
 def _integer_product(name: str, form: str):
     """``form``'s integer product by kernel ``name``, with the products' arguments: the activations quantized
-    (kestrel_trio._kernels.integer; Q4_1's block sums too), then the kernel's block sums. Composed here in
-    Python, not compiled as one function: numba would not see a change to either file in a cached caller."""
+    (kestrel_trio._kernels.integer; the block sums too where the form has minimums), then the kernel's block sums.
+    Composed here in Python, not compiled as one function: numba would not see a change to either file in a cached
+    caller."""
     from kestrel_trio._kernels import integer
     from kestrel_trio._kernels.arm import integer as arm
 
@@ -1499,7 +1500,7 @@ def _integer_product(name: str, form: str):
         if quantized is None:
             quantized = quantize(x, (form,))
         xq, xd, xs = quantized
-        xs = xd if xs is None else xs  # read by Q4_1 only
+        xs = xd if xs is None else xs  # read by the forms with minimums only
         if reference:
             integer.product_blocks(form_id, data, f16, run, xq, xd, xs, start, stop, out)
         else:
@@ -1541,6 +1542,7 @@ def warm(form: str, f16: np.ndarray) -> None:
     table, made once by the caller."""
     product, _, view = product_for(form)
     if _chosen(form)[1] in _INTEGER_KERNELS:
-        size, cols = {"Q8_0": (34, 32), "Q4_0": (18, 32), "Q4_1": (20, 32), "Q4_K": (144, 256)}[form]
+        size, cols = {"Q8_0": (34, 32), "Q4_0": (18, 32), "Q4_1": (20, 32), "Q4_K": (144, 256), "Q5_0": (22, 32),
+                      "Q5_1": (24, 32), "Q5_K": (176, 256), "Q6_K": (210, 256)}[form]
         product(np.zeros((1, size), dtype=np.uint8), np.empty((1, 0), dtype=np.uint8), f16, 32,
                 np.zeros((1, cols), dtype=np.float32), 0, 1, np.empty((1, 1), dtype=np.float32))  # one block

@@ -48,18 +48,22 @@ _I64 = ir.IntType(64)
 _ROWS = 4  # weight rows a pass
 
 
-def _lanes_sdot(builder, w0, w1, x0, x1):
-    """A block's int32 lane sums by two ``sdot``."""
+def _lanes_sdot(builder, pairs):
+    """The int32 lane sums of ``pairs`` (int8x16 weights, int8x16 activations; one or two) by one ``sdot`` each."""
     sdot = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_I32x4, [_I32x4, _I8x16, _I8x16]),
                                           "llvm.aarch64.neon.sdot.v4i32.v16i8")
-    lanes = builder.call(sdot, [ir.Constant(_I32x4, None), w0, x0])  # [4] int32
-    return builder.call(sdot, [lanes, w1, x1])  # [4] int32
+    lanes = ir.Constant(_I32x4, None)
+    for w, x in pairs:
+        lanes = builder.call(sdot, [lanes, w, x])  # [4] int32
+    return lanes
 
 
-def _lanes_widening(builder, w0, w1, x0, x1):
+def _lanes_widening(builder, pairs):
     """The same lane sums without dotprod: bytes sign-extended, multiplied, each lane's four added."""
-    products = builder.add(builder.mul(builder.sext(w0, _I32x16), builder.sext(x0, _I32x16)),
-                           builder.mul(builder.sext(w1, _I32x16), builder.sext(x1, _I32x16)))  # [16] int32
+    products = None
+    for w, x in pairs:
+        product = builder.mul(builder.sext(w, _I32x16), builder.sext(x, _I32x16))  # [16] int32
+        products = product if products is None else builder.add(products, product)
     parts = [builder.shuffle_vector(products, products, ir.Constant(_I32x4, [i, 4 + i, 8 + i, 12 + i]))
              for i in range(4)]  # [4] int32 each: the i-th byte of every lane's group
     return builder.add(builder.add(parts[0], parts[1]), builder.add(parts[2], parts[3]))
@@ -71,36 +75,101 @@ def _load16(builder, base, offset):
 
 
 # Each form: (bytes a block, where its quants start, whether it has minimums, 32-weight sub-blocks a block).
-FORMS = {"Q8_0": (34, 2, False, 1), "Q4_0": (18, 2, False, 1), "Q4_1": (20, 4, True, 1), "Q4_K": (144, 16, True, 8)}
-_FORM_IDS = {"Q8_0": 0, "Q4_0": 1, "Q4_1": 2, "Q4_K": 3}  # the kernels' ``form`` argument
+FORMS = {"Q8_0": (34, 2, False, 1), "Q4_0": (18, 2, False, 1), "Q4_1": (20, 4, True, 1), "Q4_K": (144, 16, True, 8),
+         "Q5_0": (22, 6, False, 1), "Q5_1": (24, 8, True, 1), "Q5_K": (176, 48, True, 8), "Q6_K": (210, 0, False, 8)}
+# the kernels' ``form`` argument
+_FORM_IDS = {"Q8_0": 0, "Q4_0": 1, "Q4_1": 2, "Q4_K": 3, "Q5_0": 4, "Q5_1": 5, "Q5_K": 6, "Q6_K": 7}
 
 
 def _sub_blocks(builder, form: str, at):
     """The block at ``at`` as its 32-weight sub-blocks: for each, its weights as two int8x16 vectors (weights
-    0-15, 16-31), its float32 scale, and its float32 offset (Q4_1's minimum ``m``; Q4_K's ``min * -dmin``) or
-    None."""
+    0-15, 16-31), its float32 scale, its float32 offset (Q4_1's and Q5_1's minimum ``m``; Q4_K's and Q5_K's ``min
+    * -dmin``) or None, and Q6_K's int8 scales of weights 0-15 and 16-31 as int32 or None."""
     quants = FORMS[form][1]
     if form == "Q8_0":
         return [(_load16(builder, at, _at(quants)), _load16(builder, at, _at(quants + 16)), _half_at(builder, at, 0),
-                 None)]
-    if form == "Q4_K":  # 8 sub-blocks: pair p's 32 bytes hold sub-block 2p in low nibbles, 2p + 1 in high ones
+                 None, None)]
+    if form in ("Q4_K", "Q5_K"):  # 8 sub-blocks: pair p's 32 bytes hold sub-block 2p in low nibbles, 2p + 1 in high
         d, minus_dmin = _half_at(builder, at, 0), builder.fneg(_half_at(builder, at, 2))
+        fifths = (_load16(builder, at, _at(16)), _load16(builder, at, _at(32))) if form == "Q5_K" else None
         found = []
         for pair in range(4):
             bytes0 = _load16(builder, at, _at(quants + 32 * pair))  # weights 0-15 of both sub-blocks
             bytes1 = _load16(builder, at, _at(quants + 32 * pair + 16))  # weights 16-31
             for high in (False, True):
                 scale, low_min = _k_scale_min(builder, at, 2 * pair + high)
-                found.append((*(_nibbles(builder, v, high) for v in (bytes0, bytes1)),
-                              builder.fmul(d, builder.uitofp(scale, _F32)), builder.fmul(builder.uitofp(low_min, _F32),
-                                                                                          minus_dmin)))
+                weights = [_nibbles(builder, v, high) for v in (bytes0, bytes1)]
+                if fifths is not None:  # bit j of fifth-bit byte i: weight i of sub-block j, moved to bit 4
+                    weights = [builder.or_(w, _bit_to(builder, f, 2 * pair + high, 4)) for w, f in zip(weights, fifths)]
+                found.append((*weights, builder.fmul(d, builder.uitofp(scale, _F32)),
+                              builder.fmul(builder.uitofp(low_min, _F32), minus_dmin), None))
         return found
+    if form == "Q6_K":
+        return _q6_k_sub_blocks(builder, at)
     nibbles = _load16(builder, at, _at(quants))  # [16] bytes: weight i low, weight 16 + i high
     low, high = _nibbles(builder, nibbles, False), _nibbles(builder, nibbles, True)
     if form == "Q4_0":
         eight = ir.Constant(_I8x16, [8] * 16)
-        return [(builder.sub(low, eight), builder.sub(high, eight), _half_at(builder, at, 0), None)]
-    return [(low, high, _half_at(builder, at, 0), _half_at(builder, at, 2))]
+        return [(builder.sub(low, eight), builder.sub(high, eight), _half_at(builder, at, 0), None, None)]
+    if form in ("Q5_0", "Q5_1"):
+        low, high = _fifth_bits(builder, at, quants - 4, low, high, form == "Q5_0")
+    return [(low, high, _half_at(builder, at, 0), _half_at(builder, at, 2), None)]
+
+
+def _fifth_bits(builder, at, offset: int, low, high, less_16: bool):
+    """Q5_0's and Q5_1's weights from their nibbles ``low`` (weights 0-15), ``high`` (16-31) and the uint32 of
+    fifth bits at ``at + offset`` (bit i: weight i's): each of its bytes spread over 8 lanes, its bits tested
+    lane by lane (``cmtst``). Q5_0 (``less_16``): ``nibble - 16`` where the bit is clear, else the nibble."""
+    word = builder.load(builder.bitcast(builder.gep(at, [_at(offset)]), ir.VectorType(ir.IntType(8), 4)
+                                        .as_pointer()), align=1)  # [4] bytes: weights 0-7, 8-15, 16-23, 24-31
+    bits = ir.Constant(_I8x16, [1 << (i % 8) for i in range(16)])
+    zero = ir.Constant(_I8x16, None)
+    found = []
+    for nibbles, first in ((low, 0), (high, 2)):
+        spread = builder.shuffle_vector(word, word, ir.Constant(_I32x16, [first + i // 8 for i in range(16)]))
+        clear = builder.icmp_unsigned("==", builder.and_(spread, bits), zero)  # [16] bool: the fifth bit is 0
+        if less_16:
+            found.append(builder.sub(nibbles, builder.select(clear, ir.Constant(_I8x16, [16] * 16), zero)))
+        else:
+            found.append(builder.or_(nibbles, builder.select(clear, zero, ir.Constant(_I8x16, [16] * 16))))
+    return found
+
+
+def _bit_to(builder, vector, bit: int, to: int):
+    """Bit ``bit`` of each byte of an int8x16 vector moved to bit ``to``, the others cleared: one shift, one and."""
+    if bit < to:
+        vector = builder.shl(vector, ir.Constant(_I8x16, [to - bit] * 16))
+    elif bit > to:
+        vector = builder.lshr(vector, ir.Constant(_I8x16, [bit - to] * 16))
+    return builder.and_(vector, ir.Constant(_I8x16, [1 << to] * 16))
+
+
+def _q6_k_sub_blocks(builder, at):
+    """Q6_K's 8 sub-blocks of 32: in each half of 128 weights (64 bytes of nibbles, 32 of 2-bit high parts at
+    128), quarter q the low (q < 2) or high nibbles of the half's first (q even) or second 32 bytes, or'ed with
+    bits 2q, 2q + 1 of the high bytes moved to bits 4-5, less 32; its two int8 scales (bytes 192 + 2k, 193 + 2k
+    of sub-block k); the float16 d at 208 its float scale."""
+    d = _half_at(builder, at, 208)
+    thirty_two, mask = ir.Constant(_I8x16, [32] * 16), ir.Constant(_I8x16, [0x30] * 16)
+    found = []
+    for half in range(2):
+        lows = [_load16(builder, at, _at(64 * half + 16 * i)) for i in range(4)]  # [16] bytes each
+        highs = [_load16(builder, at, _at(128 + 32 * half + 16 * i)) for i in range(2)]  # [16] bytes each
+        for quarter in range(4):
+            weights = []
+            for i in range(2):
+                nibbles = _nibbles(builder, lows[2 * (quarter % 2) + i], quarter >= 2)
+                twos = highs[i]
+                if quarter < 2:
+                    twos = builder.shl(twos, ir.Constant(_I8x16, [4 - 2 * quarter] * 16))
+                elif quarter == 3:
+                    twos = builder.lshr(twos, ir.Constant(_I8x16, [2] * 16))
+                weights.append(builder.sub(builder.or_(nibbles, builder.and_(twos, mask)), thirty_two))
+            k = 4 * half + quarter
+            scales = tuple(builder.sext(builder.load(builder.gep(at, [_at(192 + 2 * k + i)])), ir.IntType(32))
+                           for i in range(2))
+            found.append((*weights, d, None, scales))
+    return found
 
 
 def _at(offset: int):
@@ -130,6 +199,12 @@ def _k_scale_min(builder, at, j: int):
     return scale, low_min
 
 
+def _splat_i32(builder, value):
+    """An int32 in all four lanes of an int32x4 vector."""
+    one = builder.insert_element(ir.Constant(_I32x4, None), value, ir.Constant(ir.IntType(32), 0))
+    return builder.shuffle_vector(one, ir.Constant(_I32x4, None), ir.Constant(_I32x4, [0] * 4))
+
+
 def _half_at(builder, at, offset: int):
     """The float16 at ``at + offset`` (bytes), as float32."""
     pointer = builder.bitcast(builder.gep(at, [ir.Constant(_I64, offset)]), ir.HalfType().as_pointer())
@@ -140,7 +215,7 @@ def _rows_dot(lanes_of, rows: int, form: str):
     """An intrinsic ``(data, r, xq, xd, xs, out, b, column) -> None``: ``form`` rows ``data[r : r + rows]``
     (uint8 [rows, blocks * block bytes], C order) against quantized activation row ``b`` (``xq`` int8 [N, blocks
     * 32], ``xd`` float32 [N, blocks]; ``xs`` float32 [N, blocks], the blocks' sums ``d_x * sum(q_x)``, read for
-    Q4_1 only), into ``out[b, column : column + rows]``."""
+    the forms with minimums only), into ``out[b, column : column + rows]``."""
     block_bytes, _, has_min, subs = FORMS[form]
 
     @intrinsic
@@ -179,14 +254,19 @@ def _rows_dot(lanes_of, rows: int, form: str):
                 w_off = builder.mul(loop.index, _at(block_bytes))
                 for row_ptr, acc, bias in zip(row_ptrs, accs, biases):
                     at = builder.gep(row_ptr, [w_off])  # the block: float16 d (and m or dmin), scales, quants
-                    for (w0, w1, scale_w, offset_w), (x0, x1, d_x, s_x) in zip(_sub_blocks(builder, form, at),
-                                                                              activations):
+                    for (w0, w1, scale_w, offset_w, halves), (x0, x1, d_x, s_x) in zip(
+                            _sub_blocks(builder, form, at), activations):
                         if has_min:
                             builder.store(builder.call(fma1, [offset_w, s_x, builder.load(bias)]), bias)
                         scale = builder.fmul(scale_w, d_x)
                         splat = builder.shuffle_vector(builder.insert_element(ir.Constant(_F32x4, None), scale, zero),
                                                        ir.Constant(_F32x4, None), ir.Constant(_I32x4, [0] * 4))
-                        lanes = builder.sitofp(lanes_of(builder, w0, w1, x0, x1), _F32x4)  # [4] float32
+                        if halves is None:
+                            lanes = lanes_of(builder, [(w0, x0), (w1, x1)])  # [4] int32
+                        else:  # Q6_K: each 16 weights' lane sums times their int8 scale, exact in int32
+                            lanes = builder.add(*(builder.mul(lanes_of(builder, [pair]), _splat_i32(builder, s))
+                                                  for pair, s in zip(((w0, x0), (w1, x1)), halves)))  # [4] int32
+                        lanes = builder.sitofp(lanes, _F32x4)  # [4] float32, exact (below 2**24)
                         builder.store(builder.call(fma, [lanes, splat, builder.load(acc)]), acc)
             for i, (acc, bias) in enumerate(zip(accs, biases)):
                 a = builder.load(acc)
@@ -219,10 +299,18 @@ _q8_0_sdot, _q8_0_sdot_1 = _KERNELS["_lanes_sdot", "Q8_0", _ROWS], _KERNELS["_la
 _q4_0_sdot, _q4_0_sdot_1 = _KERNELS["_lanes_sdot", "Q4_0", _ROWS], _KERNELS["_lanes_sdot", "Q4_0", 1]
 _q4_1_sdot, _q4_1_sdot_1 = _KERNELS["_lanes_sdot", "Q4_1", _ROWS], _KERNELS["_lanes_sdot", "Q4_1", 1]
 _q4_k_sdot, _q4_k_sdot_1 = _KERNELS["_lanes_sdot", "Q4_K", _ROWS], _KERNELS["_lanes_sdot", "Q4_K", 1]
+_q5_0_sdot, _q5_0_sdot_1 = _KERNELS["_lanes_sdot", "Q5_0", _ROWS], _KERNELS["_lanes_sdot", "Q5_0", 1]
+_q5_1_sdot, _q5_1_sdot_1 = _KERNELS["_lanes_sdot", "Q5_1", _ROWS], _KERNELS["_lanes_sdot", "Q5_1", 1]
+_q5_k_sdot, _q5_k_sdot_1 = _KERNELS["_lanes_sdot", "Q5_K", _ROWS], _KERNELS["_lanes_sdot", "Q5_K", 1]
+_q6_k_sdot, _q6_k_sdot_1 = _KERNELS["_lanes_sdot", "Q6_K", _ROWS], _KERNELS["_lanes_sdot", "Q6_K", 1]
 _q8_0_wide, _q8_0_wide_1 = _KERNELS["_lanes_widening", "Q8_0", _ROWS], _KERNELS["_lanes_widening", "Q8_0", 1]
 _q4_0_wide, _q4_0_wide_1 = _KERNELS["_lanes_widening", "Q4_0", _ROWS], _KERNELS["_lanes_widening", "Q4_0", 1]
 _q4_1_wide, _q4_1_wide_1 = _KERNELS["_lanes_widening", "Q4_1", _ROWS], _KERNELS["_lanes_widening", "Q4_1", 1]
 _q4_k_wide, _q4_k_wide_1 = _KERNELS["_lanes_widening", "Q4_K", _ROWS], _KERNELS["_lanes_widening", "Q4_K", 1]
+_q5_0_wide, _q5_0_wide_1 = _KERNELS["_lanes_widening", "Q5_0", _ROWS], _KERNELS["_lanes_widening", "Q5_0", 1]
+_q5_1_wide, _q5_1_wide_1 = _KERNELS["_lanes_widening", "Q5_1", _ROWS], _KERNELS["_lanes_widening", "Q5_1", 1]
+_q5_k_wide, _q5_k_wide_1 = _KERNELS["_lanes_widening", "Q5_K", _ROWS], _KERNELS["_lanes_widening", "Q5_K", 1]
+_q6_k_wide, _q6_k_wide_1 = _KERNELS["_lanes_widening", "Q6_K", _ROWS], _KERNELS["_lanes_widening", "Q6_K", 1]
 
 
 # One compiled function a lane kind, the form chosen by an argument (``_FORM_IDS``) outside the loops: numba
@@ -231,7 +319,7 @@ _q4_k_wide, _q4_k_wide_1 = _KERNELS["_lanes_widening", "Q4_K", _ROWS], _KERNELS[
 def product_sdot(form, data, xq, xd, xs, start, stop, out):
     """``out`` [N, stop-start] = the quantized activations ``xq`` int8 [N, cols] / ``xd``, ``xs`` float32 [N,
     cols/32] (scales, block sums) @ rows ``data`` uint8 [start:stop, ...] of form ``form`` (0: Q8_0, 1: Q4_0,
-    2: Q4_1, 3: Q4_K), by ``sdot`` (needs dotprod), four rows a pass."""
+    2: Q4_1, 3: Q4_K, 4: Q5_0, 5: Q5_1, 6: Q5_K, 7: Q6_K), by ``sdot`` (needs dotprod), four rows a pass."""
     r = start
     while r + 4 <= stop:
         for b in range(xq.shape[0]):
@@ -241,8 +329,16 @@ def product_sdot(form, data, xq, xd, xs, start, stop, out):
                 _q4_0_sdot(data, r, xq, xd, xs, out, b, r - start)
             elif form == 2:
                 _q4_1_sdot(data, r, xq, xd, xs, out, b, r - start)
-            else:
+            elif form == 3:
                 _q4_k_sdot(data, r, xq, xd, xs, out, b, r - start)
+            elif form == 4:
+                _q5_0_sdot(data, r, xq, xd, xs, out, b, r - start)
+            elif form == 5:
+                _q5_1_sdot(data, r, xq, xd, xs, out, b, r - start)
+            elif form == 6:
+                _q5_k_sdot(data, r, xq, xd, xs, out, b, r - start)
+            else:
+                _q6_k_sdot(data, r, xq, xd, xs, out, b, r - start)
         r += 4
     for last in range(r, stop):
         for b in range(xq.shape[0]):
@@ -252,8 +348,16 @@ def product_sdot(form, data, xq, xd, xs, start, stop, out):
                 _q4_0_sdot_1(data, last, xq, xd, xs, out, b, last - start)
             elif form == 2:
                 _q4_1_sdot_1(data, last, xq, xd, xs, out, b, last - start)
-            else:
+            elif form == 3:
                 _q4_k_sdot_1(data, last, xq, xd, xs, out, b, last - start)
+            elif form == 4:
+                _q5_0_sdot_1(data, last, xq, xd, xs, out, b, last - start)
+            elif form == 5:
+                _q5_1_sdot_1(data, last, xq, xd, xs, out, b, last - start)
+            elif form == 6:
+                _q5_k_sdot_1(data, last, xq, xd, xs, out, b, last - start)
+            else:
+                _q6_k_sdot_1(data, last, xq, xd, xs, out, b, last - start)
 
 
 @njit(nogil=True, cache=True)
@@ -268,8 +372,16 @@ def product_widening(form, data, xq, xd, xs, start, stop, out):
                 _q4_0_wide(data, r, xq, xd, xs, out, b, r - start)
             elif form == 2:
                 _q4_1_wide(data, r, xq, xd, xs, out, b, r - start)
-            else:
+            elif form == 3:
                 _q4_k_wide(data, r, xq, xd, xs, out, b, r - start)
+            elif form == 4:
+                _q5_0_wide(data, r, xq, xd, xs, out, b, r - start)
+            elif form == 5:
+                _q5_1_wide(data, r, xq, xd, xs, out, b, r - start)
+            elif form == 6:
+                _q5_k_wide(data, r, xq, xd, xs, out, b, r - start)
+            else:
+                _q6_k_wide(data, r, xq, xd, xs, out, b, r - start)
         r += 4
     for last in range(r, stop):
         for b in range(xq.shape[0]):
@@ -279,8 +391,16 @@ def product_widening(form, data, xq, xd, xs, start, stop, out):
                 _q4_0_wide_1(data, last, xq, xd, xs, out, b, last - start)
             elif form == 2:
                 _q4_1_wide_1(data, last, xq, xd, xs, out, b, last - start)
-            else:
+            elif form == 3:
                 _q4_k_wide_1(data, last, xq, xd, xs, out, b, last - start)
+            elif form == 4:
+                _q5_0_wide_1(data, last, xq, xd, xs, out, b, last - start)
+            elif form == 5:
+                _q5_1_wide_1(data, last, xq, xd, xs, out, b, last - start)
+            elif form == 6:
+                _q5_k_wide_1(data, last, xq, xd, xs, out, b, last - start)
+            else:
+                _q6_k_wide_1(data, last, xq, xd, xs, out, b, last - start)
 
 
 def form_id(form: str) -> int:
