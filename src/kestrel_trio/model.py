@@ -380,7 +380,8 @@ def set_products(mode: str) -> None:
     expanded to float32 and multiplied in float32 (the reference; what
     ``--exact-products`` asks for). "auto" (the default): integer where this
     CPU has integer kernels of its own (aarch64), exact elsewhere. Today the
-    integer products cover Q8_0, Q4_0, Q4_1 and Q4_K; other forms stay exact.
+    integer products cover Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K;
+    other forms stay exact.
 
     Raises:
         ModelLoadError: an unknown mode.

@@ -44,7 +44,7 @@ def decode_logits(name: str, mode: str) -> tuple[np.ndarray, dict[str, str]]:
 def test_integer_decode_steps_stay_within_a_few_percent_of_the_exact_logits(name):
     exact, exact_kernels = decode_logits(name, "exact")
     integer, integer_kernels = decode_logits(name, "integer")
-    for form in set(exact_kernels) & {"Q8_0", "Q4_0", "Q4_1", "Q4_K"}:
+    for form in set(exact_kernels) & {"Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q5_1", "Q5_K", "Q6_K"}:
         assert exact_kernels[form] == "portable" and integer_kernels[form] in ("sdot", "neon", "int8")
     relative = np.abs(integer - exact).max(axis=1) / np.abs(exact).max(axis=1)  # [steps]
     assert relative.min() > 0  # the integer products ran

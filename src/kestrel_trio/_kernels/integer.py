@@ -1,4 +1,4 @@
-"""Integer dot products of Q8_0, Q4_0, Q4_1 and Q4_K weights with activations quantized to int8: the portable reference.
+"""Integer dot products of GGUF-quantized weights with activations quantized to int8: the portable reference.
 
 Theory of operation: the exact products expand every quantized weight to
 float32 and multiply in float32, about three aarch64 instructions a weight;
@@ -11,6 +11,12 @@ product as ``d_w * d_x * sum(q_w * q_x)``, an int32 sum of 32 int8 products
 block's activation sum ``s_x = d_x * sum(q_x)``; Q4_K's blocks of 256 are
 eight sub-blocks of 32, each with its 6-bit scale and minimum (``d * scale``,
 ``min * -dmin``), taken as eight blocks of 32 against the activations' own.
+Q5_0, Q5_1 and Q5_K are Q4_0, Q4_1 and Q4_K with a fifth bit a weight (Q5_0
+less 16 instead of 8). Q6_K's blocks of 256 have an int8 scale a 16 weights
+and one float16 ``d``: each 16 weights' int32 sum is multiplied by its scale
+in int32 (exact: below 2**24, so exact in float32 too), the two halves of a
+32-block added, and ``d * d_x`` applied once a 32 weights, as for the others;
+llama.cpp's Q6_K x Q8_K product scales its 16-weight sums in integers too.
 
 These loops fix that arithmetic for every kernel (kestrel_trio._kernels.arm):
 four int32 lane sums a block, grouped as two ``sdot`` group them, accumulated

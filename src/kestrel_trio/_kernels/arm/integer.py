@@ -1,4 +1,4 @@
-"""Q8_0, Q4_0, Q4_1, Q4_K x int8 block dot products for aarch64 NEON: ``sdot`` with dotprod, widening without.
+"""GGUF-quantized x int8 block dot products for aarch64 NEON: ``sdot`` with dotprod, widening without.
 
 Theory of operation: each block's product is ``d_w * d_x * (the int8
 products of its 32 weights and 32 quantized activations)`` (Q4_1 adds its
@@ -12,15 +12,21 @@ fixed 32-block unroll into scalar code. A block, for one weight row:
 - its 32 weights as two int8x16 vectors: Q8_0's bytes as stored; Q4_0's 16
   bytes of nibbles split (low nibbles: weights 0-15, high: 16-31) less 8;
   Q4_1's split, unsigned; Q4_K's sub-block pair's 32 bytes, low nibbles for the
-  even sub-block, high for the odd;
+  even sub-block, high for the odd; Q5_0 and Q5_1 as Q4_0 and Q4_1 with the
+  fifth bits of their uint32 spread a byte to 8 lanes and tested lane by lane
+  (``cmtst``), Q5_0's weights less 16; Q5_K as Q4_K with sub-block ``j``'s fifth
+  bits shifted from bit ``j`` of its 32 bytes to bit 4; Q6_K's nibbles or'ed
+  with its 2-bit parts shifted to bits 4-5, less 32;
 - its 32 products summed into four int32 lanes, lane ``j`` holding bytes
   ``4j..4j+3`` and ``16+4j..16+4j+3``: two ``sdot`` (``llvm.aarch64.neon.sdot``;
   ARMv8.2-A dotprod: Cortex-A76, A55), or without dotprod the same lane sums from
   sign-extended bytes (generic IR that LLVM lowers to ``smull``/``sadalp`` on
   NEON, to ``vpmaddwd`` on x86-64);
+- Q6_K: one ``sdot`` a 16 weights, its lanes times the 16 weights' int8 scale
+  (``mul``), the two added (exact in int32, and below 2**24);
 - the lanes converted to float32 and accumulated as ``acc = fma(lanes, d_w *
   d_x, acc)``: four float32 lanes a row, no across-lanes add per block;
-- Q4_1, Q4_K: ``bias = fma(offset, s_x, bias)``, a float32 scalar a row;
+- Q4_1, Q5_1, Q4_K, Q5_K: ``bias = fma(offset, s_x, bias)``, a float32 scalar a row;
 - at the row's end ``(acc0 + acc1) + (acc2 + acc3)`` (``+ bias``).
 
 Rows go four at a time, sharing the activation loads and the loop. Integer sums
