@@ -73,16 +73,24 @@ _AVX512VNNI_CPUS = frozenset((
 
 
 def compiled_features(name: str | None = None, features: str | None = None) -> frozenset[str]:
-    """The LLVM features among avx2, f16c, fma, avxvnni, avx512vnni, avx512vl that numba's code has: ``name`` and
-    ``features`` (default: numba's CPU name and feature string, ``NUMBA_CPU_NAME``/``NUMBA_CPU_FEATURES`` or the
-    host's). A feature the string names (``+avx2``, ``-avx2``) is as it says; one it leaves unsaid is the CPU
-    name's (LLVM's own reading)."""
+    """The features among avx2, f16c, fma, avxvnni, avx512vnni, avx512vl (LLVM's names) that numba's code has, for
+    choosing a kernel: of CPU ``name`` with feature string ``features`` (default: numba's, ``NUMBA_CPU_NAME`` and
+    ``NUMBA_CPU_FEATURES``, else the host's). A feature the string names (``+avx2``, ``-avx2``) is as it says; one
+    it leaves unsaid is the CPU name's (LLVM's reading). numba given a CPU name and no feature string compiles
+    with the host's features: then a kernel takes only what the name implies as well, so that
+    ``NUMBA_CPU_NAME=haswell`` chooses an AVX2 machine's kernel (its code can hold either)."""
     import llvmlite.binding as llvm
     from numba.core import config
 
+    named_only = False
     if name is None:
-        name = config.CPU_NAME or llvm.get_host_cpu_name()
-        features = config.CPU_FEATURES if config.CPU_FEATURES is not None else llvm.get_host_cpu_features().flatten()
+        name, features = config.CPU_NAME, config.CPU_FEATURES
+        if name in (None, "host"):
+            name = llvm.get_host_cpu_name()
+        elif features is None:
+            named_only = True
+        if features is None:
+            features = llvm.get_host_cpu_features().flatten()
     said = {}
     for item in (features or "").split(","):
         item = item.strip()
@@ -99,7 +107,7 @@ def compiled_features(name: str | None = None, features: str | None = None) -> f
     if name in _AVX512VNNI_CPUS:
         implied.add("avx512vnni")
     wanted = ("avx2", "f16c", "fma", "avxvnni", "avx512vnni", "avx512vl")
-    return frozenset(f for f in wanted if said.get(f, f in implied))
+    return frozenset(f for f in wanted if said.get(f, f in implied) and (f in implied or not named_only))
 
 
 def usable_kernel(runs, compiled: frozenset[str] | None = None) -> str | None:
