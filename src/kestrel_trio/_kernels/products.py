@@ -1488,8 +1488,8 @@ def _arch_kernel(form: str) -> tuple[str, bool] | None:
     if platform.machine() in ("x86_64", "AMD64"):
         from kestrel_trio._kernels.x86 import integer as x86
 
-        name = x86.usable_kernel(cpu.this_cpu().has) if form in x86.FORMS else None
-        return (name, form in X86_AUTO_FORMS) if name is not None else None
+        kind = x86.usable_kernel(cpu.this_cpu().has) if form in x86.FORMS else None
+        return (x86.KINDS[kind], form in X86_AUTO_FORMS) if kind is not None else None
     return None
 
 
@@ -1515,9 +1515,12 @@ def _integer_product(name: str, form: str):
     from kestrel_trio._kernels.arm import integer as arm
 
     if name in ("vnni", "avx2"):
+        from kestrel_trio._kernels import cpu
         from kestrel_trio._kernels.x86 import integer as x86
 
-        form_id, kernel = x86.form_id(form), (x86.product_vnni if name == "vnni" else x86.product_avx2)
+        kind = x86.usable_kernel(cpu.this_cpu().has)  # "vnni": the widest this CPU and numba's code take
+        form_id, kernel = x86.form_id(form), {"vnni512": x86.product_vnni512, "vnni256": x86.product_vnni256,
+                                              "avx2": x86.product_avx2}[kind]
     else:
         form_id, kernel = arm.form_id(form), (arm.product_sdot if name == "sdot" else arm.product_widening)
     reference = name == "int8"

@@ -38,7 +38,8 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-__all__ = ["FORMS", "KERNELS", "product_vnni", "product_avx2", "form_id", "usable_kernel", "compiled_features"]
+__all__ = ["FORMS", "KINDS", "product_vnni512", "product_vnni256", "product_avx2", "form_id", "usable_kernel",
+           "compiled_features"]
 
 _I8x16 = ir.VectorType(ir.IntType(8), 16)
 _I8x32 = ir.VectorType(ir.IntType(8), 32)
@@ -56,9 +57,8 @@ FORMS = {"Q8_0": (34, 2, False, 1), "Q4_0": (18, 2, False, 1), "Q4_1": (20, 4, T
 _FORM_IDS = {"Q8_0": 0, "Q4_0": 1, "Q4_1": 2, "Q4_K": 3}  # the reference's ``form`` argument, and these kernels'
 _SIGNED = {"Q8_0": True, "Q4_0": True, "Q4_1": False, "Q4_K": False}  # weights below zero: the sign trick
 
-# Kernel name (for /health and the start-up line) -> the features the code numba compiles must have and the CPU
-# must run; "vnni" takes either encoding of vpdpbusd (usable_kernel).
-KERNELS = ("vnni", "avx2")
+# Kind of kernel (usable_kernel) -> its name for /health and the start-up line.
+KINDS = {"vnni512": "vnni", "vnni256": "vnni", "avx2": "avx2"}
 # LLVM x86 CPU names -> the features of ours they imply (where NUMBA_CPU_FEATURES leaves one unsaid).
 _AVX2_CPUS = frozenset((
     "haswell", "broadwell", "skylake", "skylake-avx512", "cannonlake", "core-avx2", "x86-64-v3", "x86-64-v4", "knl",
@@ -73,7 +73,7 @@ _AVX512VNNI_CPUS = frozenset((
 
 
 def compiled_features(name: str | None = None, features: str | None = None) -> frozenset[str]:
-    """The features among avx2, f16c, fma, avxvnni, avx512vnni, avx512vl (LLVM's names) that numba's code has, for
+    """The features among avx2, f16c, fma, avxvnni, avx512vnni, avx512vl, avx512bw (LLVM's names) that numba's code has, for
     choosing a kernel: of CPU ``name`` with feature string ``features`` (default: numba's, ``NUMBA_CPU_NAME`` and
     ``NUMBA_CPU_FEATURES``, else the host's). A feature the string names (``+avx2``, ``-avx2``) is as it says; one
     it leaves unsaid is the CPU name's (LLVM's reading). numba given a CPU name and no feature string compiles
@@ -103,26 +103,29 @@ def compiled_features(name: str | None = None, features: str | None = None) -> f
     if name in _AVXVNNI_CPUS:
         implied.add("avxvnni")
     if name in _AVX512VNNI_CPUS | {"skylake-avx512", "x86-64-v4", "cannonlake"}:
-        implied.add("avx512vl")
+        implied |= {"avx512vl", "avx512bw"}
     if name in _AVX512VNNI_CPUS:
         implied.add("avx512vnni")
-    wanted = ("avx2", "f16c", "fma", "avxvnni", "avx512vnni", "avx512vl")
+    wanted = ("avx2", "f16c", "fma", "avxvnni", "avx512vnni", "avx512vl", "avx512bw")
     return frozenset(f for f in wanted if said.get(f, f in implied) and (f in implied or not named_only))
 
 
 def usable_kernel(runs, compiled: frozenset[str] | None = None) -> str | None:
-    """The best of KERNELS that numba's code can hold and this CPU can run, or None: ``runs(feature)`` is the CPU's
-    word (``cpu.this_cpu().has``, our names: "avx2", "avxvnni", "avx512vnni"), ``compiled`` numba's
-    (:func:`compiled_features`). LLVM encodes ``vpdpbusd`` as ``{vex}`` (AVX-VNNI) when the code has avxvnni, else
-    EVEX (AVX512-VNNI with VL): the CPU must have the one the code will hold."""
+    """The best kind of kernel (a key of KINDS) that numba's code can hold and this CPU can run, or None:
+    ``runs(feature)`` is the CPU's word (``cpu.this_cpu().has``, our names: "avx2", "avxvnni", "avx512vnni"),
+    ``compiled`` numba's (:func:`compiled_features`). LLVM encodes a 128/256-bit ``vpdpbusd`` as ``{vex}``
+    (AVX-VNNI) when the code has avxvnni, else EVEX (AVX512-VNNI with VL), and a 512-bit one EVEX: the CPU must
+    have the encodings the code will hold."""
     compiled = compiled_features() if compiled is None else compiled
     if not {"avx2", "f16c"} <= compiled or not runs("avx2"):
         return None
-    if "avxvnni" in compiled:
-        vnni = runs("avxvnni")
-    else:
-        vnni = {"avx512vnni", "avx512vl"} <= compiled and runs("avx512vnni")
-    return "vnni" if vnni else "avx2"
+    narrow = runs("avxvnni") if "avxvnni" in compiled else ({"avx512vnni", "avx512vl"} <= compiled
+                                                             and runs("avx512vnni"))
+    if narrow and {"avx512vnni", "avx512bw", "avx512vl"} <= compiled and runs("avx512vnni"):
+        return "vnni512"
+    if narrow and "avxvnni" in compiled:
+        return "vnni256"
+    return "avx2"
 
 
 def _splat(builder, value, vector):
@@ -307,56 +310,287 @@ def _rows_dot(lanes_of, rows: int, form: str):
     return rows_dot
 
 
-_KERNELS = {(lanes.__name__, form, rows): _rows_dot(lanes, rows, form)
-            for lanes in (_lanes_vnni, _lanes_avx2) for form in FORMS for rows in (_ROWS, 1)}
-_q8_0_vnni, _q8_0_vnni_1 = _KERNELS["_lanes_vnni", "Q8_0", _ROWS], _KERNELS["_lanes_vnni", "Q8_0", 1]
-_q4_0_vnni, _q4_0_vnni_1 = _KERNELS["_lanes_vnni", "Q4_0", _ROWS], _KERNELS["_lanes_vnni", "Q4_0", 1]
-_q4_1_vnni, _q4_1_vnni_1 = _KERNELS["_lanes_vnni", "Q4_1", _ROWS], _KERNELS["_lanes_vnni", "Q4_1", 1]
-_q4_k_vnni, _q4_k_vnni_1 = _KERNELS["_lanes_vnni", "Q4_K", _ROWS], _KERNELS["_lanes_vnni", "Q4_K", 1]
-_q8_0_avx2, _q8_0_avx2_1 = _KERNELS["_lanes_avx2", "Q8_0", _ROWS], _KERNELS["_lanes_avx2", "Q8_0", 1]
-_q4_0_avx2, _q4_0_avx2_1 = _KERNELS["_lanes_avx2", "Q4_0", _ROWS], _KERNELS["_lanes_avx2", "Q4_0", 1]
-_q4_1_avx2, _q4_1_avx2_1 = _KERNELS["_lanes_avx2", "Q4_1", _ROWS], _KERNELS["_lanes_avx2", "Q4_1", 1]
-_q4_k_avx2, _q4_k_avx2_1 = _KERNELS["_lanes_avx2", "Q4_K", _ROWS], _KERNELS["_lanes_avx2", "Q4_K", 1]
+# ---------------------------------------------------------------- several rows in one vector
+
+_ACTS = 4  # activation rows a pass of the wide kernels (their weights decoded once for all of them)
+_SLOTS = {"vnni512": 4, "vnni256": 2, "avx2": 2}  # weight rows a vector holds, 16 bytes (4 int32 lanes) each
 
 
-# One compiled function a kernel, the form chosen by an argument (``_FORM_IDS``) outside the loops: numba caches
+def _wide_lanes(builder, kind: str, slots: int, w0, w1, x0, x1, init):
+    """``init`` + the int32 lane sums of ``slots`` rows at once: ``w0``/``w1`` [slots * 16] unsigned bytes (slot
+    r: row r's weights 0-15 / 16-31), ``x0``/``x1`` the activation's 16 bytes in every slot; slot r's four lanes
+    are row r's ``sdot`` lanes (lane j: bytes 4j..4j+3 of each half)."""
+    width = slots * 4
+    i32s, i8s = ir.VectorType(ir.IntType(32), width), ir.VectorType(ir.IntType(8), slots * 16)
+    if kind.startswith("vnni"):
+        dot = cgutils.get_or_insert_function(builder.module, ir.FunctionType(i32s, [i32s, i8s, i8s]),
+                                             f"llvm.x86.avx512.vpdpbusd.{slots * 128}")
+        return builder.call(dot, [builder.call(dot, [init, w0, x0]), w1, x1])  # [slots * 4] int32
+    i16s = ir.VectorType(ir.IntType(16), slots * 8)
+    maddubs = cgutils.get_or_insert_function(builder.module, ir.FunctionType(i16s, [i8s, i8s]),
+                                             "llvm.x86.avx2.pmadd.ub.sw")
+    maddwd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(i32s, [i16s, i16s]),
+                                            "llvm.x86.avx2.pmadd.wd")
+    ones = ir.Constant(i16s, [1] * (slots * 8))
+    halves = [builder.call(maddwd, [builder.call(maddubs, [w, x]), ones]) for w, x in ((w0, x0), (w1, x1))]
+    return builder.add(init, builder.add(*halves))  # [slots * 4] int32
+
+
+def _concat(builder, vectors):
+    """The vectors (of one type) end to end: [len * n]."""
+    while len(vectors) > 1:
+        n = vectors[0].type.count
+        vectors = [builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(ir.IntType(32), 2 * n), list(range(2 * n))))
+                   for a, b in zip(vectors[::2], vectors[1::2])]
+    return vectors[0]
+
+
+def _spread(builder, scalars, each: int):
+    """Scalars (float32) as a vector, each repeated ``each`` times: [len * each]."""
+    vector = ir.Constant(ir.VectorType(_F32, len(scalars)), None)
+    for i, value in enumerate(scalars):
+        vector = builder.insert_element(vector, value, ir.Constant(ir.IntType(32), i))
+    if each == 1:
+        return vector
+    n = len(scalars) * each
+    return builder.shuffle_vector(vector, vector, ir.Constant(ir.VectorType(ir.IntType(32), n),
+                                                               [i // each for i in range(n)]))
+
+
+def _sub_block_raw(builder, form: str, at, sub: int):
+    """Sub-block ``sub`` of the block at ``at``: (its weights 0-15, 16-31 as int8x16 vectors, as stored: Q8_0's
+    signed bytes, the nibbles 0-15 of the others (Q4_0's not less 8), its float32 scale, its offset or None)."""
+    quants = FORMS[form][1]
+    if form == "Q8_0":
+        return _load16(builder, at, _at(quants)), _load16(builder, at, _at(quants + 16)), _half_at(builder, at, 0), None
+    if form == "Q4_K":
+        pair, high = divmod(sub, 2)
+        bytes0 = _load16(builder, at, _at(quants + 32 * pair))  # weights 0-15 of sub-blocks 2 * pair, 2 * pair + 1
+        bytes1 = _load16(builder, at, _at(quants + 32 * pair + 16))  # weights 16-31
+        scale, low_min = _k_scale_min(builder, at, sub)
+        return (_nibbles(builder, bytes0, bool(high)), _nibbles(builder, bytes1, bool(high)),
+                builder.fmul(_half_at(builder, at, 0), builder.uitofp(scale, _F32)),
+                builder.fmul(builder.uitofp(low_min, _F32), builder.fneg(_half_at(builder, at, 2))))
+    nibbles = _load16(builder, at, _at(quants))  # [16] bytes: weight i low, weight 16 + i high
+    return (_nibbles(builder, nibbles, False), _nibbles(builder, nibbles, True), _half_at(builder, at, 0),
+            _half_at(builder, at, 2) if form == "Q4_1" else None)
+
+
+def _wide_dot(kind: str, form: str, acts: int):
+    """An intrinsic ``(data, r, xq, xd, xs, out, b, column) -> None``: rows ``data[r : r + slots]`` of ``form``
+    against activation rows ``b .. b + acts`` (arguments as :func:`_rows_dot`), into ``out[b + a, column + i]``:
+    one vector holds a lane group of every row, each block's weights are decoded once for all ``acts`` rows.
+    The weights' bytes go in unsigned: Q4_1's and Q4_K's nibbles as they are; Q4_0's nibbles are its weights
+    plus 8 and Q8_0's bytes ``^ 0x80`` its weights plus 128, so each activation's own lanes times that offset
+    (the same instruction on a splat of it) start the sum negated, exactly; AVX2's ``vpmaddubsw`` would
+    saturate on ``255 * 127 * 2``, so there Q8_0's weights lend their sign to the activations instead."""
+    block_bytes, _, has_min, subs = FORMS[form]
+    slots = _SLOTS[kind]
+    width = slots * 4  # int32 lanes (float32 accumulators) a vector
+    sign_trick = kind == "avx2" and form == "Q8_0"
+    offset = {"Q8_0": 128, "Q4_0": 8}.get(form) if not sign_trick else None
+    i8s, i32s, f32s = (ir.VectorType(t, n) for t, n in ((ir.IntType(8), slots * 16), (ir.IntType(32), width),
+                                                         (_F32, width)))
+    f32r = ir.VectorType(_F32, slots)
+
+    @intrinsic
+    def wide_dot(typingctx, data, r, xq, xd, xs, out, b, column):
+        def codegen(context, builder, signature, args):
+            data_t, _, xq_t, xd_t, xs_t, out_t, _, _ = signature.args
+            data_a = context.make_array(data_t)(context, builder, args[0])
+            xq_a = context.make_array(xq_t)(context, builder, args[2])
+            xd_a = context.make_array(xd_t)(context, builder, args[3])
+            xs_a = context.make_array(xs_t)(context, builder, args[4])
+            out_a = context.make_array(out_t)(context, builder, args[5])
+            r, b, column = (context.cast(builder, v, t, types.intp) for v, t in
+                            ((args[1], signature.args[1]), (args[6], signature.args[6]), (args[7], signature.args[7])))
+            zero = _at(0)
+            row_ptrs = [cgutils.get_item_pointer2(context, builder, data_a.data, cgutils.unpack_tuple(
+                builder, data_a.shape, 2), cgutils.unpack_tuple(builder, data_a.strides, 2), "C",
+                [builder.add(r, _at(i)), zero]) for i in range(slots)]  # uint8* each
+            act_ptrs = [(cgutils.get_item_pointer(context, builder, xq_t, xq_a, [builder.add(b, _at(a)), zero]),
+                         cgutils.get_item_pointer(context, builder, xd_t, xd_a, [builder.add(b, _at(a)), zero]),
+                         cgutils.get_item_pointer(context, builder, xs_t, xs_a, [builder.add(b, _at(a)), zero]))
+                        for a in range(acts)]  # (int8*, float*, float*) each
+            units = builder.sdiv(builder.extract_value(xq_a.shape, 1), _at(32 * subs))  # blocks
+            fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f32s, [f32s] * 3),
+                                                 f"llvm.fma.v{width}f32")
+            fma_r = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f32r, [f32r] * 3),
+                                                   f"llvm.fma.v{slots}f32")
+            accs = [cgutils.alloca_once_value(builder, ir.Constant(f32s, None)) for _ in range(acts)]  # [width]
+            biases = [cgutils.alloca_once_value(builder, ir.Constant(f32r, None)) for _ in range(acts)]  # [slots]
+            spread16 = ir.Constant(ir.VectorType(ir.IntType(32), slots * 16), [i % 16 for i in range(slots * 16)])
+            with cgutils.for_range(builder, units) as loop:
+                w_off = builder.mul(loop.index, _at(block_bytes))
+                blocks = [builder.gep(row_ptr, [w_off]) for row_ptr in row_ptrs]
+                for sub in range(subs):
+                    found = [_sub_block_raw(builder, form, at, sub) for at in blocks]
+                    w0, w1 = (_concat(builder, [f[h] for f in found]) for h in (0, 1))  # [slots * 16] bytes each
+                    if form == "Q8_0" and not sign_trick:
+                        w0, w1 = (builder.xor(w, ir.Constant(i8s, [0x80] * (slots * 16))) for w in (w0, w1))
+                    if sign_trick:
+                        negative = [builder.icmp_signed("<", w, ir.Constant(i8s, None)) for w in (w0, w1)]
+                        w0, w1 = (builder.select(n, builder.neg(w), w) for n, w in zip(negative, (w0, w1)))
+                    scales = _spread(builder, [f[2] for f in found], 4)  # [width]: row r's scale in slot r
+                    offsets = _spread(builder, [f[3] for f in found], 1) if has_min else None  # [slots]
+                    k = builder.add(builder.mul(loop.index, _at(subs)), _at(sub))  # the 32-block
+                    for (x_ptr, d_ptr, s_ptr), acc, bias in zip(act_ptrs, accs, biases):
+                        x_at = builder.gep(x_ptr, [builder.mul(k, _at(32))])
+                        x0, x1 = (builder.shuffle_vector(_load16(builder, x_at, _at(h)), ir.Constant(_I8x16, None),
+                                                         spread16) for h in (0, 16))  # [slots * 16] each
+                        init = ir.Constant(i32s, None)
+                        if offset is not None:  # minus offset * the activation's lanes
+                            lifted = ir.Constant(i8s, [offset] * (slots * 16))
+                            init = builder.neg(_wide_lanes(builder, kind, slots, lifted, lifted, x0, x1, init))
+                        if sign_trick:
+                            x0, x1 = (builder.select(n, builder.neg(x), x) for n, x in zip(negative, (x0, x1)))
+                        lanes = _wide_lanes(builder, kind, slots, w0, w1, x0, x1, init)  # [width] int32
+                        d_x = builder.load(builder.gep(d_ptr, [k]))
+                        if has_min:
+                            s_x = _spread(builder, [builder.load(builder.gep(s_ptr, [k]))] * slots, 1)
+                            builder.store(builder.call(fma_r, [offsets, s_x, builder.load(bias)]), bias)
+                        step = builder.fmul(scales, _spread(builder, [d_x], width))  # [width]: scale_w * d_x
+                        builder.store(builder.call(fma, [builder.sitofp(lanes, f32s), step, builder.load(acc)]), acc)
+            for a, (acc, bias) in enumerate(zip(accs, biases)):
+                vector = builder.load(acc)
+                for i in range(slots):
+                    parts = [builder.extract_element(vector, ir.Constant(ir.IntType(32), 4 * i + j)) for j in range(4)]
+                    total = builder.fadd(builder.fadd(parts[0], parts[1]), builder.fadd(parts[2], parts[3]))
+                    if has_min:
+                        total = builder.fadd(total, builder.extract_element(builder.load(bias),
+                                                                            ir.Constant(ir.IntType(32), i)))
+                    builder.store(total, cgutils.get_item_pointer(
+                        context, builder, out_t, out_a, [builder.add(b, _at(a)), builder.add(column, _at(i))]))
+            return context.get_dummy_value()
+
+        if not (isinstance(data, types.Array) and data.ndim == 2 and data.layout == "C" and data.dtype == types.uint8):
+            return None
+        if not (isinstance(xq, types.Array) and xq.ndim == 2 and xq.layout == "C" and xq.dtype == types.int8):
+            return None
+        for scales in (xd, xs):
+            if not (isinstance(scales, types.Array) and scales.ndim == 2 and scales.layout == "C"
+                    and scales.dtype == types.float32):
+                return None
+        if not (isinstance(out, types.Array) and out.ndim == 2 and out.dtype == types.float32):
+            return None
+        return types.void(data, r, xq, xd, xs, out, b, column), codegen
+
+    return wide_dot
+
+
+# The kernels a driver below calls, named, as numba needs them (module globals): per kind and form, the wide
+# pass (slots rows x _ACTS activation rows), its one-activation-row form, and one row at a time for the rows left.
+_ONE_ROW = {(lanes, form): _rows_dot(lanes, 1, form) for lanes in (_lanes_vnni, _lanes_avx2) for form in FORMS}
+_q8_0_vnni512, _q8_0_vnni512_a1 = _wide_dot("vnni512", "Q8_0", _ACTS), _wide_dot("vnni512", "Q8_0", 1)
+_q8_0_vnni256, _q8_0_vnni256_a1 = _wide_dot("vnni256", "Q8_0", _ACTS), _wide_dot("vnni256", "Q8_0", 1)
+_q8_0_avx2, _q8_0_avx2_a1 = _wide_dot("avx2", "Q8_0", _ACTS), _wide_dot("avx2", "Q8_0", 1)
+_q8_0_vnni_row, _q8_0_avx2_row = _ONE_ROW[_lanes_vnni, "Q8_0"], _ONE_ROW[_lanes_avx2, "Q8_0"]
+_q4_0_vnni512, _q4_0_vnni512_a1 = _wide_dot("vnni512", "Q4_0", _ACTS), _wide_dot("vnni512", "Q4_0", 1)
+_q4_0_vnni256, _q4_0_vnni256_a1 = _wide_dot("vnni256", "Q4_0", _ACTS), _wide_dot("vnni256", "Q4_0", 1)
+_q4_0_avx2, _q4_0_avx2_a1 = _wide_dot("avx2", "Q4_0", _ACTS), _wide_dot("avx2", "Q4_0", 1)
+_q4_0_vnni_row, _q4_0_avx2_row = _ONE_ROW[_lanes_vnni, "Q4_0"], _ONE_ROW[_lanes_avx2, "Q4_0"]
+_q4_1_vnni512, _q4_1_vnni512_a1 = _wide_dot("vnni512", "Q4_1", _ACTS), _wide_dot("vnni512", "Q4_1", 1)
+_q4_1_vnni256, _q4_1_vnni256_a1 = _wide_dot("vnni256", "Q4_1", _ACTS), _wide_dot("vnni256", "Q4_1", 1)
+_q4_1_avx2, _q4_1_avx2_a1 = _wide_dot("avx2", "Q4_1", _ACTS), _wide_dot("avx2", "Q4_1", 1)
+_q4_1_vnni_row, _q4_1_avx2_row = _ONE_ROW[_lanes_vnni, "Q4_1"], _ONE_ROW[_lanes_avx2, "Q4_1"]
+_q4_k_vnni512, _q4_k_vnni512_a1 = _wide_dot("vnni512", "Q4_K", _ACTS), _wide_dot("vnni512", "Q4_K", 1)
+_q4_k_vnni256, _q4_k_vnni256_a1 = _wide_dot("vnni256", "Q4_K", _ACTS), _wide_dot("vnni256", "Q4_K", 1)
+_q4_k_avx2, _q4_k_avx2_a1 = _wide_dot("avx2", "Q4_K", _ACTS), _wide_dot("avx2", "Q4_K", 1)
+_q4_k_vnni_row, _q4_k_avx2_row = _ONE_ROW[_lanes_vnni, "Q4_K"], _ONE_ROW[_lanes_avx2, "Q4_K"]
+
+
+# One compiled function a kind, the form chosen by an argument (``_FORM_IDS``) outside the loops: numba caches
 # neither a function a factory makes nor one handed a kernel, so the kernels are named here. Compile (call) one
-# only where usable_kernel names it: LLVM cannot select the instruction for code without it.
+# only where usable_kernel names its kind: LLVM cannot select an instruction for code without it.
 @njit(nogil=True, cache=True)
-def product_vnni(form, data, xq, xd, xs, start, stop, out):
+def product_vnni512(form, data, xq, xd, xs, start, stop, out):
     """``out`` [N, stop-start] = the quantized activations ``xq`` int8 [N, cols] / ``xd``, ``xs`` float32 [N,
     cols/32] (scales, block sums) @ rows ``data`` uint8 [start:stop, ...] of form ``form`` (0: Q8_0, 1: Q4_0,
-    2: Q4_1, 3: Q4_K), by ``vpdpbusd`` (AVX-VNNI or AVX512-VNNI), four rows a pass."""
+    2: Q4_1, 3: Q4_K), by ``vpdpbusd``: four rows in a zmm, four activation rows a pass (AVX512-VNNI + BW), the
+    rows left one at a time in xmm."""
+    n = xq.shape[0]
     r = start
     while r + 4 <= stop:
-        for b in range(xq.shape[0]):
+        b = 0
+        while b + 4 <= n:
             if form == 0:
-                _q8_0_vnni(data, r, xq, xd, xs, out, b, r - start)
+                _q8_0_vnni512(data, r, xq, xd, xs, out, b, r - start)
             elif form == 1:
-                _q4_0_vnni(data, r, xq, xd, xs, out, b, r - start)
+                _q4_0_vnni512(data, r, xq, xd, xs, out, b, r - start)
             elif form == 2:
-                _q4_1_vnni(data, r, xq, xd, xs, out, b, r - start)
+                _q4_1_vnni512(data, r, xq, xd, xs, out, b, r - start)
             else:
-                _q4_k_vnni(data, r, xq, xd, xs, out, b, r - start)
+                _q4_k_vnni512(data, r, xq, xd, xs, out, b, r - start)
+            b += 4
+        for b in range(b, n):
+            if form == 0:
+                _q8_0_vnni512_a1(data, r, xq, xd, xs, out, b, r - start)
+            elif form == 1:
+                _q4_0_vnni512_a1(data, r, xq, xd, xs, out, b, r - start)
+            elif form == 2:
+                _q4_1_vnni512_a1(data, r, xq, xd, xs, out, b, r - start)
+            else:
+                _q4_k_vnni512_a1(data, r, xq, xd, xs, out, b, r - start)
         r += 4
-    for last in range(r, stop):
-        for b in range(xq.shape[0]):
+    for r in range(r, stop):
+        for b in range(n):
             if form == 0:
-                _q8_0_vnni_1(data, last, xq, xd, xs, out, b, last - start)
+                _q8_0_vnni_row(data, r, xq, xd, xs, out, b, r - start)
             elif form == 1:
-                _q4_0_vnni_1(data, last, xq, xd, xs, out, b, last - start)
+                _q4_0_vnni_row(data, r, xq, xd, xs, out, b, r - start)
             elif form == 2:
-                _q4_1_vnni_1(data, last, xq, xd, xs, out, b, last - start)
+                _q4_1_vnni_row(data, r, xq, xd, xs, out, b, r - start)
             else:
-                _q4_k_vnni_1(data, last, xq, xd, xs, out, b, last - start)
+                _q4_k_vnni_row(data, r, xq, xd, xs, out, b, r - start)
+
+
+@njit(nogil=True, cache=True)
+def product_vnni256(form, data, xq, xd, xs, start, stop, out):
+    """As :func:`product_vnni512` with two rows in a ymm (AVX-VNNI without AVX-512)."""
+    n = xq.shape[0]
+    r = start
+    while r + 2 <= stop:
+        b = 0
+        while b + 4 <= n:
+            if form == 0:
+                _q8_0_vnni256(data, r, xq, xd, xs, out, b, r - start)
+            elif form == 1:
+                _q4_0_vnni256(data, r, xq, xd, xs, out, b, r - start)
+            elif form == 2:
+                _q4_1_vnni256(data, r, xq, xd, xs, out, b, r - start)
+            else:
+                _q4_k_vnni256(data, r, xq, xd, xs, out, b, r - start)
+            b += 4
+        for b in range(b, n):
+            if form == 0:
+                _q8_0_vnni256_a1(data, r, xq, xd, xs, out, b, r - start)
+            elif form == 1:
+                _q4_0_vnni256_a1(data, r, xq, xd, xs, out, b, r - start)
+            elif form == 2:
+                _q4_1_vnni256_a1(data, r, xq, xd, xs, out, b, r - start)
+            else:
+                _q4_k_vnni256_a1(data, r, xq, xd, xs, out, b, r - start)
+        r += 2
+    for r in range(r, stop):
+        for b in range(n):
+            if form == 0:
+                _q8_0_vnni_row(data, r, xq, xd, xs, out, b, r - start)
+            elif form == 1:
+                _q4_0_vnni_row(data, r, xq, xd, xs, out, b, r - start)
+            elif form == 2:
+                _q4_1_vnni_row(data, r, xq, xd, xs, out, b, r - start)
+            else:
+                _q4_k_vnni_row(data, r, xq, xd, xs, out, b, r - start)
 
 
 @njit(nogil=True, cache=True)
 def product_avx2(form, data, xq, xd, xs, start, stop, out):
-    """As :func:`product_vnni` by ``vpmaddubsw`` + ``vpmaddwd`` (AVX2)."""
+    """As :func:`product_vnni512` by ``vpmaddubsw`` + ``vpmaddwd``, two rows in a ymm (AVX2)."""
+    n = xq.shape[0]
     r = start
-    while r + 4 <= stop:
-        for b in range(xq.shape[0]):
+    while r + 2 <= stop:
+        b = 0
+        while b + 4 <= n:
             if form == 0:
                 _q8_0_avx2(data, r, xq, xd, xs, out, b, r - start)
             elif form == 1:
@@ -365,17 +599,27 @@ def product_avx2(form, data, xq, xd, xs, start, stop, out):
                 _q4_1_avx2(data, r, xq, xd, xs, out, b, r - start)
             else:
                 _q4_k_avx2(data, r, xq, xd, xs, out, b, r - start)
-        r += 4
-    for last in range(r, stop):
-        for b in range(xq.shape[0]):
+            b += 4
+        for b in range(b, n):
             if form == 0:
-                _q8_0_avx2_1(data, last, xq, xd, xs, out, b, last - start)
+                _q8_0_avx2_a1(data, r, xq, xd, xs, out, b, r - start)
             elif form == 1:
-                _q4_0_avx2_1(data, last, xq, xd, xs, out, b, last - start)
+                _q4_0_avx2_a1(data, r, xq, xd, xs, out, b, r - start)
             elif form == 2:
-                _q4_1_avx2_1(data, last, xq, xd, xs, out, b, last - start)
+                _q4_1_avx2_a1(data, r, xq, xd, xs, out, b, r - start)
             else:
-                _q4_k_avx2_1(data, last, xq, xd, xs, out, b, last - start)
+                _q4_k_avx2_a1(data, r, xq, xd, xs, out, b, r - start)
+        r += 2
+    for r in range(r, stop):
+        for b in range(n):
+            if form == 0:
+                _q8_0_avx2_row(data, r, xq, xd, xs, out, b, r - start)
+            elif form == 1:
+                _q4_0_avx2_row(data, r, xq, xd, xs, out, b, r - start)
+            elif form == 2:
+                _q4_1_avx2_row(data, r, xq, xd, xs, out, b, r - start)
+            else:
+                _q4_k_avx2_row(data, r, xq, xd, xs, out, b, r - start)
 
 
 def form_id(form: str) -> int:
