@@ -357,9 +357,36 @@ def _spread(builder, scalars, each: int):
                                                                [i // each for i in range(n)]))
 
 
-def _sub_block_raw(builder, form: str, at, sub: int):
+def _k_scales(builder, at):
+    """A Q4_K block's eight sub-block scales ``d * scale`` and offsets ``min * -dmin`` (float32 [8] each), from
+    ggml's 6-bit packing of the 12 bytes at ``at + 4`` in vector operations (:func:`_k_scale_min`'s arithmetic:
+    scale j < 4: q[j] & 63, else (q[j + 4] & 15) | (q[j - 4] >> 6) << 4; min j < 4: q[j + 4] & 63, else
+    (q[j + 4] >> 4) | (q[j] >> 6) << 4)."""
+    i32x8 = ir.VectorType(ir.IntType(32), 8)
+    q = builder.zext(_load16(builder, at, _at(4)), ir.VectorType(ir.IntType(32), 16))  # [16]: bytes 4..19
+
+    def pick(indices):
+        return builder.shuffle_vector(q, q, ir.Constant(i32x8, indices))  # [8] int32
+
+    def const(values):
+        return ir.Constant(i32x8, values)
+
+    top = const([0] * 4 + [-1] * 4)  # the high bits only where j >= 4
+    high_bits = [builder.and_(builder.shl(builder.lshr(pick(src), const([6] * 8)), const([4] * 8)), top)
+                 for src in ([0, 1, 2, 3, 0, 1, 2, 3], [4, 5, 6, 7, 4, 5, 6, 7])]  # for the scales, the mins
+    scale = builder.or_(builder.and_(pick([0, 1, 2, 3, 8, 9, 10, 11]), const([63] * 4 + [15] * 4)), high_bits[0])
+    low_min = builder.or_(builder.and_(builder.lshr(pick([4, 5, 6, 7, 8, 9, 10, 11]), const([0] * 4 + [4] * 4)),
+                                       const([63] * 4 + [15] * 4)), high_bits[1])
+    f32x8 = ir.VectorType(_F32, 8)
+    d, minus_dmin = _half_at(builder, at, 0), builder.fneg(_half_at(builder, at, 2))
+    return (builder.fmul(_spread(builder, [d], 8), builder.uitofp(scale, f32x8)),
+            builder.fmul(builder.uitofp(low_min, f32x8), _spread(builder, [minus_dmin], 8)))
+
+
+def _sub_block_raw(builder, form: str, at, sub: int, k_scales=None):
     """Sub-block ``sub`` of the block at ``at``: (its weights 0-15, 16-31 as int8x16 vectors, as stored: Q8_0's
-    signed bytes, the nibbles 0-15 of the others (Q4_0's not less 8), its float32 scale, its offset or None)."""
+    signed bytes, the nibbles 0-15 of the others (Q4_0's not less 8), its float32 scale, its offset or None).
+    Q4_K: ``k_scales``, :func:`_k_scales` of the block."""
     quants = FORMS[form][1]
     if form == "Q8_0":
         return _load16(builder, at, _at(quants)), _load16(builder, at, _at(quants + 16)), _half_at(builder, at, 0), None
@@ -367,10 +394,10 @@ def _sub_block_raw(builder, form: str, at, sub: int):
         pair, high = divmod(sub, 2)
         bytes0 = _load16(builder, at, _at(quants + 32 * pair))  # weights 0-15 of sub-blocks 2 * pair, 2 * pair + 1
         bytes1 = _load16(builder, at, _at(quants + 32 * pair + 16))  # weights 16-31
-        scale, low_min = _k_scale_min(builder, at, sub)
+        scales, offsets = k_scales
+        index = ir.Constant(ir.IntType(32), sub)
         return (_nibbles(builder, bytes0, bool(high)), _nibbles(builder, bytes1, bool(high)),
-                builder.fmul(_half_at(builder, at, 0), builder.uitofp(scale, _F32)),
-                builder.fmul(builder.uitofp(low_min, _F32), builder.fneg(_half_at(builder, at, 2))))
+                builder.extract_element(scales, index), builder.extract_element(offsets, index))
     nibbles = _load16(builder, at, _at(quants))  # [16] bytes: weight i low, weight 16 + i high
     return (_nibbles(builder, nibbles, False), _nibbles(builder, nibbles, True), _half_at(builder, at, 0),
             _half_at(builder, at, 2) if form == "Q4_1" else None)
@@ -423,8 +450,9 @@ def _wide_dot(kind: str, form: str, acts: int):
             with cgutils.for_range(builder, units) as loop:
                 w_off = builder.mul(loop.index, _at(block_bytes))
                 blocks = [builder.gep(row_ptr, [w_off]) for row_ptr in row_ptrs]
+                k_scales = [_k_scales(builder, at) if form == "Q4_K" else None for at in blocks]
                 for sub in range(subs):
-                    found = [_sub_block_raw(builder, form, at, sub) for at in blocks]
+                    found = [_sub_block_raw(builder, form, at, sub, ks) for at, ks in zip(blocks, k_scales)]
                     w0, w1 = (_concat(builder, [f[h] for f in found]) for h in (0, 1))  # [slots * 16] bytes each
                     if form == "Q8_0" and not sign_trick:
                         w0, w1 = (builder.xor(w, ir.Constant(i8s, [0x80] * (slots * 16))) for w in (w0, w1))
