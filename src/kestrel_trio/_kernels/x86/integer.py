@@ -82,7 +82,9 @@ def compiled_features(name: str | None = None, features: str | None = None) -> f
     import llvmlite.binding as llvm
     from numba.core import config
 
-    named_only = False
+    if name is None and _numbas:
+        return _numbas[0]
+    named_only, numbas = False, name is None
     if name is None:
         name, features = config.CPU_NAME, config.CPU_FEATURES
         if name in (None, "host"):
@@ -107,7 +109,13 @@ def compiled_features(name: str | None = None, features: str | None = None) -> f
     if name in _AVX512VNNI_CPUS:
         implied.add("avx512vnni")
     wanted = ("avx2", "f16c", "fma", "avxvnni", "avx512vnni", "avx512vl", "avx512bw")
-    return frozenset(f for f in wanted if said.get(f, f in implied) and (f in implied or not named_only))
+    found = frozenset(f for f in wanted if said.get(f, f in implied) and (f in implied or not named_only))
+    if numbas:  # numba reads its settings once, at import: so can we (LLVM's host query costs ~0.3 ms)
+        _numbas.append(found)
+    return found
+
+
+_numbas: list[frozenset[str]] = []  # compiled_features() of numba's own settings, once known
 
 
 def usable_kernel(runs, compiled: frozenset[str] | None = None) -> str | None:
