@@ -23,9 +23,16 @@ LLVM vector IR (numba ``intrinsic``s), since numba's loops over a fixed
   No pair saturates: ``2 * 128 * 127 = 32512 < 32767``, again because the
   activations stay in [-127, 127] and the sign goes onto them.
 
-Integer sums are exact in any grouping, and every float32 step is the
-reference's in its order, so each kernel equals the reference bit for bit.
-Rows go four at a time, sharing the activation loads and the loop. A weight's
+The wide kernels hold several weight rows in one vector, 16 bytes (four
+int32 lanes, four float32 accumulators) a row: four in a zmm ("vnni512"),
+two in a ymm ("vnni256", AVX-VNNI without AVX-512; "avx2"), and take four
+activation rows a pass, so each block is decoded once for all of them; there
+Q8_0's bytes go in ``^ 0x80`` (its weights plus 128) and Q4_0's nibbles as
+they are (plus 8), and the activation's own lanes times that offset start the
+sum negated (:func:`_wide_dot`). The rows a vector does not fill go one at a
+time (:func:`_rows_dot`). Integer sums are exact in any grouping, and every
+float32 step is the reference's in its order, so each kernel equals the
+reference bit for bit. A weight's
 float16 scale is converted by the CPU (``vcvtph2ps``, F16C), which equals the
 reference's table on every value. A kernel is compiled only for code that has
 its instructions and run only on a CPU that has them (:func:`usable_kernel`).
@@ -49,7 +56,6 @@ _I32x8 = ir.VectorType(ir.IntType(32), 8)
 _F32 = ir.FloatType()
 _F32x4 = ir.VectorType(_F32, 4)
 _I64 = ir.IntType(64)
-_ROWS = 4  # weight rows a pass
 
 # Each form: (bytes a block, where its quants start, whether it has minimums, 32-weight sub-blocks a block). The
 # dispatch takes an x86 kernel for exactly these forms (another form: the exact products on x86-64).
@@ -73,8 +79,8 @@ _AVX512VNNI_CPUS = frozenset((
 
 
 def compiled_features(name: str | None = None, features: str | None = None) -> frozenset[str]:
-    """The features among avx2, f16c, fma, avxvnni, avx512vnni, avx512vl, avx512bw (LLVM's names) that numba's code has, for
-    choosing a kernel: of CPU ``name`` with feature string ``features`` (default: numba's, ``NUMBA_CPU_NAME`` and
+    """The features among avx2, f16c, fma, avxvnni, avx512vnni, avx512vl, avx512bw (LLVM's names) that numba's
+    code has, for choosing a kernel: of CPU ``name`` with feature string ``features`` (default: numba's, ``NUMBA_CPU_NAME`` and
     ``NUMBA_CPU_FEATURES``, else the host's). A feature the string names (``+avx2``, ``-avx2``) is as it says; one
     it leaves unsaid is the CPU name's (LLVM's reading). numba given a CPU name and no feature string compiles
     with the host's features: then a kernel takes only what the name implies as well, so that
@@ -137,9 +143,10 @@ def usable_kernel(runs, compiled: frozenset[str] | None = None) -> str | None:
 
 
 def _splat(builder, value, vector):
-    return builder.shuffle_vector(builder.insert_element(ir.Constant(vector, None), value, ir.Constant(_I64, 0)),
-                                  ir.Constant(vector, None), ir.Constant(ir.VectorType(ir.IntType(32),
-                                                                                       vector.count), [0] * vector.count))
+    """``value`` in every lane of a ``vector``-typed vector."""
+    first = builder.insert_element(ir.Constant(vector, None), value, ir.Constant(_I64, 0))
+    lanes = ir.VectorType(ir.IntType(32), vector.count)
+    return builder.shuffle_vector(first, ir.Constant(vector, None), ir.Constant(lanes, [0] * vector.count))
 
 
 def _signs_moved(builder, w, x):
