@@ -373,15 +373,15 @@ def set_products(mode: str) -> None:
 
     "integer": each step's activations quantized to int8 per block of 32 with a
     float32 scale, as llama.cpp's, and multiplied with the weights' int8 blocks
-    in integer arithmetic (aarch64's ``sdot``): a decode step reads the
+    in integer arithmetic (aarch64's ``sdot``, x86-64's ``vpdpbusd`` or AVX2): a decode step reads the
     weights' bytes instead of expanding every weight to float32, about a
     sixth of the instructions on a Cortex-A76 (docs/performance.md). The logits differ from
     the exact ones by the activations' rounding. "exact": every weight
     expanded to float32 and multiplied in float32 (the reference; what
     ``--exact-products`` asks for). "auto" (the default): integer where this
-    CPU has integer kernels of its own (aarch64), exact elsewhere. Today the
-    integer products cover Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K;
-    other forms stay exact.
+    CPU has integer kernels of its own (aarch64; x86-64 with AVX2), exact elsewhere. Today the
+    integer products cover Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K on aarch64 and the
+    first four on x86-64; other forms stay exact.
 
     Raises:
         ModelLoadError: an unknown mode.

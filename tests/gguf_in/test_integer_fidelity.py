@@ -13,12 +13,15 @@ moves no step by more than 3%).
 
 from __future__ import annotations
 
+import platform
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from kestrel_trio import _kernels, load_model
+from kestrel_trio._kernels import cpu
+from kestrel_trio._kernels.x86 import integer as x86_integer
 
 pytestmark = pytest.mark.skipif(not _kernels.ready(), reason=_kernels.unavailable_reason())
 
@@ -46,7 +49,9 @@ def test_integer_decode_steps_stay_within_a_few_percent_of_the_exact_logits(name
     exact, exact_kernels = decode_logits(name, "exact")
     integer, integer_kernels = decode_logits(name, "integer")
     for form in set(exact_kernels) & {"Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q5_1", "Q5_K", "Q6_K"}:
-        assert exact_kernels[form] == "portable" and integer_kernels[form] in ("sdot", "neon", "int8")
+        assert exact_kernels[form] == "portable" and integer_kernels[form] in ("sdot", "neon", "vnni", "avx2", "int8")
+        if platform.machine() == "x86_64" and cpu.this_cpu().has("avx2") and form in x86_integer.FORMS:
+            assert integer_kernels[form] in ("vnni", "avx2")  # x86-64's own kernels, not the reference
     relative = np.abs(integer - exact).max(axis=1) / np.abs(exact).max(axis=1)  # [steps]
     assert relative.min() > 0  # the integer products ran
     assert np.median(relative) <= 0.03

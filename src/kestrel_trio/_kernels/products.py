@@ -77,6 +77,7 @@ function it calls changes in another file.
 from __future__ import annotations
 
 import os
+import functools
 import platform
 import threading
 
@@ -1434,7 +1435,7 @@ def product_for(form: str):
             found = _compiled.get((form, name))
             if found is None:
                 _, expand, storage, scales, view = _PRODUCTS[form]
-                if name in _INTEGER_KERNELS:
+                if product is None:  # an integer kernel (its name "avx2" is also bf16's float32 block's)
                     compiled = _integer_product(name, form)
                 else:
                     compiled = njit(_signature(storage, scales), **_COMPILE)(product)
@@ -1452,11 +1453,12 @@ def _chosen(form: str):
     The name says what runs from four activation rows up: "portable" (the compiled loops above, for whatever
     CPU numba compiles for) or an assembly block's (:func:`f32_assembly`; bf16 and int8 rows take AVX2's 3x4
     block on every CPU that has one). Below four rows every form runs the portable loops. A form of
-    INTEGER_FORMS in the integer mode (kestrel_trio._kernels.set_products) names its integer kernel at every row count:
-    "sdot" and "neon" (aarch64 with and without dotprod), "int8" (the portable reference elsewhere).
+    INTEGER_FORMS in the integer mode (kestrel_trio._kernels.set_products) names its integer kernel at every row
+    count (:func:`_integer_kernel_name`): "sdot" and "neon" (aarch64 with and without dotprod), "vnni" and "avx2"
+    (x86-64), "int8" (the portable reference, where this CPU has no kernel of its own for the form).
     """
     if form in INTEGER_FORMS:
-        integer = _integer_kernel_name()
+        integer = _integer_kernel_name(form)
         if integer is not None:
             return None, integer
     assembly = f32_assembly()
@@ -1468,20 +1470,42 @@ def _chosen(form: str):
     return _PRODUCTS[form][0], "portable"
 
 
-_INTEGER_KERNELS = ("sdot", "neon", "int8")
+# The forms whose x86-64 integer kernel "auto" takes: where it beat the exact products at 1 and 8 activation rows,
+# 1 and 2 threads, on Qwen3-0.6B's shapes (benchmarks/bench_integer.py; docs/performance.md, "Integer products").
+X86_AUTO_FORMS = frozenset(("Q8_0", "Q4_0", "Q4_1", "Q4_K"))
 
 
-def _integer_kernel_name() -> str | None:
-    """The integer kernel of this process's mode and CPU, or None for the exact products."""
+@functools.lru_cache(maxsize=None)  # the CPU and numba's target are fixed for the process; asked on every product
+def _arch_kernel(form: str) -> tuple[str, bool] | None:
+    """(the name of this CPU's own integer kernel for ``form``, whether "auto" takes it), or None where it has
+    none: kestrel_trio._kernels.arm's on aarch64 (auto takes it), kestrel_trio._kernels.x86's on x86-64 where the
+    code numba compiles and the CPU both have its instructions (auto takes it for X86_AUTO_FORMS). Each module's
+    FORMS says which forms it has kernels for."""
+    from kestrel_trio._kernels import cpu
+
+    if platform.machine() in ("aarch64", "arm64"):
+        from kestrel_trio._kernels.arm import integer as arm
+
+        return ("sdot" if cpu.this_cpu().has("dotprod") else "neon", True) if form in arm.FORMS else None
+    if platform.machine() in ("x86_64", "AMD64"):
+        from kestrel_trio._kernels.x86 import integer as x86
+
+        kind = x86.usable_kernel(cpu.this_cpu().has) if form in x86.FORMS else None
+        return (x86.KINDS[kind], form in X86_AUTO_FORMS) if kind is not None else None
+    return None
+
+
+def _integer_kernel_name(form: str) -> str | None:
+    """The integer kernel of ``form`` in this process's mode on this CPU, or None for the exact products: "auto"
+    takes this CPU's own kernel where it wins (:func:`_arch_kernel`), "integer" that or else the reference."""
     from kestrel_trio._kernels import product_mode
 
     mode = product_mode()
-    if mode == "exact":
+    if mode == "exact" or form not in INTEGER_FORMS:
         return None
-    if platform.machine() in ("aarch64", "arm64"):
-        from kestrel_trio._kernels import cpu
-
-        return "sdot" if cpu.this_cpu().has("dotprod") else "neon"
+    own = _arch_kernel(form)
+    if own is not None and (mode == "integer" or own[1]):
+        return own[0]
     return "int8" if mode == "integer" else None
 
 
@@ -1493,8 +1517,16 @@ def _integer_product(name: str, form: str):
     from kestrel_trio._kernels import integer
     from kestrel_trio._kernels.arm import integer as arm
 
-    form_id, reference = arm.form_id(form), name == "int8"
-    kernel = arm.product_sdot if name == "sdot" else arm.product_widening
+    if name in ("vnni", "avx2"):
+        from kestrel_trio._kernels import cpu
+        from kestrel_trio._kernels.x86 import integer as x86
+
+        kind = x86.usable_kernel(cpu.this_cpu().has)  # "vnni": the widest this CPU and numba's code take
+        form_id, kernel = x86.form_id(form), {"vnni512": x86.product_vnni512, "vnni256": x86.product_vnni256,
+                                              "avx2": x86.product_avx2}[kind]
+    else:
+        form_id, kernel = arm.form_id(form), (arm.product_sdot if name == "sdot" else arm.product_widening)
+    reference = name == "int8"
 
     def product(data, scales, f16, run, x, start, stop, out, quantized=None):
         if quantized is None:
@@ -1514,7 +1546,7 @@ def quantize(x: np.ndarray, forms) -> tuple | None:
     """``x`` float32 [N, cols] quantized for the integer products of ``forms`` (names in FORMS), once for all:
     (int8 [N, cols], float32 scales [N, cols / 32], the blocks' sums [N, cols / 32] or None where no form
     needs them); None where none of ``forms`` takes an integer product in this process."""
-    integer_forms = [form for form in forms if form in INTEGER_FORMS and _integer_kernel_name() is not None]
+    integer_forms = [form for form in forms if _integer_kernel_name(form) is not None]
     if not integer_forms:
         return None
     from kestrel_trio._kernels import integer
@@ -1524,7 +1556,7 @@ def quantize(x: np.ndarray, forms) -> tuple | None:
     xd = np.empty((x.shape[0], x.shape[1] // 32), dtype=np.float32)  # [N, cols / 32]
     integer.quantize_q8_rows(x, 32, xq, xd)
     xs = None
-    if any(arm.FORMS[form][2] for form in integer_forms):
+    if any(arm.FORMS.get(form, (0, 0, True))[2] for form in integer_forms):  # minimums (a form arm lacks: say so)
         xs = np.empty_like(xd)  # [N, cols / 32]
         integer.block_sums(xq, xd, 32, xs)
     return xq, xd, xs
@@ -1532,7 +1564,7 @@ def quantize(x: np.ndarray, forms) -> tuple | None:
 
 def kernel_name(form: str) -> str:
     """The kernel ``form``'s products take in this process ("portable", "avx512", "avx2", "avx2+avx512"; "sdot",
-    "neon", "int8" for the integer products)."""
+    "neon", "vnni", "avx2", "int8" for the integer products: :func:`_integer_kernel_name`)."""
     return _chosen(form)[1]
 
 
@@ -1541,7 +1573,7 @@ def warm(form: str, f16: np.ndarray) -> None:
     running it once on one zero block (its kernels compile at their first call). ``f16``: :func:`f16_table`'s
     table, made once by the caller."""
     product, _, view = product_for(form)
-    if _chosen(form)[1] in _INTEGER_KERNELS:
+    if _chosen(form)[0] is None:  # an integer kernel
         size, cols = {"Q8_0": (34, 32), "Q4_0": (18, 32), "Q4_1": (20, 32), "Q4_K": (144, 256), "Q5_0": (22, 32),
                       "Q5_1": (24, 32), "Q5_K": (176, 256), "Q6_K": (210, 256)}[form]
         product(np.zeros((1, size), dtype=np.uint8), np.empty((1, 0), dtype=np.uint8), f16, 32,
