@@ -76,8 +76,8 @@ function it calls changes in another file.
 
 from __future__ import annotations
 
-import os
 import functools
+import os
 import platform
 import threading
 
