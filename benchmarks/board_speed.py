@@ -3,11 +3,16 @@
 Usage (as root on an x86-64 Debian machine; see docs/performance.md, "On the board", for building the pieces):
     python benchmarks/board_speed.py --root ARM64_ROOT --qemu QEMU_AARCH64 --plugin LIBINSN_SO \\
         --llama-bench LLAMA_BENCH [--cpu cortex-a76] [--models 1.7b,4b] [--forms Q8_0,Q4_K_M] [--cache DIR]
-    python benchmarks/board_speed.py ... --smollm2 Q8_0,Q4_0,Q4_1 --llama-quantize LLAMA_QUANTIZE [--bound 1.5]
+    python benchmarks/board_speed.py ... --smollm2 Q8_0,Q4_0,Q4_1 --llama-quantize LLAMA_QUANTIZE \\
+        --llama-build LLAMA_CPP/build-a76 [--bound 1.5] [--n1 8 --n2 40]
 
 With ``--smollm2`` it counts SmolLM2-135M-Instruct's decode steps instead (the shipped Q4_1 file, Q8_0 and Q4_0
 made from it by llama.cpp's llama-quantize), kestrel-trio's (``--products``) against llama.cpp's, and prints each
-ratio against ``--bound``.
+ratio against ``--bound``: the integer-products issue's method. Both continue "The capital of France is" greedily
+(kestrel-trio: ``greedy`` on the ids its tokenizer gives; llama.cpp: its ``llama-simple`` example, which this
+script copies, sets to one thread and keeps from stopping at end of generation, and links against
+``--llama-build``'s static libraries with ``aarch64-linux-gnu-g++``); per token = (count at 40 new tokens -
+count at 8) / 32. (``llama-bench -p 0`` counts more per token on the same file: 49.3 M against 35.0 M on Q8_0.)
 
 For one decode step of Qwen3-1.7B's and Qwen3-4B's shapes (random weights) at Q8_0 and Q4_K_M, it counts
 the aarch64 instructions kestrel-trio executes (its kernels compiled by numba for ``--cpu``) and those
@@ -58,6 +63,7 @@ SHAPES = {
 }
 VOCAB = 151936
 PROMPT = [785, 6722, 315, 9625, 374, 12095, 13, 576]  # 8 token ids, any will do
+SMOL_PROMPT = "The capital of France is"  # the integer-products issue's SmolLM2 count
 BYTES_PER_BLOCK = {"Q8_0": (34, 32), "Q4_K": (144, 256), "Q6_K": (210, 256)}
 
 
@@ -159,9 +165,10 @@ def counted(command: list[str], qemu: str, plugin: str, cpu: str, env: dict, roo
 
 
 def kestrel_command(args, path: Path, tokens: int) -> tuple[list[str], dict]:
+    prompt = f"m.tokenizer.encode({SMOL_PROMPT!r})" if args.smollm2 else repr(PROMPT)
     code = ("import sys; from kestrel_trio import load_model; "
             f"m = load_model(sys.argv[1], blas_threads=1, products={args.products!r}); "
-            f"m.greedy({PROMPT}, int(sys.argv[2]))")
+            f"m.greedy({prompt}, int(sys.argv[2]))")
     site = f"/opt/venv/lib/python{args.python}/site-packages"  # the arm64 root's venv (.ci/arm-lane makes it)
     env = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/root"), "LANG": "C.UTF-8", "PYTHONHASHSEED": "0",
            "PYTHONPATH": f"{REPO / 'src'}:{site}", "NUMBA_CPU_NAME": args.cpu,
@@ -188,6 +195,10 @@ def measure(args, program: str, files: dict[str, Path]) -> dict[str, float]:
                 return counted(command, args.qemu, args.plugin, args.cpu, env, args.root)
             if n == 0 or program_forms_differ(files):
                 count(args.n2)  # numba's cache filled with every function the counted runs call (not counted)
+        elif args.smollm2:
+            def count(tokens, path=path):
+                command = [str(args.llama_simple), "-m", str(path), "-n", str(tokens), SMOL_PROMPT]
+                return counted(command, args.qemu, args.plugin, args.cpu, {"PATH": "/usr/bin:/bin"}, None)
         else:
             def count(tokens, path=path):
                 command = [args.llama_bench, "-m", str(path), "-p", "0", "-n", str(tokens), "-t", "1", "-r", "1",
@@ -234,12 +245,35 @@ def smollm2_files(args, forms: list[str]) -> dict[str, Path]:
     return files
 
 
+def llama_simple_counting(build: Path, out: Path) -> Path:
+    """llama.cpp's llama-simple example (from the tree ``build`` was made from) on one thread, not stopping at end
+    of generation, linked against ``build``'s static libraries for aarch64: ``out``."""
+    tree = build.resolve().parent
+    text = (tree / "examples" / "simple" / "simple.cpp").read_text()
+    perf, eog = "    ctx_params.no_perf = false;\n", "if (llama_vocab_is_eog(vocab, new_token_id))"
+    if text.count(perf) != 1 or text.count(eog) != 1:
+        raise SystemExit(f"{tree}'s examples/simple/simple.cpp is not the one this script knows how to change")
+    text = text.replace(perf, perf + "    ctx_params.n_threads = 1;\n    ctx_params.n_threads_batch = 1;\n")
+    source = out.with_suffix(".cpp")
+    source.write_text(text.replace(eog, "if (false)"))
+    libraries = [build / "src" / "libllama.a"] + [build / "ggml" / "src" / f"lib{name}.a"
+                                                  for name in ("ggml", "ggml-cpu", "ggml-base")]
+    subprocess.run(["aarch64-linux-gnu-g++", "-O2", "-std=c++17", "-static", f"-I{tree / 'include'}",
+                    f"-I{tree / 'ggml' / 'include'}", str(source), "-o", str(out), *map(str, libraries), "-lpthread"],
+                   check=True, capture_output=True, timeout=600)
+    return out
+
+
 def smollm2_counts(args) -> None:
     """Instructions per decoded token of SmolLM2 at each form, kestrel-trio against llama.cpp, and their ratio."""
     forms = args.smollm2.split(",")
     args.cache.mkdir(parents=True, exist_ok=True)
+    if args.llama_build is None:
+        raise SystemExit("--smollm2 needs --llama-build (llama.cpp's aarch64 build directory)")
+    counting = args.cache / f"llama-simple-count-{args.llama_build.name}"
+    args.llama_simple = llama_simple_counting(args.llama_build, counting)
     files = smollm2_files(args, forms)
-    print(f"qemu CPU {args.cpu}; kestrel-trio from {REPO} (products {args.products}); llama.cpp {args.llama_bench}; "
+    print(f"qemu CPU {args.cpu}; kestrel-trio from {REPO} (products {args.products}); llama.cpp {args.llama_simple}; "
           f"tokens {args.n1}->{args.n2}", flush=True)
     ours, theirs = measure(args, "kestrel", files), measure(args, "llama.cpp", files)
     print(f"\nSmolLM2-135M-Instruct, one decode step under qemu -cpu {args.cpu}, M instructions a token")
@@ -256,13 +290,13 @@ def main() -> None:
     parser.add_argument("--root", required=True, help="the arm64 root with /opt/venv (.ci/arm-lane makes it)")
     parser.add_argument("--qemu", required=True, help="a dynamic qemu-aarch64 (Debian's qemu-user package)")
     parser.add_argument("--plugin", required=True, help="libinsn.so built from qemu's tests/plugin/insn.c")
-    parser.add_argument("--llama-bench", required=True, help="llama.cpp's llama-bench built for aarch64, static")
+    parser.add_argument("--llama-bench", help="llama.cpp's llama-bench built for aarch64, static (not --smollm2)")
     parser.add_argument("--cpu", default="cortex-a76")
     parser.add_argument("--python", default="3.11", help="the root's Python version (bookworm: 3.11)")
     parser.add_argument("--models", default="1.7b,4b")
     parser.add_argument("--forms", default="Q8_0,Q4_K_M")
-    parser.add_argument("--n1", type=int, default=2)
-    parser.add_argument("--n2", type=int, default=6)
+    parser.add_argument("--n1", type=int, default=None, help="new tokens of the shorter count (2; --smollm2: 8)")
+    parser.add_argument("--n2", type=int, default=None, help="new tokens of the longer count (6; --smollm2: 40)")
     parser.add_argument("--cores", type=int, default=4)
     parser.add_argument("--ghz", type=float, default=2.4)
     parser.add_argument("--ipc", type=float, default=2.0)
@@ -273,14 +307,20 @@ def main() -> None:
     parser.add_argument("--smollm2", metavar="FORMS", default=None,
                         help="count SmolLM2-135M-Instruct instead, at these forms (e.g. Q8_0,Q4_0,Q4_1: the shipped "
                              "Q4_1 file, the others made from it by --llama-quantize), against --bound")
+    parser.add_argument("--llama-build", type=Path, default=None,
+                        help="llama.cpp's aarch64 CMake build directory (static libraries; --smollm2)")
     parser.add_argument("--llama-quantize", default=None, help="llama.cpp's llama-quantize for aarch64 (--smollm2)")
     parser.add_argument("--bound", type=float, default=1.5,
                         help="the ratio kestrel / llama.cpp each --smollm2 form must stay within (the integer-"
                              "products issue: 1.5 as cortex-a76, 2 as cortex-a53)")
     args = parser.parse_args()
+    args.n1 = args.n1 if args.n1 is not None else (8 if args.smollm2 else 2)
+    args.n2 = args.n2 if args.n2 is not None else (40 if args.smollm2 else 6)
     if args.smollm2:
         return smollm2_counts(args)
 
+    if args.llama_bench is None:
+        parser.error("--llama-bench is needed (or --smollm2)")
     from bench_http import copy_vocab_from
     from kestrel_trio.hub import NAMED_MODELS, fetch_named_model, kestrel_cache_dir
 
