@@ -143,6 +143,18 @@ class Model:
             check_context(total, None, self.context_length, param=param)  # raises
         return ids
 
+    def encode_within_context(self, text: str, *, param: str) -> list[int]:
+        """Token ids of ``text`` (``/tokenize``), or ContextLengthError when it has more than the context's tokens.
+
+        The cap bounds the work and memory of one call: a text far over it is refused from its length, or
+        after a few pieces, before all its tokens exist (:meth:`Tokenizer.encode_bounded`).
+        """
+        ids, total = self.require_tokenizer().encode_bounded(text, self.context_length)
+        if ids is None:
+            raise ContextLengthError(f"'{param}' is at least {total} tokens, more than the {self.context_name} of "
+                                     f"{self.context_length} tokens that /tokenize counts", param=param)
+        return ids
+
     def decode(self, ids: Sequence[int]) -> str:
         """Text of ``ids``, special tokens skipped."""
         return self.require_tokenizer().decode(ids)

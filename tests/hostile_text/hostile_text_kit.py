@@ -48,3 +48,26 @@ def run_child(code: str, *, timeout: float = 300) -> tuple[int, dict | None, str
         if line.startswith("RESULT "):
             result = json.loads(line[len("RESULT "):])
     return done.returncode, result, done.stderr[-3000:]
+
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "qwen3_bf16_tied"
+
+
+def copy_fixture(folder: Path, *, tokenizer: dict | None = None, chat_template: str | None = None) -> Path:
+    """The tiny fixture checkpoint copied to ``folder``, with a hostile tokenizer.json and/or chat template."""
+    import shutil
+
+    shutil.copytree(FIXTURE, folder)
+    if tokenizer is not None:
+        (folder / "tokenizer.json").write_text(json.dumps(tokenizer))
+    if chat_template is not None:
+        (folder / "chat_template.jinja").write_text(chat_template)
+    return folder
+
+
+def backtracking_tokenizer() -> dict:
+    """The fixture's tokenizer.json with a pre-tokenizer regex that backtracks: Oniguruma's retry limit makes
+    ``tokenizers`` panic (pyo3's PanicException, a BaseException) on a long run of ``a`` not followed by the end."""
+    tokenizer = json.loads((FIXTURE / "tokenizer.json").read_text())
+    tokenizer["pre_tokenizer"]["pretokenizers"][0]["pattern"] = {"Regex": "(a+)+$"}
+    return tokenizer

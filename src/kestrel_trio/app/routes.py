@@ -222,7 +222,8 @@ class _Routes:
             ))
         else:
             text = req.prompt or ""
-        ids = await self._off_loop(model.encode, text)
+        param = "prompt" if req.messages is None else "messages"
+        ids = await self._off_loop(functools.partial(model.encode_within_context, text, param=param))
         return _json(200, {"count": len(ids), "max_model_len": model.context_length, "tokens": ids})
 
     async def detokenize(self, request: Request) -> Response:
