@@ -220,8 +220,10 @@ class Tokenizer:
             raise ModelLoadError(f"chat_template.jinja cannot be read: {exc}") from exc
         try:
             backend = tokenizers.Tokenizer.from_file(str(tokenizer_file))
-        except Exception as exc:  # the Rust side raises plain Exception
-            raise ModelLoadError(f"tokenizer.json cannot be loaded: {exc}") from exc
+        except BaseException as exc:  # the Rust side raises plain Exception, or panics (a BaseException)
+            if not (_is_panic(exc) or isinstance(exc, Exception)):
+                raise
+            raise ModelLoadError(f"{tokenizer_file}: cannot be loaded: {str(exc).strip()[:300]}") from None
         return cls(
             backend,
             tokenizer_config=tokenizer_config,
