@@ -145,7 +145,13 @@ class _Routes:
 
     async def _off_loop(self, function, *args):
         """``function(*args)`` in a worker thread: templates and tokenizers are CPU work of any length."""
-        return await trio.to_thread.run_sync(function, *args, limiter=self.state.text_workers)
+        async with self.state.text_workers:  # held for the call, which /health times (text_calls)
+            key = object()
+            self.state.text_calls[key] = trio.current_time()
+            try:
+                return await trio.to_thread.run_sync(function, *args)
+            finally:
+                del self.state.text_calls[key]
 
     def _ready(self, requested_model: str | None) -> tuple[Model, Engine]:
         state = self.state
