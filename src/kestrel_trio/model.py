@@ -143,6 +143,18 @@ class Model:
             check_context(total, None, self.context_length, param=param)  # raises
         return ids
 
+    def encode_within_context(self, text: str, *, param: str) -> list[int]:
+        """Token ids of ``text`` (``/tokenize``), or ContextLengthError when it has more than the context's tokens.
+
+        The cap bounds the work and memory of one call: a text far over it is refused from its length, or
+        after a few pieces, before all its tokens exist (:meth:`Tokenizer.encode_bounded`).
+        """
+        ids, total = self.require_tokenizer().encode_bounded(text, self.context_length)
+        if ids is None:
+            raise ContextLengthError(f"'{param}' is at least {total} tokens, more than the {self.context_name} of "
+                                     f"{self.context_length} tokens that /tokenize counts", param=param)
+        return ids
+
     def decode(self, ids: Sequence[int]) -> str:
         """Text of ``ids``, special tokens skipped."""
         return self.require_tokenizer().decode(ids)
@@ -464,6 +476,13 @@ def _blas_at_start() -> tuple[Any, int]:
     return (blas[0] if len(blas) == 1 else None), max((lib.num_threads for lib in blas), default=1)
 
 
+def _check_eos_ids(tokenizer: Tokenizer | None, vocab_size: int, where: str) -> None:
+    """An end-of-sequence id outside the logits' rows would fail every generation (an IndexError): a load error."""
+    bad = sorted(i for i in (tokenizer.eos_token_ids if tokenizer is not None else ()) if not 0 <= i < vocab_size)
+    if bad:
+        raise ModelLoadError(f"{where}: token id {bad[0]} is outside the vocabulary of {vocab_size} tokens")
+
+
 def load_model(
     path: str | Path,
     *,
@@ -533,6 +552,7 @@ def load_model(
             f"{folder}: tokenizer.json has {tokenizer.vocab_size} tokens but config.json's vocab_size is "
             f"{decoder.config.vocab_size}"
         )
+    _check_eos_ids(tokenizer, decoder.config.vocab_size, f"{folder}: generation_config.json's eos_token_id")
     model = Model(decoder, name=folder.resolve().name, path=folder, tokenizer=tokenizer)
     return _ready(model, residency)
 
@@ -567,6 +587,7 @@ def _load_gguf_model(path: Path, progress: Callable[[float], None] | None, weigh
     if tokenizer is not None and tokenizer.vocab_size > config.vocab_size:
         raise ModelLoadError(f"{path.name}: the GGUF tokenizer has {tokenizer.vocab_size} tokens but the model's "
                              f"vocabulary is {config.vocab_size}")
+    _check_eos_ids(tokenizer, config.vocab_size, f"{path.name}: tokenizer.ggml.eos_token_id")
     decoder = Decoder.build(config, load_gguf_weights(gguf, config, architecture, progress, residency))
     named = named_model_of_file(path)
     model = Model(decoder, name=path.name.removesuffix(".gguf"), path=path, tokenizer=tokenizer,

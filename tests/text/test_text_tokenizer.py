@@ -68,7 +68,9 @@ def test_very_long_texts_encode_in_pieces_cut_after_added_tokens_with_the_same_i
     assert all(any(p.endswith(t) for t in ("<|im_start|>", "<|im_end|>", "<think>", "</think>")) for p in pieces[:-1])
     whole = qwen_tokenizer._backend.encode(text, add_special_tokens=False).ids
     assert qwen_tokenizer.encode(text) == whole
-    assert qwen_tokenizer.encode_bounded(text, 1000) == (None, len(whole))  # too long: counted, no list built
+    assert qwen_tokenizer.encode_bounded(text, len(whole)) == (whole, len(whole))
+    ids, counted = qwen_tokenizer.encode_bounded(text, 1000)  # far too long: counted in a few pieces, no list
+    assert ids is None and 1000 < counted < len(whole)
     plain = "abc def " * 40_000  # no added token to cut after: one piece
     assert list(qwen_tokenizer._pieces(plain)) == [plain]
 

@@ -37,6 +37,7 @@ from kestrel_trio.errors import BadRequestError
 from kestrel_trio.model import Model
 from kestrel_trio.text import grammar as g
 from kestrel_trio.text.constraint import Constraint, GrammarVocab, compile_constraint, grammar_vocab
+from kestrel_trio.text.schema_budget import check_schema_budget
 
 __all__ = ["NO_THINKING", "reasoning_before_answer", "chat_constraint", "completion_constraint"]
 
@@ -67,6 +68,7 @@ def chat_constraint(model: Model, structured: oa.StructuredOutput | None, tools:
     Raises:
         BadRequestError: a schema, regex or grammar that cannot be enforced (``param`` names it).
     """
+    _check_budgets(structured, tools or ())
     if tools:
         if tool_choice == "required":
             return _tool_constraint(model, tools, "required")
@@ -87,6 +89,7 @@ def completion_constraint(model: Model, structured: oa.StructuredOutput | None, 
     """The compiled constraint of ``response_format`` / ``structured_outputs`` alone, or None."""
     if structured is None:
         return None
+    _check_budgets(structured, ())
     vocab = _vocab(model)
     kind, param = structured.kind, structured.param
     try:
@@ -101,9 +104,25 @@ def completion_constraint(model: Model, structured: oa.StructuredOutput | None, 
         else:
             grammar = g.lark_grammar(structured.text)
     except ValueError as exc:  # a GBNF grammar that cannot be converted, or a schema llguidance cannot read
-        raise BadRequestError(f"'{param}' cannot be used for structured outputs: {exc}", param=param) from None
+        raise BadRequestError(f"'{param}' cannot be used for structured outputs: {g.clean_message(str(exc))}",
+                              param=param) from None
     return compile_constraint(vocab, grammar, kind=kind, param=param, schema=structured.schema,
                               in_reasoning=in_reasoning)
+
+
+def _check_budgets(structured: oa.StructuredOutput | None, tools: Sequence[dict]) -> None:
+    """Every schema of the request within the compile budgets (:mod:`kestrel_trio.text.schema_budget`), together.
+
+    Checked before any schema reaches llguidance, whose JSON compiler unrolls item counts before its own limits
+    apply; a request's tools are compiled into one grammar, so their counts add up.
+    """
+    spent = 0
+    if structured is not None and structured.kind == "json_schema":
+        spent = check_schema_budget(structured.schema, structured.param)
+    for index, tool in enumerate(tools):
+        parameters = tool["function"].get("parameters")
+        if parameters is not None:
+            spent = check_schema_budget(parameters, f"tools[{index}].function.parameters", spent=spent)
 
 
 def _vocab(model: Model) -> GrammarVocab:

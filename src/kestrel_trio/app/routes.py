@@ -145,7 +145,13 @@ class _Routes:
 
     async def _off_loop(self, function, *args):
         """``function(*args)`` in a worker thread: templates and tokenizers are CPU work of any length."""
-        return await trio.to_thread.run_sync(function, *args, limiter=self.state.text_workers)
+        async with self.state.text_workers:  # held for the call, which /health times (text_calls)
+            key = object()
+            self.state.text_calls[key] = trio.current_time()
+            try:
+                return await trio.to_thread.run_sync(function, *args)
+            finally:
+                del self.state.text_calls[key]
 
     def _ready(self, requested_model: str | None) -> tuple[Model, Engine]:
         state = self.state
@@ -222,7 +228,8 @@ class _Routes:
             ))
         else:
             text = req.prompt or ""
-        ids = await self._off_loop(model.encode, text)
+        param = "prompt" if req.messages is None else "messages"
+        ids = await self._off_loop(functools.partial(model.encode_within_context, text, param=param))
         return _json(200, {"count": len(ids), "max_model_len": model.context_length, "tokens": ids})
 
     async def detokenize(self, request: Request) -> Response:

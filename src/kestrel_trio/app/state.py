@@ -38,6 +38,10 @@ class ServerState:
         image_workers: requests whose images are being decoded at once (worker threads).
         text_workers: requests whose prompt is being rendered and tokenized at once (worker
             threads, so a megabyte prompt never stalls the event loop and /health).
+        text_calls: when (trio clock, s) each template render, tokenization or grammar compile now in a text
+            worker started; one running past ``text_stall_seconds`` makes /health say "stalled" (503).
+        text_stall_seconds: how long one text-worker call may run before /health counts it stuck (a template's
+            own render deadline is 10 s; a tokenization or compile of a prompt that fits takes well under one).
         accepts_images: the model takes images (Qwen3-VL); /v1/models says so.
         webui: serve the built-in chat page at ``/``.
     """
@@ -54,6 +58,8 @@ class ServerState:
     images: ImagePolicy = ImagePolicy()
     image_workers: trio.CapacityLimiter = attrs.field(factory=lambda: trio.CapacityLimiter(1))
     text_workers: trio.CapacityLimiter = attrs.field(factory=lambda: trio.CapacityLimiter(2))
+    text_calls: dict = attrs.field(factory=dict)
+    text_stall_seconds: float = 60.0
     accepts_images: bool = False
     webui: bool = False
     created: int = attrs.field(factory=lambda: int(time.time()))
@@ -67,6 +73,9 @@ class ServerState:
                 status = "broken"
             elif engine.stalled():
                 status = "stalled"
+        longest = max((trio.current_time() - started for started in self.text_calls.values()), default=0.0)
+        if status == "ok" and longest > self.text_stall_seconds:
+            status = "stalled"
         body: dict = {"status": status, "model": self.model_id}
         if self.model is not None:
             body["weights"] = self.model.weights_mode
@@ -75,5 +84,6 @@ class ServerState:
             body.update(engine.report())
         else:
             body.update(busy=False, queued=0, active=0, batch=0)
+        body["text_workers"] = {"busy": len(self.text_calls), "longest_seconds": round(longest, 3)}
         body["memory"] = process_memory()  # the whole process: weights, KV, step temporaries, the interpreter
         return (200 if status == "ok" else 503), body

@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import functools
 import json
+import threading
+import time
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -38,6 +40,7 @@ from typing import Any
 import jinja2
 import jinja2.ext
 import jinja2.meta
+import jinja2.nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from kestrel_trio.errors import BadRequestError, ModelLoadError
@@ -73,8 +76,62 @@ def _strftime_now(format: str) -> str:
     return datetime.now().strftime(format)
 
 
+# Budgets of one render: a template (GGUF metadata, tokenizer_config.json) must not hold a text worker forever
+# (nested loops of 10^5 x 10^5) nor build a string of hundreds of MB.
+MAX_LOOP_STEPS = 2_000_000  # iterations of every {% for %} of one render, added up
+RENDER_SECONDS = 10.0  # a render's deadline, checked at every loop iteration (its CPU is the template's)
+MAX_OUTPUT_CHARS = 16 * 2**20  # a rendered prompt, and any string a template's '*' builds
+
+_budget = threading.local()  # the render in progress in this thread: [steps left, deadline (time.monotonic)]
+
+
+class TemplateBudgetError(BadRequestError):
+    """A chat template went over its render budget (loop iterations, time or output size)."""
+
+
+def _over_budget(what: str) -> TemplateBudgetError:
+    return TemplateBudgetError(f"this model's chat template went over its render budget ({what}) on these "
+                               "messages; the request was stopped", param="messages")
+
+
+def _counted(iterable: Any) -> Any:
+    """``iterable`` with every step counted against the render's budget (wrapped around every for loop)."""
+    budget = getattr(_budget, "state", None)
+    for item in iterable:
+        if budget is not None:
+            budget[0] -= 1
+            if budget[0] < 0:
+                raise _over_budget(f"more than {MAX_LOOP_STEPS} loop iterations")
+            if budget[0] % 1024 == 0 and time.monotonic() > budget[1]:
+                raise _over_budget(f"more than {RENDER_SECONDS:g} s")
+        yield item
+
+
+class _BudgetedEnvironment(ImmutableSandboxedEnvironment):
+    """The sandbox with every ``{% for %}``'s iterable passed through ``kestrel_counted``, and ``*`` bounded."""
+
+    intercepted_binops = frozenset({"*", "**"})
+
+    def _parse(self, source: str, name: str | None, filename: str | None) -> jinja2.nodes.Template:
+        tree = super()._parse(source, name, filename)
+        for loop in tree.find_all(jinja2.nodes.For):
+            loop.iter = jinja2.nodes.Filter(loop.iter, "kestrel_counted", [], [], None, None, lineno=loop.lineno)
+        return tree
+
+    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+        if operator == "*" and isinstance(right, int) and isinstance(left, (str, list, tuple)) or \
+                operator == "*" and isinstance(left, int) and isinstance(right, (str, list, tuple)):
+            sequence, times = (left, right) if isinstance(right, int) else (right, left)
+            if len(sequence) * times > MAX_OUTPUT_CHARS:
+                raise _over_budget(f"a repetition of more than {MAX_OUTPUT_CHARS} items")
+        if operator == "**" and isinstance(right, int) and right > 1024:
+            raise _over_budget("a power over 1024")
+        return super().call_binop(context, operator, left, right)
+
+
 def _build_environment() -> ImmutableSandboxedEnvironment:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+    env = _BudgetedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+    env.filters["kestrel_counted"] = _counted
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
@@ -252,14 +309,22 @@ class ChatTemplate:
 
     def _render(self, variables: dict, messages: list[dict], tools: list[Any] | None,
                 add_generation_prompt: bool) -> str:
+        _budget.state = [MAX_LOOP_STEPS, time.monotonic() + RENDER_SECONDS]
         try:
-            return self._compiled.render({**variables, "messages": messages, "tools": tools,
+            text = self._compiled.render({**variables, "messages": messages, "tools": tools,
                                           "add_generation_prompt": add_generation_prompt})
+            if len(text) > MAX_OUTPUT_CHARS:
+                raise _over_budget(f"a prompt of more than {MAX_OUTPUT_CHARS} characters")
+            return text
         except BadRequestError:
             raise
+        except (RecursionError, MemoryError) as exc:  # a macro calling itself; a string too big to build
+            raise _over_budget(type(exc).__name__) from None
         # A template indexing into a malformed message fails with any of these.
         except (jinja2.TemplateError, TypeError, ValueError, LookupError, AttributeError) as exc:
             raise BadRequestError(f"the chat template cannot render these messages: {exc}", param="messages") from exc
+        finally:
+            _budget.state = None
 
 
 def missing_template_error() -> BadRequestError:

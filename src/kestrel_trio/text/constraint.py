@@ -51,7 +51,7 @@ import llguidance
 import numpy as np
 
 from kestrel_trio.errors import BadRequestError
-from kestrel_trio.text.grammar import schema_error
+from kestrel_trio.text.grammar import clean_message, schema_error
 from kestrel_trio.text.tokenizer import Tokenizer
 
 __all__ = ["GrammarVocab", "grammar_vocab", "Constraint", "ConstraintState", "compile_constraint", "start_masks"]
@@ -60,6 +60,7 @@ log = logging.getLogger("kestrel_trio.grammar")
 
 THINK_START = b"<think>"
 THINK_END = b"</think>"
+_LIMITS = llguidance.LLParserLimits(verbose_errors=False)  # llguidance's defaults otherwise (fuel, grammar size)
 _MASK_THREADS = max(1, min(4, os.cpu_count() or 1))  # llguidance's own workers for a batch of masks
 
 
@@ -145,12 +146,22 @@ def compile_constraint(vocab: GrammarVocab, grammar: str, *, kind: str, param: s
     Raises:
         BadRequestError: the grammar cannot be built (``param`` names the field, or the keyword at fault).
     """
-    matcher = llguidance.LLMatcher(vocab.llg, grammar, log_level=0)
+    try:
+        # Not verbose: llguidance's verbose errors dump the grammar and parser state into the message.
+        matcher = llguidance.LLMatcher(vocab.llg, grammar, log_level=0, limits=_LIMITS)
+    except BaseException as exc:  # a Rust panic arrives as pyo3's PanicException, a BaseException
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            raise
+        log.error("the grammar compiler failed on %s: %s: %s", param, type(exc).__name__,
+                  str(exc).splitlines()[0][:500] if str(exc) else "")
+        raise BadRequestError(f"'{param}' cannot be used for structured outputs: the grammar compiler failed on "
+                              "it (an internal error)", param=param) from None
     if matcher.is_error():
         message = matcher.get_error()
         if schema is not None:
             raise schema_error(message, schema, param)
-        raise BadRequestError(f"'{param}' cannot be used for structured outputs: {message}", param=param)
+        raise BadRequestError(f"'{param}' cannot be used for structured outputs: {clean_message(message)}",
+                              param=param)
     # The first mask builds lexer states that every copy shares: pay for it here, off the event loop,
     # rather than in a batched step. Computing a mask does not advance the matcher.
     scratch = np.empty(vocab.words, dtype=np.int32)  # [words]

@@ -49,6 +49,8 @@ __all__ = [
     "MAX_DECIMALS",
     "MAX_CALLS",
     "schema_error",
+    "clean_message",
+    "MAX_MESSAGE_CHARS",
 ]
 
 # The one JSON layout generated; "lenient: false" keeps a schema's own "x-guidance" from ignoring keywords.
@@ -56,6 +58,7 @@ JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separa
                "lenient": False, "coerce_one_of": False}
 
 MAX_DECIMALS = 9  # decimal places of a JSON number whose schema sets no multipleOf
+MAX_MESSAGE_CHARS = 500  # of an llguidance error put into a 400 (its verbose errors may dump grammar and state)
 MAX_CALLS = 8  # tool calls in one answer held to a grammar ("required", or an answer that calls tools)
 
 # Keywords whose value is a map of subschemas, one subschema, or a list of subschemas (JSON Schema 2020-12,
@@ -245,6 +248,20 @@ def _join(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
 
 
+def clean_message(message: str) -> str:
+    """An llguidance error fit for a 400 body: no Rust panic text, backtrace or dumped grammar.
+
+    A panic inside the compiler is its bug, not the client's: the body says so without the internals (the
+    log has them). Otherwise the first lines, cut at a backtrace and at :data:`MAX_MESSAGE_CHARS`.
+    """
+    if "panicked at" in message or "PanicException" in message:
+        return "the grammar compiler failed on it (an internal error)"
+    for marker in ("<backtrace>", "stack backtrace:", "\nBacktrace", "\nCaused by"):
+        message = message.split(marker, 1)[0]
+    message = " ".join(message.split())
+    return message if len(message) <= MAX_MESSAGE_CHARS else message[:MAX_MESSAGE_CHARS] + "..."
+
+
 def schema_error(message: str, schema: Any, param: str) -> BadRequestError:
     """A 400 for a schema llguidance refused, ``param`` pointing at the keyword it names when it names one.
 
@@ -253,6 +270,7 @@ def schema_error(message: str, schema: Any, param: str) -> BadRequestError:
         schema: the schema as the request sent it.
         param: the request path of ``schema`` (``response_format.json_schema.schema``).
     """
+    message = clean_message(message)
     keyword, value = _keyword_of(message)
     if keyword is not None:
         for path, sub in _subschemas(schema, param):

@@ -8,6 +8,7 @@ the chat template and the sampling defaults of ``generation_config.json``.
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 from collections.abc import Iterable, Mapping
@@ -18,9 +19,9 @@ from typing import Any, Iterator
 import tokenizers
 from tokenizers import decoders
 
-from kestrel_trio.errors import ModelLoadError
+from kestrel_trio.errors import KestrelError, ModelLoadError
 
-__all__ = ["Tokenizer", "SPECIAL_TOKEN_NAMES", "GENERATION_SAMPLING_KEYS"]
+__all__ = ["Tokenizer", "SPECIAL_TOKEN_NAMES", "GENERATION_SAMPLING_KEYS", "tokenizer_failure", "NORMALIZER_SHRINK"]
 
 # The named special tokens a tokenizer_config.json may declare; transformers
 # passes them to chat templates as variables (bos_token, eos_token, ...).
@@ -110,6 +111,30 @@ _GIL_FREE_FROM_CHARS = 4096
 # on the 2-core Zen 3: a 1.7 MB prompt of 60,000 chat turns, 84 ms in one call, against 20 ms for a quarter of
 # it); pieces let the event loop in between.
 _PIECE_CHARS = 1 << 16
+# A text longer than this, checked against a token limit, is first counted piece by piece (cut at whitespace,
+# not exact), so that one far over the limit is refused after a few pieces: never all its tokens in memory at
+# once (a 4 MB text is 1.9 M tokens, whose encoding took 900 MB).
+_ROUGH_FROM_CHARS = 4 * _PIECE_CHARS
+# Tokens a rough cut may change (merges lost or made across it): far more than a byte-level BPE changes there.
+_CUT_SLACK = 64
+# How many times fewer characters a Unicode normalizer (NFC, NFKC...) may leave: composing a Hangul syllable
+# from its three jamo, or a letter from two combining marks, turns three characters into one.
+NORMALIZER_SHRINK = 3
+
+
+def _is_panic(exc: BaseException) -> bool:
+    """Whether ``exc`` is a Rust panic raised through pyo3 (``pyo3_runtime.PanicException``, a BaseException)."""
+    return type(exc).__name__ == "PanicException"
+
+
+def tokenizer_failure(exc: BaseException, what: str) -> KestrelError:
+    """The error of one request whose text the Rust tokenizer failed on (a panic or an error), naming the file.
+
+    The process goes on: a panic in tokenizers leaves no shared state broken (each call has its own).
+    """
+    first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+    return KestrelError(f"the model's tokenizer (tokenizer.json or the GGUF vocabulary) failed to {what} this "
+                        f"text: {first}", code="tokenizer_failed")
 
 
 class Tokenizer:
@@ -155,6 +180,7 @@ class Tokenizer:
                 "kestrel-trio serves byte-level BPE (Qwen) tokenizers"
             )
         self._backend = backend
+        self._shrink = 1 if backend.normalizer is None else NORMALIZER_SHRINK  # see char_limit
         # Added tokens matched in the raw text: the tokenizer cuts its input at them first (see _PIECE_CHARS).
         self._splitting_tokens = tuple(sorted({t.content for t in backend.get_added_tokens_decoder().values()
                                                if not t.normalized and t.content}))
@@ -194,8 +220,10 @@ class Tokenizer:
             raise ModelLoadError(f"chat_template.jinja cannot be read: {exc}") from exc
         try:
             backend = tokenizers.Tokenizer.from_file(str(tokenizer_file))
-        except Exception as exc:  # the Rust side raises plain Exception
-            raise ModelLoadError(f"tokenizer.json cannot be loaded: {exc}") from exc
+        except BaseException as exc:  # the Rust side raises plain Exception, or panics (a BaseException)
+            if not (_is_panic(exc) or isinstance(exc, Exception)):
+                raise
+            raise ModelLoadError(f"{tokenizer_file}: cannot be loaded: {str(exc).strip()[:300]}") from None
         return cls(
             backend,
             tokenizer_config=tokenizer_config,
@@ -275,15 +303,85 @@ class Tokenizer:
         Building a Python list of millions of ids holds the GIL for tens of
         milliseconds; a prompt that cannot fit the context needs only its count.
         """
-        if len(text) < _GIL_FREE_FROM_CHARS:
-            encoding = self._backend.encode(text, add_special_tokens=False)
-            total = len(encoding)
-            return (None if limit is not None and total > limit else encoding.ids), total
-        encodings = [self._backend.encode_batch([piece], add_special_tokens=False)[0] for piece in self._pieces(text)]
+        if limit is not None:
+            if len(text) > self.char_limit(limit):  # cannot fit: refused before any Rust call
+                return None, self.fewest_tokens(text)
+            if len(text) > _ROUGH_FROM_CHARS:
+                rough = self._rough_count(text, limit)
+                if rough is not None:
+                    return None, rough
+        try:
+            if len(text) < _GIL_FREE_FROM_CHARS:
+                encoding = self._backend.encode(text, add_special_tokens=False)
+                total = len(encoding)
+                return (None if limit is not None and total > limit else encoding.ids), total
+            encodings = [self._encode_piece(piece) for piece in self._pieces(text)]
+        except BaseException as exc:
+            raise self._failure(exc, "encode") from None
         total = sum(len(e) for e in encodings)
         if limit is not None and total > limit:
             return None, total
         return [i for e in encodings for i in e.ids], total
+
+    def _encode_piece(self, piece: str) -> tokenizers.Encoding:
+        # The batch call releases the GIL while it works (encode does not).
+        return self._backend.encode_batch([piece], add_special_tokens=False)[0]
+
+    @staticmethod
+    def _failure(exc: BaseException, what: str) -> BaseException:
+        """A Rust panic or error of the tokenizer as this request's error; anything else (a cancellation) as is."""
+        if _is_panic(exc) or isinstance(exc, Exception):
+            return tokenizer_failure(exc, what)
+        return exc
+
+    @functools.cached_property
+    def max_token_bytes(self) -> int:
+        """The most bytes of text one token stands for (128 for Qwen3), added tokens included."""
+        longest = 1
+        for entry in self._backend.get_vocab(with_added_tokens=True):
+            if all(ch in _BYTE_OF_CHAR for ch in entry):
+                longest = max(longest, len(entry))  # byte-level: one character per byte
+            else:  # an added token, matched as text
+                longest = max(longest, len(entry.encode("utf-8")))
+        return longest
+
+    def char_limit(self, tokens: int) -> int:
+        """Characters beyond which a text cannot be ``tokens`` tokens or fewer.
+
+        Each token stands for at most :attr:`max_token_bytes` bytes of the normalized text, a character is at
+        least one byte, and a Unicode normalizer leaves at least 1/:data:`NORMALIZER_SHRINK` of them. (A
+        normalizer that deletes text outright would break this bound; byte-level BPE checkpoints have none.)
+        """
+        return tokens * self.max_token_bytes * self._shrink
+
+    def fewest_tokens(self, text: str) -> int:
+        """A lower bound of the tokens of ``text`` from its length alone (see :meth:`char_limit`)."""
+        per_token = self.char_limit(1)
+        return -(-len(text) // per_token)
+
+    def _rough_count(self, text: str, limit: int) -> int | None:
+        """The tokens of ``text`` counted piece by piece, or None unless they are far more than ``limit``.
+
+        Pieces are cut at whitespace, which for byte-level BPE changes a few tokens around each cut: far more
+        than the slack allowed here. Counting stops as soon as the text is known to be over; only one piece's
+        encoding is alive at a time.
+        """
+        counted, cuts, start = 0, 0, 0
+        while start < len(text):
+            end = min(len(text), start + _PIECE_CHARS)
+            if end < len(text):
+                half = start + _PIECE_CHARS // 2
+                space = max(text.rfind(" ", half, end), text.rfind("\n", half, end))
+                end = space if space > start else end
+                cuts += 1
+            try:
+                counted += len(self._encode_piece(text[start:end]))
+            except BaseException as exc:
+                raise self._failure(exc, "encode") from None
+            if counted > 2 * limit + _CUT_SLACK * cuts:
+                return counted
+            start = end
+        return None
 
     def _pieces(self, text: str) -> Iterator[str]:
         """``text`` cut right after added tokens into pieces of about _PIECE_CHARS (fewer where it has none)."""
@@ -305,7 +403,10 @@ class Tokenizer:
 
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:
         """Text of ``ids``; invalid UTF-8 becomes U+FFFD, unknown ids are dropped."""
-        return self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+        try:
+            return self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+        except BaseException as exc:
+            raise self._failure(exc, "decode") from None
 
     def vocabulary(self) -> dict[str, int]:
         """Every vocabulary entry (byte-level spelling, added tokens included) -> its id."""
