@@ -145,3 +145,13 @@ def test_count_tokens_takes_no_sampling_fields() -> None:
     assert req.chat.sampling.max_tokens is None
     with pytest.raises(BadRequestError, match="max_tokens: Extra inputs"):
         an.parse_count_tokens_request(json.dumps({"model": "m", "max_tokens": 3, "messages": []}).encode())
+
+
+def test_the_docs_list_every_no_op_and_refused_field() -> None:
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "anthropic.md").read_text()
+    for field, (accepts, why, _check) in an.NO_OP_FIELDS.items():
+        assert f"| `{field}` | {accepts} | {why} |" in page, field
+    for field, why in an.REFUSED_FIELDS.items():
+        assert f"| `{field}` | {why} |" in page, field
