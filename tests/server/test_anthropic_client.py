@@ -256,3 +256,16 @@ async def test_the_api_key_is_taken_from_x_api_key(scripted) -> None:
     assert refused.status_code == 401 and refused.body["error"]["type"] == "authentication_error"
     assert bearer.status == 200 and bearer.json()["input_tokens"] > 0
     assert missing.status == 401 and missing.json()["error"]["type"] == "authentication_error"
+
+
+async def test_the_routers_refusals_on_anthropics_paths_come_in_its_envelope(demo_model: Model) -> None:
+    with trio.fail_after(allowance(60)):
+        async with running_server(demo_model) as server:
+            plain = await fetch(server.port, "POST", "/v1/messages", {}, content_type="text/plain")
+            method = await fetch(server.port, "GET", "/v1/messages/count_tokens")
+            bad_json = await fetch(server.port, "POST", "/v1/messages", None)
+    assert plain.status == 415 and plain.json()["type"] == "error"
+    assert plain.json()["error"]["type"] == "invalid_request_error"
+    assert method.status == 405 and method.json()["type"] == "error"
+    assert bad_json.status == 400 and bad_json.json()["error"]["type"] == "invalid_request_error"
+    assert "not valid JSON" in bad_json.json()["error"]["message"]
