@@ -30,7 +30,8 @@ def test_system_blocks_and_turns_become_chat_messages() -> None:
                         {"type": "text", "text": "Be kind."}],
                 messages=[{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
                           {"role": "assistant", "content": "c"}, {"role": "user", "content": "d"}])
-    assert req.chat.messages == ({"role": "system", "content": "Be terse.\nBe kind."}, {"role": "user", "content": "a\nb"},
+    assert req.chat.messages == ({"role": "system", "content": "Be terse.\nBe kind."},
+                                 {"role": "user", "content": "a\nb"},
                                  {"role": "assistant", "content": "c"}, {"role": "user", "content": "d"})
     assert req.prefill == "" and req.thinking is None and req.chat.model == "m"
 
@@ -89,7 +90,8 @@ def test_tool_choice_refusals() -> None:
 
 
 def test_sampling_fields() -> None:
-    sampling = parse(max_tokens=7, temperature=0.5, top_p=0.9, top_k=3, stop_sequences=["END"], stream=True).chat.sampling
+    sampling = parse(max_tokens=7, temperature=0.5, top_p=0.9, top_k=3, stop_sequences=["END"],
+                     stream=True).chat.sampling
     assert (sampling.max_tokens, sampling.temperature, sampling.top_p, sampling.top_k, sampling.stop,
             sampling.stream) == (7, 0.5, 0.9, 3, ("END",), True)
     refused("max_tokens: Field required", max_tokens=None)
@@ -123,7 +125,8 @@ def test_roles_and_block_types_are_checked() -> None:
     refused("'messages\\[0\\].content\\[0\\].type' must be 'text', 'image' or 'tool_result'",
             messages=[{"role": "user", "content": [{"type": "document", "source": {}}]}])
     refused("must be 'text', 'tool_use' or 'thinking'", messages=[
-        {"role": "user", "content": "x"}, {"role": "assistant", "content": [{"type": "redacted_thinking", "data": "x"}]},
+        {"role": "user", "content": "x"},
+        {"role": "assistant", "content": [{"type": "redacted_thinking", "data": "x"}]},
         {"role": "user", "content": "y"}])
     refused("at least one message", messages=[])
 

@@ -130,8 +130,8 @@ class MessageAssembler:
         self.stop_reason = stop_reason_of(finish_reason, stop_sequence)
         self.stop_sequence = stop_sequence if self.stop_reason == "stop_sequence" else None
         self.output_tokens = output_tokens
-        events.append(("message_delta", {"type": "message_delta",
-                                         "delta": {"stop_reason": self.stop_reason, "stop_sequence": self.stop_sequence},
+        delta = {"stop_reason": self.stop_reason, "stop_sequence": self.stop_sequence}
+        events.append(("message_delta", {"type": "message_delta", "delta": delta,
                                          "usage": {"output_tokens": output_tokens}}))
         events.append(("message_stop", {"type": "message_stop"}))
         return events
