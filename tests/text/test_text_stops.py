@@ -115,3 +115,21 @@ def test_emitted_text_is_the_text_cut_before_the_first_stop(case: tuple[str, tup
     expected = reference(text, stops)
     assert "".join(emitted) == expected
     assert stopped == any(s in text for s in stops)
+
+
+
+def test_the_matched_stop_string_is_named() -> None:
+    matcher = StopStringMatcher(["zzz", "lo w", "w"])
+    assert matcher.matched is None
+    assert matcher.push("hel") == ("he", False)
+    assert matcher.push("lo world") == ("l", True)
+    assert matcher.matched == "lo w"  # the earliest occurrence, not "w" inside it
+
+
+def test_a_stop_string_completed_at_flush_is_named() -> None:
+    matcher = StopStringMatcher(["ab", "abc"])
+    assert matcher.push("xa") == ("x", False)
+    assert matcher.flush() == "a" and matcher.matched is None
+    matcher = StopStringMatcher(["bcd", "c"])  # "bc" waits on "bcd"; at the end "c" is the stop
+    assert matcher.push("abc") == ("a", False)
+    assert matcher.flush() == "b" and matcher.stopped and matcher.matched == "c"

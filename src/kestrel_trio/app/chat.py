@@ -33,12 +33,13 @@ from kestrel_trio.engine import Engine, GenerationHandle, GenerationRequest
 from kestrel_trio.errors import BadRequestError, KestrelError
 from kestrel_trio.http import Response, StreamingResponse
 from kestrel_trio.model import Model
+from kestrel_trio.openai.tool_calls import new_call_id
 from kestrel_trio.text import SamplingParams
 from kestrel_trio.text.constraint import Constraint
 from kestrel_trio.text.repetition import RepetitionGuard
 from kestrel_trio.text.sampling import DEFAULTED_FIELDS, SamplingDefaults
 
-__all__ = ["ChatOptions", "CompletionJob", "sampling_params", "default_sampling"]
+__all__ = ["ChatOptions", "CompletionJob", "sampling_params", "default_sampling", "model_thinks"]
 
 log = logging.getLogger("kestrel_trio.server")
 
@@ -58,6 +59,7 @@ class ChatOptions:
         parse_tools: turn ``<tool_call>`` blocks into ``tool_calls``.
         forced_prefix: tool-call opening appended to the prompt by ``tool_choice``.
         parallel_tool_calls: False: return at most one tool call per choice.
+        make_id: the tool-call id generator (Anthropic's route names calls ``toolu_...``).
     """
 
     reasoning: bool = False
@@ -65,6 +67,12 @@ class ChatOptions:
     parse_tools: bool = False
     forced_prefix: str = ""
     parallel_tool_calls: bool = True
+    make_id: object = new_call_id
+
+
+def model_thinks(model: Model) -> bool:
+    """Whether the model's vocabulary has Qwen3's ``<think>`` (its output is split into reasoning and answer)."""
+    return model.tokenizer is not None and model.tokenizer.token_to_id("<think>") is not None
 
 
 def sampling_params(model: Model, fields: oa.SamplingFields, server: SamplingDefaults | None = None) -> SamplingParams:
@@ -150,7 +158,7 @@ class CompletionJob:
             return [oa.CompletionChoice(i, self.echo, wants_logprobs) for i in range(self.fields.n)]
         c = self.chat
         return [oa.ChatChoice(i, c.reasoning, c.starts_in_reasoning, c.parse_tools, c.forced_prefix, wants_logprobs,
-                              parallel_tool_calls=c.parallel_tool_calls)
+                              parallel_tool_calls=c.parallel_tool_calls, make_id=c.make_id)
                 for i in range(self.fields.n)]
 
     async def respond(self) -> Response | StreamingResponse:

@@ -15,21 +15,26 @@ from __future__ import annotations
 
 import functools
 import hmac
+import json
 import logging
 import urllib.parse
 
+import attrs
 import trio
 
+from kestrel_trio import anthropic as an
 from kestrel_trio import openai as oa
 from kestrel_trio.engine import Engine
 from kestrel_trio.app.state import ServerState
 from kestrel_trio.errors import AuthenticationError, BadRequestError, EngineUnavailableError, ModelNotFoundError
 from kestrel_trio.http import Request, Response, Route, Router, StreamingResponse, answer_route
 from kestrel_trio.model import Model
-from kestrel_trio.app.chat import ChatOptions, CompletionJob, default_sampling
+from kestrel_trio.app.chat import ChatOptions, CompletionJob, default_sampling, model_thinks
+from kestrel_trio.app.messages import ANTHROPIC_PATHS, MessagesRoutes, anthropic_error_response
 from kestrel_trio.app.grammar import NO_THINKING as _NO_THINKING
 from kestrel_trio.app.grammar import chat_constraint, completion_constraint, reasoning_before_answer
 from kestrel_trio.app.images import prepare_images, template_parts
+from kestrel_trio.text.constraint import Constraint
 from kestrel_trio.text.images import expand_image_pads
 from kestrel_trio.webui import add_webui_routes
 from kestrel_trio.stats import CONTENT_TYPE as PROMETHEUS_CONTENT_TYPE
@@ -60,6 +65,9 @@ def build_router(state: ServerState) -> "_AuthorizingHandler":
     for path, handler in (("/v1/chat/completions", routes.chat), ("/v1/completions", routes.completions),
                           ("/tokenize", routes.tokenize), ("/detokenize", routes.detokenize)):
         router.add("POST", path, handler, media_types=JSON_MEDIA_TYPES)
+    messages = MessagesRoutes(routes)  # Anthropic's Messages API, over the same chat preparation
+    for path, handler in zip(ANTHROPIC_PATHS, (messages.messages, messages.count_tokens)):
+        router.add("POST", path, handler, media_types=JSON_MEDIA_TYPES)
     if state.webui:
         add_webui_routes(router)
 
@@ -74,23 +82,50 @@ class _AuthorizingHandler:
         self._router = router
 
     def route(self, request: Request) -> Route:
-        """401 without the right key (except on ``open_paths``), else the router's answer for ``request``."""
-        if self._state.api_key is not None and request.path not in self._state.open_paths:
-            _check_api_key(request, self._state.api_key)
-        return self._router.route(request)
+        """401 without the right key (except on ``open_paths``), else the router's answer for ``request``.
+
+        On Anthropic's paths a refusal (401, 405, 415) is in Anthropic's error envelope.
+        """
+        anthropic = request.path in ANTHROPIC_PATHS
+        try:
+            if self._state.api_key is not None and request.path not in self._state.open_paths:
+                _check_api_key(request, self._state.api_key, anthropic=anthropic)
+        except AuthenticationError as exc:
+            if anthropic:
+                return anthropic_error_response(exc)
+            raise
+        route = self._router.route(request)
+        if anthropic and isinstance(route, Response) and route.status >= 400:
+            return _anthropic_envelope(route)
+        return route
 
     async def __call__(self, request: Request) -> Response | StreamingResponse:
         return await answer_route(self.route(request), request)
 
 
-def _check_api_key(request: Request, api_key: str) -> None:
+def _check_api_key(request: Request, api_key: str, *, anthropic: bool = False) -> None:
+    """401 unless ``Authorization: Bearer <key>`` (or, on Anthropic's paths, ``x-api-key: <key>``) holds the key."""
     header = request.header("authorization") or ""
     scheme, _, token = header.partition(" ")
     # Constant-time comparison of the whole key; the key itself is never logged or echoed.
-    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), api_key.encode()):
-        log.warning("rejected a request to %s from %s: missing or wrong API key", request.path, request.client)
-        raise AuthenticationError("Incorrect or missing API key (send 'Authorization: Bearer <key>')",
-                                  code="invalid_api_key")
+    if scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), api_key.encode()):
+        return
+    x_api_key = request.header("x-api-key") if anthropic else None
+    if x_api_key is not None and hmac.compare_digest(x_api_key.strip().encode(), api_key.encode()):
+        return
+    log.warning("rejected a request to %s from %s: missing or wrong API key", request.path, request.client)
+    how = "'x-api-key: <key>' or 'Authorization: Bearer <key>'" if anthropic else "'Authorization: Bearer <key>'"
+    raise AuthenticationError(f"Incorrect or missing API key (send {how})", code="invalid_api_key")
+
+
+def _anthropic_envelope(response: Response) -> Response:
+    """An OpenAI-envelope refusal of the router (404, 405, 415) re-worded in Anthropic's envelope."""
+    try:
+        message = json.loads(response.body)["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        return response
+    body = oa.to_json_bytes(an.error_object(response.status, message))
+    return attrs.evolve(response, body=body)
 
 
 _PARSE_IN_THREAD_FROM_BYTES = 64 * 1024  # smaller bodies parse in well under a millisecond
@@ -166,13 +201,24 @@ class _Routes:
     async def chat(self, request: Request) -> Response | StreamingResponse:
         # A text-only model refuses images just below.
         chat = await self._parse(functools.partial(oa.parse_chat_request, allow_images=True), request.body)
+        prepared = await self.prepare_chat(chat)
+        return await self.chat_job(prepared, chat.sampling).respond()
+
+    async def prepare_chat(self, chat: oa.ChatRequest, *, prefill: str = "", make_id=None) -> PreparedChat:
+        """Everything a chat request needs before it is queued: checks, images, prompt, grammar, token ids.
+
+        Args:
+            chat: the validated request (the Anthropic route translates its own into one).
+            prefill: text the answer continues (Anthropic's final assistant turn), appended to the prompt.
+            make_id: the tool-call id generator, or None for OpenAI's ``call_...`` ids.
+        """
         model, engine = self._ready(chat.model)
         model.check_chat_template_kwargs(list(chat.chat_template_kwargs))
         images = await prepare_images(model, chat.messages, self.state.images, self.state.image_workers)
         tool_choice = chat.tool_choice or ("auto" if chat.tools else "none")
         tools = list(chat.tools) if chat.tools and tool_choice != "none" else None
         prompt = await self._off_loop(_render_chat, model, chat, tools)
-        thinking = model.tokenizer is not None and model.tokenizer.token_to_id("<think>") is not None
+        thinking = model_thinks(model)
         forced = oa.forced_tool_prefix(tool_choice) if tools else ""
         if forced:
             if thinking and not prompt.endswith(_NO_THINKING):
@@ -180,10 +226,15 @@ class _Routes:
             prompt += forced
         elif chat.structured is not None:  # an answer constrained from its first token: reasoning only if asked
             prompt += reasoning_before_answer(prompt, thinking=thinking, template_kwargs=chat.chat_template_kwargs)
+        elif prefill:  # the answer continues the prefill: reasoning, if any, is over
+            if thinking and not prompt.endswith(_NO_THINKING):
+                prompt += _NO_THINKING
+            prompt += prefill
         in_reasoning = thinking and prompt.rstrip().endswith("<think>")
         options = ChatOptions(reasoning=thinking, starts_in_reasoning=in_reasoning,
                               parse_tools=tools is not None, forced_prefix=forced,
-                              parallel_tool_calls=chat.parallel_tool_calls)
+                              parallel_tool_calls=chat.parallel_tool_calls,
+                              **({} if make_id is None else {"make_id": make_id}))
         constraint = None
         if chat.structured is not None or tools:  # a schema that cannot be enforced: 400 here, before any compute
             constraint = await self._off_loop(functools.partial(
@@ -192,11 +243,14 @@ class _Routes:
         if images:
             assert model.vision is not None
             ids = expand_image_pads(ids, model.vision.config.image_token_id, [image.num_tokens for image in images])
-        job = CompletionJob(model, engine, chat.sampling, ids, "messages", chat=options, model_id=self.state.model_id,
-                            default_max_tokens=self.state.default_max_tokens, sampling_defaults=self.state.sampling,
-                            images=tuple(images),
-                            constraint=constraint)
-        return await job.respond()
+        return PreparedChat(model, engine, ids, tuple(images), options, constraint)
+
+    def chat_job(self, prepared: PreparedChat, sampling: oa.SamplingFields) -> CompletionJob:
+        """The job that runs a prepared chat request (a 400 for a bad sampling field)."""
+        return CompletionJob(prepared.model, prepared.engine, sampling, prepared.ids, "messages",
+                             chat=prepared.options, model_id=self.state.model_id,
+                             default_max_tokens=self.state.default_max_tokens, sampling_defaults=self.state.sampling,
+                             images=prepared.images, constraint=prepared.constraint)
 
     async def completions(self, request: Request) -> Response | StreamingResponse:
         req = await self._parse(oa.parse_completion_request, request.body)
@@ -238,6 +292,27 @@ class _Routes:
         if req.tokens:
             model.check_token_ids(list(req.tokens), param="tokens")
         return _json(200, {"prompt": model.decode(list(req.tokens))})
+
+
+@attrs.frozen
+class PreparedChat:
+    """A chat request ready to queue: the model and engine, the prompt's ids and images, how output is read.
+
+    Attributes:
+        model: the served model.
+        engine: the running engine.
+        ids: the prompt's token ids (image pads expanded).
+        images: the prompt's preprocessed images.
+        options: how the output is assembled (reasoning, tool calls).
+        constraint: the compiled grammar the output follows, or None.
+    """
+
+    model: Model
+    engine: Engine
+    ids: list[int]
+    images: tuple
+    options: ChatOptions
+    constraint: Constraint | None
 
 
 def _render_chat(model: Model, chat: oa.ChatRequest, tools: list | None) -> str:

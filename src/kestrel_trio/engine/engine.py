@@ -538,6 +538,7 @@ class Engine:
             completion_tokens=completion_tokens,
             cached_tokens=generation.cached_tokens,
             logprobs=result.logprobs,
+            stop_sequence=result.stop_sequence,
         )
         job.results.send_nowait(delta)  # never blocks: capacity exceeds the job's possible results
         if result.finish_reason is not None:

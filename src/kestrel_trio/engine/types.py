@@ -89,6 +89,8 @@ class Delta:
         cached_tokens: prompt tokens whose KV came from the prefix cache.
         logprobs: the token's logprobs when the request asked for them (None
             otherwise, and for the EOS / stop token id that ended the generation).
+        stop_sequence: on a "stop" delta, the stop string that ended the generation (None: an EOS or
+            stop token id, or a finished grammar).
     """
 
     text: str
@@ -98,6 +100,7 @@ class Delta:
     completion_tokens: int
     cached_tokens: int = 0
     logprobs: TokenLogprobs | None = None
+    stop_sequence: str | None = None
 
 
 @attrs.frozen

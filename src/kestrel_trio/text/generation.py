@@ -88,6 +88,7 @@ class StepResult:
             is never emitted, so it is not reported, as OpenAI does not).
         before: the tokens the same step kept ahead of this one, in order, each
             a StepResult of its own (speculative decoding); () for a plain step.
+        stop_sequence: the stop string that ended the generation ("stop" only), else None.
     """
 
     text: str = ""
@@ -95,6 +96,7 @@ class StepResult:
     finish_reason: str | None = None
     logprobs: TokenLogprobs | None = None
     before: tuple["StepResult", ...] = ()
+    stop_sequence: str | None = None
 
     def tokens(self) -> tuple["StepResult", ...]:
         """Every token this step produced, in order, one StepResult each (one for a plain step)."""
@@ -491,4 +493,5 @@ class Generation:
             reason = "stop" if stopped else reason
         self.finish_reason = reason
         self.phase = Phase.DONE
-        return StepResult(text=emitted, token_id=token, finish_reason=reason, logprobs=scored)
+        matched = self._stops.matched if reason == "stop" else None
+        return StepResult(text=emitted, token_id=token, finish_reason=reason, logprobs=scored, stop_sequence=matched)

@@ -28,6 +28,7 @@ class StopStringMatcher:
 
     Attributes:
         stopped: a stop string has matched; later pushes emit nothing.
+        matched: the stop string that matched (the earliest occurrence), or None.
     """
 
     def __init__(self, stops: Iterable[str]) -> None:
@@ -37,6 +38,7 @@ class StopStringMatcher:
         self._longest = max((len(stop) for stop in self._stops), default=0)
         self._held = ""
         self.stopped = False
+        self.matched: str | None = None
 
     def push(self, text_delta: str) -> tuple[str, bool]:
         """Feed the next piece of text.
@@ -52,6 +54,7 @@ class StopStringMatcher:
         pending = self._first_pending(buffer, before=len(buffer) if match is None else match)
         if match is not None and pending is None:
             self._held, self.stopped = "", True
+            self.matched = self._matched_at(buffer, match)
             return buffer[:match], True
         cut = len(buffer) if pending is None else pending
         self._held = buffer[cut:]
@@ -66,12 +69,17 @@ class StopStringMatcher:
         if match is None:
             return buffer
         self.stopped = True
+        self.matched = self._matched_at(buffer, match)
         return buffer[:match]
 
     def _first_match(self, buffer: str) -> int | None:
         """Start of the earliest complete stop string in ``buffer``."""
         starts = [i for i in (buffer.find(stop) for stop in self._stops) if i >= 0]
         return min(starts, default=None)
+
+    def _matched_at(self, buffer: str, start: int) -> str:
+        """The stop string found at ``start`` (the first listed, when several begin there)."""
+        return next(stop for stop in self._stops if buffer.startswith(stop, start))
 
     def _first_pending(self, buffer: str, *, before: int) -> int | None:
         """Earliest start < ``before`` from which ``buffer``'s tail may still become a stop."""

@@ -1,0 +1,390 @@
+"""Anthropic Messages request bodies -> the server's one chat request (:class:`kestrel_trio.openai.ChatRequest`).
+
+Theory of operation: ``POST /v1/messages`` and ``/v1/messages/count_tokens`` are translated, once, into the
+validated chat request the OpenAI route runs, so that templates, tools, images, grammar and admission stay in
+one place:
+
+* ``system`` (a string or text blocks) becomes the first, ``system`` message.
+* A user turn's ``tool_result`` blocks become ``tool`` messages (in order), its text and ``image`` blocks a
+  ``user`` message (images as the ``image_url`` parts the image code reads: base64 sources as ``data:`` URLs).
+* An assistant turn's text blocks become its content, its ``tool_use`` blocks its ``tool_calls`` (``input``
+  JSON-encoded as ``arguments``), its ``thinking`` blocks its ``reasoning_content``.
+* A last assistant turn holding text only is a prefill: the answer continues it (Anthropic's behaviour).
+* ``tools`` (``input_schema``) become functions; ``tool_choice`` auto / any / tool / none becomes
+  ``"auto"`` / ``"required"`` / a named function / ``"none"``; ``disable_parallel_tool_use`` is
+  ``parallel_tool_calls: false``.
+* ``max_tokens`` (required), ``temperature`` (0 to 1, as Anthropic's), ``top_p``, ``top_k``,
+  ``stop_sequences`` and ``stream`` become the sampling fields.
+* ``thinking`` ``{"type": "enabled", "budget_tokens": n}`` / ``{"type": "disabled"}`` is kept as
+  :attr:`MessagesRequest.thinking`; the route maps it onto the template's ``enable_thinking``.
+
+Every rejection is a :class:`BadRequestError` naming the field; unknown keys are refused
+(:mod:`kestrel_trio.anthropic.fields`).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import attrs
+
+from kestrel_trio.anthropic.fields import check_keys
+from kestrel_trio.errors import BadRequestError
+from kestrel_trio.openai import ChatRequest, SamplingFields
+from kestrel_trio.openai._fields import (
+    check_object,
+    check_str,
+    fail,
+    get_array,
+    get_bool,
+    get_int,
+    get_number,
+    join_path,
+    load_object,
+    require,
+)
+
+__all__ = ["MessagesRequest", "parse_messages_request", "parse_count_tokens_request", "MAX_STOP_SEQUENCES",
+           "MIN_THINKING_BUDGET"]
+
+MAX_STOP_SEQUENCES = 16  # each is matched against every generated character; Anthropic sets no published bound
+MIN_THINKING_BUDGET = 1024  # Anthropic's own minimum for thinking.budget_tokens
+_MESSAGES_KEYS = frozenset({"model", "messages", "system", "max_tokens", "stop_sequences", "stream", "temperature",
+                            "top_p", "top_k", "tools", "tool_choice", "thinking", "output_config"})
+_COUNT_KEYS = frozenset({"model", "messages", "system", "tools", "tool_choice", "thinking", "output_config"})
+_IMAGE_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")
+
+
+@attrs.frozen
+class MessagesRequest:
+    """A validated ``POST /v1/messages`` (or ``count_tokens``) body.
+
+    Attributes:
+        chat: the same request as a chat completion (messages, tools, tool_choice, sampling).
+        thinking: True (``enabled``), False (``disabled``) or None (not sent, or ``adaptive``: the template's
+            default, under which Qwen3 reasons).
+        thinking_budget: ``thinking.budget_tokens`` when enabled (checked, not enforced beyond max_tokens).
+        prefill: the text of a final assistant turn, which the answer continues ("" for none).
+    """
+
+    chat: ChatRequest
+    thinking: bool | None = None
+    thinking_budget: int | None = None
+    prefill: str = ""
+
+
+def parse_messages_request(body: bytes) -> MessagesRequest:
+    """Parse and validate a ``POST /v1/messages`` body.
+
+    Raises:
+        BadRequestError: malformed JSON, a missing ``model``/``messages``/``max_tokens``, or an invalid or
+            unknown field (``param`` names it).
+    """
+    return _parse(body, count_only=False)
+
+
+def parse_count_tokens_request(body: bytes) -> MessagesRequest:
+    """Parse and validate a ``POST /v1/messages/count_tokens`` body (no ``max_tokens`` nor sampling fields)."""
+    return _parse(body, count_only=True)
+
+
+def _parse(body: bytes, *, count_only: bool) -> MessagesRequest:
+    obj = load_object(body)
+    check_keys(obj, _COUNT_KEYS if count_only else _MESSAGES_KEYS)
+    model = check_str(require(obj, "model"), "model")
+    tools = _tools(obj.get("tools"))
+    tool_choice, parallel = _tool_choice(obj.get("tool_choice"), tools)
+    messages, prefill = _messages(require(obj, "messages"))
+    system = _system(obj.get("system"))
+    if system is not None:
+        messages = [{"role": "system", "content": system}, *messages]
+    output_config = obj.get("output_config")
+    if output_config is not None:  # its keys are no-ops or refused (fields.py)
+        check_keys(check_object(output_config, "output_config"), (), path="output_config", generic="output_config")
+    sampling = SamplingFields() if count_only else _sampling(obj)
+    thinking, budget = _thinking(obj.get("thinking"), sampling.max_tokens)
+    chat = ChatRequest(model=model, messages=tuple(messages), tools=tools, tool_choice=tool_choice,
+                       chat_template_kwargs={}, sampling=sampling, parallel_tool_calls=parallel)
+    return MessagesRequest(chat=chat, thinking=thinking, thinking_budget=budget, prefill=prefill)
+
+
+def _sampling(obj: dict) -> SamplingFields:
+    max_tokens = get_int(obj, "max_tokens")
+    if max_tokens is None:
+        raise BadRequestError("max_tokens: Field required", param="max_tokens")
+    if max_tokens < 1:
+        raise BadRequestError(f"'max_tokens' must be at least 1, got {max_tokens}", param="max_tokens")
+    temperature = get_number(obj, "temperature")
+    if temperature is not None and not 0.0 <= temperature <= 1.0:
+        raise BadRequestError(f"'temperature' must be in [0, 1], got {temperature}", param="temperature")
+    return SamplingFields(max_tokens=max_tokens, temperature=temperature, top_p=get_number(obj, "top_p"),
+                          top_k=get_int(obj, "top_k"), stop=_stop_sequences(obj), stream=bool(get_bool(obj, "stream")))
+
+
+def _stop_sequences(obj: dict) -> tuple[str, ...]:
+    items = get_array(obj, "stop_sequences") or []
+    if len(items) > MAX_STOP_SEQUENCES:
+        raise BadRequestError(f"'stop_sequences' may hold at most {MAX_STOP_SEQUENCES} strings, got {len(items)}",
+                              param="stop_sequences")
+    out = []
+    for i, item in enumerate(items):
+        path = join_path("stop_sequences", i)
+        if not check_str(item, path):
+            raise BadRequestError(f"'{path}' must not be empty", param=path)
+        out.append(item)
+    return tuple(out)
+
+
+def _thinking(value: Any, max_tokens: int | None) -> tuple[bool | None, int | None]:
+    if value is None:
+        return None, None
+    thinking = check_object(value, "thinking")
+    kind = check_str(require(thinking, "type", "thinking"), "thinking.type")
+    if kind == "disabled":
+        check_keys(thinking, ("type",), path="thinking", generic="thinking")
+        return False, None
+    if kind == "adaptive":  # the model decides whether to reason: the template's default
+        check_keys(thinking, ("type",), path="thinking", generic="thinking")
+        return None, None
+    if kind != "enabled":
+        raise BadRequestError(f"'thinking.type' must be 'enabled', 'adaptive' or 'disabled'; got {kind!r}",
+                              param="thinking.type")
+    check_keys(thinking, ("type", "budget_tokens"), path="thinking", generic="thinking")
+    budget = get_int(thinking, "budget_tokens", "thinking")
+    if budget is None:
+        raise BadRequestError("thinking.budget_tokens: Field required", param="thinking.budget_tokens")
+    if budget < MIN_THINKING_BUDGET:
+        raise BadRequestError(f"'thinking.budget_tokens' must be at least {MIN_THINKING_BUDGET}, got {budget}",
+                              param="thinking.budget_tokens")
+    if max_tokens is not None and budget >= max_tokens:
+        raise BadRequestError(f"'max_tokens' must be greater than 'thinking.budget_tokens' ({budget}), got "
+                              f"{max_tokens}", param="max_tokens")
+    return True, budget
+
+
+def _system(value: Any) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    if not isinstance(value, list):
+        raise fail("system", "a string or an array of text blocks", value)
+    texts = []
+    for i, item in enumerate(value):
+        path = join_path("system", i)
+        block = check_object(item, path)
+        kind = check_str(require(block, "type", path), join_path(path, "type"))
+        if kind != "text":
+            raise BadRequestError(f"'{path}.type' must be 'text'; got {kind!r}", param=join_path(path, "type"))
+        check_keys(block, ("type", "text"), path=path, generic="system[]")
+        texts.append(check_str(require(block, "text", path), join_path(path, "text")))
+    return "\n".join(texts)
+
+
+def _messages(value: Any) -> tuple[list[dict], str]:
+    """The chat messages of an Anthropic ``messages`` array, and the prefill text of a last assistant turn."""
+    if not isinstance(value, list):
+        raise fail("messages", "an array", value)
+    if not value:
+        raise BadRequestError("'messages' must contain at least one message", param="messages")
+    out: list[dict] = []
+    for i, item in enumerate(value):
+        path = join_path("messages", i)
+        message = check_object(item, path)
+        role = check_str(require(message, "role", path), join_path(path, "role"))
+        if role not in ("user", "assistant"):
+            field = join_path(path, "role")
+            hint = " (send the system prompt as the top-level 'system' field)" if role == "system" else ""
+            raise BadRequestError(f"'{field}' must be 'user' or 'assistant'; got {role!r}{hint}", param=field)
+        check_keys(message, ("role", "content"), path=path, generic="messages[]")
+        content = require(message, "content", path)
+        if role == "user":
+            out.extend(_user_turn(content, join_path(path, "content")))
+        else:
+            out.append(_assistant_turn(content, join_path(path, "content")))
+    prefill = ""
+    last = out[-1]
+    if last["role"] == "assistant":
+        if last.get("tool_calls") or last.get("reasoning_content") is not None:
+            raise BadRequestError(f"'messages[{len(value) - 1}]': a final assistant turn (a prefill) may hold text "
+                                  "only", param=f"messages[{len(value) - 1}]")
+        prefill = last["content"] or ""
+        out.pop()
+        if not out:
+            raise BadRequestError("'messages' must hold a user turn before the final assistant turn",
+                                  param="messages")
+    return out, prefill
+
+
+def _blocks(content: Any, path: str) -> list[tuple[str, dict, str]]:
+    """``(type, block, path)`` of each content block; a string is one text block."""
+    if isinstance(content, str):
+        return [("text", {"type": "text", "text": content}, path)]
+    if not isinstance(content, list):
+        raise fail(path, "a string or an array of content blocks", content)
+    out = []
+    for j, item in enumerate(content):
+        block_path = join_path(path, j)
+        block = check_object(item, block_path)
+        out.append((check_str(require(block, "type", block_path), join_path(block_path, "type")), block, block_path))
+    return out
+
+
+def _user_turn(content: Any, path: str) -> list[dict]:
+    out: list[dict] = []
+    parts: list[dict] = []
+    for kind, block, block_path in _blocks(content, path):
+        if kind == "tool_result":
+            out.extend(_flush_user(parts))
+            out.append(_tool_result(block, block_path))
+        elif kind == "text":
+            parts.append(_text_part(block, block_path))
+        elif kind == "image":
+            parts.append(_image_part(block, block_path))
+        else:
+            field = join_path(block_path, "type")
+            raise BadRequestError(f"'{field}' must be 'text', 'image' or 'tool_result' in a user turn; got {kind!r}",
+                                  param=field)
+    out.extend(_flush_user(parts))
+    if not out:
+        raise BadRequestError(f"'{path}' must not be empty", param=path)
+    return out
+
+
+def _flush_user(parts: list[dict]) -> list[dict]:
+    if not parts:
+        return []
+    taken = list(parts)
+    parts.clear()
+    if all(part["type"] == "text" for part in taken):
+        return [{"role": "user", "content": "\n".join(part["text"] for part in taken)}]
+    return [{"role": "user", "content": taken}]
+
+
+def _text_part(block: dict, path: str) -> dict:
+    check_keys(block, ("type", "text"), path=path, generic="messages[].content[]")
+    return {"type": "text", "text": check_str(require(block, "text", path), join_path(path, "text"))}
+
+
+def _image_part(block: dict, path: str) -> dict:
+    check_keys(block, ("type", "source"), path=path, generic="messages[].content[]")
+    source_path = join_path(path, "source")
+    source = check_object(require(block, "source", path), source_path)
+    kind = check_str(require(source, "type", source_path), join_path(source_path, "type"))
+    if kind == "base64":
+        check_keys(source, ("type", "media_type", "data"), path=source_path, generic="source")
+        media = check_str(require(source, "media_type", source_path), join_path(source_path, "media_type"))
+        if media not in _IMAGE_TYPES:
+            field = join_path(source_path, "media_type")
+            raise BadRequestError(f"'{field}' must be one of {', '.join(_IMAGE_TYPES)}; got {media!r}", param=field)
+        data = check_str(require(source, "data", source_path), join_path(source_path, "data"))
+        url = f"data:{media};base64,{data}"
+    elif kind == "url":
+        check_keys(source, ("type", "url"), path=source_path, generic="source")
+        url = check_str(require(source, "url", source_path), join_path(source_path, "url"))
+    else:
+        field = join_path(source_path, "type")
+        raise BadRequestError(f"'{field}' must be 'base64' or 'url'; got {kind!r}", param=field)
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+def _tool_result(block: dict, path: str) -> dict:
+    check_keys(block, ("type", "tool_use_id", "content", "is_error"), path=path, generic="messages[].content[]")
+    call_id = check_str(require(block, "tool_use_id", path), join_path(path, "tool_use_id"))
+    content = block.get("content")
+    texts = []
+    if content is not None:
+        for kind, part, part_path in _blocks(content, join_path(path, "content")):
+            if kind != "text":
+                field = join_path(part_path, "type")
+                raise BadRequestError(f"'{field}' must be 'text' (a tool result carries text only here); got "
+                                      f"{kind!r}", param=field)
+            texts.append(_text_part(part, part_path)["text"])
+    text = "\n".join(texts)
+    if get_bool(block, "is_error", path):
+        text = "Error: " + text  # the template has no field for it: the model reads it in the result
+    return {"role": "tool", "tool_call_id": call_id, "content": text}
+
+
+def _assistant_turn(content: Any, path: str) -> dict:
+    texts: list[str] = []
+    calls: list[dict] = []
+    reasoning: list[str] = []
+    for kind, block, block_path in _blocks(content, path):
+        if kind == "text":
+            texts.append(_text_part(block, block_path)["text"])
+        elif kind == "tool_use":
+            check_keys(block, ("type", "id", "name", "input"), path=block_path, generic="messages[].content[]")
+            call_id = check_str(require(block, "id", block_path), join_path(block_path, "id"))
+            name = check_str(require(block, "name", block_path), join_path(block_path, "name"))
+            arguments = check_object(require(block, "input", block_path), join_path(block_path, "input"))
+            calls.append({"id": call_id, "type": "function",
+                          "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)}})
+        elif kind == "thinking":
+            check_keys(block, ("type", "thinking"), path=block_path, generic="messages[].content[]")
+            reasoning.append(check_str(require(block, "thinking", block_path), join_path(block_path, "thinking")))
+        else:
+            field = join_path(block_path, "type")
+            raise BadRequestError(f"'{field}' must be 'text', 'tool_use' or 'thinking' in an assistant turn; got "
+                                  f"{kind!r}", param=field)
+    out: dict = {"role": "assistant", "content": "".join(texts) if texts or not calls else None}
+    if calls:
+        out["tool_calls"] = calls
+    if reasoning:
+        out["reasoning_content"] = "\n".join(reasoning)
+    return out
+
+
+def _tools(value: Any) -> tuple[dict, ...] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise fail("tools", "an array", value)
+    if not value:
+        return None  # Anthropic accepts an empty list: no tools
+    out = []
+    names: set[str] = set()
+    for i, item in enumerate(value):
+        path = join_path("tools", i)
+        tool = check_object(item, path)
+        kind = tool.get("type")
+        if kind is not None and kind != "custom":
+            raise BadRequestError(f"'{path}.type' {kind!r}: Anthropic's server tools are not supported; send "
+                                  "client tools (name, description, input_schema)", param=join_path(path, "type"))
+        check_keys(tool, ("type", "name", "description", "input_schema"), path=path, generic="tools[]")
+        name = check_str(require(tool, "name", path), join_path(path, "name"))
+        if name in names:
+            raise BadRequestError(f"'{path}.name': tool names must be unique; {name!r} is repeated",
+                                  param=join_path(path, "name"))
+        names.add(name)
+        function: dict = {"name": name}
+        description = tool.get("description")
+        if description is not None:
+            function["description"] = check_str(description, join_path(path, "description"))
+        function["parameters"] = check_object(require(tool, "input_schema", path), join_path(path, "input_schema"))
+        out.append({"type": "function", "function": function})
+    return tuple(out)
+
+
+def _tool_choice(value: Any, tools: tuple[dict, ...] | None) -> tuple[str | dict | None, bool]:
+    """The chat ``tool_choice`` and ``parallel_tool_calls`` of Anthropic's ``tool_choice``."""
+    if value is None:
+        return None, True
+    choice = check_object(value, "tool_choice")
+    kind = check_str(require(choice, "type", "tool_choice"), "tool_choice.type")
+    acting = ("type", "disable_parallel_tool_use") + (("name",) if kind == "tool" else ())
+    check_keys(choice, acting, path="tool_choice", generic="tool_choice")
+    parallel = not get_bool(choice, "disable_parallel_tool_use", "tool_choice")
+    if kind in ("auto", "none"):
+        return kind, parallel
+    if kind not in ("any", "tool"):
+        raise BadRequestError(f"'tool_choice.type' must be one of auto, any, tool, none; got {kind!r}",
+                              param="tool_choice.type")
+    if not tools:
+        raise BadRequestError(f"'tool_choice' is {kind!r} but no 'tools' were given", param="tool_choice")
+    if kind == "any":
+        return "required", parallel
+    name = check_str(require(choice, "name", "tool_choice"), "tool_choice.name")
+    if name not in {tool["function"]["name"] for tool in tools}:
+        raise BadRequestError(f"'tool_choice.name' names {name!r}, which is not one of the 'tools'",
+                              param="tool_choice.name")
+    return {"type": "function", "function": {"name": name}}, parallel

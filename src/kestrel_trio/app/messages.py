@@ -1,0 +1,159 @@
+"""Anthropic's Messages API: ``POST /v1/messages`` and ``POST /v1/messages/count_tokens``.
+
+Theory of operation: the body is translated into the server's chat request
+(:mod:`kestrel_trio.anthropic`), prepared by the same code as ``/v1/chat/completions`` (template, tools,
+images, grammar, token ids: :meth:`_Routes.prepare_chat`) and run as a one-choice :class:`CompletionJob`.
+Its output goes through the same :class:`kestrel_trio.openai.ChatChoice` (reasoning split, tool calls),
+whose items a :class:`kestrel_trio.anthropic.MessageAssembler` turns into Anthropic's message or events.
+
+Every refusal before the response head is Anthropic's error envelope with the error's status (the handler
+catches the :class:`KestrelError`); once a stream has started, a failure is an ``error`` event and the
+stream ends.
+
+``thinking``: ``enabled`` / ``disabled`` sets the template's ``enable_thinking`` where the template reads it
+(Qwen3); a template without it: ``disabled`` holds already for a model that never reasons, ``enabled`` on
+such a model is a 400. Without ``thinking`` the template's default applies. ``budget_tokens`` is checked as
+Anthropic checks it; the reasoning is bounded by ``max_tokens`` only.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+
+import attrs
+
+from kestrel_trio import anthropic as an
+from kestrel_trio.app.chat import CompletionJob, model_thinks
+from kestrel_trio.engine import GenerationHandle
+from kestrel_trio.errors import BadRequestError, KestrelError
+from kestrel_trio.http import Request, Response, StreamingResponse
+from kestrel_trio.http.responses import retry_after_header
+from kestrel_trio.model import Model
+from kestrel_trio.openai import ChatRequest, to_json_bytes
+
+__all__ = ["MessagesRoutes", "anthropic_error_response", "ANTHROPIC_PATHS"]
+
+log = logging.getLogger("kestrel_trio.server")
+
+ANTHROPIC_PATHS = ("/v1/messages", "/v1/messages/count_tokens")
+
+
+def anthropic_error_response(exc: KestrelError) -> Response:
+    """Anthropic's error envelope for ``exc``, with its status (and ``Retry-After`` when it has one)."""
+    status = exc.status if 400 <= exc.status <= 599 else 500
+    return Response(status=status, body=an.error_body(exc),
+                    headers=retry_after_header(getattr(exc, "retry_after", None)))
+
+
+class MessagesRoutes:
+    """The two Anthropic routes, over the chat routes' preparation (``routes``: the app's ``_Routes``)."""
+
+    def __init__(self, routes) -> None:
+        self.routes = routes
+
+    async def messages(self, request: Request) -> Response | StreamingResponse:
+        try:
+            req = await self.routes._parse(an.parse_messages_request, request.body)
+            prepared = await self._prepare(req)
+            job = self.routes.chat_job(prepared, req.chat.sampling)
+            return await MessagesJob(job, len(prepared.ids)).respond()
+        except KestrelError as exc:
+            return anthropic_error_response(exc)
+
+    async def count_tokens(self, request: Request) -> Response:
+        try:
+            req = await self.routes._parse(an.parse_count_tokens_request, request.body)
+            prepared = await self._prepare(req)
+        except KestrelError as exc:
+            return anthropic_error_response(exc)
+        return Response(status=200, body=to_json_bytes({"input_tokens": len(prepared.ids)}))
+
+    async def _prepare(self, req: an.MessagesRequest):
+        chat = req.chat
+        if req.prefill and chat.tools and chat.tool_choice not in (None, "auto", "none"):
+            raise BadRequestError("a final assistant turn (a prefill) cannot be continued when 'tool_choice' forces "
+                                  "a tool call", param="messages")
+        if req.thinking is not None:
+            model, _ = self.routes._ready(chat.model)
+            chat = self._with_thinking(model, chat, req.thinking)
+        return await self.routes.prepare_chat(chat, prefill=req.prefill, make_id=an.new_tool_use_id)
+
+    @staticmethod
+    def _with_thinking(model: Model, chat: ChatRequest, thinking: bool) -> ChatRequest:
+        try:
+            model.check_chat_template_kwargs(["enable_thinking"])
+        except BadRequestError:
+            if thinking and model_thinks(model):
+                raise BadRequestError("'thinking': this model's chat template cannot switch reasoning on or off",
+                                      param="thinking") from None
+            if thinking:
+                raise BadRequestError("'thinking' is enabled but this model has no reasoning mode",
+                                      param="thinking") from None
+            return chat  # disabled, on a model that never reasons
+        return attrs.evolve(chat, chat_template_kwargs={**chat.chat_template_kwargs, "enable_thinking": thinking})
+
+
+class MessagesJob:
+    """One Anthropic answer: the job's single generation, read into a message or a stream of events."""
+
+    def __init__(self, job: CompletionJob, input_tokens: int) -> None:
+        self.job = job
+        self.assembler = an.MessageAssembler(an.new_message_id(), job.model_id, input_tokens)
+
+    async def respond(self) -> Response | StreamingResponse:
+        """Submit (429 / 503 / 400 raise here, before any head), then answer in JSON or events."""
+        handles = self.job.engine.open_generations(self.job.requests)
+        if self.job.fields.stream:
+            return StreamingResponse(status=200, chunks=lambda: EventStream(self, handles[0]))
+        try:
+            async with aclosing(self.events(handles[0])) as events:
+                async for _ in events:
+                    pass
+        finally:
+            handles[0].cancel()
+        return Response(status=200, body=to_json_bytes(self.assembler.message()))
+
+    async def events(self, handle: GenerationHandle) -> AsyncIterator[list[an.responses.Event]]:
+        """The message's events, a list per engine delta (``message_start`` first)."""
+        assembler = self.assembler
+        [choice] = self.job.new_choices()
+        yield assembler.start()
+        while True:
+            delta = await self.job._next(handle)
+            yield assembler.push(choice.push(delta.text))
+            if delta.finish_reason is not None:
+                events = assembler.push(choice.finish(delta.finish_reason))
+                yield events + assembler.finish(choice.finish_reason, delta.stop_sequence, delta.completion_tokens)
+                return
+
+
+class EventStream:
+    """The SSE body of a streamed message; closing it abandons the generation (as the chat route's SSEStream)."""
+
+    def __init__(self, job: MessagesJob, handle: GenerationHandle) -> None:
+        self._handle = handle
+        self._chunks = self._generate(job, handle)
+
+    def __aiter__(self) -> EventStream:
+        return self
+
+    async def __anext__(self) -> bytes:
+        return await self._chunks.__anext__()
+
+    async def aclose(self) -> None:
+        self._handle.cancel()
+        await self._chunks.aclose()
+
+    async def _generate(self, job: MessagesJob, handle: GenerationHandle) -> AsyncIterator[bytes]:
+        try:
+            async with aclosing(job.events(handle)) as batches:
+                async for events in batches:
+                    if events:
+                        yield b"".join(an.sse_event(name, obj) for name, obj in events)
+        except KestrelError as exc:
+            log.warning("stream %s ended with an error: %s", job.assembler.message_id, exc.message)
+            yield an.sse_event("error", an.error_object(exc.status, exc.message))
+        finally:
+            handle.cancel()
