@@ -14,7 +14,8 @@ request cycles until one of them says to stop:
    counted from accept (first request) or from the first byte, each
    connection's read deadlines stretched by its own 0-5 %; events
    already buffered are taken without a wait (no cancel scope). Malformed
-   input -> 400 (or h11's hint), too big -> 431, late -> 408, other HTTP
+   input -> 400 (or h11's hint; also a request with both Content-Length and
+   Transfer-Encoding, RFC 9112 6.1), too big -> 431, late -> 408, other HTTP
    versions -> 505; each of these closes the connection.
 3. BODY - a Content-Length above ``max_body_bytes`` -> 413 at once. Otherwise
    send ``100 Continue`` if the client waits for it, then read the body within
@@ -66,6 +67,11 @@ _PROTOCOL_ERROR_MESSAGES = {
     431: "The request head is too large.",
     501: "The request uses a transfer coding this server does not implement.",
 }
+
+
+def _has_both_framings(event: h11.Request) -> bool:
+    names = {name for name, _ in event.headers}  # h11 lower-cases header names
+    return b"content-length" in names and b"transfer-encoding" in names
 
 
 class HttpConnection:
@@ -238,6 +244,12 @@ class HttpConnection:
             return False, None
         if head_size(event) > self._limits.max_header_bytes:
             await self._send_error(exchange, 431, "The request head is too large.", "header_too_large")
+            return False, None
+        if _has_both_framings(event):
+            # RFC 9112 6.1: such a request may be a smuggling attempt (a proxy in front may frame it the other
+            # way); refused, and the connection closed, before any of its body is read.
+            message = "A request may not carry both Content-Length and Transfer-Encoding."
+            await self._send_error(exchange, 400, message, "malformed_request")
             return False, None
         length = declared_length(event)
         if length is not None and length > self._limits.max_body_bytes:
