@@ -318,6 +318,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-connections", type=_COUNT, default=http["max_connections"],
                        help=f"open connections; more get 503 (default {http['max_connections']}; the open-files limit "
                             "is raised to fit)")
+    serve.add_argument("--max-connections-per-client", type=_COUNT, default=None, metavar="N",
+                       help="open connections one peer address may hold; more get 503 (default: a quarter of "
+                            "--max-connections for other hosts, no cap for loopback peers such as a local proxy)")
     serve.add_argument("--open-path", action="append", dest="open_paths", metavar="PATH", default=None,
                        help=f"a path that needs no API key (repeatable; default {' and '.join(sorted(OPEN_PATHS))})")
     serve.add_argument("--api-key", default=os.environ.get("KESTREL_API_KEY"),
@@ -472,7 +475,7 @@ def _serve(args: argparse.Namespace) -> NoReturn:
     http_limits = HttpLimits(
         header_timeout=args.header_timeout, body_timeout=args.body_timeout, keepalive_timeout=args.keepalive_timeout,
         write_timeout=args.write_timeout, linger_timeout=args.linger_timeout, max_connections=args.max_connections,
-        max_header_bytes=args.max_header_bytes, max_body_bytes=args.max_body_bytes,
+        max_connections_per_client=args.max_connections_per_client, max_header_bytes=args.max_header_bytes, max_body_bytes=args.max_body_bytes,
     )
     _raise_open_files_limit(args.max_connections + _SPARE_FILES)
     open_paths = args.open_paths if args.open_paths is not None else OPEN_PATHS

@@ -25,7 +25,7 @@ import trio
 
 from kestrel_trio.http.connection import HttpConnection
 from kestrel_trio.http.cors import CorsPolicy
-from kestrel_trio.http.limits import HttpLimits
+from kestrel_trio.http.limits import HttpLimits, per_client_cap
 from kestrel_trio.http.metrics import HttpMetrics
 from kestrel_trio.http.responses import error_response, retry_after_header
 from kestrel_trio.http.transport import Transport, peer_name
@@ -73,6 +73,7 @@ class HttpServer:
         self._limits = limits
         self._access_log = access_log
         self._live: set[HttpConnection] = set()
+        self._per_peer: dict[str, int] = {}  # open connections by peer address, against per_client_cap
         self.metrics = HttpMetrics(open_connections=lambda: len(self._live))
         self._rejecting = 0
         self._accept_scope = trio.CancelScope()
@@ -118,7 +119,9 @@ class HttpServer:
 
     def _dispatch(self, stream: trio.SocketStream, nursery: trio.Nursery) -> None:
         self.metrics.accepted.inc()
-        if len(self._live) >= self._limits.max_connections:
+        peer = _peer_host(stream)
+        held = self._per_peer.get(peer, 0)
+        if len(self._live) >= self._limits.max_connections or held >= per_client_cap(self._limits, peer):
             nursery.start_soon(self._reject, self._transport(stream, _REJECT_LINGER), peer_name(stream))
             return
         transport = self._transport(stream)
@@ -127,7 +130,8 @@ class HttpServer:
             self.metrics, self._cors,
         )
         self._live.add(connection)  # counted from accept on
-        nursery.start_soon(self._run_connection, connection)
+        self._per_peer[peer] = held + 1
+        nursery.start_soon(self._run_connection, connection, peer)
 
     def _transport(self, stream: trio.SocketStream, linger_timeout: float | None = None) -> Transport:
         return Transport(
@@ -137,13 +141,16 @@ class HttpServer:
             drain_limit=self._limits.max_header_bytes + self._limits.max_body_bytes,
         )
 
-    async def _run_connection(self, connection: HttpConnection) -> None:
+    async def _run_connection(self, connection: HttpConnection, peer: str) -> None:
         try:
             await connection.serve()
         except Exception:
             _log.exception("connection from %s failed", connection.client)
         finally:
             self._live.discard(connection)
+            self._per_peer[peer] -= 1
+            if not self._per_peer[peer]:
+                del self._per_peer[peer]
             self._connection_closed.set()
             self._connection_closed = trio.Event()
 
@@ -175,6 +182,14 @@ class HttpServer:
     async def _close_listeners(self) -> None:
         for listener in self._listeners:
             await trio.aclose_forcefully(listener)
+
+
+def _peer_host(stream: trio.SocketStream) -> str:
+    """The peer's IP address ("" if the socket no longer knows it)."""
+    try:
+        return str(stream.socket.getpeername()[0])
+    except (OSError, IndexError, TypeError):
+        return ""
 
 
 def _busy_response_bytes() -> bytes:
