@@ -318,6 +318,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-connections", type=_COUNT, default=http["max_connections"],
                        help=f"open connections; more get 503 (default {http['max_connections']}; the open-files limit "
                             "is raised to fit)")
+    serve.add_argument("--host-allowlist", action="append", dest="host_allowlist", metavar="HOST", default=None,
+                       help="a Host header name (or name:port) answered; others get 403, against DNS rebinding "
+                            "(repeatable or comma-separated; '*': any; default: when listening on loopback without "
+                            "--api-key, localhost, 127.0.0.1, [::1] and the bound address; otherwise any)")
     serve.add_argument("--max-connections-per-client", type=_COUNT, default=None, metavar="N",
                        help="open connections one peer address may hold; more get 503 (default: a quarter of "
                             "--max-connections for other hosts, no cap for loopback peers such as a local proxy)")
@@ -462,6 +466,11 @@ def _mib(size: int) -> str:
     return f"{size / 2**20:g} MiB"
 
 
+def _host_names(values: list[str] | None) -> list[str] | None:
+    """--host-allowlist's values, comma-separated ones split; None when the flag was not given."""
+    return None if values is None else [name.strip() for value in values for name in value.split(",") if name.strip()]
+
+
 def _serve(args: argparse.Namespace) -> NoReturn:
     import trio
 
@@ -493,7 +502,8 @@ def _serve(args: argparse.Namespace) -> NoReturn:
                                  max_images=args.max_images),
         allow_image_dir=args.allow_image_dir, default_max_tokens=args.default_max_tokens,
         sampling_defaults=_sampling_defaults(args),
-        cors_origins=args.cors_origins, webui=args.webui, progress=progress, draft_model=args.draft_model,
+        cors_origins=args.cors_origins, webui=args.webui, host_allowlist=_host_names(args.host_allowlist),
+        progress=progress, draft_model=args.draft_model,
     )
 
     async def run() -> None:

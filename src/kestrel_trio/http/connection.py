@@ -47,6 +47,7 @@ import trio
 
 from kestrel_trio.http.cors import CorsPolicy
 from kestrel_trio.http.exchange import CLIENT_CLOSED, Exchange
+from kestrel_trio.http.hosts import HostAllowlist
 from kestrel_trio.http.limits import HttpLimits
 from kestrel_trio.http.metrics import HttpMetrics
 from kestrel_trio.http.responses import error_response, internal_error_response, response_for_exception
@@ -86,6 +87,7 @@ class HttpConnection:
         client: the peer as ``"host:port"``.
         metrics: counts the requests this layer refuses itself (by error code).
         cors: which other origins' pages may call; None: no CORS handling at all.
+        hosts: the ``Host`` values answered (others get 403); None: any.
     """
 
     def __init__(
@@ -98,8 +100,10 @@ class HttpConnection:
         client: str,
         metrics: HttpMetrics | None = None,
         cors: CorsPolicy | None = None,
+        hosts: HostAllowlist | None = None,
     ) -> None:
         self._transport = transport
+        self._hosts = hosts
         self._cors = cors
         self._metrics = metrics
         self._handler = handler
@@ -245,6 +249,13 @@ class HttpConnection:
         if head_size(event) > self._limits.max_header_bytes:
             await self._send_error(exchange, 431, "The request head is too large.", "header_too_large")
             return False, None
+        if self._hosts is not None:
+            host = dict(event.headers).get(b"host", b"").decode("latin-1")
+            if not self._hosts.allows(host):
+                message = (f"Host {host[:100]!r} is not allowed: this server answers only "
+                           f"{', '.join(sorted(self._hosts.names))} (see --host-allowlist).")
+                await self._send_error(exchange, 403, message, "host_not_allowed")
+                return False, None
         if _has_both_framings(event):
             # RFC 9112 6.1: such a request may be a smuggling attempt (a proxy in front may frame it the other
             # way); refused, and the connection closed, before any of its body is read.

@@ -25,6 +25,7 @@ import trio
 
 from kestrel_trio.http.connection import HttpConnection
 from kestrel_trio.http.cors import CorsPolicy
+from kestrel_trio.http.hosts import HostAllowlist
 from kestrel_trio.http.limits import HttpLimits, per_client_cap
 from kestrel_trio.http.metrics import HttpMetrics
 from kestrel_trio.http.responses import error_response, retry_after_header
@@ -63,9 +64,11 @@ class HttpServer:
         limits: HttpLimits,
         access_log: logging.Logger,
         cors: CorsPolicy | None = None,
+        hosts: HostAllowlist | None = None,
     ) -> None:
         self.host = host
         self._cors = cors
+        self._hosts = hosts
         self.port: int = listeners[0].socket.getsockname()[1]
         self.shutting_down = trio.Event()
         self._listeners = listeners
@@ -127,7 +130,7 @@ class HttpServer:
         transport = self._transport(stream)
         connection = HttpConnection(
             transport, self._handler, self._limits, self.shutting_down, self._access_log, peer_name(stream),
-            self.metrics, self._cors,
+            self.metrics, self._cors, self._hosts,
         )
         self._live.add(connection)  # counted from accept on
         self._per_peer[peer] = held + 1
@@ -211,6 +214,7 @@ async def serve_http(
     limits: HttpLimits = HttpLimits(),
     access_log: logging.Logger | None = None,
     cors: CorsPolicy | None = None,
+    hosts: HostAllowlist | None = None,
     task_status: trio.TaskStatus[HttpServer] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve HTTP/1.1 on ``host:port`` until cancelled or shut down.
@@ -227,6 +231,7 @@ async def serve_http(
         cors: which other origins' web pages may call the server (preflights,
             ``Access-Control-Allow-Origin``); None: no CORS handling, so an
             ``OPTIONS`` preflight reaches ``handler`` like any request.
+        hosts: the ``Host`` header values answered; others get 403 (DNS rebinding). None: any host.
         task_status: receives the :class:`HttpServer` once bound.
 
     Returns after :meth:`HttpServer.begin_shutdown` once every connection is
@@ -234,7 +239,7 @@ async def serve_http(
     """
     listeners = await trio.open_tcp_listeners(port, host=host)
     log = access_log if access_log is not None else logging.getLogger("kestrel_trio.access")
-    server = HttpServer(listeners, host, handler, limits, log, cors)
+    server = HttpServer(listeners, host, handler, limits, log, cors, hosts)
     try:
         async with trio.open_nursery() as connections:
             task_status.started(server)
