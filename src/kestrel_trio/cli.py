@@ -318,6 +318,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-connections", type=_COUNT, default=http["max_connections"],
                        help=f"open connections; more get 503 (default {http['max_connections']}; the open-files limit "
                             "is raised to fit)")
+    serve.add_argument("--host-allowlist", action="append", dest="host_allowlist", metavar="HOST", default=None,
+                       help="a Host header name (or name:port) answered; others get 403, against DNS rebinding "
+                            "(repeatable or comma-separated; '*': any; default: when listening on loopback without "
+                            "--api-key, localhost, 127.0.0.1, [::1] and the bound address; otherwise any)")
+    serve.add_argument("--max-connections-per-client", type=_COUNT, default=None, metavar="N",
+                       help="open connections one peer address may hold; more get 503 (default: a quarter of "
+                            "--max-connections for other hosts, no cap for loopback peers such as a local proxy)")
     serve.add_argument("--open-path", action="append", dest="open_paths", metavar="PATH", default=None,
                        help=f"a path that needs no API key (repeatable; default {' and '.join(sorted(OPEN_PATHS))})")
     serve.add_argument("--api-key", default=os.environ.get("KESTREL_API_KEY"),
@@ -459,6 +466,11 @@ def _mib(size: int) -> str:
     return f"{size / 2**20:g} MiB"
 
 
+def _host_names(values: list[str] | None) -> list[str] | None:
+    """--host-allowlist's values, comma-separated ones split; None when the flag was not given."""
+    return None if values is None else [name.strip() for value in values for name in value.split(",") if name.strip()]
+
+
 def _serve(args: argparse.Namespace) -> NoReturn:
     import trio
 
@@ -472,7 +484,7 @@ def _serve(args: argparse.Namespace) -> NoReturn:
     http_limits = HttpLimits(
         header_timeout=args.header_timeout, body_timeout=args.body_timeout, keepalive_timeout=args.keepalive_timeout,
         write_timeout=args.write_timeout, linger_timeout=args.linger_timeout, max_connections=args.max_connections,
-        max_header_bytes=args.max_header_bytes, max_body_bytes=args.max_body_bytes,
+        max_connections_per_client=args.max_connections_per_client, max_header_bytes=args.max_header_bytes, max_body_bytes=args.max_body_bytes,
     )
     _raise_open_files_limit(args.max_connections + _SPARE_FILES)
     open_paths = args.open_paths if args.open_paths is not None else OPEN_PATHS
@@ -490,7 +502,8 @@ def _serve(args: argparse.Namespace) -> NoReturn:
                                  max_images=args.max_images),
         allow_image_dir=args.allow_image_dir, default_max_tokens=args.default_max_tokens,
         sampling_defaults=_sampling_defaults(args),
-        cors_origins=args.cors_origins, webui=args.webui, progress=progress, draft_model=args.draft_model,
+        cors_origins=args.cors_origins, webui=args.webui, host_allowlist=_host_names(args.host_allowlist),
+        progress=progress, draft_model=args.draft_model,
     )
 
     async def run() -> None:

@@ -25,7 +25,8 @@ import trio
 
 from kestrel_trio.engine import Engine, EngineLimits, run_engine
 from kestrel_trio.errors import EngineUnavailableError, KestrelError
-from kestrel_trio.http import CorsPolicy, HttpLimits, HttpServer, serve_http
+from kestrel_trio.http import (CorsPolicy, HostAllowlist, HttpLimits, HttpServer, default_host_allowlist,
+                               serve_http)
 from kestrel_trio.model import (
     DEMO_MODEL_ID, Model, check_context_cap, check_draft_model, check_model_folder, is_qwen3_vl_folder,
     load_demo_model, load_model, set_blas_threads, set_prefill_precision, set_products,
@@ -173,6 +174,13 @@ def _load_draft(draft_model: Model | str | Path | None, weights: str, quantized_
     return loaded
 
 
+def _host_allowlist(names: Iterable[str] | None, host: str, api_key: str | None) -> HostAllowlist | None:
+    if names is None:
+        return default_host_allowlist(host, bool(api_key))
+    names = list(names)
+    return None if "*" in names else HostAllowlist.of(names)
+
+
 async def serve(
     model: Model | str | Path | None = None,
     *,
@@ -195,6 +203,7 @@ async def serve(
     default_max_tokens: int | None = None,
     sampling_defaults: SamplingDefaults = SamplingDefaults(),
     cors_origins: Iterable[str] = (),
+    host_allowlist: Iterable[str] | None = None,
     webui: bool = True,
     progress: Callable[[float], None] | None = None,
     draft_model: Model | str | Path | None = None,
@@ -243,6 +252,9 @@ async def serve(
         cors_origins: origins (``scheme://host[:port]``, or ``*`` for any) whose web
             pages may call the API from a browser; by default none. The API key
             still applies to their requests; CORS preflights need none.
+        host_allowlist: the ``Host`` header names answered (``name`` or ``name:port``; ``*``: any); others
+            get 403, against DNS rebinding. None: when ``host`` is loopback and no ``api_key`` is set, the
+            loopback names and ``host``; otherwise any.
         webui: serve the built-in chat page at ``/`` (its files need no API key).
         progress: called with the fraction of weight bytes read (0 to 1) while a
             checkpoint folder loads, from the loading worker thread.
@@ -288,7 +300,7 @@ async def serve(
         async def run_http(*, task_status: trio.TaskStatus) -> None:
             try:
                 await serve_http(build_router(state), host=host, port=port, limits=http_limits, cors=cors,
-                                 task_status=task_status)
+                                 hosts=_host_allowlist(host_allowlist, host, api_key), task_status=task_status)
             finally:
                 http_done.set()
 

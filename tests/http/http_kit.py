@@ -145,7 +145,7 @@ class RunningServer:
 
 
 async def start_server(
-    nursery: trio.Nursery, limits: HttpLimits = HttpLimits(), app: DemoApp | None = None
+    nursery: trio.Nursery, limits: HttpLimits = HttpLimits(), app: DemoApp | None = None, hosts=None
 ) -> RunningServer:
     """Start serve_http with a DemoApp in ``nursery``; ``stopped`` is set when it returns."""
     app = app if app is not None else DemoApp()
@@ -153,7 +153,7 @@ async def start_server(
 
     async def run(task_status=trio.TASK_STATUS_IGNORED):
         try:
-            await serve_http(app.router, host=HOST, port=0, limits=limits, task_status=task_status)
+            await serve_http(app.router, host=HOST, port=0, limits=limits, hosts=hosts, task_status=task_status)
         finally:
             stopped.set()
 

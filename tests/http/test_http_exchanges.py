@@ -87,6 +87,25 @@ async def test_chunked_request_body_is_reassembled(nursery):
         assert got.json()["body"] == "hello world"
 
 
+@pytest.mark.parametrize("order", ["cl_first", "te_first"])
+async def test_content_length_with_transfer_encoding_is_refused_and_closed(nursery, order):
+    # RFC 9112 6.1: a smuggling shape (a proxy may frame it by the other header); the pipelined request after it
+    # must never be served on this connection.
+    with trio.fail_after(BUDGET):
+        running = await start_server(nursery)
+        client = await RawClient.connect(running.port)
+        framing = (("Content-Length", "4"), ("Transfer-Encoding", "chunked"))
+        chunked = b"5\r\nhello\r\n0\r\n\r\n"
+        smuggled = build_request("GET", "/hello")
+        await client.send(build_request("POST", "/echo", chunked, framing[::1 if order == "cl_first" else -1])
+                          + smuggled)
+        got = await client.read_response()
+        error = assert_envelope(got, 400, "malformed_request")
+        assert "Content-Length" in error["message"] and "Transfer-Encoding" in error["message"]
+        assert got.headers["connection"] == "close"
+        assert await client.read_until_closed() == b""
+
+
 async def test_expect_100_continue_gets_100_before_the_body_is_sent(nursery):
     with trio.fail_after(BUDGET):
         running = await start_server(nursery)

@@ -6,6 +6,7 @@ import logging
 import os
 import time
 
+import attrs
 import pytest
 import trio
 import trio.testing
@@ -15,6 +16,32 @@ from kestrel_trio.http import HttpLimits
 
 pytestmark = pytest.mark.usefixtures("close_raw_clients")
 BUDGET = 10  # s, absolute per test (virtual with autojump_clock)
+
+
+async def test_one_client_cannot_hold_every_connection_slot(nursery):
+    with trio.fail_after(BUDGET):
+        running = await start_server(nursery, HttpLimits(max_connections=8, max_connections_per_client=2))
+        held = [await RawClient.connect(running.port) for _ in range(2)]
+        for client in held:
+            assert (await client.request("GET", "/hello")).status == 200
+        extra = await RawClient.connect(running.port)
+        await extra.send(build_request("GET", "/hello"))
+        assert_envelope(await extra.read_response(), 503, "too_many_connections")
+        assert running.server.connections == 2
+        await held[0].aclose()
+        while running.server.connections > 1:
+            await trio.sleep(0.01)
+        assert (await (await RawClient.connect(running.port)).request("GET", "/hello")).status == 200
+
+
+async def test_the_default_per_client_cap_spares_loopback_and_bounds_other_hosts():
+    from kestrel_trio.http.limits import per_client_cap
+
+    limits = HttpLimits(max_connections=100)
+    assert per_client_cap(limits, "127.0.0.1") == per_client_cap(limits, "::1") == 100
+    assert per_client_cap(limits, "::ffff:127.0.0.1") == 100
+    assert per_client_cap(limits, "192.0.2.7") == per_client_cap(limits, "2001:db8::1") == 25
+    assert per_client_cap(attrs.evolve(limits, max_connections_per_client=3), "127.0.0.1") == 3
 
 
 async def test_connections_beyond_the_limit_get_503_and_close(nursery):

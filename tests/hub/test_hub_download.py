@@ -263,3 +263,15 @@ def test_list_and_rm_see_each_revision_under_the_name_model_takes(fake_hub: Fake
     with pytest.raises(ModelLoadError) as missing:
         remove_model(f"{REPO}@v1", hub_settings.cache_dir, kestrel_cache)
     assert missing.value.code == "not_cached"
+
+
+def test_a_revision_with_dot_dots_reads_and_writes_nothing_outside_the_cache(hub_settings: HubSettings):
+    # refs/../../x would be <cache>/x: a file planted there (or one a hostile mirror made pull write) is never used
+    storage = hub_settings.cache_dir / "models--owner--name"
+    (storage / "snapshots").mkdir(parents=True)
+    (hub_settings.cache_dir / "x").write_text("../../../../etc")
+    for offline in (True, False):
+        with pytest.raises(ModelLoadError) as refused:
+            resolve_model("owner/name@../../x", hub=attrs.evolve(hub_settings, offline=offline))
+        assert "'../../x'" in refused.value.message and "\n" not in refused.value.message
+    assert sorted(p.name for p in hub_settings.cache_dir.iterdir()) == ["models--owner--name", "x"]

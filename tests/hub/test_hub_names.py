@@ -150,3 +150,16 @@ def test_progress_is_a_log_line_every_tenth_elsewhere(caplog):
 
 def test_bytes_read_as_people_write_them():
     assert [format_bytes(n) for n in (512, 98_362_432, 3 * 2**30 // 2)] == ["512 B", "93.8 MiB", "1.5 GiB"]
+
+
+@pytest.mark.parametrize("revision", ["../../x", "x/../../y", "/etc/passwd", ".hidden", "main.lock", "a\\b", "..",
+                                      "a//b", "v1.", "x/.git/y"])
+def test_a_revision_that_is_no_git_ref_is_refused_naming_it(revision):
+    with pytest.raises(ModelLoadError) as refused:
+        parse_model_name(f"owner/name@{revision}", NAMED)
+    assert repr(revision) in refused.value.message and "\n" not in refused.value.message
+
+
+@pytest.mark.parametrize("revision", ["main", "v1.0", "refs/pr/1", "feature/x-y_z", "a" * 40, "a1b2c3"])
+def test_git_refs_and_commit_ids_are_revisions(revision):
+    assert parse_model_name(f"owner/name@{revision}", NAMED) == HubRepo("owner/name", revision=revision)

@@ -201,3 +201,19 @@ def test_llama3_rope_scaling_needs_its_factors(tmp_path):
     scaling = {"rope_type": "llama3", "factor": 8.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 32}
     _write(tmp_path, {}, {**LLAMA, "rope_scaling": scaling})
     assert "rope scaling field 'low_freq_factor' must be a positive number, got None" in _load_error(tmp_path)
+
+
+@pytest.mark.parametrize("shard", ["../outside.safetensors", "/etc/passwd", "sub/../../outside.safetensors",
+                                   "link.safetensors"])
+def test_an_index_naming_a_shard_outside_the_folder_is_refused(tmp_path, shard):
+    from kestrel_trio._model.safetensors import SafetensorsCheckpoint
+
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (tmp_path / "outside.safetensors").write_bytes(b"\0" * 16)
+    (folder / "link.safetensors").symlink_to(tmp_path / "outside.safetensors")
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"w": shard}}))
+    with pytest.raises(ModelLoadError) as refused:
+        SafetensorsCheckpoint(folder)
+    message = refused.value.message
+    assert message.startswith("model.safetensors.index.json: ") and "\n" not in message

@@ -65,3 +65,15 @@ def test_qwen2_has_qkv_bias_and_no_qk_norm():
     config = config_from_dict({**V4, "architectures": ["Qwen2ForCausalLM"], "head_dim": None})
     assert config.qkv_bias and not config.o_bias and not config.qk_norm
     assert config.head_dim == 64
+
+
+@pytest.mark.parametrize(("field", "value"), [("num_hidden_layers", 10**9), ("hidden_size", 1 << 31),
+                                              ("vocab_size", 1 << 40), ("max_position_embeddings", 1 << 62),
+                                              ("num_attention_heads", 1 << 20), ("intermediate_size", 1 << 33)])
+def test_a_size_field_past_its_bound_is_refused_naming_it(field, value):
+    raw = {**V4, field: value}
+    if field == "num_attention_heads":
+        raw["num_key_value_heads"] = value
+    with pytest.raises(ModelLoadError) as refused:
+        config_from_dict(raw, source="hostile/config.json")
+    assert refused.value.message.startswith("hostile/config.json: ") and repr(field) in refused.value.message

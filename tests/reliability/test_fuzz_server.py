@@ -44,11 +44,11 @@ def fuzz_settings(ci_examples: int) -> settings:
 
 CHAT_BODY = json.dumps({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "temperature": 0}).encode()
 VALID_BYTES = (
-    b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
     b"Content-Length: " + str(len(CHAT_BODY)).encode() + b"\r\n\r\n" + CHAT_BODY
-    + b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+    + b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n"
 )
-PIECES = [b"POST ", b"GET ", b"/v1/completions ", b"/health ", b"HTTP/1.1", b"HTTP/1.0", b"\r\n", b"Host: x",
+PIECES = [b"POST ", b"GET ", b"/v1/completions ", b"/health ", b"HTTP/1.1", b"HTTP/1.0", b"\r\n", b"Host: localhost",
           b"Content-Length: 5", b"Transfer-Encoding: chunked", b"Expect: 100-continue", b"5\r\nhello\r\n0\r\n",
           b'{"prompt": "a", "max_tokens": 1}', b"\x00", b"a" * 3000]
 

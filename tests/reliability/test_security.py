@@ -122,7 +122,7 @@ async def test_a_malformed_header_line_does_not_echo_the_key(tiny_model: Model) 
     with trio.fail_after(20):
         async with running_server(tiny_model, api_key=KEY) as server, connected(server.port) as client:
             await client.stream.send_all(
-                b"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + KEY.encode() + b"\x00\r\n\r\n"
+                b"GET /v1/models HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer " + KEY.encode() + b"\x00\r\n\r\n"
             )
             response = await client.read_response()
     assert_envelope(response, 400)
@@ -147,11 +147,11 @@ async def test_limits_are_enforced_before_any_compute(tiny_model: Model) -> None
                 async with connected(server.port) as client:
                     answers.append(await client.request("POST", path, body))
             async with connected(server.port) as client:  # a huge declared length is refused before the body
-                await client.stream.send_all(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                await client.stream.send_all(b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\n"
                                              b"Content-Length: 1000000000\r\n\r\n")
                 huge = await client.read_response()
             async with connected(server.port) as client:
-                await client.stream.send_all(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * 4000 + b"\r\n\r\n")
+                await client.stream.send_all(b"GET /health HTTP/1.1\r\nHost: localhost\r\nX-Pad: " + b"a" * 4000 + b"\r\n\r\n")
                 big_head = await client.read_response()
             metrics = server.engine.metrics
             work = (metrics.steps.value(), metrics.prompt_tokens.value(), server.engine.queued, server.engine.active)

@@ -35,8 +35,8 @@ LATENCY_RATIO = 30
 LIMITS = HttpLimits(header_timeout=DEADLINE, body_timeout=DEADLINE, keepalive_timeout=1.0, linger_timeout=0.2,
                     max_connections=ATTACKERS + 28)
 
-HEAD_FOREVER = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 4000
-BODY_HEAD = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 4000\r\n\r\n"
+HEAD_FOREVER = b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nX-Slow: " + b"a" * 4000
+BODY_HEAD = b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 4000\r\n\r\n"
 
 
 class Trickler:

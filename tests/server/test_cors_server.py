@@ -126,11 +126,11 @@ async def test_an_error_event_inside_a_stream_reaches_an_allowed_page(tiny_model
 
 
 @pytest.mark.parametrize(("name", "request_bytes", "status"), [
-    ("body too large (Content-Length)", b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nOrigin: " + PAGE.encode()
+    ("body too large (Content-Length)", b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nOrigin: " + PAGE.encode()
      + b"\r\nContent-Type: application/json\r\nContent-Length: 999999\r\n\r\n", 413),
-    ("head too large", b"GET /health HTTP/1.1\r\nHost: x\r\nOrigin: " + PAGE.encode() + b"\r\nX-Pad: "
+    ("head too large", b"GET /health HTTP/1.1\r\nHost: localhost\r\nOrigin: " + PAGE.encode() + b"\r\nX-Pad: "
      + b"a" * 3000 + b"\r\n\r\n", 431),
-    ("body too slow", b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nOrigin: " + PAGE.encode()
+    ("body too slow", b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nOrigin: " + PAGE.encode()
      + b"\r\nContent-Type: application/json\r\nContent-Length: 10\r\n\r\n{", 408),
 ])
 async def test_the_http_layers_own_refusals_carry_the_headers_too(tiny_model: Model, name, request_bytes,

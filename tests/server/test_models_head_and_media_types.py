@@ -119,7 +119,7 @@ async def test_a_cross_site_simple_post_starts_no_generation(tiny_model: Model) 
 
 async def test_expect_100_continue_with_a_wrong_content_type_is_refused_before_the_body(tiny_model: Model) -> None:
     body = json.dumps(CHAT).encode()
-    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\n"
+    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: text/plain\r\n"
             f"Content-Length: {len(body)}\r\nExpect: 100-continue\r\n\r\n").encode()
     with trio.fail_after(20):
         async with running_server(tiny_model) as server:

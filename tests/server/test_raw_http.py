@@ -133,7 +133,7 @@ async def test_open_paths_are_configurable(tiny_model: Model) -> None:
 
 async def test_expect_100_continue_is_refused_before_the_body_without_the_api_key(tiny_model: Model) -> None:
     body = json.dumps(CHAT).encode()
-    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(body)}\r\nExpect: 100-continue\r\n").encode()
     with trio.fail_after(20):
         async with running_server(tiny_model, api_key=KEY) as server:

@@ -192,12 +192,25 @@ def config_from_dict(raw: dict[str, Any], *, source: str = "config.json") -> Mod
     return config
 
 
+# Upper bounds on size fields, checked before anything is allocated from them: far above any real model (the
+# largest open models have ~200 layers, 16k hidden, 256k vocabulary, 1M context), far below what would let a
+# 1 KiB file ask for gigabytes of per-layer objects or an overflowing product.
+_UPPER_BOUNDS = {"vocab_size": 1 << 22, "hidden_size": 1 << 16, "num_hidden_layers": 4096,
+                 "num_attention_heads": 1024, "num_key_value_heads": 1024, "head_dim": 1024,
+                 "intermediate_size": 1 << 20, "max_position_embeddings": 1 << 24, "num_experts": 4096,
+                 "moe_intermediate_size": 1 << 20}
+
+
 def _validate(config: ModelConfig, source: str) -> None:
     positive = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                 "num_key_value_heads", "head_dim", "intermediate_size", "max_position_embeddings")
     for name in positive:
         if getattr(config, name) < 1:
             raise ModelLoadError(f"{source}: field {name!r} must be >= 1, got {getattr(config, name)}")
+    for name, bound in _UPPER_BOUNDS.items():
+        value = getattr(config, name, 0)
+        if isinstance(value, int) and value > bound:
+            raise ModelLoadError(f"{source}: field {name!r} is {value}, above the most kestrel-trio accepts ({bound})")
     if config.num_attention_heads % config.num_key_value_heads:
         raise ModelLoadError(
             f"{source}: num_attention_heads ({config.num_attention_heads}) is not a multiple of "

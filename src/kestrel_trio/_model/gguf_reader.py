@@ -42,6 +42,15 @@ SUPPORTED_VERSIONS = (2, 3)  # the same layout; version 1 had 32-bit counts
 DEFAULT_ALIGNMENT = 32
 # Guards against a corrupt count asking for gigabytes of Python objects.
 _MAX_ITEMS = 1 << 28
+# Metadata budgets: nested arrays deeper than this are refused before Python's recursion limit is near; the whole
+# metadata may hold at most this many values (every nested array and item counts) and this many bytes. The largest
+# real files (a 256k-token vocabulary with its scores, types and merges) stay well under both.
+_MAX_NESTING = 8
+_MAX_METADATA_VALUES = 1 << 22
+_MAX_METADATA_ARRAYS = 1 << 16  # each array is a Python object of ~100 bytes; real files have a few dozen
+_MAX_METADATA_BYTES = 1 << 30
+# A tensor holds at most 2^48 elements (256 Ti): a product past that is refused rather than wrapping in int64.
+_MAX_ELEMENTS = 1 << 48
 
 # Value types: (struct format, size) for the scalars, by type id.
 _SCALARS = {
@@ -151,9 +160,14 @@ class GgufFile:
         if shape[-1] % ggml_type.block_size:
             raise ModelLoadError(f"{self.path.name}: tensor {name!r} ({ggml_type.name}) has rows of {shape[-1]} "
                                  f"elements, not a multiple of its block size {ggml_type.block_size}")
-        elements = int(np.prod(shape, dtype=np.int64))
+        elements = 1
+        for dim in shape:  # Python ints: a product that would overflow int64 is refused, never wrapped
+            elements *= dim
+            if elements > _MAX_ELEMENTS:
+                raise ModelLoadError(f"{self.path.name}: tensor {name!r} has dimensions {list(dims)}, more than "
+                                     f"{_MAX_ELEMENTS} elements")
         nbytes = elements // ggml_type.block_size * ggml_type.type_size
-        if offset + nbytes > self.size:
+        if offset < 0 or offset + nbytes > self.size:
             raise ModelLoadError(f"{self.path.name}: file is truncated: tensor {name!r} ends at byte "
                                  f"{offset + nbytes} but the file has {self.size}")
         return GgufTensor(name=name, ggml_type=ggml_type, shape=shape, offset=offset, nbytes=nbytes)
@@ -202,6 +216,8 @@ class _Cursor:
         self.data = data
         self.file = file
         self.position = 0
+        self.values = 0  # metadata values read so far, against _MAX_METADATA_VALUES
+        self.arrays = 0  # metadata arrays read so far, against _MAX_METADATA_ARRAYS
 
     def take(self, n: int, what: str = "the header") -> memoryview:
         end = self.position + n
@@ -231,22 +247,33 @@ class _Cursor:
             raise ModelLoadError(f"{self.file}: a metadata string at byte {self.position - length} "
                                  f"is not UTF-8") from None
 
-    def value(self, type_id: int, key: str) -> Any:
+    def value(self, type_id: int, key: str, depth: int = 0) -> Any:
+        self.values += 1
+        if self.values > _MAX_METADATA_VALUES or self.position > _MAX_METADATA_BYTES:
+            raise ModelLoadError(f"{self.file}: metadata {key!r}: the metadata holds more than "
+                                 f"{_MAX_METADATA_VALUES} values or {_MAX_METADATA_BYTES} bytes")
         if type_id in _SCALARS:
             return self.scalar(type_id)
         if type_id == _STRING:
             return self.string()
         if type_id != _ARRAY:
             raise ModelLoadError(f"{self.file}: metadata {key!r} has unknown value type {type_id}")
+        self.arrays += 1
+        if self.arrays > _MAX_METADATA_ARRAYS:
+            raise ModelLoadError(f"{self.file}: metadata {key!r}: the metadata holds more than "
+                                 f"{_MAX_METADATA_ARRAYS} arrays")
         item_type, count = self.u32(), self.u64()
         if count > _MAX_ITEMS:
             raise ModelLoadError(f"{self.file}: metadata {key!r} claims {count} items")
+        if depth >= _MAX_NESTING and item_type == _ARRAY:
+            raise ModelLoadError(f"{self.file}: metadata {key!r} nests arrays more than {_MAX_NESTING} deep")
         if item_type in _NUMPY_OF:
             dtype = np.dtype(_NUMPY_OF[item_type])
             items = np.frombuffer(self.take(count * dtype.itemsize, f"metadata {key!r}"), dtype=dtype).copy()  # [count]
             return items.astype(bool) if item_type == 7 else items
         if item_type == _STRING:
+            self.values += count
             return [self.string() for _ in range(count)]
         if item_type == _ARRAY:
-            return [self.value(_ARRAY, key) for _ in range(count)]
+            return [self.value(_ARRAY, key, depth + 1) for _ in range(count)]
         raise ModelLoadError(f"{self.file}: metadata {key!r} is an array of unknown type {item_type}")

@@ -96,6 +96,8 @@ class SafetensorsCheckpoint:
             files = sorted(set(weight_map.values()))
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             raise ModelLoadError(f"{index}: not a valid safetensors index ({exc})") from None
+        for name in files:
+            _check_inside(index, self.folder, name)
         paths = [self.folder / name for name in files]
         for path in paths:
             if not path.is_file():
@@ -255,3 +257,19 @@ def save_safetensors(path: Path, tensors: dict[str, np.ndarray], dtype: str = "F
         file.write(encoded)
         for blob in blobs:
             file.write(blob)
+
+
+def _check_inside(index: Path, folder: Path, name: object) -> None:
+    """Refuse a shard name that is not a relative path inside ``folder`` (absolute, ``..``, or a symlink out).
+
+    A hub cache snapshot's files are symlinks to ``../../blobs``: there the repo's cache folder is the bound.
+    """
+    if not isinstance(name, str) or not name or Path(name).is_absolute() or ".." in Path(name).parts \
+            or "\\" in name:
+        raise ModelLoadError(f"{index.name}: shard name {str(name)[:200]!r} is not a file name inside {folder}")
+    root = folder.resolve()
+    if folder.parent.name == "snapshots":
+        root = folder.parent.parent.resolve()  # <cache>/models--owner--name: its blobs/ hold the bytes
+    target = (folder / name).resolve()
+    if target != root and root not in target.parents:
+        raise ModelLoadError(f"{index.name}: shard {name!r} resolves to {target}, outside {root}")

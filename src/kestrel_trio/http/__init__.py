@@ -8,6 +8,7 @@ or anything model-related.
 """
 
 from kestrel_trio.http.cors import CorsPolicy
+from kestrel_trio.http.hosts import HostAllowlist, default_host_allowlist
 from kestrel_trio.http.limits import HttpLimits
 from kestrel_trio.http.responses import error_response
 from kestrel_trio.http.router import Router, answer_route
@@ -17,6 +18,8 @@ from kestrel_trio.http.types import Handler, Immediate, Request, Response, Route
 __all__ = [
     "CorsPolicy",
     "HttpLimits",
+    "HostAllowlist",
+    "default_host_allowlist",
     "Request",
     "Response",
     "StreamingResponse",

@@ -14,7 +14,8 @@ request cycles until one of them says to stop:
    counted from accept (first request) or from the first byte, each
    connection's read deadlines stretched by its own 0-5 %; events
    already buffered are taken without a wait (no cancel scope). Malformed
-   input -> 400 (or h11's hint), too big -> 431, late -> 408, other HTTP
+   input -> 400 (or h11's hint; also a request with both Content-Length and
+   Transfer-Encoding, RFC 9112 6.1), too big -> 431, late -> 408, other HTTP
    versions -> 505; each of these closes the connection.
 3. BODY - a Content-Length above ``max_body_bytes`` -> 413 at once. Otherwise
    send ``100 Continue`` if the client waits for it, then read the body within
@@ -46,6 +47,7 @@ import trio
 
 from kestrel_trio.http.cors import CorsPolicy
 from kestrel_trio.http.exchange import CLIENT_CLOSED, Exchange
+from kestrel_trio.http.hosts import HostAllowlist
 from kestrel_trio.http.limits import HttpLimits
 from kestrel_trio.http.metrics import HttpMetrics
 from kestrel_trio.http.responses import error_response, internal_error_response, response_for_exception
@@ -68,6 +70,11 @@ _PROTOCOL_ERROR_MESSAGES = {
 }
 
 
+def _has_both_framings(event: h11.Request) -> bool:
+    names = {name for name, _ in event.headers}  # h11 lower-cases header names
+    return b"content-length" in names and b"transfer-encoding" in names
+
+
 class HttpConnection:
     """Serve the requests of one accepted connection, in order.
 
@@ -80,6 +87,7 @@ class HttpConnection:
         client: the peer as ``"host:port"``.
         metrics: counts the requests this layer refuses itself (by error code).
         cors: which other origins' pages may call; None: no CORS handling at all.
+        hosts: the ``Host`` values answered (others get 403); None: any.
     """
 
     def __init__(
@@ -92,8 +100,10 @@ class HttpConnection:
         client: str,
         metrics: HttpMetrics | None = None,
         cors: CorsPolicy | None = None,
+        hosts: HostAllowlist | None = None,
     ) -> None:
         self._transport = transport
+        self._hosts = hosts
         self._cors = cors
         self._metrics = metrics
         self._handler = handler
@@ -238,6 +248,19 @@ class HttpConnection:
             return False, None
         if head_size(event) > self._limits.max_header_bytes:
             await self._send_error(exchange, 431, "The request head is too large.", "header_too_large")
+            return False, None
+        if self._hosts is not None:
+            host = dict(event.headers).get(b"host", b"").decode("latin-1")
+            if not self._hosts.allows(host):
+                message = (f"Host {host[:100]!r} is not allowed: this server answers only "
+                           f"{', '.join(sorted(self._hosts.names))} (see --host-allowlist).")
+                await self._send_error(exchange, 403, message, "host_not_allowed")
+                return False, None
+        if _has_both_framings(event):
+            # RFC 9112 6.1: such a request may be a smuggling attempt (a proxy in front may frame it the other
+            # way); refused, and the connection closed, before any of its body is read.
+            message = "A request may not carry both Content-Length and Transfer-Encoding."
+            await self._send_error(exchange, 400, message, "malformed_request")
             return False, None
         length = declared_length(event)
         if length is not None and length > self._limits.max_body_bytes:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import attrs
 
-__all__ = ["HttpLimits"]
+__all__ = ["HttpLimits", "per_client_cap"]
 
 
 @attrs.frozen
@@ -26,6 +26,11 @@ class HttpLimits:
         max_connections: most connections served at once; one more gets 503
             with ``Retry-After`` and ``Connection: close``. Each costs a file
             descriptor: the process's open-files limit must be above it.
+        max_connections_per_client: most connections one peer address holds at
+            once; one more gets the same 503. None: a quarter of
+            ``max_connections`` (at least 1) for other hosts and no cap for
+            loopback peers (a local reverse proxy carries every client on one
+            address); a number applies to every peer, loopback included.
         shutdown_grace: seconds in-flight requests get after
             :meth:`HttpServer.begin_shutdown` before they are cancelled.
         linger_timeout: seconds spent draining a connection after the server
@@ -40,5 +45,27 @@ class HttpLimits:
     max_header_bytes: int = 16 * 1024
     max_body_bytes: int = 4 * 1024 * 1024
     max_connections: int = 1000
+    max_connections_per_client: int | None = None
     shutdown_grace: float = 10.0
     linger_timeout: float = 1.0
+
+
+def per_client_cap(limits: HttpLimits, peer_host: str) -> int:
+    """The most connections ``peer_host`` (an IP address) may hold at once under ``limits``."""
+    if limits.max_connections_per_client is not None:
+        return limits.max_connections_per_client
+    if ipaddress_is_loopback(peer_host):
+        return limits.max_connections
+    return max(1, limits.max_connections // 4)
+
+
+def ipaddress_is_loopback(host: str) -> bool:
+    """Whether ``host`` is a loopback IP address (127.0.0.0/8, ::1, or ::ffff:127.x.y.z); False for a non-address."""
+    import ipaddress
+
+    try:
+        address = ipaddress.ip_address(host.partition("%")[0])
+    except ValueError:
+        return False
+    mapped = getattr(address, "ipv4_mapped", None)
+    return address.is_loopback or (mapped is not None and mapped.is_loopback)

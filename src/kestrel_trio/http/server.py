@@ -25,7 +25,8 @@ import trio
 
 from kestrel_trio.http.connection import HttpConnection
 from kestrel_trio.http.cors import CorsPolicy
-from kestrel_trio.http.limits import HttpLimits
+from kestrel_trio.http.hosts import HostAllowlist
+from kestrel_trio.http.limits import HttpLimits, per_client_cap
 from kestrel_trio.http.metrics import HttpMetrics
 from kestrel_trio.http.responses import error_response, retry_after_header
 from kestrel_trio.http.transport import Transport, peer_name
@@ -63,9 +64,11 @@ class HttpServer:
         limits: HttpLimits,
         access_log: logging.Logger,
         cors: CorsPolicy | None = None,
+        hosts: HostAllowlist | None = None,
     ) -> None:
         self.host = host
         self._cors = cors
+        self._hosts = hosts
         self.port: int = listeners[0].socket.getsockname()[1]
         self.shutting_down = trio.Event()
         self._listeners = listeners
@@ -73,6 +76,7 @@ class HttpServer:
         self._limits = limits
         self._access_log = access_log
         self._live: set[HttpConnection] = set()
+        self._per_peer: dict[str, int] = {}  # open connections by peer address, against per_client_cap
         self.metrics = HttpMetrics(open_connections=lambda: len(self._live))
         self._rejecting = 0
         self._accept_scope = trio.CancelScope()
@@ -118,16 +122,19 @@ class HttpServer:
 
     def _dispatch(self, stream: trio.SocketStream, nursery: trio.Nursery) -> None:
         self.metrics.accepted.inc()
-        if len(self._live) >= self._limits.max_connections:
+        peer = _peer_host(stream)
+        held = self._per_peer.get(peer, 0)
+        if len(self._live) >= self._limits.max_connections or held >= per_client_cap(self._limits, peer):
             nursery.start_soon(self._reject, self._transport(stream, _REJECT_LINGER), peer_name(stream))
             return
         transport = self._transport(stream)
         connection = HttpConnection(
             transport, self._handler, self._limits, self.shutting_down, self._access_log, peer_name(stream),
-            self.metrics, self._cors,
+            self.metrics, self._cors, self._hosts,
         )
         self._live.add(connection)  # counted from accept on
-        nursery.start_soon(self._run_connection, connection)
+        self._per_peer[peer] = held + 1
+        nursery.start_soon(self._run_connection, connection, peer)
 
     def _transport(self, stream: trio.SocketStream, linger_timeout: float | None = None) -> Transport:
         return Transport(
@@ -137,13 +144,16 @@ class HttpServer:
             drain_limit=self._limits.max_header_bytes + self._limits.max_body_bytes,
         )
 
-    async def _run_connection(self, connection: HttpConnection) -> None:
+    async def _run_connection(self, connection: HttpConnection, peer: str) -> None:
         try:
             await connection.serve()
         except Exception:
             _log.exception("connection from %s failed", connection.client)
         finally:
             self._live.discard(connection)
+            self._per_peer[peer] -= 1
+            if not self._per_peer[peer]:
+                del self._per_peer[peer]
             self._connection_closed.set()
             self._connection_closed = trio.Event()
 
@@ -177,6 +187,14 @@ class HttpServer:
             await trio.aclose_forcefully(listener)
 
 
+def _peer_host(stream: trio.SocketStream) -> str:
+    """The peer's IP address ("" if the socket no longer knows it)."""
+    try:
+        return str(stream.socket.getpeername()[0])
+    except (OSError, IndexError, TypeError):
+        return ""
+
+
 def _busy_response_bytes() -> bytes:
     response = error_response(
         503, "The server is handling too many connections; retry later.", code="too_many_connections"
@@ -196,6 +214,7 @@ async def serve_http(
     limits: HttpLimits = HttpLimits(),
     access_log: logging.Logger | None = None,
     cors: CorsPolicy | None = None,
+    hosts: HostAllowlist | None = None,
     task_status: trio.TaskStatus[HttpServer] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve HTTP/1.1 on ``host:port`` until cancelled or shut down.
@@ -212,6 +231,7 @@ async def serve_http(
         cors: which other origins' web pages may call the server (preflights,
             ``Access-Control-Allow-Origin``); None: no CORS handling, so an
             ``OPTIONS`` preflight reaches ``handler`` like any request.
+        hosts: the ``Host`` header values answered; others get 403 (DNS rebinding). None: any host.
         task_status: receives the :class:`HttpServer` once bound.
 
     Returns after :meth:`HttpServer.begin_shutdown` once every connection is
@@ -219,7 +239,7 @@ async def serve_http(
     """
     listeners = await trio.open_tcp_listeners(port, host=host)
     log = access_log if access_log is not None else logging.getLogger("kestrel_trio.access")
-    server = HttpServer(listeners, host, handler, limits, log, cors)
+    server = HttpServer(listeners, host, handler, limits, log, cors, hosts)
     try:
         async with trio.open_nursery() as connections:
             task_status.started(server)

@@ -40,7 +40,7 @@ import attrs
 
 from kestrel_trio.errors import ModelLoadError
 from kestrel_trio.hub.gguf_files import model_files, select_gguf
-from kestrel_trio.hub.names import HubRepo
+from kestrel_trio.hub.names import COMMIT_ID, HubRepo, check_revision
 from kestrel_trio.hub.progress import DownloadProgress, format_bytes
 
 __all__ = ["HubSettings", "HubFetch", "fetch_hub_model", "repo_folder", "NEEDED_SMALL_FILES", "DISK_MARGIN"]
@@ -55,7 +55,7 @@ _INDEX = "model.safetensors.index.json"
 _SINGLE = "model.safetensors"
 _VL_ARCHITECTURES = {"Qwen3VLForConditionalGeneration"}
 DISK_MARGIN = 64 * 2**20  # bytes left free after a download, so the disk never fills to its last byte
-_COMMIT = re.compile(r"[0-9a-f]{40}")
+_COMMIT = COMMIT_ID
 
 
 @attrs.frozen
@@ -126,6 +126,8 @@ def fetch_hub_model(ref: HubRepo, settings: HubSettings, *, stream: TextIO | Non
             no_gguf, missing_shard, not_a_model, disk_full, download_failed).
     """
     _check_repo_id(ref.repo_id)
+    if ref.revision is not None:
+        check_revision(ref.revision, ref.text)  # it becomes a path under refs/: never one outside the cache
     _quiet_http_logs()
     if settings.offline:
         return _from_cache(ref, settings, "HF_HUB_OFFLINE is set, so nothing can be downloaded")
@@ -145,6 +147,9 @@ def fetch_hub_model(ref: HubRepo, settings: HubSettings, *, stream: TextIO | Non
     if not info.sha:
         raise ModelLoadError(f"{ref.text}: {settings.endpoint} sent no commit for this revision",
                              code="download_failed")
+    if not _COMMIT.fullmatch(info.sha):  # it names the snapshot folder: a mirror must not pick the path
+        raise ModelLoadError(f"{ref.text}: {settings.endpoint} sent {info.sha[:60]!r} as the commit, "
+                             "not a 40-hex commit id", code="download_failed")
     return _Download(ref, settings, info.sha, _remote_files(info), stream).run()
 
 
@@ -322,7 +327,8 @@ def _from_cache(ref: HubRepo, settings: HubSettings, reason: str) -> HubFetch:
 
 def _read_ref(storage: Path, revision: str) -> str | None:
     try:
-        return (storage / "refs" / revision).read_text().strip() or None
+        commit = (storage / "refs" / revision).read_text(errors="replace").strip()
+        return commit if _COMMIT.fullmatch(commit) else None  # it names a folder: only a commit id may
     except OSError:
         return None
 

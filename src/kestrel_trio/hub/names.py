@@ -16,7 +16,15 @@ import attrs
 
 from kestrel_trio.errors import ModelLoadError
 
-__all__ = ["LocalModel", "HubRepo", "NamedRef", "parse_model_name", "parse_hub_repo", "close_names", "did_you_mean"]
+__all__ = ["LocalModel", "HubRepo", "NamedRef", "parse_model_name", "parse_hub_repo", "close_names", "did_you_mean",
+           "check_revision", "COMMIT_ID"]
+
+COMMIT_ID = re.compile(r"[0-9a-f]{40}")
+# git check-ref-format's rules: no component that starts with "." or ends with ".lock", no "..", "@{", "//",
+# control characters, spaces or any of ~^:?*[\ ; not "@", not starting or ending with "/", not ending with ".".
+# The revision becomes a path under the cache's refs/ folder, so these rules are what keeps it there.
+_BAD_REF = re.compile(r"(^|/)\.|\.lock(/|$)|\.\.|@\{|//|[\x00-\x20\x7f~^:?*\[\\]|^/|/$|\.$|^@$")
+_MAX_REF_LENGTH = 255
 
 # owner/name as the hub spells it (huggingface_hub's validate_repo_id checks the finer rules),
 # then an optional quant tag (llama.cpp's -hf convention) and revision, in either order.
@@ -72,8 +80,23 @@ def parse_hub_repo(text: str) -> HubRepo | None:
             if "--" in repo_id or ".." in repo_id or repo_id.endswith((".git", ".", "-")):
                 return None  # the hub refuses these names
             tag = match["tag"].upper() if match["tag"] else None
+            if match["rev"] is not None:
+                check_revision(match["rev"], text)
             return HubRepo(repo_id=repo_id, revision=match["rev"], tag=tag)
     return None
+
+
+def check_revision(revision: str, name: str) -> None:
+    """Refuse a revision that is neither a 40-hex commit id nor a valid git branch or tag name.
+
+    Raises:
+        ModelLoadError: naming ``name`` (what the user gave) and the revision.
+    """
+    if COMMIT_ID.fullmatch(revision):
+        return
+    if not revision or len(revision) > _MAX_REF_LENGTH or _BAD_REF.search(revision):
+        raise ModelLoadError(f"{name}: revision {revision!r} is not a git branch, tag or 40-hex commit id",
+                             code="not_found")
 
 
 def parse_model_name(text: str, named: frozenset[str] | set[str]) -> LocalModel | HubRepo | NamedRef:
