@@ -64,11 +64,11 @@ def test_chat_set_changes_sampling_and_help_lists_it():
     assert back == "[temperature 1.0 (default)]" and off == "[repetition_guard off (default)]"
 
 
-def test_chat_on_smollm2_samples_at_its_publishers_defaults():
+def test_chat_on_smollm2_samples_at_its_named_entrys_defaults():
     model = str(smollm2_135m())
     result = run_cli(["chat", "--model", model, "--seed", "0", "--max-tokens", "40"],
                      stdin="/set\nWhat is the capital of France?\n", timeout=600)
     assert result.returncode == 0, result.stderr
     listing, answer, _end = [reply.strip() for reply in result.stdout.split(">>> ")[1:]]
-    assert "temperature 0.2 (default)" in listing and "top_p 0.9 (default)" in listing  # the model card's
+    assert "temperature 0.0 (default)" in listing and "repetition_penalty 1.1 (default)" in listing  # the entry's
     assert "Paris" in answer
