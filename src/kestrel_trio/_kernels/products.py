@@ -1475,24 +1475,35 @@ def _chosen(form: str):
 X86_AUTO_FORMS = frozenset(("Q8_0", "Q4_0", "Q4_1", "Q4_K"))
 
 
-@functools.lru_cache(maxsize=None)  # the CPU and numba's target are fixed for the process; asked on every product
 def _arch_kernel(form: str) -> tuple[str, bool] | None:
     """(the name of this CPU's own integer kernel for ``form``, whether "auto" takes it), or None where it has
     none: kestrel_trio._kernels.arm's on aarch64 (auto takes it), kestrel_trio._kernels.x86's on x86-64 where the
     code numba compiles and the CPU both have its instructions (auto takes it for X86_AUTO_FORMS). Each module's
     FORMS says which forms it has kernels for."""
+    arch, kind = _this_cpus_kernel()
+    if arch == "arm":
+        from kestrel_trio._kernels.arm import integer as arm
+
+        return (kind, True) if form in arm.FORMS else None
+    if arch == "x86" and kind is not None:
+        from kestrel_trio._kernels.x86 import integer as x86
+
+        return (x86.KINDS[kind], form in X86_AUTO_FORMS) if form in x86.FORMS else None
+    return None
+
+
+@functools.lru_cache(maxsize=1)  # the CPU and numba's target are fixed for the process; asked on every product
+def _this_cpus_kernel() -> tuple[str, str | None]:
+    """("arm", "sdot" or "neon"), ("x86", kestrel_trio._kernels.x86's usable kernel or None), or ("", None)."""
     from kestrel_trio._kernels import cpu
 
     if platform.machine() in ("aarch64", "arm64"):
-        from kestrel_trio._kernels.arm import integer as arm
-
-        return ("sdot" if cpu.this_cpu().has("dotprod") else "neon", True) if form in arm.FORMS else None
+        return "arm", "sdot" if cpu.this_cpu().has("dotprod") else "neon"
     if platform.machine() in ("x86_64", "AMD64"):
         from kestrel_trio._kernels.x86 import integer as x86
 
-        kind = x86.usable_kernel(cpu.this_cpu().has) if form in x86.FORMS else None
-        return (x86.KINDS[kind], form in X86_AUTO_FORMS) if kind is not None else None
-    return None
+        return "x86", x86.usable_kernel(cpu.this_cpu().has)
+    return "", None
 
 
 def _integer_kernel_name(form: str) -> str | None:
@@ -1518,10 +1529,9 @@ def _integer_product(name: str, form: str):
     from kestrel_trio._kernels.arm import integer as arm
 
     if name in ("vnni", "avx2"):
-        from kestrel_trio._kernels import cpu
         from kestrel_trio._kernels.x86 import integer as x86
 
-        kind = x86.usable_kernel(cpu.this_cpu().has)  # "vnni": the widest this CPU and numba's code take
+        kind = _this_cpus_kernel()[1]  # "vnni": the widest this CPU and numba's code take
         form_id, kernel = x86.form_id(form), {"vnni512": x86.product_vnni512, "vnni256": x86.product_vnni256,
                                               "avx2": x86.product_avx2}[kind]
     else:
