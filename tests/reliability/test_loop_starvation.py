@@ -52,4 +52,6 @@ async def test_health_stays_fast_while_huge_prompts_are_processed(tiny_model: Mo
     assert steps == 0
     assert not probe.failures
     assert len(durations) == 2
-    assert max(probe.samples) < STALL_FRACTION * min(durations), (sorted(probe.samples)[-3:], durations)
+    # Against the slower of the two: a prompt far past any context is refused by its length before the
+    # tokenizer sees it (a tenth of a second), the other is tokenized in a worker for seconds.
+    assert max(probe.samples) < STALL_FRACTION * max(durations), (sorted(probe.samples)[-3:], durations)
