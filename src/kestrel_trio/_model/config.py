@@ -14,6 +14,7 @@ from typing import Any
 
 import attrs
 
+from kestrel_trio._model.confine import check_folder_files, confined
 from kestrel_trio.errors import ModelLoadError
 
 __all__ = ["SUPPORTED_ARCHITECTURES", "RopeConfig", "ModelConfig", "read_config", "config_from_dict"]
@@ -130,6 +131,7 @@ def read_config_json(folder: str | Path) -> tuple[dict[str, Any], Path]:
     Raises:
         ModelLoadError: the file is missing, unreadable, not JSON or not an object.
     """
+    check_folder_files(Path(folder))  # every file a folder names, before any is read
     path = Path(folder) / "config.json"
     return read_json_object(path, "no config.json in the checkpoint folder"), path
 
@@ -138,8 +140,10 @@ def read_json_object(path: Path, missing: str) -> dict[str, Any]:
     """The JSON object in ``path``.
 
     Raises:
-        ModelLoadError: ``{path}: {missing}`` when absent; else naming what is wrong with the file.
+        ModelLoadError: ``{path}: {missing}`` when absent; else naming what is wrong with the file, or
+            that it resolves outside its folder (a symlink out).
     """
+    confined(path.parent, path.name)
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
