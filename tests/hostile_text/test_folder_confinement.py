@@ -119,3 +119,21 @@ def test_a_hub_snapshot_file_linked_out_of_its_repo_is_refused(tmp_path: Path) -
     with pytest.raises(ModelLoadError) as refused:
         load_model(snapshot)
     assert "chat_template.jinja" in refused.value.message and "outside" in refused.value.message
+
+
+def test_a_local_dir_linking_into_a_hub_cache_blob_loads(tmp_path: Path) -> None:
+    # huggingface-cli download --local-dir linked big files into the cache's blobs before huggingface_hub 0.23.
+    snapshot = _hub_snapshot(tmp_path)
+    local = copy_fixture(tmp_path / "local")
+    (local / "model.safetensors").unlink()
+    (local / "model.safetensors").symlink_to((snapshot / "model.safetensors").resolve())
+    assert load_model(local).config.vocab_size == load_model(FIXTURE).config.vocab_size
+
+
+def test_a_link_to_a_blobs_folder_outside_a_hub_cache_repo_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "blobs").mkdir()
+    (tmp_path / "blobs" / "t").write_text("LEAKED")
+    folder = copy_fixture(tmp_path / "m")
+    (folder / "chat_template.jinja").symlink_to(tmp_path / "blobs" / "t")
+    with pytest.raises(ModelLoadError):
+        load_model(folder)

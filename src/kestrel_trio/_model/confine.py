@@ -9,7 +9,9 @@ front, those no loader reads today included.
 
 A Hugging Face cache snapshot (``<cache>/models--owner--name/snapshots/<rev>/``)
 holds symlinks to ``../../blobs/<hash>``: there the repo's cache folder is the
-bound, so such snapshots keep loading.
+bound, so such snapshots keep loading. So does a folder that ``huggingface-cli download --local-dir`` filled
+with links into a cache's blobs (its default before huggingface_hub 0.23): a target that really lies in a
+``models--*/blobs/`` folder is a file some hub download put there, never an arbitrary file of the machine's.
 """
 
 from __future__ import annotations
@@ -58,11 +60,16 @@ def confined(folder: Path, name: object, *, named_by: str | None = None) -> Path
         target = path.resolve()
     except (OSError, RuntimeError) as exc:  # a symlink loop
         raise ModelLoadError(f"{prefix}{path}: cannot be resolved ({exc})") from None
-    if target != root and root not in target.parents:
+    if target != root and root not in target.parents and not _is_hub_blob(target):
         label = f"shard {name!r}" if named_by else str(path)
         raise ModelLoadError(f"{prefix}{label} resolves to {target}, outside {root}: "
                              "a model folder's files must stay inside it")
     return path
+
+
+def _is_hub_blob(target: Path) -> bool:
+    """Whether the resolved ``target`` is a blob of a Hugging Face cache repo (``models--o--n/blobs/<hash>``)."""
+    return target.parent.name == "blobs" and target.parent.parent.name.startswith("models--")
 
 
 def check_folder_files(folder: Path) -> None:
