@@ -127,3 +127,16 @@ def test_the_gguf_writer_here_makes_a_loadable_config(tmp_path: Path) -> None:
     path.write_bytes(gguf_bytes("qwen3moe"))
     config = config_from_gguf(GgufFile(path))
     assert config.num_hidden_layers == 2 and config.num_experts == 4 and config.head_dim == 8
+
+
+@pytest.mark.parametrize(("field", "value"), [("depth", 10**9), ("num_position_embeddings", 1 << 40),
+                                              ("hidden_size", 1 << 30), ("num_heads", 1 << 20)])
+def test_a_huge_vision_config_size_is_refused_naming_the_field(field: str, value: int) -> None:
+    from kestrel_trio._model import vl_config_from_dict
+
+    raw = json.loads((Path(__file__).resolve().parents[1] / "fixtures" / "qwen3_vl" / "config.json").read_text())
+    raw["vision_config"] = {**raw["vision_config"], field: value}
+    with pytest.raises(ModelLoadError) as refused:
+        vl_config_from_dict(raw, source="vl/config.json")
+    message = refused.value.message
+    assert message.startswith("vl/config.json vision_config: ") and repr(field) in message and "\n" not in message

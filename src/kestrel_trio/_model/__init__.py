@@ -36,7 +36,8 @@ from kestrel_trio._model.weights import assemble_weights
 
 __all__ = [
     # config, and the files a model folder names
-    "check_folder_files", "confined", "ModelConfig", "config_from_dict", "read_config", "read_config_json", "read_json_object",
+    "ModelConfig", "config_from_dict", "read_config", "read_config_json", "read_json_object",
+    "check_folder_files", "confined",
     # weights and checkpoints
     "load_weights", "assemble_weights", "resolve_residency", "expected_shapes", "random_tensors",
     "write_random_checkpoint", "GgufFile", "is_gguf_file", "load_gguf_weights",
