@@ -137,3 +137,18 @@ def test_a_link_to_a_blobs_folder_outside_a_hub_cache_repo_is_refused(tmp_path: 
     (folder / "chat_template.jinja").symlink_to(tmp_path / "blobs" / "t")
     with pytest.raises(ModelLoadError):
         load_model(folder)
+
+
+def test_the_cli_exits_2_naming_the_linked_file(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from hostile_text_kit import SRC
+
+    folder = copy_fixture(tmp_path / "m")
+    (folder / "chat_template.jinja").symlink_to("/etc/passwd")
+    done = subprocess.run([sys.executable, "-m", "kestrel_trio.cli", "generate", "hi", "--model", str(folder)],
+                          capture_output=True, text=True, timeout=120, env={"PYTHONPATH": SRC, "PATH": "/usr/bin"})
+    errors = [line for line in done.stderr.splitlines() if "error" in line]
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert len(errors) == 1 and "chat_template.jinja" in errors[0] and "outside" in errors[0], done.stderr[-2000:]
