@@ -17,11 +17,11 @@ import numpy as np
 
 from kestrel_trio import _kernels
 from kestrel_trio._model import (
-    Decoder, GgufFile, KVCache, ModelConfig, Qwen3VL, assemble_weights, choose_small_batch_call, config_from_dict,
-    config_from_gguf, feed_chunks, forward, gguf_architecture, is_gguf_file, is_qwen3_vl, linear, load_gguf_weights,
-    load_qwen3_vl, load_weights, product_threads, random_tensors, read_config, read_config_json, resolve_residency,
-    set_product_threads, vl_config_from_dict, UPCAST_CHUNK, PackedMatrix, default_cache_dir, describe_weights,
-    packed_matrices, resident_bytes, warm_fused_products, PREFILL_PRECISIONS,
+    Decoder, GgufFile, KVCache, ModelConfig, Qwen3VL, assemble_weights, check_folder_files, choose_small_batch_call,
+    config_from_dict, config_from_gguf, feed_chunks, forward, gguf_architecture, is_gguf_file, is_qwen3_vl, linear,
+    load_gguf_weights, load_qwen3_vl, load_weights, product_threads, random_tensors, read_config, read_config_json,
+    resolve_residency, set_product_threads, vl_config_from_dict, UPCAST_CHUNK, PackedMatrix, default_cache_dir,
+    describe_weights, packed_matrices, resident_bytes, warm_fused_products, PREFILL_PRECISIONS,
     set_prefill_precision as _set_prefill_precision, prefill_precision,
 )
 from kestrel_trio.text.images import ImageProcessorConfig, require_pillow
@@ -541,6 +541,7 @@ def load_model(
         return _load_gguf_model(folder, progress, weights)
     if not folder.is_dir():
         raise ModelLoadError(f"{folder}: not a checkpoint folder or GGUF file")
+    check_folder_files(folder)  # before any file is read: none may be a symlink out of the folder
     if is_qwen3_vl_folder(folder):
         return _load_qwen3_vl_model(folder, progress, weights, cache)
     config = read_config(folder)

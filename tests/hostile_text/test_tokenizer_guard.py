@@ -94,7 +94,7 @@ def test_four_concurrent_4mb_tokenize_calls_keep_the_high_water_mark() -> None:
         async def post(port, text, statuses):
             body = json.dumps({"prompt": text}).encode()
             stream = await trio.open_tcp_stream("127.0.0.1", port)
-            await stream.send_all(b"POST /tokenize HTTP/1.1\\r\\nHost: localhost\\r\\nContent-Type: application/json\\r\\n"
+            await stream.send_all(b"POST /tokenize HTTP/1.1\\r\\nHost: 127.0.0.1\\r\\nContent-Type: application/json\\r\\n"
                                   b"Connection: close\\r\\nContent-Length: %d\\r\\n\\r\\n" % len(body) + body)
             raw = b""
             while chunk := await stream.receive_some(65536):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -94,7 +95,8 @@ def test_token_bytes_splits_a_character_across_tokens(qwen_tokenizer: Tokenizer)
 @pytest.fixture
 def checkpoint(tmp_path: Path, qwen_dir: Path) -> Path:
     """A checkpoint folder sharing the real tokenizer.json, with its own small files."""
-    (tmp_path / "tokenizer.json").symlink_to(qwen_dir / "tokenizer.json")
+    # A copy, not a symlink: a model folder's file linked out of it is refused (issue 49).
+    shutil.copyfile(qwen_dir / "tokenizer.json", tmp_path / "tokenizer.json")
     config = json.loads((qwen_dir / "tokenizer_config.json").read_text(encoding="utf-8"))
     config["chat_template"] = "from tokenizer_config"
     config["eos_token"] = {"content": "<|im_end|>", "special": True}

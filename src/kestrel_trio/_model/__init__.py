@@ -6,6 +6,7 @@ its submodules (``tests/test_architecture.py`` holds the rule), so what the
 rest of kestrel-trio relies on is listed here, in one place.
 """
 
+from kestrel_trio._model.confine import check_folder_files, confined
 from kestrel_trio._model.config import ModelConfig, config_from_dict, read_config, read_config_json, read_json_object
 from kestrel_trio._model.forward import Decoder, feed_chunks, forward
 from kestrel_trio._model.gguf_checkpoint import load_gguf_weights
@@ -34,8 +35,9 @@ from kestrel_trio._model.residency import (
 from kestrel_trio._model.weights import assemble_weights
 
 __all__ = [
-    # config
+    # config, and the files a model folder names
     "ModelConfig", "config_from_dict", "read_config", "read_config_json", "read_json_object",
+    "check_folder_files", "confined",
     # weights and checkpoints
     "load_weights", "assemble_weights", "resolve_residency", "expected_shapes", "random_tensors",
     "write_random_checkpoint", "GgufFile", "is_gguf_file", "load_gguf_weights",

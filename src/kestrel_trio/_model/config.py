@@ -14,6 +14,7 @@ from typing import Any
 
 import attrs
 
+from kestrel_trio._model.confine import check_folder_files, confined
 from kestrel_trio.errors import ModelLoadError
 
 __all__ = ["SUPPORTED_ARCHITECTURES", "RopeConfig", "ModelConfig", "read_config", "config_from_dict"]
@@ -130,6 +131,7 @@ def read_config_json(folder: str | Path) -> tuple[dict[str, Any], Path]:
     Raises:
         ModelLoadError: the file is missing, unreadable, not JSON or not an object.
     """
+    check_folder_files(Path(folder))  # every file a folder names, before any is read
     path = Path(folder) / "config.json"
     return read_json_object(path, "no config.json in the checkpoint folder"), path
 
@@ -138,8 +140,10 @@ def read_json_object(path: Path, missing: str) -> dict[str, Any]:
     """The JSON object in ``path``.
 
     Raises:
-        ModelLoadError: ``{path}: {missing}`` when absent; else naming what is wrong with the file.
+        ModelLoadError: ``{path}: {missing}`` when absent; else naming what is wrong with the file, or
+            that it resolves outside its folder (a symlink out).
     """
+    confined(path.parent, path.name)
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -155,11 +159,14 @@ def config_from_dict(raw: dict[str, Any], *, source: str = "config.json") -> Mod
     """Build a :class:`ModelConfig` from the parsed config.json dict."""
     fields = _Fields(raw, source)
     architecture = _architecture(raw, source)
-    heads = fields.int("num_attention_heads")
-    hidden = fields.int("hidden_size")
+    heads = fields.positive_int("num_attention_heads")
+    hidden = fields.positive_int("hidden_size")
     is_moe = architecture == "Qwen3MoeForCausalLM"
     # transformers' own defaults when head_dim is absent: 128 for Qwen3 dense, hidden/heads otherwise.
     default_head_dim = 128 if architecture == "Qwen3ForCausalLM" else hidden // heads
+    if raw.get("head_dim") is None and architecture != "Qwen3ForCausalLM" and hidden % heads:
+        raise ModelLoadError(f"{source}: field 'hidden_size' ({hidden}) is not a multiple of "
+                             f"'num_attention_heads' ({heads}), and no 'head_dim' is given")
     _reject_unsupported_attention(raw, fields, source)
     is_llama = architecture == "LlamaForCausalLM"
     if fields.get("hidden_act", str, "silu") != "silu":
@@ -276,41 +283,67 @@ def _rope(raw: dict[str, Any], fields: "_Fields", source: str) -> RopeConfig:
     if rope_type not in ROPE_TYPES:
         raise ModelLoadError(f"{source}: rope_type {rope_type!r} is not supported "
                              f"(supported: {', '.join(map(repr, ROPE_TYPES))})")
-    original = merged.get("original_max_position_embeddings", raw.get("original_max_position_embeddings"))
-    if original is None:
-        original = fields.int("max_position_embeddings")
     if rope_type == "linear":
         return RopeConfig(rope_type="linear", rope_theta=float(theta), factor=_rope_number(merged, "factor", source))
+    if "original_max_position_embeddings" not in merged and "original_max_position_embeddings" in raw:
+        merged["original_max_position_embeddings"] = raw["original_max_position_embeddings"]
     if rope_type == "llama3":
+        low, high = _rope_number(merged, "low_freq_factor", source), _rope_number(merged, "high_freq_factor", source)
+        if high <= low:  # the smoothing divides by high - low
+            raise ModelLoadError(f"{source}: rope scaling field 'high_freq_factor' ({high}) must exceed "
+                                 f"'low_freq_factor' ({low})")
         return RopeConfig(
             rope_type="llama3", rope_theta=float(theta), factor=_rope_number(merged, "factor", source),
-            original_max_position_embeddings=int(original),
-            low_freq_factor=_rope_number(merged, "low_freq_factor", source),
-            high_freq_factor=_rope_number(merged, "high_freq_factor", source),
+            original_max_position_embeddings=_rope_length(merged, source), low_freq_factor=low, high_freq_factor=high,
         )
-    factor = merged.get("factor")
-    if factor is None:
-        factor = fields.int("max_position_embeddings") / original
+    # yarn: transformers takes the pretraining context from max_position_embeddings when the block names none.
+    if merged.get("original_max_position_embeddings") is None:
+        merged["original_max_position_embeddings"] = fields.positive_int("max_position_embeddings")
+    original = _rope_length(merged, source)
+    if theta <= 1:  # yarn's correction range divides by log(rope_theta)
+        raise ModelLoadError(f"{source}: field 'rope_theta' must exceed 1 for yarn rope scaling, got {theta!r}")
+    if merged.get("factor") is None:
+        merged["factor"] = fields.positive_int("max_position_embeddings") / original
+    optional = {name: None if merged.get(name) is None
+                else _rope_number(merged, name, source, finite_only=name != "attention_factor")
+                for name in ("attention_factor", "mscale", "mscale_all_dim")}
+    truncate = merged.get("truncate", True)
+    if not isinstance(truncate, bool):
+        raise ModelLoadError(f"{source}: rope scaling field 'truncate' must be true or false, got {truncate!r}")
     return RopeConfig(
         rope_type="yarn",
         rope_theta=float(theta),
-        factor=float(factor),
-        original_max_position_embeddings=int(original),
-        beta_fast=float(merged.get("beta_fast") or 32.0),
-        beta_slow=float(merged.get("beta_slow") or 1.0),
-        attention_factor=None if merged.get("attention_factor") is None else float(merged["attention_factor"]),
-        mscale=merged.get("mscale"),
-        mscale_all_dim=merged.get("mscale_all_dim"),
-        truncate=bool(merged.get("truncate", True)),
+        factor=_rope_number(merged, "factor", source),
+        original_max_position_embeddings=original,
+        beta_fast=32.0 if merged.get("beta_fast") is None else _rope_number(merged, "beta_fast", source),
+        beta_slow=1.0 if merged.get("beta_slow") is None else _rope_number(merged, "beta_slow", source),
+        attention_factor=optional["attention_factor"],
+        mscale=optional["mscale"],
+        mscale_all_dim=optional["mscale_all_dim"],
+        truncate=truncate,
     )
 
 
-def _rope_number(block: dict[str, Any], name: str, source: str) -> float:
-    """A required positive number of the rope scaling block."""
+def _rope_number(block: dict[str, Any], name: str, source: str, *, finite_only: bool = False) -> float:
+    """A required positive (``finite_only``: any finite) number of the rope scaling block."""
     value = block.get(name)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise ModelLoadError(f"{source}: rope scaling field {name!r} must be a positive number, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or (value <= 0 and not finite_only):
+        kind = "a number" if finite_only else "a positive number"
+        raise ModelLoadError(f"{source}: rope scaling field {name!r} must be {kind}, got {value!r}")
     return float(value)
+
+
+def _rope_length(block: dict[str, Any], source: str) -> int:
+    """The rope scaling block's ``original_max_position_embeddings``: a required positive integer (tokens)."""
+    value = block.get("original_max_position_embeddings")
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)  # some exporters write 32768.0
+    bound = _UPPER_BOUNDS["max_position_embeddings"]
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= bound:
+        raise ModelLoadError(f"{source}: rope scaling field 'original_max_position_embeddings' must be a positive "
+                             f"number of tokens, got {value!r}")
+    return value
 
 
 class _Fields:
@@ -340,6 +373,13 @@ class _Fields:
             return default
         if isinstance(value, bool) or not isinstance(value, int):
             raise ModelLoadError(f"{self.source}: field {name!r} must be an integer, got {value!r}")
+        return value
+
+    def positive_int(self, name: str) -> int:
+        """A required integer field >= 1 (a count or size), checked before anything divides by it."""
+        value = self.int(name)
+        if value < 1:
+            raise ModelLoadError(f"{self.source}: field {name!r} must be >= 1, got {value}")
         return value
 
     def float(self, name: str, default: float) -> float:

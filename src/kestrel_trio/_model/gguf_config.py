@@ -18,7 +18,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from kestrel_trio._model.config import ModelConfig, config_from_dict
+from kestrel_trio._model.config import _UPPER_BOUNDS, ModelConfig, config_from_dict
 from kestrel_trio._model.dequant import expand_rows
 from kestrel_trio._model.gguf_reader import GgufFile
 from kestrel_trio.errors import ModelLoadError
@@ -57,9 +57,18 @@ def config_from_gguf(gguf: GgufFile) -> ModelConfig:
     arch = gguf_architecture(gguf)
     keys = _Keys(gguf, arch)
     tensors = gguf.tensors
-    hidden = keys.int("embedding_length")
-    heads = keys.int("attention.head_count")
-    head_dim = keys.int("attention.key_length", hidden // heads)
+    # The sizes that are divided by, or that count per-layer work, are bounded first, naming the GGUF key.
+    hidden = keys.size("embedding_length", _UPPER_BOUNDS["hidden_size"])
+    heads = keys.size("attention.head_count", _UPPER_BOUNDS["num_attention_heads"])
+    layers = keys.size("block_count", _UPPER_BOUNDS["num_hidden_layers"])
+    if keys.metadata.get(f"{arch}.attention.key_length") is None and hidden % heads:
+        raise ModelLoadError(f"{keys.file}: {arch}.embedding_length ({hidden}) is not a multiple of "
+                             f"{arch}.attention.head_count ({heads}), and no {arch}.attention.key_length is given")
+    head_dim = keys.size("attention.key_length", _UPPER_BOUNDS["head_dim"], hidden // heads)
+    kv_heads = keys.size("attention.head_count_kv", _UPPER_BOUNDS["num_key_value_heads"], heads)
+    if heads % kv_heads:
+        raise ModelLoadError(f"{keys.file}: {arch}.attention.head_count ({heads}) is not a multiple of "
+                             f"{arch}.attention.head_count_kv ({kv_heads})")
     if keys.int("attention.value_length", head_dim) != head_dim:
         raise ModelLoadError(f"{gguf.path.name}: {arch}.attention.value_length differs from key_length "
                              f"({head_dim}); kestrel-trio needs them equal")
@@ -69,9 +78,9 @@ def config_from_gguf(gguf: GgufFile) -> ModelConfig:
     raw: dict[str, Any] = {
         "architectures": [GGUF_ARCHITECTURES[arch]],
         "hidden_size": hidden,
-        "num_hidden_layers": keys.int("block_count"),
+        "num_hidden_layers": layers,
         "num_attention_heads": heads,
-        "num_key_value_heads": keys.int("attention.head_count_kv", heads),
+        "num_key_value_heads": kv_heads,
         "head_dim": head_dim,
         "max_position_embeddings": keys.int("context_length"),
         "rms_norm_eps": keys.float("attention.layer_norm_rms_epsilon"),
@@ -175,6 +184,14 @@ class _Keys:
             return default
         if isinstance(value, bool) or not isinstance(value, int):
             raise ModelLoadError(f"{self.file}: GGUF metadata {key} must be an integer, got {value!r}")
+        return value
+
+    def size(self, name: str, bound: int, default: int | None = None) -> int:
+        """An integer key in 1..``bound``: a count or size, checked before anything is divided or allocated by it."""
+        value = self.int(name, default)
+        if not 1 <= value <= bound:
+            raise ModelLoadError(f"{self.file}: GGUF metadata {self.arch}.{name} is {value}, "
+                                 f"outside 1..{bound}")
         return value
 
     def float(self, name: str, default: float | None = None) -> float:

@@ -172,6 +172,13 @@ def _text_as_qwen3(raw: dict[str, Any], text: dict[str, Any], source: str) -> tu
     return out, tuple(section), bool(interleaved)
 
 
+# Upper bounds on vision_config sizes: far above any released vision tower (Qwen3-VL: depth 27, hidden 1152,
+# 2304 position embeddings), far below a 1 KiB file asking for gigabytes of per-block objects.
+_VISION_BOUNDS = {"depth": 1024, "hidden_size": 1 << 16, "intermediate_size": 1 << 20, "num_heads": 1024,
+                  "in_channels": 64, "patch_size": 1024, "temporal_patch_size": 64, "spatial_merge_size": 64,
+                  "out_hidden_size": 1 << 16, "num_position_embeddings": 1 << 24}
+
+
 def _vision_config(raw: dict[str, Any], text_hidden: int, source: str) -> VisionConfig:
     defaults = VisionConfig()
     where = f"{source} vision_config"
@@ -180,6 +187,9 @@ def _vision_config(raw: dict[str, Any], text_hidden: int, source: str) -> Vision
         value = raw.get(name, default)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ModelLoadError(f"{where}: field {name!r} must be a positive integer, got {value!r}")
+        if value > _VISION_BOUNDS[name]:  # before any per-block list or shape is built from it
+            raise ModelLoadError(f"{where}: field {name!r} is {value}, above the most kestrel-trio accepts "
+                                 f"({_VISION_BOUNDS[name]})")
         return value
 
     fields = {name: number(name, getattr(defaults, name)) for name in (

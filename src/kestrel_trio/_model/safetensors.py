@@ -24,6 +24,7 @@ from pathlib import Path
 import attrs
 import numpy as np
 
+from kestrel_trio._model.confine import confined
 from kestrel_trio.errors import ModelLoadError
 
 __all__ = ["TensorInfo", "SafetensorsCheckpoint", "bf16_to_fp32", "fp32_to_bf16_bits"]
@@ -79,13 +80,13 @@ class SafetensorsCheckpoint:
         self._check_index()
 
     def _weight_files(self) -> list[Path]:
-        index = self.folder / INDEX_NAME
+        index = confined(self.folder, INDEX_NAME)
         if index.exists():
             return self._files_from_index(index)
-        single = self.folder / SINGLE_NAME
+        single = confined(self.folder, SINGLE_NAME)
         if single.exists():
             return [single]
-        found = sorted(self.folder.glob("*.safetensors"))
+        found = [confined(self.folder, path.name) for path in sorted(self.folder.glob("*.safetensors"))]
         if not found:
             raise ModelLoadError(f"{self.folder}: no model.safetensors or {INDEX_NAME} in the checkpoint folder")
         return found
@@ -97,7 +98,7 @@ class SafetensorsCheckpoint:
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             raise ModelLoadError(f"{index}: not a valid safetensors index ({exc})") from None
         for name in files:
-            _check_inside(index, self.folder, name)
+            confined(self.folder, name, named_by=index.name)
         paths = [self.folder / name for name in files]
         for path in paths:
             if not path.is_file():
@@ -257,19 +258,3 @@ def save_safetensors(path: Path, tensors: dict[str, np.ndarray], dtype: str = "F
         file.write(encoded)
         for blob in blobs:
             file.write(blob)
-
-
-def _check_inside(index: Path, folder: Path, name: object) -> None:
-    """Refuse a shard name that is not a relative path inside ``folder`` (absolute, ``..``, or a symlink out).
-
-    A hub cache snapshot's files are symlinks to ``../../blobs``: there the repo's cache folder is the bound.
-    """
-    if not isinstance(name, str) or not name or Path(name).is_absolute() or ".." in Path(name).parts \
-            or "\\" in name:
-        raise ModelLoadError(f"{index.name}: shard name {str(name)[:200]!r} is not a file name inside {folder}")
-    root = folder.resolve()
-    if folder.parent.name == "snapshots":
-        root = folder.parent.parent.resolve()  # <cache>/models--owner--name: its blobs/ hold the bytes
-    target = (folder / name).resolve()
-    if target != root and root not in target.parents:
-        raise ModelLoadError(f"{index.name}: shard {name!r} resolves to {target}, outside {root}")

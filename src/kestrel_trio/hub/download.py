@@ -38,6 +38,7 @@ from typing import Any, Iterable, TextIO
 
 import attrs
 
+from kestrel_trio._model import confined
 from kestrel_trio.errors import ModelLoadError
 from kestrel_trio.hub.gguf_files import model_files, select_gguf
 from kestrel_trio.hub.names import COMMIT_ID, HubRepo, check_revision
@@ -186,6 +187,11 @@ class _Download:
     def _weights(self) -> list[str]:
         if _INDEX in self.remote:
             shards = _index_shards(self.snapshot / _INDEX, self.ref.text)
+            for name in shards:  # a hostile mirror's index must not make us write or read outside the snapshot
+                try:
+                    confined(self.snapshot, name, named_by=_INDEX)
+                except ModelLoadError as exc:
+                    raise ModelLoadError(f"{self.ref.text}: {exc.message}", code="not_a_model") from None
             missing = [name for name in shards if name not in self.remote]
             if missing:
                 raise ModelLoadError(f"{self.ref.text}: {_INDEX} names {missing[0]}, which is not in the repo",

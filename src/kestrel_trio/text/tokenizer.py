@@ -19,6 +19,7 @@ from typing import Any, Iterator
 import tokenizers
 from tokenizers import decoders
 
+from kestrel_trio._model import check_folder_files, confined
 from kestrel_trio.errors import KestrelError, ModelLoadError
 
 __all__ = ["Tokenizer", "SPECIAL_TOKEN_NAMES", "GENERATION_SAMPLING_KEYS", "tokenizer_failure", "NORMALIZER_SHRINK"]
@@ -207,13 +208,14 @@ class Tokenizer:
             ModelLoadError: naming the missing or malformed file.
         """
         folder = Path(path)
-        tokenizer_file = folder / "tokenizer.json"
+        check_folder_files(folder)  # no file of the folder's may be a symlink out of it (nor read through one)
+        tokenizer_file = confined(folder, "tokenizer.json")
         if not tokenizer_file.is_file():
             raise ModelLoadError(f"tokenizer.json not found in {folder}")
         # The small files first, so that a broken one fails fast.
-        tokenizer_config = _read_optional_json(folder / "tokenizer_config.json")
-        generation_config = _read_optional_json(folder / "generation_config.json")
-        template_file = folder / "chat_template.jinja"
+        tokenizer_config = _read_optional_json(confined(folder, "tokenizer_config.json"))
+        generation_config = _read_optional_json(confined(folder, "generation_config.json"))
+        template_file = confined(folder, "chat_template.jinja")
         try:
             template = template_file.read_text(encoding="utf-8") if template_file.is_file() else None
         except (OSError, UnicodeDecodeError) as exc:
