@@ -120,8 +120,11 @@ def backend_from_gguf(metadata: Mapping[str, Any], source: str) -> tokenizers.To
     spec = tokenizer_json_from_gguf(metadata, source)
     try:
         return tokenizers.Tokenizer.from_str(json.dumps(spec, ensure_ascii=False))
-    except Exception as exc:  # the Rust side raises plain Exception
-        raise ModelLoadError(f"{source}: the GGUF tokenizer cannot be built: {exc}") from None
+    except BaseException as exc:  # the Rust side raises plain Exception, or panics (pyo3's PanicException)
+        if not (isinstance(exc, Exception) or type(exc).__name__ == "PanicException"):
+            raise
+        first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+        raise ModelLoadError(f"{source}: the GGUF tokenizer cannot be built: {first}") from None
 
 
 # Control tokens that end a turn in the families served; llama.cpp treats these as end-of-generation too.
