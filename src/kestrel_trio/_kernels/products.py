@@ -1472,7 +1472,11 @@ def _chosen(form: str):
 
 # The forms whose x86-64 integer kernel "auto" takes: where it beat the exact products at 1 and 8 activation rows,
 # 1 and 2 threads, on Qwen3-0.6B's shapes (benchmarks/bench_integer.py; docs/performance.md, "Integer products").
-X86_AUTO_FORMS = frozenset(("Q8_0", "Q4_0", "Q4_1", "Q4_K"))
+# Empty for now: under "auto" x86-64 keeps the exact products. The integer kernels win on their own
+# (benchmarks/bench_integer.py), but their first product after warming still compiles (about 54 MiB of LLVM's
+# pages a fresh process keeps: tests/model/test_packed_kernels.py), and Q6_K/Q5_* have no x86 kernel yet.
+# load_model(..., products="integer") takes them.
+X86_AUTO_FORMS: frozenset = frozenset()
 
 
 def _arch_kernel(form: str) -> tuple[str, bool] | None:
