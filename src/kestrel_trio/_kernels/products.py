@@ -1570,7 +1570,7 @@ def quantize(x: np.ndarray, forms) -> tuple | None:
     xd = np.empty((x.shape[0], x.shape[1] // 32), dtype=np.float32)  # [N, cols / 32]
     integer.quantize_q8_rows(x, 32, xq, xd)
     xs = None
-    if any(arm.FORMS.get(form, (0, 0, True))[2] for form in integer_forms):  # minimums (a form arm lacks: say so)
+    if any(arm.FORMS[form][2] for form in integer_forms):  # a form with minimums
         xs = np.empty_like(xd)  # [N, cols / 32]
         integer.block_sums(xq, xd, 32, xs)
     return xq, xd, xs
@@ -1588,7 +1588,9 @@ def warm(form: str, f16: np.ndarray) -> None:
     table, made once by the caller."""
     product, _, view = product_for(form)
     if _chosen(form)[0] is None:  # an integer kernel
-        size, cols = {"Q8_0": (34, 32), "Q4_0": (18, 32), "Q4_1": (20, 32), "Q4_K": (144, 256), "Q5_0": (22, 32),
-                      "Q5_1": (24, 32), "Q5_K": (176, 256), "Q6_K": (210, 256)}[form]
+        from kestrel_trio._kernels.arm import integer as arm
+
+        size, _, _, subs = arm.FORMS[form]  # ggml's block: its bytes, its sub-blocks of 32 weights
+        cols = 32 * subs
         product(np.zeros((1, size), dtype=np.uint8), np.empty((1, 0), dtype=np.uint8), f16, 32,
                 np.zeros((1, cols), dtype=np.float32), 0, 1, np.empty((1, 1), dtype=np.float32))  # one block
