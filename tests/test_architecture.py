@@ -22,6 +22,8 @@ import of ``kestrel_trio.x`` when ``x`` is a module, and of the package root
 otherwise. Third-party rules per layer (and per module, where one module of a
 layer is held to more) are kept beside the ranks. ``_model`` is private: from
 outside it (the package and benchmarks/), only its ``__init__`` is imported.
+No modules import one another in a circle as they load (imports inside
+functions aside: they run at a call, once every module has loaded).
 """
 
 from __future__ import annotations
@@ -116,12 +118,30 @@ def _bound_in_init(package: str, src: Path) -> set[str]:
     return bound
 
 
-def imports_of(path: Path, src: Path, this: str | None = None) -> set[str]:
-    """Every module ``path`` (named ``this``, by default its name in ``src``) imports, relative imports resolved."""
+def _module_level(tree: ast.Module):
+    """The statements run when a module loads: its body, into ``if``/``try`` blocks (``if TYPE_CHECKING:`` too),
+    not into functions or classes."""
+    todo = list(tree.body)
+    while todo:
+        node = todo.pop()
+        yield node
+        if isinstance(node, ast.If):
+            todo += node.body + node.orelse
+        elif isinstance(node, ast.Try):
+            todo += node.body + node.orelse + node.finalbody + [s for h in node.handlers for s in h.body]
+
+
+def imports_of(path: Path, src: Path, this: str | None = None, deferred: bool = True) -> set[str]:
+    """Every module ``path`` (named ``this``, by default its name in ``src``) imports, relative imports resolved.
+
+    ``deferred``: with the imports inside functions (run at a call, after every module has loaded); False: only
+    those made when the module loads.
+    """
     this = this or module_name(path, src)
     package = this if path.name == "__init__.py" else this.rpartition(".")[0]
     names: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    for node in ast.walk(tree) if deferred else _module_level(tree):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -203,6 +223,59 @@ def private_violations(src: Path, benchmarks: Path | None = None) -> list[str]:
     return found
 
 
+def import_cycles(src: Path) -> list[list[str]]:
+    """Every circle of modules importing one another when they load, each as its modules' names, sorted.
+
+    A circle is a strongly connected set of two or more modules in the graph of module-level imports (those under
+    ``if TYPE_CHECKING:`` included: a reader follows them as any other). Imports inside functions are left out:
+    they run at a call, once every module has loaded, and are how ``_kernels`` loads a CPU's code only where it
+    runs.
+    """
+    graph = {module_name(path, src): path for path in sorted(src.rglob("*.py"))}
+    edges = {this: sorted(name for name in imports_of(path, src, this, deferred=False)
+                          if name in graph and name != this)
+             for this, path in graph.items()}
+    # Tarjan's strongly connected components, iterative (no recursion limit on a deep import chain).
+    order: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles = []
+    for root in graph:
+        if root in order:
+            continue
+        work = [(root, iter(edges[root]))]
+        order[root] = low[root] = len(order)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, targets = work[-1]
+            for target in targets:
+                if target not in order:
+                    order[target] = low[target] = len(order)
+                    stack.append(target)
+                    on_stack.add(target)
+                    work.append((target, iter(edges[target])))
+                    break
+                if target in on_stack:
+                    low[node] = min(low[node], order[target])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == order[node]:
+                    members = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        members.append(member)
+                        if member == node:
+                            break
+                    if len(members) > 1:
+                        circles.append(sorted(members))
+    return sorted(circles)
+
+
 def test_layers_import_only_downwards():
     assert layer_violations(SRC) == []
 
@@ -213,6 +286,10 @@ def test_layers_keep_their_third_party_rules():
 
 def test_the_private_model_core_is_entered_through_its_init_only():
     assert private_violations(SRC, BENCHMARKS) == []
+
+
+def test_no_modules_import_one_another_in_a_circle():
+    assert import_cycles(SRC) == []
 
 
 def test_only_the_cli_calls_trio_run_or_reads_argv():
@@ -302,3 +379,28 @@ def test_the_checker_lets_model_import_its_own_submodules(package_copy: Path):
     _, problems = problems_with(package_copy, "_model/forward.py", "from kestrel_trio._model.kv_cache import KVCache",
                                 private_violations)
     assert problems == []
+
+
+# (file in the package, line planted at its end, modules of the circle that line closes; the modules the circle
+# passes through on its way are in it too)
+PLANTED_CIRCLES = [
+    ("_model/layers.py", "from kestrel_trio._model.forward import forward",
+     ["kestrel_trio._model.forward", "kestrel_trio._model.layers"]),
+    ("_model/kv_cache.py", "if TYPE_CHECKING:\n    from .forward import Decoder",
+     ["kestrel_trio._model.forward", "kestrel_trio._model.kv_cache"]),
+    ("text/stops.py", "from kestrel_trio.text import StopStringMatcher",
+     ["kestrel_trio.text", "kestrel_trio.text.stops"]),
+]
+
+
+@pytest.mark.parametrize(("file", "line", "circle"), PLANTED_CIRCLES, ids=[f for f, _, _ in PLANTED_CIRCLES])
+def test_the_checker_sees_a_planted_import_circle(package_copy: Path, file: str, line: str,
+                                                  circle: list[str]):
+    _, circles = problems_with(package_copy, file, line, import_cycles)
+    assert len(circles) == 1 and set(circle) <= set(circles[0]), circles
+
+
+def test_the_checker_lets_a_function_import_its_caller(package_copy: Path):
+    line = "def _later():\n    from kestrel_trio._model.forward import forward\n    return forward"
+    _, circles = problems_with(package_copy, "_model/layers.py", line, import_cycles)
+    assert circles == []

@@ -120,7 +120,7 @@ def forward(
     trimmed = tails is not None and tails != lengths and not (overrides is not None and last < len(overrides.deepstack))
     start = 0
     if overrides is None and takes_packed(w.layers, caches, lengths):  # a chunk of one sequence, packed
-        x, start = packed_layers(decoder, x, cos, sin, caches[0], last if trimmed else last + 1)  # [N, hidden]
+        x, start = packed_layers(c, w.layers, x, cos, sin, caches[0], last if trimmed else last + 1)  # [N, hidden]
     for index in range(start, last + 1):
         layer = w.layers[index]
         x = _layer(decoder, layer, index, x, cos, sin, caches, lengths, tails if trimmed and index == last else None)

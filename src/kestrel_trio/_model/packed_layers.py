@@ -35,19 +35,17 @@ against 743-792, 128 tokens 389-412 against 409-430.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 import numpy as np
 
 from kestrel_trio import _kernels
 from kestrel_trio._kernels import packed_rows
 from kestrel_trio._model.chunk_attention import chunk_attention
+from kestrel_trio._model.config import ModelConfig
 from kestrel_trio._model.kv_cache import KVCache
 from kestrel_trio._model.matmul import CHUNK_KERNEL_MAX_ROWS, SMALL_BATCH_ROWS, prefill_precision, run_shared, shares_of
 from kestrel_trio._model.weights import DenseMLP, Layer
-
-if TYPE_CHECKING:
-    from kestrel_trio._model.forward import Decoder
 
 __all__ = ["takes_packed", "packed_layers"]
 
@@ -76,15 +74,18 @@ def _layer_takes(layer: Layer) -> bool:
             and all(n.dtype == np.float32 and n.flags.c_contiguous for n in norms))
 
 
-def packed_layers(decoder: Decoder, x: np.ndarray, cos: np.ndarray, sin: np.ndarray, cache: KVCache,
-                  stop: int) -> tuple[np.ndarray, int]:
-    """Layers [0, ``stop``) over a chunk's rows ``x`` [T, hidden] (:func:`takes_packed` said yes), packed.
+def packed_layers(c: ModelConfig, layers: Sequence[Layer], x: np.ndarray, cos: np.ndarray, sin: np.ndarray,
+                  cache: KVCache, stop: int) -> tuple[np.ndarray, int]:
+    """Layers [0, ``stop``) of ``layers`` (of the model ``c``) over a chunk's rows ``x`` [T, hidden]
+    (:func:`takes_packed` said yes), packed.
+
+    Takes the config and layers rather than the forward pass's decoder, so that this module does not import the
+    forward pass that calls it.
 
     Every token's keys and values go into ``cache``. Returns the rows after the last layer run, [T, hidden], and
     the index of the next layer: ``stop``, or the layer whose attention could not take its one pass (nothing of
     it written; the caller goes on from there in rows).
     """
-    c, layers = decoder.config, decoder.weights.layers
     t = x.shape[0]
     blocks = -(-t // packed_rows.LANES)
     stream = packed_rows.pack(x, blocks)  # [B, hidden, 32]
