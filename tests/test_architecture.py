@@ -10,7 +10,7 @@ lower rank; two layers of the same rank may not import each other):
     2  openai, http           JSON <-> values; h11 + trio HTTP (neither knows the other)
     3  text, webui, hub       tokenizer, template, sampling, generation state machine; the chat page's files; getting model files
     3  anthropic              Anthropic Messages JSON <-> the openai layer's chat request (built on openai, so above it)
-    4  model                  the public Model: _model joined with text
+    4  model                  the public Model: _model joined with text (checked_model: a path checked before it loads)
     5  engine                 the bounded queue and the single inference task
     6  app                    the routes: HTTP requests in, engine generations out
     7  server                 serve(): HTTP server + engine + model as one task
@@ -54,7 +54,7 @@ RANKS = {
     PACKAGE: 9,
 }
 # Top-level modules that belong to a layer named differently.
-LAYER_ALIASES = {"cli_text": "cli", "cli_errors": "cli", "cli_progress": "cli"}
+LAYER_ALIASES = {"cli_text": "cli", "cli_errors": "cli", "cli_progress": "cli", "checked_model": "model"}
 
 # layer -> third-party (or standard) modules it must never import.
 FORBIDDEN_EXTERNAL = {

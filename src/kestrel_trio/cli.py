@@ -26,6 +26,7 @@ from kestrel_trio.app.state import OPEN_PATHS
 from kestrel_trio.engine import EngineLimits
 from kestrel_trio.errors import KestrelError
 from kestrel_trio.http import HttpLimits
+from kestrel_trio.model import CheckedModel
 from kestrel_trio.server import DEFAULT_CHAT_MAX_TOKENS, DEMO_DEFAULT_MAX_TOKENS
 from kestrel_trio.server import serve as serve_function
 from kestrel_trio.hub.commands import HUB_COMMANDS, MODEL_HELP, add_hub_commands, resolve_model_arg, run_hub_command
@@ -417,11 +418,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command in HUB_COMMANDS:
             return run_hub_command(args)
         resolve_model_arg(args)  # a hub repo id or named model becomes a local path, downloaded once
+        checked = draft = None
         if args.model is not None:
-            from kestrel_trio.model import check_model_folder
+            from kestrel_trio.model import check_model
 
-            # In milliseconds, before any weights are read or any port bound.
-            check_model_folder(args.model, weights=args.weights)
+            # In milliseconds, before any weights are read or any port bound; what it parsed goes on to the load.
+            checked = check_model(args.model, weights=args.weights)
         if getattr(args, "prefill_precision", None) is not None:
             from kestrel_trio.model import set_prefill_precision
 
@@ -431,12 +433,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             set_products("exact")  # process-wide, before any model loads
         if getattr(args, "draft_model", None) is not None:
-            _check_draft_model(args)
+            draft = _check_draft_model(args)
         if args.command == "serve":
-            return _serve(args)
+            return _serve(args, checked, draft)
         from kestrel_trio.cli_text import chat_loop, generate_once, load_with_progress
 
-        model = load_with_progress(args.model, weights=args.weights, blas_threads=args.blas_threads,
+        model = load_with_progress(checked, weights=args.weights, blas_threads=args.blas_threads,
                                    quantized_cache=_quantized_cache(args))
         if args.command == "generate":
             return generate_once(model, args)
@@ -447,14 +449,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return report(exc, show_traceback=args.log_level == "DEBUG")
 
 
-def _check_draft_model(args: argparse.Namespace) -> None:
+def _check_draft_model(args: argparse.Namespace) -> CheckedModel:
     """Resolve ``--draft-model`` as ``--model`` is, and check its config in milliseconds (``serve`` then checks
     its vocabulary against the model's, before any weights load or any port is bound)."""
     from kestrel_trio.hub import resolve_model
-    from kestrel_trio.model import check_model_folder
+    from kestrel_trio.model import check_model
 
     args.draft_model = str(resolve_model(args.draft_model).path)
-    check_model_folder(args.draft_model, weights=args.weights)
+    return check_model(args.draft_model, weights=args.weights)
 
 
 def _defaults(limits: type) -> dict:
@@ -471,7 +473,8 @@ def _host_names(values: list[str] | None) -> list[str] | None:
     return None if values is None else [name.strip() for value in values for name in value.split(",") if name.strip()]
 
 
-def _serve(args: argparse.Namespace) -> NoReturn:
+def _serve(args: argparse.Namespace, model: CheckedModel | None, draft: CheckedModel | None) -> NoReturn:
+    """``serve`` of ``model`` (and ``draft``) as checked from ``--model`` (``--draft-model``), not parsed again."""
     import trio
 
     from kestrel_trio.server import serve
@@ -494,7 +497,7 @@ def _serve(args: argparse.Namespace) -> NoReturn:
 
         progress = LoadProgress("loading weights", total_bytes=checkpoint_bytes(args.model))
     start = functools.partial(
-        serve, args.model, host=args.host, port=args.port, model_id=args.model_id, api_key=args.api_key,
+        serve, model, host=args.host, port=args.port, model_id=args.model_id, api_key=args.api_key,
         open_paths=open_paths, weights=args.weights, quantized_cache=_quantized_cache(args),
         blas_threads=args.blas_threads, engine_limits=engine_limits,
         http_limits=http_limits, grace=args.grace, drain_delay=args.drain_delay,
@@ -503,7 +506,7 @@ def _serve(args: argparse.Namespace) -> NoReturn:
         allow_image_dir=args.allow_image_dir, default_max_tokens=args.default_max_tokens,
         sampling_defaults=_sampling_defaults(args),
         cors_origins=args.cors_origins, webui=args.webui, host_allowlist=_host_names(args.host_allowlist),
-        progress=progress, draft_model=args.draft_model,
+        progress=progress, draft_model=draft,
     )
 
     async def run() -> None:

@@ -11,7 +11,7 @@ import sys
 from typing import TextIO
 
 from kestrel_trio.cli_progress import LoadProgress, checkpoint_bytes, is_terminal
-from kestrel_trio.model import DEMO_MODEL_ID, Model, load_demo_model, load_model, set_blas_threads
+from kestrel_trio.model import DEMO_MODEL_ID, CheckedModel, Model, load_demo_model, load_model, set_blas_threads
 from kestrel_trio.errors import BadRequestError
 from kestrel_trio.text import SamplingParams
 from kestrel_trio.text.generation import Generation, check_context
@@ -20,9 +20,10 @@ from kestrel_trio.text.repetition import RepetitionGuard
 __all__ = ["load_with_progress", "generate_once", "chat_loop"]
 
 
-def load_with_progress(path: str | None, *, weights: str = "auto", blas_threads: int | None = None,
+def load_with_progress(path: CheckedModel | str | None, *, weights: str = "auto", blas_threads: int | None = None,
                        quantized_cache: str | bool = True) -> Model:
-    """Load a checkpoint (or the demo model) showing its progress on stderr (see :class:`LoadProgress`)."""
+    """Load a checkpoint (checked, or a path; None: the demo model) showing its progress on stderr (see
+    :class:`LoadProgress`)."""
     if blas_threads is not None:
         set_blas_threads(blas_threads)
     if path is None:
@@ -33,7 +34,8 @@ def load_with_progress(path: str | None, *, weights: str = "auto", blas_threads:
         model = load_demo_model()
         progress(1.0)
         return model
-    progress = LoadProgress("loading weights", total_bytes=checkpoint_bytes(path))
+    progress = LoadProgress("loading weights",
+                            total_bytes=checkpoint_bytes(path.path if isinstance(path, CheckedModel) else path))
     try:
         return load_model(path, progress=progress, weights=weights, quantized_cache=quantized_cache)
     finally:

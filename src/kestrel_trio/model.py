@@ -18,21 +18,22 @@ import numpy as np
 from kestrel_trio import _kernels
 from kestrel_trio._model import (
     Decoder, GgufFile, KVCache, ModelConfig, Qwen3VL, assemble_weights, check_folder_files, choose_small_batch_call,
-    config_from_dict, config_from_gguf, feed_chunks, forward, gguf_architecture, is_gguf_file, is_qwen3_vl, linear,
-    load_gguf_weights, load_qwen3_vl, load_weights, product_threads, random_tensors, read_config, read_config_json,
-    resolve_residency, set_product_threads, vl_config_from_dict, UPCAST_CHUNK, PackedMatrix, default_cache_dir,
+    config_from_dict, config_from_gguf, feed_chunks, forward, gguf_architecture, is_qwen3_vl, linear,
+    load_gguf_weights, load_qwen3_vl, load_weights, product_threads, random_tensors, read_config,
+    resolve_residency, set_product_threads, UPCAST_CHUNK, PackedMatrix, default_cache_dir,
     describe_weights, packed_matrices, resident_bytes, warm_fused_products, PREFILL_PRECISIONS,
     set_prefill_precision as _set_prefill_precision, prefill_precision,
 )
+from kestrel_trio.checked_model import CheckedModel, check_model
 from kestrel_trio.text.images import ImageProcessorConfig, require_pillow
 from kestrel_trio.errors import BadRequestError, ContextLengthError, KestrelError, ModelLoadError
 from kestrel_trio.hub import named_model_of_file
 from kestrel_trio.text import ChatTemplate, Tokenizer, missing_template_error
 from kestrel_trio.text.generation import DEFAULT_PREFILL_CHUNK, check_context
 
-__all__ = ["Model", "load_model", "check_model_folder", "check_context_cap", "check_draft_model", "is_qwen3_vl_folder",
-           "set_blas_threads", "set_prefill_precision", "prefill_precision", "set_products", "load_demo_model",
-           "DEMO_MODEL_ID", "DEFAULT_PREFILL_CHUNK"]
+__all__ = ["Model", "load_model", "check_model", "CheckedModel", "check_model_folder", "check_context_cap",
+           "check_draft_model", "is_qwen3_vl_folder", "set_blas_threads", "set_prefill_precision", "prefill_precision",
+           "set_products", "load_demo_model", "DEMO_MODEL_ID", "DEFAULT_PREFILL_CHUNK"]
 
 log = logging.getLogger(__name__)
 
@@ -484,7 +485,7 @@ def _check_eos_ids(tokenizer: Tokenizer | None, vocab_size: int, where: str) -> 
 
 
 def load_model(
-    path: str | Path,
+    path: str | Path | CheckedModel,
     *,
     progress: Callable[[float], None] | None = None,
     blas_threads: int | None = None,
@@ -502,7 +503,8 @@ def load_model(
             chat_template.jinja; or a GGUF file (llama.cpp's format, version 3;
             architectures llama, qwen2, qwen3, qwen3moe; tensors F32, F16, BF16,
             Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K), whose metadata
-            carries the config, tokenizer and chat template.
+            carries the config, tokenizer and chat template; or either as
+            :func:`check_model` checked it (not parsed again).
         progress: called with the fraction of weight bytes read (0 to 1).
         blas_threads: threads that share each weight product, process-wide (None: the count
             already set, at first one per core); numpy's BLAS then runs one thread per call.
@@ -528,24 +530,27 @@ def load_model(
 
     Raises:
         ModelLoadError: naming the file, field or tensor at fault.
+        KestrelError: ``path`` was checked for other ``weights``.
     """
+    checked = path if isinstance(path, CheckedModel) else None
+    residency = checked.residency_for(weights) if checked is not None else None  # None: resolved below
     if blas_threads is not None:
         set_blas_threads(blas_threads)  # before reading: a bad value fails fast
     if prefill_precision is not None:
         set_prefill_precision(prefill_precision)
     if products is not None:
         set_products(products)
-    folder = Path(path)
+    folder = checked.path if checked is not None else Path(path)
     cache = _cache_dir(quantized_cache)
-    if folder.is_file():
-        return _load_gguf_model(folder, progress, weights)
+    if (checked is not None and checked.gguf is not None) or (checked is None and folder.is_file()):
+        return _load_gguf_model(folder, progress, weights, residency, checked)
     if not folder.is_dir():
         raise ModelLoadError(f"{folder}: not a checkpoint folder or GGUF file")
     check_folder_files(folder)  # before any file is read: none may be a symlink out of the folder
-    if is_qwen3_vl_folder(folder):
-        return _load_qwen3_vl_model(folder, progress, weights, cache)
-    config = read_config(folder)
-    residency = resolve_residency(folder, weights)
+    if checked.vision if checked is not None else is_qwen3_vl_folder(folder):
+        return _load_qwen3_vl_model(folder, progress, weights, residency, cache)
+    config = checked.config if checked is not None else read_config(folder)
+    residency = residency or resolve_residency(folder, weights)
     decoder = Decoder.build(config, load_weights(folder, config, progress, residency, quantized_cache=cache))
     tokenizer = Tokenizer.from_folder(folder) if (folder / "tokenizer.json").is_file() else None
     if tokenizer is not None and tokenizer.vocab_size > decoder.config.vocab_size:
@@ -577,12 +582,16 @@ def _ready(model: Model, residency: str) -> Model:
     return model
 
 
-def _load_gguf_model(path: Path, progress: Callable[[float], None] | None, weights: str) -> Model:
-    """A GGUF file: config, tokenizer and chat template from its metadata; its tensors mapped (or expanded)."""
-    gguf = GgufFile(path)
+def _load_gguf_model(path: Path, progress: Callable[[float], None] | None, weights: str, residency: str | None,
+                     checked: CheckedModel | None) -> Model:
+    """A GGUF file: config, tokenizer and chat template from its metadata; its tensors mapped (or expanded).
+
+    ``checked``: the file as :func:`check_model` parsed it (None: parsed here); ``residency``: ``weights`` as the
+    check resolved it (None: resolved here)."""
+    gguf = checked.gguf if checked is not None else GgufFile(path)
     architecture = gguf_architecture(gguf)
-    config = config_from_gguf(gguf)
-    residency = resolve_residency(None, weights, gguf=True)
+    config = checked.config if checked is not None else config_from_gguf(gguf)
+    residency = residency or resolve_residency(None, weights, gguf=True)
     # The tokenizer first: a file it cannot serve fails before the weights are assembled.
     tokenizer = Tokenizer.from_gguf(gguf.metadata, path.name) if "tokenizer.ggml.tokens" in gguf.metadata else None
     if tokenizer is not None and tokenizer.vocab_size > config.vocab_size:
@@ -619,24 +628,13 @@ def check_model_folder(path: str | Path, *, weights: str | None = None) -> Model
             config.json is missing, unreadable, not JSON, or names a field or
             architecture the loader refuses (for a GGUF file: its header or
             metadata), or ``weights`` does not apply to it.
+
+    :func:`check_model` checks the same and keeps what it parsed, for the load.
     """
-    folder = Path(path)
-    is_gguf = folder.is_file() and (folder.suffix == ".gguf" or is_gguf_file(folder))
-    if weights is not None and weights != "auto":
-        resolve_residency(None, weights, gguf=is_gguf)  # raises when the form does not apply
-    if is_gguf:
-        return config_from_gguf(GgufFile(folder))
-    if not folder.is_dir():
-        raise ModelLoadError(f"{folder}: no such checkpoint folder or GGUF file" if not folder.exists()
-                             else f"{folder}: not a folder (a checkpoint is a folder with config.json) "
-                                  "or a GGUF file")
-    raw, config_path = read_config_json(folder)
-    if is_qwen3_vl(raw):
-        return vl_config_from_dict(raw, source=str(config_path)).text
-    return config_from_dict(raw, source=str(config_path))
+    return check_model(path, weights=weights).config
 
 
-def check_context_cap(model: Model | str | Path | None, max_model_len: int | None, *,
+def check_context_cap(model: Model | CheckedModel | str | Path | None, max_model_len: int | None, *,
                       config: ModelConfig | None = None) -> None:
     """Refuse a context cap (``max_model_len``, tokens) longer than the model's context, from its config alone.
 
@@ -645,7 +643,8 @@ def check_context_cap(model: Model | str | Path | None, max_model_len: int | Non
     fails before it binds, loads or compiles anything.
 
     Args:
-        model: a loaded Model, a checkpoint folder or GGUF file, or None for the built-in demo model.
+        model: a loaded Model, a checked model, a checkpoint folder or GGUF file, or None for the built-in demo
+            model.
         max_model_len: the cap; None: none asked for, nothing to check.
         config: the configuration :func:`check_model_folder` returned for ``model``
             (None: read it again).
@@ -660,6 +659,8 @@ def check_context_cap(model: Model | str | Path | None, max_model_len: int | Non
         return
     if model is None:
         context, name = DEMO_CONFIG["max_position_embeddings"], DEMO_MODEL_ID
+    elif isinstance(model, CheckedModel):
+        context, name = model.config.max_position_embeddings, model.name
     else:
         path = Path(model)
         context = (config or check_model_folder(path)).max_position_embeddings
@@ -675,21 +676,22 @@ def _check_context_cap(max_model_len: int, context: int, name: str) -> None:
                            f"tokens (max_position_embeddings of {name})")
 
 
-def check_draft_model(target: Model | str | Path | None, draft: Model | str | Path) -> None:
+def check_draft_model(target: Model | CheckedModel | str | Path | None, draft: Model | CheckedModel | str | Path
+                      ) -> None:
     """Check that ``draft`` can draft for ``target`` (speculative decoding): the same vocabulary, id for id.
 
-    Reads only the tokenizers (a folder's tokenizer.json, a GGUF file's metadata), so it runs before
-    any weights load.
+    Reads only the tokenizers (a folder's tokenizer.json, a GGUF file's metadata: a checked GGUF file's as
+    parsed), so it runs before any weights load.
 
     Args:
-        target: the served model, its checkpoint path, or None for the built-in demo model.
-        draft: the draft model or its checkpoint path.
+        target: the served model, its checked model or checkpoint path, or None for the built-in demo model.
+        draft: the draft model, its checked model or its checkpoint path.
 
     Raises:
         ModelLoadError: either has no tokenizer, or their vocabularies differ (the message says where).
     """
     ours, theirs = _vocabulary_of(target), _vocabulary_of(draft)
-    name = draft.name if isinstance(draft, Model) else Path(draft).name
+    name = draft.name if isinstance(draft, Model) else _path_of(draft).name
     if len(ours) != len(theirs):
         raise ModelLoadError(f"draft model {name}: its tokenizer has {len(theirs)} tokens, the served model's "
                              f"{len(ours)}: a draft model must share the served model's vocabulary")
@@ -700,21 +702,26 @@ def check_draft_model(target: Model | str | Path | None, draft: Model | str | Pa
                              f"vocabulary (the first: id {first}): a draft model must share its tokenizer")
 
 
-def _vocabulary_of(model: Model | str | Path | None) -> dict[str, int]:
+def _path_of(model: CheckedModel | str | Path) -> Path:
+    return model.path if isinstance(model, CheckedModel) else Path(model)
+
+
+def _vocabulary_of(model: Model | CheckedModel | str | Path | None) -> dict[str, int]:
     """A model's vocabulary (entry -> id) from its tokenizer alone; ModelLoadError when it has none."""
     if model is None:
         return Tokenizer.from_demo().vocabulary()
     if isinstance(model, Model):
         tokenizer = model.tokenizer
     else:
-        path = Path(model)
+        path = _path_of(model)
         if path.is_file():
-            metadata = GgufFile(path).metadata
+            gguf = model.gguf if isinstance(model, CheckedModel) and model.gguf is not None else GgufFile(path)
+            metadata = gguf.metadata
             tokenizer = Tokenizer.from_gguf(metadata, path.name) if "tokenizer.ggml.tokens" in metadata else None
         else:
             tokenizer = Tokenizer.from_folder(path) if (path / "tokenizer.json").is_file() else None
     if tokenizer is None:
-        name = model.name if isinstance(model, Model) else Path(model).name
+        name = model.name if isinstance(model, Model) else _path_of(model).name
         raise ModelLoadError(f"{name} has no tokenizer: a draft model and the served model must both have one, "
                              "to check that they share a vocabulary")
     return tokenizer.vocabulary()
@@ -730,14 +737,14 @@ def is_qwen3_vl_folder(folder: Path) -> bool:
 
 
 def _load_qwen3_vl_model(folder: Path, progress: Callable[[float], None] | None, weights: str,
-                         cache: Path | None) -> Model:
+                         residency: str | None, cache: Path | None) -> Model:
     """A Qwen3-VL checkpoint: its language model serves text as Qwen3 does; ``vision`` adds images."""
     try:
         require_pillow()  # now, not at the first image request
     except KestrelError as exc:
         raise ModelLoadError(f"{folder}: a Qwen3-VL checkpoint needs Pillow: {exc.message}") from None
     image_config = ImageProcessorConfig.read(folder)
-    residency = resolve_residency(folder, weights)
+    residency = residency or resolve_residency(folder, weights)  # None: not resolved by a check
     vl = load_qwen3_vl(folder, progress, residency, quantized_cache=cache)
     v = vl.config.vision
     for name, ours, theirs in (("patch_size", image_config.patch_size, v.patch_size),

@@ -28,8 +28,8 @@ from kestrel_trio.errors import EngineUnavailableError, KestrelError
 from kestrel_trio.http import (CorsPolicy, HostAllowlist, HttpLimits, HttpServer, default_host_allowlist,
                                serve_http)
 from kestrel_trio.model import (
-    DEMO_MODEL_ID, Model, check_context_cap, check_draft_model, check_model_folder, is_qwen3_vl_folder,
-    load_demo_model, load_model, set_blas_threads, set_prefill_precision, set_products,
+    DEMO_MODEL_ID, CheckedModel, Model, check_context_cap, check_draft_model, check_model, load_demo_model,
+    load_model, set_blas_threads, set_prefill_precision, set_products,
 )
 from kestrel_trio.app import OPEN_PATHS, ImagePolicy, ServerState, build_router
 from kestrel_trio.text.sampling import SamplingDefaults
@@ -86,27 +86,37 @@ class Server:
             EngineUnavailableError("the server is shutting down; this generation was stopped", retry_after=5))
 
 
-def _resolve_model_id(model: Model | str | Path | None, model_id: str | None) -> str:
+# What serve holds of its model before the load: a loaded Model, a checked checkpoint, or None for the demo.
+Source = Model | CheckedModel | None
+
+
+def _checked(model: Model | CheckedModel | str | Path | None, weights: str, what: str) -> Source:
+    """``model`` checked (a path parsed once here, for the load too; a checked model's ``weights`` compared)."""
+    if isinstance(model, (str, Path)):
+        return check_model(model, weights=weights)
+    if isinstance(model, CheckedModel):
+        model.residency_for(weights)  # raises when it was checked for other weights
+    elif model is not None and not isinstance(model, Model):
+        raise KestrelError(f"{what} must be a Model, a checkpoint path or None, got {type(model).__name__}")
+    return model
+
+
+def _resolve_model_id(model: Source, model_id: str | None) -> str:
     if model_id:
         return model_id
-    if isinstance(model, Model):
-        return model.name
     if model is None:
         return DEMO_MODEL_ID
-    path = Path(model)
-    if path.is_file():  # a GGUF file, named as load_model names it (a hub cache's symlink keeps its own name)
-        return path.name.removesuffix(".gguf")
-    return path.resolve().name
+    return model.name  # a GGUF file's stem (a hub cache's symlink keeps its own name) or the folder's name
 
 
-def _is_demo(model: Model | str | Path | None) -> bool:
+def _is_demo(model: Source) -> bool:
     return model is None or (isinstance(model, Model) and model.is_demo)
 
 
-def _accepts_images(model: Model | str | Path | None) -> bool:
+def _accepts_images(model: Source) -> bool:
     if isinstance(model, Model):
         return model.vision is not None
-    return model is not None and is_qwen3_vl_folder(Path(model))
+    return model is not None and model.vision
 
 
 def _image_policy(policy: ImagePolicy, allow_image_dir: str | Path | None) -> ImagePolicy:
@@ -130,7 +140,7 @@ def _room_for_images(limits: HttpLimits, policy: ImagePolicy) -> HttpLimits:
     return limits if limits.max_body_bytes >= needed else attrs.evolve(limits, max_body_bytes=needed)
 
 
-def _default_max_tokens(cap: int | None, model: Model | str | Path | None) -> int | None:
+def _default_max_tokens(cap: int | None, model: Source) -> int | None:
     """The server's cap for requests without ``max_tokens`` (None: up to the context) from ``serve``'s argument."""
     if cap is None:
         return DEMO_DEFAULT_MAX_TOKENS if _is_demo(model) else DEFAULT_CHAT_MAX_TOKENS
@@ -139,7 +149,7 @@ def _default_max_tokens(cap: int | None, model: Model | str | Path | None) -> in
     return cap or None
 
 
-def _load(model: str | Path | None, weights: str, progress: Callable[[float], None] | None,
+def _load(model: CheckedModel | None, weights: str, progress: Callable[[float], None] | None,
           quantized_cache: str | Path | bool = True) -> Model:
     if model is None:
         log.warning("no --model given: serving the built-in demo model %r; its weights are random and its text "
@@ -150,23 +160,23 @@ def _load(model: str | Path | None, weights: str, progress: Callable[[float], No
     return loaded
 
 
-def _speculative_limits(limits: EngineLimits, model: Model | str | Path | None,
-                        draft_model: Model | str | Path | None, weights: str) -> EngineLimits:
-    """``limits`` with the speculative mode a draft model implies; the draft checked against the model (no weights read)."""
+def _speculative_limits(limits: EngineLimits, model: Source, draft_model: Model | CheckedModel | str | Path | None,
+                        weights: str) -> tuple[EngineLimits, Source]:
+    """``limits`` with the speculative mode a draft model implies, and the draft checked (against the model too;
+    no weights read)."""
     if draft_model is None:
         if limits.speculative == "draft":
             raise KestrelError("speculative decoding 'draft' needs a draft model (draft_model, --draft-model)")
-        return limits
+        return limits, None
     if limits.speculative == "ngram":
         raise KestrelError("a draft model was given with speculative decoding 'ngram': choose one "
                            "(--draft-model implies --speculative draft)")
-    if not isinstance(draft_model, Model):
-        check_model_folder(draft_model, weights=weights)
-    check_draft_model(model, draft_model)
-    return attrs.evolve(limits, speculative="draft")
+    draft = _checked(draft_model, weights, "draft_model")
+    check_draft_model(model, draft)
+    return attrs.evolve(limits, speculative="draft"), draft
 
 
-def _load_draft(draft_model: Model | str | Path | None, weights: str, quantized_cache: str | Path | bool) -> Model | None:
+def _load_draft(draft_model: Source, weights: str, quantized_cache: str | Path | bool) -> Model | None:
     if draft_model is None or isinstance(draft_model, Model):
         return draft_model
     loaded = load_model(draft_model, weights=weights, quantized_cache=quantized_cache)
@@ -182,7 +192,7 @@ def _host_allowlist(names: Iterable[str] | None, host: str, api_key: str | None)
 
 
 async def serve(
-    model: Model | str | Path | None = None,
+    model: Model | CheckedModel | str | Path | None = None,
     *,
     host: str = "127.0.0.1",
     port: int = 8000,
@@ -206,7 +216,7 @@ async def serve(
     host_allowlist: Iterable[str] | None = None,
     webui: bool = True,
     progress: Callable[[float], None] | None = None,
-    draft_model: Model | str | Path | None = None,
+    draft_model: Model | CheckedModel | str | Path | None = None,
     task_status: trio.TaskStatus = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the OpenAI-compatible API until cancelled or shut down.
@@ -218,7 +228,9 @@ async def serve(
     full collections, which hold the GIL, then scan only what came later.
 
     Args:
-        model: a loaded :class:`Model`, a checkpoint folder, or None for the built-in demo model.
+        model: a loaded :class:`Model`, a checkpoint folder or GGUF file (or one that
+            :func:`kestrel_trio.model.check_model` checked, with the same ``weights``: not parsed again), or None
+            for the built-in demo model.
         host: the address to bind (loopback by default).
         port: the TCP port; 0 picks a free one (see ``Server.port``).
         model_id: the id clients use; defaults to the checkpoint folder's name.
@@ -258,7 +270,7 @@ async def serve(
         webui: serve the built-in chat page at ``/`` (its files need no API key).
         progress: called with the fraction of weight bytes read (0 to 1) while a
             checkpoint folder loads, from the loading worker thread.
-        draft_model: a small model with the same vocabulary (a loaded Model or a checkpoint path)
+        draft_model: a small model with the same vocabulary (a loaded Model, a checkpoint path or a checked one)
             that drafts tokens for speculative decoding at batch 1; implies
             ``engine_limits.speculative == "draft"``. Loaded with the same ``weights`` after the model.
 
@@ -275,11 +287,9 @@ async def serve(
     A Qwen3-VL model raises ``http_limits.max_body_bytes`` when needed so that
     a request can carry ``max_images`` base64 images of ``max_bytes`` each.
     """
-    config = None
-    if model is not None and not isinstance(model, Model):
-        config = check_model_folder(model, weights=weights)  # a wrong path fails now, before anything listens or loads
-    check_context_cap(model, engine_limits.max_model_len, config=config)  # so does a cap the config cannot hold
-    engine_limits = _speculative_limits(engine_limits, model, draft_model, weights)
+    model = _checked(model, weights, "model")  # a wrong path fails now, before anything listens or loads
+    check_context_cap(model, engine_limits.max_model_len)  # so does a cap the config cannot hold
+    engine_limits, draft_model = _speculative_limits(engine_limits, model, draft_model, weights)
     policy = _image_policy(image_policy, allow_image_dir)
     if products is not None:
         set_products(products)  # an unknown mode fails now, before anything listens or loads
