@@ -29,7 +29,7 @@ tower in bf16.
 KV cache: kestrel keeps keys and values in float32: layers x kv_heads x
 head_dim x 2 x 4 bytes per token. A model fits a board when its weights,
 ``--context`` tokens of KV and ~1 GiB of runtime fit the board's memory less
-1.5 GiB for the OS (the rule of docs/performance.md's earlier table).
+1.5 GiB for the OS (the rule of docs/memory.md).
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 Each fixture's decode steps, teacher-forced along transformers' greedy tokens, in both modes: the logits'
 largest difference relative to the row's largest logit, and how often the integer step's top token is the
 exact one's. The integer arithmetic is the same on every CPU (each kernel equals the portable reference bit
-for bit), so these figures are the board's too. Measured (docs/performance.md, "Integer products"): relative
+for bit), so these figures are the board's too. Measured (benchmarks/RESULTS.md, "Integer products'
+fidelity"): relative
 differences at most 4-7% a step on the dense fixtures, 2-3% in the median step, the top token the same in 30-32
 of 32 steps (the fixtures are tiny random models whose logits lie close together; every quantized tensor,
 Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K, takes the integer products). On the MoE fixture one step

@@ -8,7 +8,7 @@ wrong shape are each reported by name before any data is read. Then one
 forms of kestrel_trio._model.packed) and :func:`assemble_from` puts them in
 place. Arrays are read-only: weights are shared by every request.
 
-Layout (see docs/performance.md): every matrix keeps the checkpoint's
+Layout: every matrix keeps the checkpoint's
 [out, in] row-major layout, so ``x @ W.T`` is one BLAS call with no copy and a
 tied lm_head is the embedding itself. Projections that read the same input are
 fused at load into one matrix, so a layer makes one call where it made three:
