@@ -1,0 +1,153 @@
+"""OpenAI's Responses API, stateless: ``POST /v1/responses``, and a clear 404 for the stored-response routes.
+
+Theory of operation: the body is translated into the server's chat request
+(:mod:`kestrel_trio.openai.responses_api`), prepared by the same code as ``/v1/chat/completions`` (template,
+tools, images, grammar, token ids: :meth:`_Routes.prepare_chat`) and run as a one-choice
+:class:`CompletionJob`. Its output goes through the same :class:`kestrel_trio.openai.ChatChoice` (reasoning
+split, tool calls), whose items a :class:`ResponseAssembler` turns into the Response or its events.
+
+Every refusal before the response head is OpenAI's error envelope with the error's status (the router's
+handler catches the :class:`KestrelError`); once a stream has started, a failure is an ``error`` event and a
+``response.failed`` event, and the stream ends.
+
+Nothing is stored, whatever ``store`` says, so ``GET`` / ``DELETE /v1/responses/{id}``,
+``.../input_items`` and ``.../cancel`` answer 404 saying so.
+
+``reasoning.effort``: ``none`` / ``minimal`` set the template's ``enable_thinking`` false, ``low`` to
+``xhigh`` true, where the template reads it (Qwen3); on a template without the switch, an effort that asks
+for no reasoning holds already on a model that never reasons, and one that asks for reasoning is a 400.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+
+import attrs
+
+from kestrel_trio.app.chat import CompletionJob, model_thinks
+from kestrel_trio.engine import GenerationHandle
+from kestrel_trio.errors import BadRequestError, KestrelError, ModelNotFoundError
+from kestrel_trio.http import Request, Response, StreamingResponse
+from kestrel_trio.model import Model
+from kestrel_trio.openai import ChatRequest, to_json_bytes
+from kestrel_trio.openai import responses_api as ra
+
+__all__ = ["ResponsesRoutes", "RESPONSES_PATH", "STORED_RESPONSES_PREFIX"]
+
+log = logging.getLogger("kestrel_trio.server")
+
+RESPONSES_PATH = "/v1/responses"
+STORED_RESPONSES_PREFIX = "/v1/responses/"
+
+
+class ResponsesRoutes:
+    """The Responses routes, over the chat routes' preparation (``routes``: the app's ``_Routes``)."""
+
+    def __init__(self, routes) -> None:
+        self.routes = routes
+
+    async def create(self, request: Request) -> Response | StreamingResponse:
+        """``POST /v1/responses``."""
+        created_at = int(time.time())
+        req = await self.routes._parse(ra.parse_responses_request, request.body)
+        chat = req.chat
+        if req.thinking is not None:
+            model, _ = self.routes._ready(chat.model)
+            chat = with_thinking(model, chat, req.thinking)
+        prepared = await self.routes.prepare_chat(chat)
+        job = self.routes.chat_job(prepared, chat.sampling)
+        assembler = ra.ResponseAssembler(ra.new_response_id(), job.model_id, created_at, req.echo,
+                                         len(prepared.ids))
+        return await ResponseJob(job, assembler).respond()
+
+    @staticmethod
+    def stored(request: Request) -> Response:
+        """``/v1/responses/{id}`` (and its sub-paths), any method: a 404 saying that nothing is stored."""
+        path = request.path
+        if path.rstrip("/") == RESPONSES_PATH + "/input_tokens":
+            raise ModelNotFoundError("'/v1/responses/input_tokens' is not supported; POST /tokenize with "
+                                     "'messages' counts a prompt's tokens", code="unknown_url")
+        raise ModelNotFoundError(f"{request.method} {path}: this server is stateless and stores no responses, "
+                                 "so there is nothing to retrieve, list, cancel or delete", code="not_found")
+
+
+def with_thinking(model: Model, chat: ChatRequest, thinking: bool) -> ChatRequest:
+    """``chat`` with the template's ``enable_thinking`` set from ``reasoning.effort`` (see module doc)."""
+    try:
+        model.check_chat_template_kwargs(["enable_thinking"])
+    except BadRequestError:
+        if thinking and model_thinks(model):
+            raise BadRequestError("'reasoning.effort': this model's chat template cannot switch reasoning on or "
+                                  "off", param="reasoning.effort") from None
+        if thinking:
+            raise BadRequestError("'reasoning.effort' asks for reasoning but this model has no reasoning mode; "
+                                  "send 'none' or leave 'reasoning' out", param="reasoning.effort") from None
+        return chat  # no reasoning asked of a model that never reasons
+    return attrs.evolve(chat, chat_template_kwargs={**chat.chat_template_kwargs, "enable_thinking": thinking})
+
+
+class ResponseJob:
+    """One Response: the job's single generation, read into a Response object or a stream of events."""
+
+    def __init__(self, job: CompletionJob, assembler: ra.ResponseAssembler) -> None:
+        self.job = job
+        self.assembler = assembler
+
+    async def respond(self) -> Response | StreamingResponse:
+        """Submit (429 / 503 / 400 raise here, before any head), then answer in JSON or events."""
+        handles = self.job.engine.open_generations(self.job.requests)
+        if self.job.fields.stream:
+            return StreamingResponse(status=200, chunks=lambda: EventStream(self, handles[0]))
+        try:
+            async with aclosing(self.events(handles[0])) as events:
+                async for _ in events:
+                    pass
+        finally:
+            handles[0].cancel()
+        return Response(status=200, body=to_json_bytes(self.assembler.response()))
+
+    async def events(self, handle: GenerationHandle) -> AsyncIterator[list[dict]]:
+        """The Response's events, a list per engine delta (``response.created`` first)."""
+        assembler = self.assembler
+        [choice] = self.job.new_choices()
+        yield assembler.start()
+        while True:
+            delta = await self.job._next(handle)
+            yield assembler.push(choice.push(delta.text), delta.completion_tokens)
+            if delta.finish_reason is not None:
+                events = assembler.push(choice.finish(delta.finish_reason), delta.completion_tokens)
+                yield events + assembler.finish(choice.finish_reason, delta.completion_tokens, delta.cached_tokens)
+                return
+
+
+class EventStream:
+    """The SSE body of a streamed Response; closing it abandons the generation (as the chat route's SSEStream)."""
+
+    def __init__(self, job: ResponseJob, handle: GenerationHandle) -> None:
+        self._handle = handle
+        self._chunks = self._generate(job, handle)
+
+    def __aiter__(self) -> EventStream:
+        return self
+
+    async def __anext__(self) -> bytes:
+        return await self._chunks.__anext__()
+
+    async def aclose(self) -> None:
+        self._handle.cancel()
+        await self._chunks.aclose()
+
+    async def _generate(self, job: ResponseJob, handle: GenerationHandle) -> AsyncIterator[bytes]:
+        try:
+            async with aclosing(job.events(handle)) as batches:
+                async for events in batches:
+                    if events:
+                        yield b"".join(ra.sse_event(event) for event in events)
+        except KestrelError as exc:
+            log.warning("stream %s ended with an error: %s", job.assembler.response_id, exc.message)
+            yield b"".join(ra.sse_event(event) for event in job.assembler.fail(exc.message))
+        finally:
+            handle.cancel()
