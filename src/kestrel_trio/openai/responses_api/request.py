@@ -179,7 +179,9 @@ class _Conversation:
             raise BadRequestError(f"'{field}' must be one of {', '.join(_ROLES)}; got {role!r}", param=field)
         content = _content(require(item, "content", path), join_path(path, "content"), role)
         if role == "assistant":
-            self._assistant(path)["content"] = _joined(self.messages[-1].get("content"), content)
+            turn = self._assistant(path)
+            assert isinstance(content, str)  # an assistant item holds output_text parts only
+            turn["content"] = content if turn["content"] is None else turn["content"] + content
             return
         self._no_reasoning_pending()
         self.messages.append({"role": "system" if role == "developer" else role, "content": content})
@@ -256,12 +258,6 @@ class _Conversation:
                                   "message or function_call it led to", param=self.reasoning_path)
 
 
-def _joined(earlier: str | None, text: str | list) -> str:
-    if isinstance(text, list):
-        raise AssertionError("assistant content is text")  # _content returns text for the assistant
-    return text if earlier is None else earlier + text
-
-
 def _content(value: Any, path: str, role: str) -> str | list:
     """A message's content: a string, or parts; all-text parts join into one string."""
     if isinstance(value, str):
@@ -282,7 +278,8 @@ def _content(value: Any, path: str, role: str) -> str | list:
             parts.append(_image(part, part_path))
             continue
         check_keys(part, ("type", "text"), path=part_path, generic="input[].content[]")
-        parts.append({"type": "text", "text": check_str(require(part, "text", part_path), join_path(part_path, "text"))})
+        text = check_str(require(part, "text", part_path), join_path(part_path, "text"))
+        parts.append({"type": "text", "text": text})
     if all(part["type"] == "text" for part in parts):  # an answer's parts are one text; a user's, paragraphs
         return ("" if role == "assistant" else "\n").join(part["text"] for part in parts)
     if role == "tool":
