@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from pathlib import Path
 
 import pytest
 
@@ -200,3 +201,11 @@ def test_a_cut_answer_is_incomplete_and_a_failure_ends_with_response_failed() ->
 def test_events_are_framed_with_their_type() -> None:
     assert ra.sse_event({"type": "response.created", "sequence_number": 0}) == \
         b'event: response.created\ndata: {"type":"response.created","sequence_number":0}\n\n'
+
+
+def test_the_docs_list_every_no_op_and_refused_field() -> None:
+    page = (Path(__file__).resolve().parents[2] / "docs" / "responses.md").read_text()
+    for field, (accepts, why, _check) in ra.NO_OP_FIELDS.items():
+        assert f"| `{field}` | {accepts} | {why} |" in page, field
+    for field, why in ra.REFUSED_FIELDS.items():
+        assert f"| `{field}` | {why} |" in page, field
