@@ -6,7 +6,9 @@ import itertools
 import json
 from pathlib import Path
 
+import pydantic
 import pytest
+from openai.types.responses import Response, ResponseStreamEvent
 
 from kestrel_trio.errors import BadRequestError
 from kestrel_trio.openai import ChatChoice
@@ -209,3 +211,26 @@ def test_the_docs_list_every_no_op_and_refused_field() -> None:
         assert f"| `{field}` | {accepts} | {why} |" in page, field
     for field, why in ra.REFUSED_FIELDS.items():
         assert f"| `{field}` | {why} |" in page, field
+
+
+def test_every_event_and_response_validates_against_the_sdks_models() -> None:
+    """The openai SDK's pydantic models are generated from OpenAI's OpenAPI spec: validated, not constructed."""
+    events_of = pydantic.TypeAdapter(ResponseStreamEvent)
+    req = parse(input="Hi", tools=[{"type": "function", "name": "f", "parameters": {"type": "object"}}],
+                reasoning={"effort": "high"}, metadata={"k": "v"},
+                text={"format": {"type": "json_schema", "name": "x", "schema": {"type": "object"}}})
+    chat = ChatChoice(0, reasoning=True, starts_in_reasoning=True, parse_tools=True)
+    assembler = ra.ResponseAssembler("resp_1", "m", 1700000000, req.echo, 5)
+    events = assembler.start()
+    for text in ["Hm.", "</think>", "Hi ", "<tool_call>\n", '{"name": "f", "arguments": {"a": 1}}', "\n</tool_call>"]:
+        events += assembler.push(chat.push(text), 1)
+    events += assembler.push(chat.finish("stop"), 6) + assembler.finish(chat.finish_reason, 6)
+    cut = ra.ResponseAssembler("resp_2", "m", 0, req.echo, 5)
+    events += cut.start() + cut.push([{"delta": {"content": "x"}}], 1) + cut.finish("length", 1)
+    failed = ra.ResponseAssembler("resp_3", "m", 0, req.echo, 5)
+    events += failed.start() + failed.push([{"delta": {"content": "x"}}], 1) + failed.fail("boom")
+    kinds = {events_of.validate_python(event).type for event in events}
+    assert {"response.reasoning_text.delta", "response.function_call_arguments.done", "response.incomplete",
+            "error", "response.failed"} <= kinds
+    for response in (assembler.response(), cut.response()):
+        Response.model_validate(response)

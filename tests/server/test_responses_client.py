@@ -17,6 +17,7 @@ import openai
 import pydantic
 import pytest
 import trio
+from openai.types.responses import ResponseStreamEvent
 
 from kestrel_trio.model import Model
 from kestrel_trio.server import Server
@@ -136,6 +137,8 @@ async def test_the_event_sequence_of_a_streamed_answer_with_reasoning(scripted) 
     assert response.status == 200 and response.headers["content-type"].startswith("text/event-stream")
     events = raw_events(response.body)
     assert [event["sequence_number"] for event in events] == list(range(len(events)))
+    for event in events:  # the SDK's models are generated from OpenAI's OpenAPI spec: validated, not constructed
+        pydantic.TypeAdapter(ResponseStreamEvent).validate_python(event)
     folded: list = []
     for event in events:
         event = {key: value for key, value in event.items() if key not in ("sequence_number", "item_id")}
