@@ -301,3 +301,29 @@ async def test_the_routers_refusals_on_the_responses_path(demo_model: Model) -> 
     assert plain.status == 415 and method.status == 405
     assert deleted.status == 404 and "stores no responses" in deleted.json()["error"]["message"]
     assert missing.status == 400 and missing.json()["error"]["param"] == "input"
+
+
+async def test_a_codex_shaped_conversation_is_answered(scripted) -> None:
+    """The body Codex sends after a tool call (codex-rs ResponsesApiRequest), raw off the socket."""
+    body = {"model": None, "instructions": "You are a coding agent.", "stream": True, "store": False,
+            "tool_choice": "auto", "parallel_tool_calls": False, "reasoning": {"effort": "medium", "summary": "auto"},
+            "include": ["reasoning.encrypted_content"], "prompt_cache_key": "thread-1", "text": {"verbosity": "medium"},
+            "tools": [{"type": "function", "name": "get_weather", "description": "The weather in a city",
+                       "strict": False, "parameters": TOOLS[0]["parameters"]}],
+            "input": [
+                {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "Be careful."}]},
+                {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Weather in Oslo?"}]},
+                {"type": "reasoning", "id": "rs_1", "summary": [], "content": [{"type": "reasoning_text",
+                                                                                "text": "Call the tool."}],
+                 "encrypted_content": None},
+                {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "get_weather",
+                 "arguments": '{"city": "Oslo"}', "status": "completed"},
+                {"type": "function_call_output", "call_id": "call_1", "output": "18 degrees, clear"}]}
+    with trio.fail_after(allowance(90)):
+        async with running_server(scripted) as server:
+            body["model"] = server.state.model_id
+            response = await fetch(server.port, "POST", "/v1/responses", body)
+    assert response.status == 200, response.body
+    events = raw_events(response.body)
+    final = events[-1]["response"]
+    assert events[-1]["type"] == "response.completed" and final["output"][-1]["content"][0]["text"] == ANSWER
