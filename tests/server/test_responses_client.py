@@ -251,6 +251,7 @@ async def test_a_capped_answer_is_incomplete(scripted) -> None:
 
 
 async def test_refusals_come_in_openais_envelope_through_the_clients_exceptions(scripted) -> None:
+    context = scripted.context_length
     with trio.fail_after(allowance(90)):
         async with running_server(scripted) as server:
             def work(client, model_id):
@@ -263,6 +264,8 @@ async def test_refusals_come_in_openais_envelope_through_the_clients_exceptions(
                     "model": dict(model="gpt-5", input="hi"),
                     "effort": dict(model=model_id, input="hi", reasoning={"effort": "extreme"}),
                     "role": dict(model=model_id, input=[{"role": "tool", "content": "hi"}]),
+                    "long": dict(model=model_id, input="hi " * (context + 8)),
+                    "room": dict(model=model_id, input="hi", max_output_tokens=context),
                 }
                 for name, request in attempts.items():
                     try:
@@ -276,7 +279,8 @@ async def test_refusals_come_in_openais_envelope_through_the_clients_exceptions(
                 return caught
 
             caught = await with_client(server, work)
-    assert set(caught) == {"previous", "conversation", "field", "hosted", "model", "effort", "role", "retrieve"}
+    assert set(caught) == {"previous", "conversation", "field", "hosted", "model", "effort", "role", "long", "room",
+                           "retrieve"}
     for name, exc in caught.items():
         expected = openai.NotFoundError if name in ("model", "retrieve") else openai.BadRequestError
         assert isinstance(exc, expected), name
@@ -289,6 +293,10 @@ async def test_refusals_come_in_openais_envelope_through_the_clients_exceptions(
     assert caught["effort"].body["param"] == "reasoning.effort"
     assert caught["role"].body["param"] == "input[0].role"
     assert "stores no responses" in caught["retrieve"].body["message"]
+    for name in ("long", "room"):
+        assert caught[name].body["code"] == "context_length_exceeded", caught[name].body
+    assert caught["long"].body["param"] == "input" and "context length" in caught["long"].body["message"]
+    assert "max_output_tokens" in caught["room"].body["message"], caught["room"].body
 
 
 async def test_the_routers_refusals_on_the_responses_path(demo_model: Model) -> None:

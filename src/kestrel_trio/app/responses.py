@@ -57,8 +57,13 @@ class ResponsesRoutes:
         if req.thinking is not None:
             model, _ = self.routes._ready(chat.model)
             chat = with_thinking(model, chat, req.thinking)
-        prepared = await self.routes.prepare_chat(chat)
+        try:
+            prepared = await self.routes.prepare_chat(chat)
+        except BadRequestError as exc:
+            raise _named_input(exc) from None
         job = self.routes.chat_job(prepared, chat.sampling)
+        # The engine's admission errors (prompt + max_output_tokens over the context) name the prompt's field.
+        job.requests = [attrs.evolve(request, prompt_param="input") for request in job.requests]
         assembler = ra.ResponseAssembler(ra.new_response_id(), job.model_id, created_at, req.echo,
                                          len(prepared.ids))
         return await ResponseJob(job, assembler).respond()
@@ -72,6 +77,13 @@ class ResponsesRoutes:
                                      "'messages' counts a prompt's tokens", code="unknown_url")
         raise ModelNotFoundError(f"{request.method} {path}: this server is stateless and stores no responses, "
                                  "so there is nothing to retrieve, list, cancel or delete", code="not_found")
+
+
+def _named_input(exc: BadRequestError) -> BadRequestError:
+    """A refusal of the whole prompt by the chat preparation (too long for the context), naming ``input``."""
+    if exc.param != "messages":
+        return exc
+    return type(exc)(exc.message.replace("'messages'", "'input'"), param="input", code=exc.code)
 
 
 def with_thinking(model: Model, chat: ChatRequest, thinking: bool) -> ChatRequest:
