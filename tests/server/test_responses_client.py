@@ -335,3 +335,28 @@ async def test_a_codex_shaped_conversation_is_answered(scripted) -> None:
     events = raw_events(response.body)
     final = events[-1]["response"]
     assert events[-1]["type"] == "response.completed" and final["output"][-1]["content"][0]["text"] == ANSWER
+
+
+async def test_a_failure_mid_stream_ends_with_error_and_response_failed(scripted, monkeypatch) -> None:
+    """A generation that fails after its first tokens (here: out of memory in sampling) ends the event stream."""
+    scripted_advance = Generation.advance
+
+    def advance(generation: Generation, logits):
+        if len(generation.generated_ids) == 3:
+            raise MemoryError("no room for the sampler")
+        return scripted_advance(generation, logits)
+
+    monkeypatch.setattr(Generation, "advance", advance)
+    body = {"model": None, "input": "Say hello.", "reasoning": {"effort": "none"}, "stream": True}
+    with trio.fail_after(allowance(90)):
+        async with running_server(scripted) as server:
+            body["model"] = server.state.model_id
+            response = await fetch(server.port, "POST", "/v1/responses", body)
+    assert response.status == 200
+    events = raw_events(response.body)
+    assert [event["sequence_number"] for event in events] == list(range(len(events)))
+    assert [event["type"] for event in events][-3:] == ["response.output_item.done", "error", "response.failed"]
+    failed = events[-1]["response"]
+    assert failed["status"] == "failed" and failed["error"]["code"] == "server_error"
+    assert failed["error"]["message"] == events[-2]["message"] and "memory" in events[-2]["message"]
+    assert failed["output"][0]["status"] == "incomplete" and failed["output"][0]["content"][0]["text"]
