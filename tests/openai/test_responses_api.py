@@ -63,6 +63,19 @@ def test_items_fold_into_chat_turns() -> None:
     )
 
 
+def test_a_chat_path_maps_back_to_the_field_sent() -> None:
+    req = parse(instructions="Rules.", input=[
+        {"role": "user", "content": "a"},
+        {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c", "output": "b"},
+        {"role": "user", "content": [{"type": "input_text", "text": "c"},
+                                     {"type": "input_image", "image_url": IMAGE}]}])
+    assert req.origins == ("instructions", "input[0]", "input[1]", "input[2]", "input[3]")
+    assert req.input_path("messages[4].content[1]") == "input[3].content[1]"
+    assert req.input_path("messages") == "input" and req.input_path("max_tokens") == "max_tokens"
+    assert parse(input="a").input_path("messages[0].content") == "input.content"
+
+
 def test_function_tools_tool_choice_and_formats_become_the_chat_forms() -> None:
     schema = {"type": "object", "properties": {"x": {"type": "integer"}}}
     req = parse(input="Hi", tools=[{"type": "function", "name": "f", "parameters": schema, "strict": True}],

@@ -34,6 +34,7 @@ TOOLS = [{"type": "function", "name": "get_weather", "description": "The weather
           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
                          "additionalProperties": False}}]
 FORCED = {"type": "function", "name": "get_weather"}
+IMAGE = "data:image/png;base64,AA"
 
 
 class Weather(pydantic.BaseModel):
@@ -266,6 +267,10 @@ async def test_refusals_come_in_openais_envelope_through_the_clients_exceptions(
                     "role": dict(model=model_id, input=[{"role": "tool", "content": "hi"}]),
                     "long": dict(model=model_id, input="hi " * (context + 8)),
                     "room": dict(model=model_id, input="hi", max_output_tokens=context),
+                    "image": dict(model=model_id, instructions="Look.", input=[
+                        {"role": "user", "content": "hi"},
+                        {"role": "user", "content": [{"type": "input_text", "text": "See:"},
+                                                     {"type": "input_image", "image_url": IMAGE}]}]),
                 }
                 for name, request in attempts.items():
                     try:
@@ -280,7 +285,7 @@ async def test_refusals_come_in_openais_envelope_through_the_clients_exceptions(
 
             caught = await with_client(server, work)
     assert set(caught) == {"previous", "conversation", "field", "hosted", "model", "effort", "role", "long", "room",
-                           "retrieve"}
+                           "image", "retrieve"}
     for name, exc in caught.items():
         expected = openai.NotFoundError if name in ("model", "retrieve") else openai.BadRequestError
         assert isinstance(exc, expected), name
@@ -297,6 +302,8 @@ async def test_refusals_come_in_openais_envelope_through_the_clients_exceptions(
         assert caught[name].body["code"] == "context_length_exceeded", caught[name].body
     assert caught["long"].body["param"] == "input" and "context length" in caught["long"].body["message"]
     assert "max_output_tokens" in caught["room"].body["message"], caught["room"].body
+    image = caught["image"].body  # named by the Responses field sent, not the chat request's messages[2]
+    assert image["param"] == "input[1].content[1].image_url" and image["message"].startswith(f"'{image['param']}'")
 
 
 async def test_the_routers_refusals_on_the_responses_path(demo_model: Model) -> None:

@@ -60,7 +60,7 @@ class ResponsesRoutes:
         try:
             prepared = await self.routes.prepare_chat(chat)
         except BadRequestError as exc:
-            raise _named_input(exc) from None
+            raise _named_input(exc, req) from None
         job = self.routes.chat_job(prepared, chat.sampling)
         # The engine's admission errors (prompt + max_output_tokens over the context) name the prompt's field.
         job.requests = [attrs.evolve(request, prompt_param="input") for request in job.requests]
@@ -79,11 +79,12 @@ class ResponsesRoutes:
                                  "so there is nothing to retrieve, list, cancel or delete", code="not_found")
 
 
-def _named_input(exc: BadRequestError) -> BadRequestError:
-    """A refusal of the whole prompt by the chat preparation (too long for the context), naming ``input``."""
-    if exc.param != "messages":
+def _named_input(exc: BadRequestError, req: ra.ResponsesRequest) -> BadRequestError:
+    """A refusal by the chat preparation (an image, a prompt too long), naming the Responses field it came from."""
+    if exc.param is None or not exc.param.startswith("messages"):
         return exc
-    return type(exc)(exc.message.replace("'messages'", "'input'"), param="input", code=exc.code)
+    param = req.input_path(exc.param)
+    return type(exc)(exc.message.replace(f"'{exc.param}'", f"'{param}'"), param=param, code=exc.code)
 
 
 def with_thinking(model: Model, chat: ChatRequest, thinking: bool) -> ChatRequest:

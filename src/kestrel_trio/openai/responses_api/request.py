@@ -68,11 +68,22 @@ class ResponsesRequest:
         thinking: True / False from ``reasoning.effort``, or None (not sent: the template's default).
         echo: the request's fields as a Response object reports them (instructions, tools, tool_choice,
             text, reasoning, metadata, ...).
+        origins: per chat message, the request path it came from (``instructions``, ``input``, ``input[3]``),
+            so that an error found in the chat request (an image the model cannot read) names the field sent.
     """
 
     chat: ChatRequest
     thinking: bool | None
     echo: dict
+    origins: tuple[str, ...] = ()
+
+    def input_path(self, chat_path: str) -> str:
+        """The request path of a chat request path (``messages[1].content[0]`` -> ``input[0].content[0]``)."""
+        head, dot, rest = chat_path.partition("]")
+        if not head.startswith("messages["):
+            return "input" if chat_path == "messages" else chat_path
+        index = int(head[len("messages["):])
+        return self.origins[index] + rest if index < len(self.origins) else "input"
 
 
 def parse_responses_request(body: bytes) -> ResponsesRequest:
@@ -86,9 +97,10 @@ def parse_responses_request(body: bytes) -> ResponsesRequest:
     check_keys(obj, _BODY_KEYS)
     model = check_str(require(obj, "model"), "model")
     instructions = get_str(obj, "instructions")
-    messages = _input(require(obj, "input"))
+    messages, origins = _input(require(obj, "input"))
     if instructions is not None:
         messages = [{"role": "system", "content": instructions}, *messages]
+        origins = ["instructions", *origins]
     tools, echo_tools = _tools(obj.get("tools"))
     tool_choice = _tool_choice(obj.get("tool_choice"), tools)
     parallel = get_bool(obj, "parallel_tool_calls")
@@ -112,7 +124,7 @@ def parse_responses_request(body: bytes) -> ResponsesRequest:
             "tool_choice": _echo_tool_choice(tool_choice), "text": text, "reasoning": reasoning,
             "user": get_str(obj, "user"), "safety_identifier": get_str(obj, "safety_identifier"),
             "prompt_cache_key": get_str(obj, "prompt_cache_key")}
-    return ResponsesRequest(chat=chat, thinking=thinking, echo=echo)
+    return ResponsesRequest(chat=chat, thinking=thinking, echo=echo, origins=tuple(origins))
 
 
 def _metadata(value: Any) -> dict:
@@ -133,10 +145,10 @@ def _metadata(value: Any) -> dict:
     return dict(metadata)
 
 
-def _input(value: Any) -> list[dict]:
-    """The chat messages of ``input``: a string, or an array of items (see module doc)."""
+def _input(value: Any) -> tuple[list[dict], list[str]]:
+    """The chat messages of ``input`` (a string, or an array of items: see module doc), and their origins."""
     if isinstance(value, str):
-        return [{"role": "user", "content": value}]
+        return [{"role": "user", "content": value}], ["input"]
     if not isinstance(value, list):
         raise fail("input", "a string or an array of input items", value)
     if not value:
@@ -168,6 +180,7 @@ class _Conversation:
     """Input items folded into chat messages, in order."""
 
     messages: list = attrs.field(factory=list)
+    origins: list = attrs.field(factory=list)  # the item path of each message
     reasoning_text: str | None = None  # a reasoning item's text, waiting for its assistant turn
     reasoning_path: str = ""
 
@@ -184,7 +197,7 @@ class _Conversation:
             turn["content"] = content if turn["content"] is None else turn["content"] + content
             return
         self._no_reasoning_pending()
-        self.messages.append({"role": "system" if role == "developer" else role, "content": content})
+        self._append({"role": "system" if role == "developer" else role, "content": content}, path)
 
     def function_call(self, item: dict, path: str) -> None:
         check_keys(item, ("type", "call_id", "name", "arguments"), path=path, generic="input[]")
@@ -212,7 +225,7 @@ class _Conversation:
             parts = _content(output, output_path, "tool")
             output = parts if isinstance(parts, str) else ""
         self._no_reasoning_pending()
-        self.messages.append({"role": "tool", "tool_call_id": call_id, "content": output})
+        self._append({"role": "tool", "tool_call_id": call_id, "content": output}, path)
 
     def reasoning(self, item: dict, path: str) -> None:
         check_keys(item, ("type", "content"), path=path, generic="input[]")
@@ -230,11 +243,15 @@ class _Conversation:
         self.reasoning_text = "\n".join(texts)
         self.reasoning_path = path
 
-    def finish(self) -> list[dict]:
+    def _append(self, message: dict, path: str) -> None:
+        self.messages.append(message)
+        self.origins.append(path)
+
+    def finish(self) -> tuple[list[dict], list[str]]:
         self._no_reasoning_pending()
         if not any(message["role"] in ("user", "tool") for message in self.messages):
             raise BadRequestError("'input' must hold a user message or a function_call_output", param="input")
-        return self.messages
+        return self.messages, self.origins
 
     def _assistant(self, path: str, *, continuing: bool = False) -> dict:
         """The assistant turn an assistant item belongs to: the last message if it is one, else a new one.
@@ -249,7 +266,7 @@ class _Conversation:
         if self.reasoning_text is not None:
             turn["reasoning_content"] = self.reasoning_text
             self.reasoning_text = None
-        self.messages.append(turn)
+        self._append(turn, path)
         return turn
 
     def _no_reasoning_pending(self) -> None:
