@@ -115,6 +115,7 @@ async def test_a_response_whole_and_streamed_agree(scripted) -> None:
     assert [item.type for item in full.output] == [item.type for item in final.output] == ["message"]
     assert full.metadata == {"run": "r-1"} and full.user == "u-1" and full.instructions == "You are terse."
     assert full.store is False and full.max_output_tokens == 64 and full.reasoning.effort == "none"
+    assert (full.temperature, full.top_p) == (0.0, 1.0)
     usage = full.usage
     assert usage.output_tokens == final.usage.output_tokens == len(scripted.encode(HELLO)) + 1  # + EOS
     assert usage.input_tokens == final.usage.input_tokens > 0
@@ -135,6 +136,7 @@ async def test_the_event_sequence_of_a_streamed_answer_with_reasoning(scripted) 
         async with running_server(scripted) as server:
             body["model"] = server.state.model_id
             response = await fetch(server.port, "POST", "/v1/responses", body)
+            card = (await fetch(server.port, "GET", f"/v1/models/{server.state.model_id}")).json()
     assert response.status == 200 and response.headers["content-type"].startswith("text/event-stream")
     events = raw_events(response.body)
     assert [event["sequence_number"] for event in events] == list(range(len(events)))
@@ -181,6 +183,8 @@ async def test_the_event_sequence_of_a_streamed_answer_with_reasoning(scripted) 
     assert completed["type"] == "response.completed"
     final = completed["response"]
     assert final["status"] == "completed" and final["store"] is False
+    defaults = card["sampling_defaults"]  # nothing sent: the sampling the request got is reported
+    assert (final["temperature"], final["top_p"]) == (defaults["temperature"], defaults["top_p"])
     assert [{k: v for k, v in item.items() if k != "id"} for item in final["output"]] == [reasoning, message]
     output_tokens = len(scripted.encode(f"<think>\n{THOUGHT}\n</think>\n\n{HELLO}")) + 1
     assert final["usage"]["output_tokens"] == output_tokens

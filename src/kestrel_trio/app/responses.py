@@ -64,8 +64,10 @@ class ResponsesRoutes:
         job = self.routes.chat_job(prepared, chat.sampling)
         # The engine's admission errors (prompt + max_output_tokens over the context) name the prompt's field.
         job.requests = [attrs.evolve(request, prompt_param="input") for request in job.requests]
-        assembler = ra.ResponseAssembler(ra.new_response_id(), job.model_id, created_at, req.echo,
-                                         len(prepared.ids))
+        params = job.requests[0].params
+        # The sampling the answer gets (the request's, else the server's and the model's defaults), as OpenAI reports.
+        echo = {**req.echo, "temperature": params.temperature, "top_p": params.top_p}
+        assembler = ra.ResponseAssembler(ra.new_response_id(), job.model_id, created_at, echo, len(prepared.ids))
         return await ResponseJob(job, assembler).respond()
 
     @staticmethod
