@@ -44,6 +44,7 @@ def test_items_fold_into_chat_turns() -> None:
         {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Look"},
                                                          {"type": "input_image", "image_url": IMAGE, "detail": "low"}]},
         {"type": "reasoning", "id": "rs_1", "summary": [], "content": [{"type": "reasoning_text", "text": "Hm."}]},
+        {"type": "reasoning", "content": [{"type": "reasoning_text", "text": "Yes."}]},
         {"type": "message", "role": "assistant", "id": "msg_1", "status": "completed",
          "content": [{"type": "output_text", "text": "Checking.", "annotations": [], "logprobs": []}]},
         {"type": "function_call", "call_id": "c1", "name": "f", "arguments": '{"a": 1}', "id": "fc_1"},
@@ -55,7 +56,7 @@ def test_items_fold_into_chat_turns() -> None:
         {"role": "system", "content": "Rules."},
         {"role": "user", "content": [{"type": "text", "text": "Look"},
                                      {"type": "image_url", "image_url": {"url": IMAGE}}]},
-        {"role": "assistant", "content": "Checking.", "reasoning_content": "Hm.", "tool_calls": [
+        {"role": "assistant", "content": "Checking.", "reasoning_content": "Hm.\nYes.", "tool_calls": [
             {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}},
             {"id": "c2", "type": "function", "function": {"name": "g", "arguments": "{}"}}]},
         {"role": "tool", "tool_call_id": "c1", "content": "one"},

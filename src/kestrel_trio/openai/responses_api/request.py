@@ -79,7 +79,7 @@ class ResponsesRequest:
 
     def input_path(self, chat_path: str) -> str:
         """The request path of a chat request path (``messages[1].content[0]`` -> ``input[0].content[0]``)."""
-        head, dot, rest = chat_path.partition("]")
+        head, _, rest = chat_path.partition("]")
         if not head.startswith("messages["):
             return "input" if chat_path == "messages" else chat_path
         index = int(head[len("messages["):])
@@ -239,9 +239,11 @@ class _Conversation:
                 field = join_path(part_path, "type")
                 raise BadRequestError(f"'{field}' must be 'reasoning_text'; got {kind!r}", param=field)
             texts.append(check_str(require(part, "text", part_path), join_path(part_path, "text")))
-        self._no_reasoning_pending()
+        if self.reasoning_text is None:
+            self.reasoning_path = path
+        else:  # consecutive reasoning items: one turn's reasoning
+            texts.insert(0, self.reasoning_text)
         self.reasoning_text = "\n".join(texts)
-        self.reasoning_path = path
 
     def _append(self, message: dict, path: str) -> None:
         self.messages.append(message)
