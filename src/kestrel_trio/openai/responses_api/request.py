@@ -222,8 +222,7 @@ class _Conversation:
         output_path = join_path(path, "output")
         output = require(item, "output", path)
         if not isinstance(output, str):
-            parts = _content(output, output_path, "tool")
-            output = parts if isinstance(parts, str) else ""
+            output = _content(output, output_path, "tool")  # text only: _content refuses a tool's image
         self._no_reasoning_pending()
         self._append({"role": "tool", "tool_call_id": call_id, "content": output}, path)
 
