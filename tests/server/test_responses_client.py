@@ -111,6 +111,7 @@ async def test_a_response_whole_and_streamed_agree(scripted) -> None:
 
             full, events, final = await with_client(server, work)
     assert full.object == "response" and full.id.startswith("resp_") and full.status == "completed"
+    assert full.created_at <= full.completed_at and final.completed_at is not None
     assert full.output_text == final.output_text == HELLO
     assert [item.type for item in full.output] == [item.type for item in final.output] == ["message"]
     assert full.metadata == {"run": "r-1"} and full.user == "u-1" and full.instructions == "You are terse."

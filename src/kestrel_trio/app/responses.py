@@ -134,7 +134,8 @@ class ResponseJob:
             yield assembler.push(choice.push(delta.text), delta.completion_tokens)
             if delta.finish_reason is not None:
                 events = assembler.push(choice.finish(delta.finish_reason), delta.completion_tokens)
-                yield events + assembler.finish(choice.finish_reason, delta.completion_tokens, delta.cached_tokens)
+                yield events + assembler.finish(choice.finish_reason, delta.completion_tokens, delta.cached_tokens,
+                                                completed_at=int(time.time()))
                 return
 
 

@@ -106,13 +106,15 @@ class ResponseAssembler:
                                               delta=call["function"]["arguments"]))
         return events
 
-    def finish(self, finish_reason: str, output_tokens: int, cached_tokens: int = 0) -> list[dict]:
+    def finish(self, finish_reason: str, output_tokens: int, cached_tokens: int = 0,
+               completed_at: int | None = None) -> list[dict]:
         """The last events: the open item's end and ``response.completed`` (or ``response.incomplete``).
 
         Args:
             finish_reason: the chat choice's (``length``: cut by max_output_tokens or the context).
             output_tokens: the tokens generated.
             cached_tokens: prompt tokens whose KV came from the prefix cache.
+            completed_at: Unix time (seconds) the answer ended.
         """
         cut = finish_reason == "length"
         events = self._close("incomplete" if cut else "completed")
@@ -125,7 +127,7 @@ class ResponseAssembler:
             self._final = self._response("incomplete", usage=usage,
                                          incomplete_details={"reason": "max_output_tokens"})
             return events + [self._event("response.incomplete", response=self._final)]
-        self._final = self._response("completed", usage=usage)
+        self._final = self._response("completed", usage=usage, completed_at=completed_at)
         return events + [self._event("response.completed", response=self._final)]
 
     def fail(self, message: str, code: str = "server_error") -> list[dict]:
@@ -141,10 +143,10 @@ class ResponseAssembler:
         return self._final
 
     def _response(self, status: str, *, usage: dict | None = None, incomplete_details: dict | None = None,
-                  error: dict | None = None) -> dict:
+                  error: dict | None = None, completed_at: int | None = None) -> dict:
         output = [dict(item) for item in self._output] if status != "in_progress" else []
         return {"id": self.response_id, "object": "response", "created_at": self.created_at, "status": status,
-                "completed_at": None, "error": error, "incomplete_details": incomplete_details,
+                "completed_at": completed_at, "error": error, "incomplete_details": incomplete_details,
                 "model": self.model, "output": output, "usage": usage, "store": False, "background": False,
                 "truncation": "disabled", "service_tier": "default", "previous_response_id": None,
                 **self.echo}
