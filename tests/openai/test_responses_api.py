@@ -77,6 +77,16 @@ def test_a_chat_path_maps_back_to_the_field_sent() -> None:
     assert parse(input="a").input_path("messages[0].content") == "input.content"
 
 
+def test_counting_input_tokens_takes_the_prompts_fields_only() -> None:
+    body = {"input": "Hi", "instructions": "Rules.", "reasoning": {"effort": "none"}}
+    req = ra.parse_input_tokens_request(json.dumps(body).encode())
+    assert req.chat.model is None and req.thinking is False and len(req.chat.messages) == 2
+    with pytest.raises(BadRequestError, match="Unrecognized request argument supplied: 'max_output_tokens'"):
+        ra.parse_input_tokens_request(json.dumps({**body, "max_output_tokens": 5}).encode())
+    with pytest.raises(BadRequestError, match="stateless"):
+        ra.parse_input_tokens_request(json.dumps({**body, "previous_response_id": "resp_1"}).encode())
+
+
 def test_function_tools_tool_choice_and_formats_become_the_chat_forms() -> None:
     schema = {"type": "object", "properties": {"x": {"type": "integer"}}}
     req = parse(input="Hi", tools=[{"type": "function", "name": "f", "parameters": schema, "strict": True}],

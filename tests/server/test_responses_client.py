@@ -107,9 +107,12 @@ async def test_a_response_whole_and_streamed_agree(scripted) -> None:
                 with client.responses.stream(model=model_id, **request) as stream:
                     events = [event.type for event in stream]
                     final = stream.get_final_response()
-                return full, events, final
+                counted = client.responses.input_tokens.count(model=model_id, input="Say hello.",
+                                                              instructions="You are terse.",
+                                                              reasoning={"effort": "none"})
+                return full, events, final, counted
 
-            full, events, final = await with_client(server, work)
+            full, events, final, counted = await with_client(server, work)
     assert full.object == "response" and full.id.startswith("resp_") and full.status == "completed"
     assert full.created_at <= full.completed_at and final.completed_at is not None
     assert full.output_text == final.output_text == HELLO
@@ -119,7 +122,8 @@ async def test_a_response_whole_and_streamed_agree(scripted) -> None:
     assert (full.temperature, full.top_p) == (0.0, 1.0)
     usage = full.usage
     assert usage.output_tokens == final.usage.output_tokens == len(scripted.encode(HELLO)) + 1  # + EOS
-    assert usage.input_tokens == final.usage.input_tokens > 0
+    assert usage.input_tokens == final.usage.input_tokens == counted.input_tokens > 0
+    assert counted.object == "response.input_tokens"
     assert usage.total_tokens == usage.input_tokens + usage.output_tokens
     assert usage.output_tokens_details.reasoning_tokens == 0
     assert events[:4] == ["response.created", "response.in_progress", "response.output_item.added",

@@ -10,6 +10,7 @@ Every refusal before the response head is OpenAI's error envelope with the error
 handler catches the :class:`KestrelError`); once a stream has started, a failure is an ``error`` event and a
 ``response.failed`` event, and the stream ends.
 
+``POST /v1/responses/input_tokens`` counts the prompt of the same fields, as ``usage.input_tokens`` would.
 Nothing is stored, whatever ``store`` says, so ``GET`` / ``DELETE /v1/responses/{id}``,
 ``.../input_items`` and ``.../cancel`` answer 404 saying so.
 
@@ -35,11 +36,12 @@ from kestrel_trio.model import Model
 from kestrel_trio.openai import ChatRequest, to_json_bytes
 from kestrel_trio.openai import responses_api as ra
 
-__all__ = ["ResponsesRoutes", "RESPONSES_PATH", "STORED_RESPONSES_PREFIX"]
+__all__ = ["ResponsesRoutes", "RESPONSES_PATH", "INPUT_TOKENS_PATH", "STORED_RESPONSES_PREFIX"]
 
 log = logging.getLogger("kestrel_trio.server")
 
 RESPONSES_PATH = "/v1/responses"
+INPUT_TOKENS_PATH = "/v1/responses/input_tokens"
 STORED_RESPONSES_PREFIX = "/v1/responses/"
 
 
@@ -53,14 +55,7 @@ class ResponsesRoutes:
         """``POST /v1/responses``."""
         created_at = int(time.time())
         req = await self.routes._parse(ra.parse_responses_request, request.body)
-        chat = req.chat
-        if req.thinking is not None:
-            model, _ = self.routes._ready(chat.model)
-            chat = with_thinking(model, chat, req.thinking)
-        try:
-            prepared = await self.routes.prepare_chat(chat)
-        except BadRequestError as exc:
-            raise _named_input(exc, req) from None
+        chat, prepared = await self._prepare(req)
         job = self.routes.chat_job(prepared, chat.sampling)
         # The engine's admission errors (prompt + max_output_tokens over the context) name the prompt's field.
         job.requests = [attrs.evolve(request, prompt_param="input") for request in job.requests]
@@ -70,15 +65,30 @@ class ResponsesRoutes:
         assembler = ra.ResponseAssembler(ra.new_response_id(), job.model_id, created_at, echo, len(prepared.ids))
         return await ResponseJob(job, assembler).respond()
 
+    async def input_tokens(self, request: Request) -> Response:
+        """``POST /v1/responses/input_tokens``: the prompt's tokens, the ``usage.input_tokens`` of the same request."""
+        req = await self.routes._parse(ra.parse_input_tokens_request, request.body)
+        _, prepared = await self._prepare(req)
+        return Response(status=200, body=to_json_bytes({"object": "response.input_tokens",
+                                                        "input_tokens": len(prepared.ids)}))
+
+    async def _prepare(self, req: ra.ResponsesRequest):
+        """The chat request (thinking switched as ``reasoning.effort`` asks) and its preparation."""
+        chat = req.chat
+        if req.thinking is not None:
+            model, _ = self.routes._ready(chat.model)
+            chat = with_thinking(model, chat, req.thinking)
+        try:
+            return chat, await self.routes.prepare_chat(chat)
+        except BadRequestError as exc:
+            raise _named_input(exc, req) from None
+
     @staticmethod
     def stored(request: Request) -> Response:
         """``/v1/responses/{id}`` (and its sub-paths), any method: a 404 saying that nothing is stored."""
-        path = request.path
-        if path.rstrip("/") == RESPONSES_PATH + "/input_tokens":
-            raise ModelNotFoundError("'/v1/responses/input_tokens' is not supported; POST /tokenize with "
-                                     "'messages' counts a prompt's tokens", code="unknown_url")
-        raise ModelNotFoundError(f"{request.method} {path}: this server is stateless and stores no responses, "
-                                 "so there is nothing to retrieve, list, cancel or delete", code="not_found")
+        raise ModelNotFoundError(f"{request.method} {request.path}: this server is stateless and stores no "
+                                 "responses, so there is nothing to retrieve, list, cancel or delete",
+                                 code="not_found")
 
 
 def _named_input(exc: BadRequestError, req: ra.ResponsesRequest) -> BadRequestError:

@@ -47,15 +47,17 @@ from kestrel_trio.openai.requests import ChatRequest, SamplingFields
 from kestrel_trio.openai.responses_api.fields import check_keys
 from kestrel_trio.openai.structured import StructuredOutput
 
-__all__ = ["ResponsesRequest", "parse_responses_request", "EFFORTS", "MAX_METADATA_PAIRS"]
+__all__ = ["ResponsesRequest", "parse_responses_request", "parse_input_tokens_request", "EFFORTS",
+           "MAX_METADATA_PAIRS"]
 
 EFFORTS = {"none": False, "minimal": False, "low": True, "medium": True, "high": True, "xhigh": True}
 MAX_METADATA_PAIRS = 16  # OpenAI's bounds: 16 pairs, keys up to 64 characters, values up to 512
 _MAX_METADATA_KEY = 64
 _MAX_METADATA_VALUE = 512
-_BODY_KEYS = frozenset({"model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls", "text",
-                        "reasoning", "max_output_tokens", "temperature", "top_p", "metadata", "stream",
-                        "stream_options"})
+# What shapes the prompt (all that POST /v1/responses/input_tokens takes), then what shapes the answer.
+_COUNT_KEYS = frozenset({"model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls", "text",
+                         "reasoning"})
+_BODY_KEYS = _COUNT_KEYS | {"max_output_tokens", "temperature", "top_p", "metadata", "stream", "stream_options"}
 _ROLES = ("user", "system", "developer", "assistant")
 
 
@@ -93,9 +95,22 @@ def parse_responses_request(body: bytes) -> ResponsesRequest:
         BadRequestError: malformed JSON, a missing ``model`` / ``input``, a field that needs stored state, or
             an invalid or unknown field (``param`` names it).
     """
+    return _parse(body, count_only=False)
+
+
+def parse_input_tokens_request(body: bytes) -> ResponsesRequest:
+    """Parse and validate a ``POST /v1/responses/input_tokens`` body: the prompt's fields only, ``model`` optional.
+
+    Raises:
+        BadRequestError: as :func:`parse_responses_request`; a sampling field is unknown here.
+    """
+    return _parse(body, count_only=True)
+
+
+def _parse(body: bytes, *, count_only: bool) -> ResponsesRequest:
     obj = load_object(body)
-    check_keys(obj, _BODY_KEYS)
-    model = check_str(require(obj, "model"), "model")
+    check_keys(obj, _COUNT_KEYS if count_only else _BODY_KEYS)
+    model = get_str(obj, "model") if count_only else check_str(require(obj, "model"), "model")
     instructions = get_str(obj, "instructions")
     messages, origins = _input(require(obj, "input"))
     if instructions is not None:
