@@ -104,7 +104,8 @@ def test_function_tools_tool_choice_and_formats_become_the_chat_forms() -> None:
 
 
 @pytest.mark.parametrize(("effort", "thinking"), [("none", False), ("minimal", False), ("low", True),
-                                                  ("medium", True), ("high", True), ("xhigh", True)])
+                                                  ("medium", True), ("high", True), ("xhigh", True),
+                                                  ("max", True)])
 def test_reasoning_effort_is_the_thinking_switch(effort: str, thinking: bool) -> None:
     assert parse(input="Hi", reasoning={"effort": effort, "summary": "auto"}).thinking is thinking
 
@@ -140,7 +141,7 @@ def test_a_codex_shaped_request_is_accepted() -> None:
     ({"tools": [{"type": "function", "name": "f"}, {"type": "function", "name": "f"}]}, "tools[1].name", "unique"),
     ({"tool_choice": "required"}, "tool_choice", "no 'tools'"),
     ({"tool_choice": {"type": "allowed_tools", "tools": []}}, "tool_choice.type", "not supported"),
-    ({"reasoning": {"effort": "max"}}, "reasoning.effort", "must be one of"),
+    ({"reasoning": {"effort": "extreme"}}, "reasoning.effort", "must be one of"),
     ({"max_output_tokens": 0}, "max_output_tokens", "at least 1"),
     ({"metadata": {"k": 1}}, "metadata.k", "a string"),
     ({"top_logprobs": 3}, "top_logprobs", "not supported"),

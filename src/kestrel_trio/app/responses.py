@@ -15,7 +15,7 @@ Nothing is stored, whatever ``store`` says, so ``GET`` / ``DELETE /v1/responses/
 ``.../input_items`` and ``.../cancel`` answer 404 saying so.
 
 ``reasoning.effort``: ``none`` / ``minimal`` set the template's ``enable_thinking`` false, ``low`` to
-``xhigh`` true, where the template reads it (Qwen3); on a template without the switch, an effort that asks
+``max`` true, where the template reads it (Qwen3); on a template without the switch, an effort that asks
 for no reasoning holds already on a model that never reasons, and one that asks for reasoning is a 400.
 """
 

@@ -14,7 +14,7 @@ chat-completions route runs, so that templates, tools, images, grammar and admis
 * ``text.format`` json_object / json_schema becomes the structured output the chat route compiles.
 * ``max_output_tokens``, ``temperature``, ``top_p`` and ``stream`` become the sampling fields.
 * ``reasoning.effort`` is kept as :attr:`ResponsesRequest.thinking`: ``none`` / ``minimal`` off, ``low`` to
-  ``xhigh`` on; the route maps it onto the template's ``enable_thinking``.
+  ``max`` on; the route maps it onto the template's ``enable_thinking``.
 
 What needs stored state (``previous_response_id``, ``conversation``, ``item_reference`` items) is refused;
 every rejection is a :class:`BadRequestError` naming the field; unknown keys are refused
@@ -50,7 +50,8 @@ from kestrel_trio.openai.structured import StructuredOutput
 __all__ = ["ResponsesRequest", "parse_responses_request", "parse_input_tokens_request", "EFFORTS",
            "MAX_METADATA_PAIRS"]
 
-EFFORTS = {"none": False, "minimal": False, "low": True, "medium": True, "high": True, "xhigh": True}
+# The openai SDK's ReasoningEffort values, and whether each switches reasoning on.
+EFFORTS = {"none": False, "minimal": False, "low": True, "medium": True, "high": True, "xhigh": True, "max": True}
 MAX_METADATA_PAIRS = 16  # OpenAI's bounds: 16 pairs, keys up to 64 characters, values up to 512
 _MAX_METADATA_KEY = 64
 _MAX_METADATA_VALUE = 512
