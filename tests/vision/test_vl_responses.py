@@ -37,8 +37,7 @@ async def test_an_input_image_is_read_as_chats_image_part(vl_model: Model, golde
                                    timeout=allowance(60)) as client:
                     return client.responses.create(model=server.state.model_id, instructions="You are a helpful "
                                                    "assistant.", input=[{"role": "user", "content": content}],
-                                                   temperature=0, max_output_tokens=NEW_TOKENS,
-                                                   reasoning={"effort": "none"})
+                                                   temperature=0, max_output_tokens=NEW_TOKENS)
 
             response = await trio.to_thread.run_sync(work)
     assert response.usage.input_tokens == golden["image_input_ids"].size  # the image's pad run is in the prompt

@@ -15,8 +15,10 @@ Nothing is stored, whatever ``store`` says, so ``GET`` / ``DELETE /v1/responses/
 ``.../input_items`` and ``.../cancel`` answer 404 saying so.
 
 ``reasoning.effort``: ``none`` / ``minimal`` set the template's ``enable_thinking`` false, ``low`` to
-``max`` true, where the template reads it (Qwen3); on a template without the switch, an effort that asks
-for no reasoning holds already on a model that never reasons, and one that asks for reasoning is a 400.
+``max`` true, where the template reads it (Qwen3). On a template without the switch: a model that never
+reasons (no ``<think>``) holds an effort that asks for none already, and one that asks for reasoning is a
+400; a model that may reason (``<think>`` in its vocabulary) refuses any effort with a 400, since nothing
+here can make it reason or not.
 """
 
 from __future__ import annotations
@@ -104,13 +106,13 @@ def with_thinking(model: Model, chat: ChatRequest, thinking: bool) -> ChatReques
     try:
         model.check_chat_template_kwargs(["enable_thinking"])
     except BadRequestError:
-        if thinking and model_thinks(model):
+        if model_thinks(model):  # it may reason, and nothing here can say it must or must not
             raise BadRequestError("'reasoning.effort': this model's chat template cannot switch reasoning on or "
-                                  "off", param="reasoning.effort") from None
+                                  "off; leave 'reasoning' out", param="reasoning.effort") from None
         if thinking:
             raise BadRequestError("'reasoning.effort' asks for reasoning but this model has no reasoning mode; "
                                   "send 'none' or leave 'reasoning' out", param="reasoning.effort") from None
-        return chat  # no reasoning asked of a model that never reasons
+        return chat  # reasoning off, on a model that never reasons: it holds already
     return attrs.evolve(chat, chat_template_kwargs={**chat.chat_template_kwargs, "enable_thinking": thinking})
 
 
