@@ -30,6 +30,7 @@ from kestrel_trio.errors import AuthenticationError, BadRequestError, EngineUnav
 from kestrel_trio.http import Request, Response, Route, Router, StreamingResponse, answer_route
 from kestrel_trio.model import Model
 from kestrel_trio.app.chat import ChatOptions, CompletionJob, default_sampling, model_thinks
+from kestrel_trio.app.responses import INPUT_TOKENS_PATH, RESPONSES_PATH, STORED_RESPONSES_PREFIX, ResponsesRoutes
 from kestrel_trio.app.messages import ANTHROPIC_PATHS, MessagesRoutes, anthropic_error_response
 from kestrel_trio.app.grammar import NO_THINKING as _NO_THINKING
 from kestrel_trio.app.grammar import chat_constraint, completion_constraint, reasoning_before_answer
@@ -65,6 +66,11 @@ def build_router(state: ServerState) -> "_AuthorizingHandler":
     for path, handler in (("/v1/chat/completions", routes.chat), ("/v1/completions", routes.completions),
                           ("/tokenize", routes.tokenize), ("/detokenize", routes.detokenize)):
         router.add("POST", path, handler, media_types=JSON_MEDIA_TYPES)
+    responses = ResponsesRoutes(routes)  # OpenAI's Responses API, stateless, over the same chat preparation
+    router.add("POST", RESPONSES_PATH, responses.create, media_types=JSON_MEDIA_TYPES)
+    router.add("POST", INPUT_TOKENS_PATH, responses.input_tokens, media_types=JSON_MEDIA_TYPES)
+    for method in ("GET", "POST", "DELETE"):  # stored responses: a 404 saying none are kept
+        router.add_immediate(method, STORED_RESPONSES_PREFIX, responses.stored, prefix=True)
     messages = MessagesRoutes(routes)  # Anthropic's Messages API, over the same chat preparation
     for path, handler in zip(ANTHROPIC_PATHS, (messages.messages, messages.count_tokens)):
         router.add("POST", path, handler, media_types=JSON_MEDIA_TYPES)
