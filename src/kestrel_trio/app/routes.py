@@ -31,6 +31,7 @@ from kestrel_trio.http import Request, Response, Route, Router, StreamingRespons
 from kestrel_trio.model import Model
 from kestrel_trio.app.chat import ChatOptions, CompletionJob, default_sampling, model_thinks
 from kestrel_trio.app.messages import ANTHROPIC_PATHS, MessagesRoutes, anthropic_error_response
+from kestrel_trio.app.embeddings import EmbeddingRoutes
 from kestrel_trio.app.grammar import NO_THINKING as _NO_THINKING
 from kestrel_trio.app.grammar import chat_constraint, completion_constraint, reasoning_before_answer
 from kestrel_trio.app.images import prepare_images, template_parts
@@ -68,6 +69,7 @@ def build_router(state: ServerState) -> "_AuthorizingHandler":
     messages = MessagesRoutes(routes)  # Anthropic's Messages API, over the same chat preparation
     for path, handler in zip(ANTHROPIC_PATHS, (messages.messages, messages.count_tokens)):
         router.add("POST", path, handler, media_types=JSON_MEDIA_TYPES)
+    router.add("POST", "/v1/embeddings", EmbeddingRoutes(routes).embeddings, media_types=JSON_MEDIA_TYPES)
     if state.webui:
         add_webui_routes(router)
 
