@@ -20,7 +20,7 @@ from kestrel_trio.engine import EmbeddingRequest, EngineLimits, run_engine
 from kestrel_trio.errors import ContextLengthError, QueueFullError
 from kestrel_trio.model import Model, load_model
 
-from server_kit import assert_envelope, client_for, fetch, running_server
+from server_kit import assert_envelope, client_for, fetch, running_server, wait_until
 from slow_host import allowance
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "qwen3_embedding"
@@ -113,4 +113,22 @@ async def test_a_batch_is_one_queued_job_refused_when_the_queue_is_full(demo_mod
             assert engine.metrics.cancelled.value(phase="queued") == 1
             with pytest.raises(ContextLengthError):
                 engine.open_embeddings(EmbeddingRequest((tuple([1] * (demo_model.context_length + 1)),)))
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_running_job_abandoned_stops_between_two_chunks(demo_model: Model) -> None:
+    limits = EngineLimits(prefill_chunk=1)  # one token per step: a 64-token input takes 64 steps
+    with trio.fail_after(allowance(120)):
+        async with trio.open_nursery() as nursery:
+            engine = await nursery.start(functools.partial(run_engine, demo_model, limits=limits))
+            handle = engine.open_embeddings(EmbeddingRequest((tuple(range(100, 164)),)))
+            job = handle._job
+            await wait_until(lambda: job.run.tokens_fed > 0)
+            handle.cancel()
+            fed = job.run.tokens_fed
+            await wait_until(lambda: engine._embedding is None)
+            assert not job.run.done and len(job.run.vectors) == 0
+            assert job.run.tokens_fed <= fed + 1 < 64  # at most the chunk in flight ran after the cancel
+            assert engine.metrics.cancelled.value(phase="prefill") == 1
+            assert engine.kv_usage.reserved_bytes == 0  # its KV reservation is released
             nursery.cancel_scope.cancel()

@@ -261,3 +261,18 @@ async def test_refusals_name_the_problem(demo_model: Model) -> None:
     assert accepted.done_reason == "length" and accepted.eval_count == 1
     assert unknown.status == 404 and unknown.json().keys() == {"error"}
     assert not_json.status == 415 and not_json.json().keys() == {"error"}
+
+
+async def test_an_api_key_is_asked_for_in_ollamas_shape(demo_model: Model) -> None:
+    with trio.fail_after(allowance(60)):
+        async with running_server(demo_model, api_key="sk-ollama") as server:
+            refused = await fetch(server.port, "GET", "/api/tags")
+
+            def work():
+                with ollama.Client(host=f"http://{HOST}:{server.port}", timeout=allowance(30),
+                                   headers={"Authorization": "Bearer sk-ollama"}) as client:
+                    return client.list()
+
+            listed = await trio.to_thread.run_sync(work)
+    assert refused.status == 401 and "API key" in refused.json()["error"]
+    assert len(listed.models) == 1

@@ -123,6 +123,12 @@ class EmbeddingRun:
         self.vectors: list[np.ndarray] = []  # each [hidden], float32, unit length
         self._cache: KVCache | None = None
         self._rows: list[np.ndarray] = []  # the current input's pooled-from rows so far, each [rows, hidden]
+        self.tokens_fed = 0  # tokens through the model so far, every input counted
+
+    def release(self) -> None:
+        """Drop the KV cache of the input in progress (the job was abandoned)."""
+        self._cache = None
+        self._rows = []
 
     @property
     def done(self) -> bool:
@@ -148,6 +154,7 @@ class EmbeddingRun:
         every_row = self.pooling == "mean" or (self.pooling == "cls" and start == 0)
         rows = forward(decoder, piece, positions, [cache], [piece.size], all_logits=every_row,
                        wanted=[last], hidden=True)  # [piece or 1 or 0, hidden]
+        self.tokens_fed += int(piece.size)
         if self.pooling == "mean":
             self._rows.append(rows.sum(axis=0, keepdims=True, dtype=np.float64))  # [1, hidden]: a running sum
         elif self.pooling == "cls" and start == 0:

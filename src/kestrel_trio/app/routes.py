@@ -32,7 +32,7 @@ from kestrel_trio.model import Model
 from kestrel_trio.app.chat import ChatOptions, CompletionJob, default_sampling, model_thinks
 from kestrel_trio.app.messages import ANTHROPIC_PATHS, MessagesRoutes, anthropic_error_response
 from kestrel_trio.app.embeddings import EmbeddingRoutes
-from kestrel_trio.app.ollama import OLLAMA_PREFIX, add_ollama_routes
+from kestrel_trio.app.ollama import OLLAMA_PREFIX, add_ollama_routes, ollama_error_response
 from kestrel_trio.app.grammar import NO_THINKING as _NO_THINKING
 from kestrel_trio.app.grammar import chat_constraint, completion_constraint, reasoning_before_answer
 from kestrel_trio.app.images import prepare_images, template_parts
@@ -97,6 +97,8 @@ class _AuthorizingHandler:
         except AuthenticationError as exc:
             if anthropic:
                 return anthropic_error_response(exc)
+            if request.path.startswith(OLLAMA_PREFIX):
+                return ollama_error_response(exc)
             raise
         route = self._router.route(request)
         if anthropic and isinstance(route, Response) and route.status >= 400:

@@ -492,6 +492,7 @@ class Engine:
             if isinstance(outcome, OutOfMemoryError):
                 self.metrics.out_of_memory.inc()
             job.finish(outcome)
+            job.run.release()
             self._embedding = None
         self._note_kv_usage()
 
@@ -564,6 +565,7 @@ class Engine:
         self._embed_waiting = collections.deque(j for j in self._embed_waiting if not j.abandoned)
         if self._embedding is not None and self._embedding.abandoned:
             self._embedding.finish(None)
+            self._embedding.run.release()
             self._embedding = None
         for job in self._active:
             if job.abandoned:
