@@ -4,7 +4,7 @@ Theory of operation: ``/api/chat`` and ``/api/generate`` are translated, once, i
 request the OpenAI route runs, so templates, tools, images, grammar and admission stay in one place:
 
 * ``messages``: ``system`` / ``user`` / ``assistant`` / ``tool`` turns. A turn's ``images`` (base64 strings)
-  become ``image_url`` parts after its text; an assistant's ``tool_calls`` (``arguments`` an object) become
+  become ``image_url`` parts before its text; an assistant's ``tool_calls`` (``arguments`` an object) become
   OpenAI calls, and its ``thinking`` the ``reasoning_content``; a ``tool`` turn answers the latest call named
   by its ``tool_name`` (or the latest call).
 * ``/api/generate``'s ``prompt`` (and ``system``) become one user turn (and a system turn) rendered with the
@@ -238,10 +238,11 @@ def _images(value: Any, path: str) -> list[str]:
 def _user(text: str, images: list[str]) -> dict:
     if not images:
         return {"role": "user", "content": text}
-    parts: list[dict] = [{"type": "text", "text": text}] if text else []
-    # The decoder reads the image's own header; the media type of the data URL only says "an image".
-    parts += [{"type": "image_url", "image_url": {"url": f"data:image/png;base64,{data}"}} for data in images]
-    return {"role": "user", "content": parts}
+    # Images before the turn's text, where Ollama puts them. The decoder reads the image's own header; the
+    # media type of the data URL only says "an image".
+    parts: list[dict] = [{"type": "image_url", "image_url": {"url": f"data:image/png;base64,{data}"}}
+                         for data in images]
+    return {"role": "user", "content": parts + ([{"type": "text", "text": text}] if text else [])}
 
 
 def _messages(value: Any) -> list[dict]:
