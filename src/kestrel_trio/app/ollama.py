@@ -98,19 +98,22 @@ class OllamaRoutes:
         started = time.monotonic_ns()
         req = await self.routes._parse(ol.parse_chat, request.body)
         self._check_name(req.chat.model)
+        if req.empty:  # Ollama's "load the model" call: it is loaded; answered at once
+            return self._loaded({"message": {"role": "assistant", "content": ""}}, req.chat.sampling.stream)
         return await self._run_chat(req, started, generate=False)
+
+    def _loaded(self, body: dict, stream: bool) -> Response:
+        self.routes._ready(None)
+        body = {"model": self.model_id, "created_at": ol.created_at(), **body, "done": True, "done_reason": "load"}
+        return Response(status=200, body=ol.ndjson_line(body), content_type=ol.NDJSON if stream else "application/json")
 
     @_errors_as_ollama
     async def generate(self, request: Request) -> Response | StreamingResponse:
         started = time.monotonic_ns()
         req = await self.routes._parse(ol.parse_generate, request.body)
         self._check_name(req.request.chat.model)
-        if req.empty:  # Ollama's "load the model" call: it is loaded; answered at once
-            self.routes._ready(None)
-            body = {"model": self.model_id, "created_at": ol.created_at(), "response": "", "done": True,
-                    "done_reason": "load"}
-            return Response(status=200, body=ol.ndjson_line(body), content_type=ol.NDJSON
-                            if req.request.chat.sampling.stream else "application/json")
+        if req.empty:
+            return self._loaded({"response": ""}, req.request.chat.sampling.stream)
         if req.raw_prompt is not None:
             return await self._run_raw(req, started)
         return await self._run_chat(req.request, started, generate=True)

@@ -562,8 +562,8 @@ class Engine:
     def _drop_abandoned(self) -> None:
         # Abandoned jobs were counted at abandon time; here they just leave, with no compute.
         self._waiting = collections.deque(j for j in self._waiting if not j.abandoned)
-        self._embed_waiting = collections.deque(j for j in self._embed_waiting if not j.abandoned)
-        if self._embedding is not None and self._embedding.abandoned:
+        self._embed_waiting = collections.deque(j for j in self._embed_waiting if not (j.abandoned or j.done))
+        if self._embedding is not None and (self._embedding.abandoned or self._embedding.done):  # left, or ended
             self._embedding.finish(None)
             self._embedding.run.release()
             self._embedding = None

@@ -56,10 +56,12 @@ class OllamaChat:
     Attributes:
         chat: the same request as a chat completion.
         think: True / False (``think`` sent), or None (the template's default).
+        empty: ``messages`` was empty: Ollama's "load the model" call, answered at once.
     """
 
     chat: ChatRequest
     think: bool | None = None
+    empty: bool = False
 
 
 @attrs.frozen
@@ -115,12 +117,14 @@ def parse_chat(body: bytes) -> OllamaChat:
     _check_keys(obj, _CHAT_KEYS)
     model = model_name(obj)
     _keep_alive(obj)
-    messages = _messages(require(obj, "messages"))
+    raw_messages = require(obj, "messages")
+    empty = raw_messages == []
+    messages = [{"role": "user", "content": ""}] if empty else _messages(raw_messages)
     tools = _tools(obj.get("tools"))
     sampling = sampling_from_options(obj.get("options"), stream=_stream(obj))
     chat = ChatRequest(model=model, messages=tuple(messages), tools=tools, tool_choice=None, chat_template_kwargs={},
                        sampling=sampling, structured=_format(obj.get("format")))
-    return OllamaChat(chat, _think(obj.get("think")))
+    return OllamaChat(chat, _think(obj.get("think")), empty=empty)
 
 
 def parse_generate(body: bytes) -> OllamaGenerate:
