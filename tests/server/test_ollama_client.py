@@ -281,3 +281,41 @@ async def test_an_api_key_is_asked_for_in_ollamas_shape(demo_model: Model) -> No
             listed = await trio.to_thread.run_sync(work)
     assert refused.status == 401 and "API key" in refused.json()["error"]
     assert len(listed.models) == 1
+
+
+def fold(lines: list[dict]) -> list[tuple]:
+    """The stream's lines as (kind, text) runs: consecutive lines of the same kind joined, the last one whole."""
+    runs: list[tuple] = []
+    for line in lines[:-1]:
+        message = line["message"]
+        assert set(message) <= {"role", "content", "thinking", "tool_calls"} and message["role"] == "assistant"
+        for kind in ("thinking", "content"):
+            if message.get(kind):
+                if runs and runs[-1][0] == kind:
+                    runs[-1] = (kind, runs[-1][1] + message[kind])
+                else:
+                    runs.append((kind, message[kind]))
+        for call in message.get("tool_calls", ()):
+            runs.append(("tool_call", call["function"]["name"], call["function"]["arguments"]))
+    return runs
+
+
+async def test_the_ndjson_sequence_of_a_streamed_answer_is_ollamas(scripted) -> None:
+    """Golden: the raw lines off the socket, for reasoning then an answer, and for a tool call."""
+    with trio.fail_after(allowance(90)):
+        async with running_server(scripted) as server:
+            model_id = server.state.model_id
+            answer = await fetch(server.port, "POST", "/api/chat",
+                                 {"model": model_id, "messages": GREETING, "think": True})
+            call = await fetch(server.port, "POST", "/api/chat",
+                               {"model": model_id, "messages": QUESTION, "tools": TOOLS, "think": False})
+    answer_lines = [json.loads(line) for line in answer.body.decode().splitlines()]
+    call_lines = [json.loads(line) for line in call.body.decode().splitlines()]
+    assert fold(answer_lines) == [("thinking", f"{THOUGHT}\n"), ("content", HELLO)]
+    assert fold(call_lines) == [("tool_call", "get_weather", {"city": "Oslo"})]
+    for lines in (answer_lines, call_lines):
+        last = lines[-1]
+        assert last["message"] == {"role": "assistant", "content": ""}
+        assert last["done"] is True and last["done_reason"] == "stop"
+        assert list(last) == ["model", "created_at", "message", "done", "done_reason", *FINAL_FIELDS]
+        assert all(list(line) == ["model", "created_at", "message", "done"] for line in lines[:-1])
