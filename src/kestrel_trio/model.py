@@ -86,6 +86,7 @@ class Model:
         self._max_model_len: int | None = None  # a serving cap below the checkpoint's context (with_context_length)
         self._kernels: dict | None = None  # kernel_report's, made once
         self.pooling = "last"  # how an embedding pools the final hidden states (read_pooling; set at load)
+        self.embedding_checkpoint = False  # its files declare a pooling (an embedding model such as Qwen3-Embedding)
         if tokenizer is not None and tokenizer.chat_template is not None:
             self._template = ChatTemplate(tokenizer.chat_template, special_tokens=tokenizer.special_tokens_map)
 
@@ -572,6 +573,7 @@ def load_model(
     _check_eos_ids(tokenizer, decoder.config.vocab_size, f"{folder}: generation_config.json's eos_token_id")
     model = Model(decoder, name=folder.resolve().name, path=folder, tokenizer=tokenizer)
     model.pooling = read_pooling(folder)
+    model.embedding_checkpoint = (folder / "modules.json").is_file()
     return _ready(model, residency)
 
 
@@ -611,6 +613,7 @@ def _load_gguf_model(path: Path, progress: Callable[[float], None] | None, weigh
     model = Model(decoder, name=path.name.removesuffix(".gguf"), path=path, tokenizer=tokenizer,
                   sampling_defaults=named.sampling_defaults if named is not None else None)
     model.pooling = gguf_pooling(gguf.metadata, architecture)
+    model.embedding_checkpoint = bool(gguf.metadata.get(f"{architecture}.pooling_type"))
     return _ready(model, residency)
 
 

@@ -31,6 +31,14 @@ def embedding_model() -> Model:
     return load_model(FIXTURE, weights="fp32")
 
 
+async def test_an_embedding_checkpoint_is_listed_as_one(embedding_model: Model) -> None:
+    with trio.fail_after(allowance(60)):
+        async with running_server(embedding_model) as server:
+            shown = await fetch(server.port, "POST", "/api/show", {"model": server.state.model_id})
+    assert shown.status == 200 and "embedding" in shown.json()["capabilities"]
+    assert embedding_model.embedding_checkpoint and embedding_model.pooling == "last"
+
+
 async def test_vectors_through_the_server_match_transformers(embedding_model: Model) -> None:
     golden = np.load(FIXTURE / "golden.npz")
     inputs = [golden[f"ids_{i}"].tolist() for i in range(3)]

@@ -61,12 +61,13 @@ def read_pooling(folder: Path | None) -> str:
         config = json.loads(config_path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ModelLoadError(f"{config_path}: cannot read the pooling config: {exc}") from None
-    chosen = [mode for key, mode in _MODES.items() if isinstance(config, dict) and config.get(key) is True]
-    others = [key for key, value in (config.items() if isinstance(config, dict) else ())
-              if key.startswith("pooling_mode_") and key not in _MODES and value is True]
-    if len(chosen) != 1 or others:
+    if not isinstance(config, dict):
+        raise ModelLoadError(f"{config_path}: the pooling config is not a JSON object")
+    asked = sorted(key for key, value in config.items() if key.startswith("pooling_mode_") and value is True)
+    if len(asked) != 1 or asked[0] not in _MODES:
         raise ModelLoadError(f"{config_path}: kestrel-trio pools by exactly one of {', '.join(_MODES)}; this config "
-                         f"asks for {', '.join(sorted(others + [k for k in _MODES if config.get(k) is True])) or 'none'}")
+                             f"asks for {', '.join(asked) or 'none'}")
+    chosen = [_MODES[asked[0]]]
     return chosen[0]
 
 

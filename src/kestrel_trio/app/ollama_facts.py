@@ -24,15 +24,17 @@ _PARAMETER_NAMES = {"temperature": "temperature", "top_p": "top_p", "top_k": "to
 def model_facts(model: Model, model_id: str, state) -> ModelFacts:
     """The served model's facts for /api/tags, /api/show and /api/ps (``state``: the server's)."""
     config = model.config
-    capabilities = ["completion"]
+    # Every model completes and calls tools (a template without tools gets them as a system prompt); every
+    # model also embeds (/api/embed), but only one whose files declare a pooling is listed as an embedding
+    # model, as Ollama lists only those.
+    capabilities = ["completion", "tools"]
     template = model.tokenizer.chat_template if model.tokenizer is not None else None
-    if template and "tools" in template:
-        capabilities.append("tools")
     if model_thinks(model):
         capabilities.append("thinking")
     if model.vision is not None:
         capabilities.append("vision")
-    capabilities.append("embedding")  # every model embeds (/api/embed), pooled as its folder says
+    if model.embedding_checkpoint:
+        capabilities.append("embedding")
     defaults = default_sampling(model, state.sampling, state.default_max_tokens)
     lines = [f"{name} {defaults[key]}" for key, name in _PARAMETER_NAMES.items() if defaults.get(key) is not None]
     started = datetime.datetime.fromtimestamp(state.created, datetime.timezone.utc)

@@ -259,7 +259,8 @@ def _messages(value: Any) -> list[dict]:
         message = check_object(item, path)
         for key in message:
             if key not in ("role", "content", "images", "tool_calls", "thinking", "tool_name", "tool_call_id"):
-                raise BadRequestError(f"'{join_path(path, key)}' is not a field of a message", param=join_path(path, key))
+                field = join_path(path, key)
+                raise BadRequestError(f"'{field}' is not a field of a message", param=field)
         role = check_str(require(message, "role", path), join_path(path, "role"))
         content = get_str(message, "content", path) or ""
         images = _images(message.get("images"), join_path(path, "images"))
