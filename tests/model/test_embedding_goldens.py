@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from kestrel_trio._model import EmbeddingRun, read_pooling
-from kestrel_trio.errors import ModelLoadError
+from kestrel_trio.errors import BadRequestError, ModelLoadError
 from kestrel_trio.model import load_model
 
 FOLDER = Path(__file__).resolve().parents[1] / "fixtures" / "qwen3_embedding"
@@ -93,3 +93,24 @@ def test_a_mean_pooling_folder_loads_as_mean(tmp_path: Path, golden) -> None:
     shutil.copytree(FOLDER, folder)
     (folder / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_mean_tokens": True}))
     assert load_model(folder, weights="fp32").pooling == "mean"
+
+
+def test_a_text_is_tokenized_with_the_tokenizers_own_special_tokens(tmp_path: Path) -> None:
+    """Qwen3-Embedding's tokenizer appends <|endoftext|> (its post-processor), whose hidden state is pooled."""
+    source = FOLDER.parent / "qwen3_bf16_tied"
+    plain = load_model(source)
+    assert plain.encode_for_embedding("hello world", param="input") == plain.encode("hello world")
+    folder = tmp_path / "embedder"
+    shutil.copytree(source, folder)
+    tokenizer = json.loads((folder / "tokenizer.json").read_text())
+    tokenizer["post_processor"] = {
+        "type": "TemplateProcessing",
+        "single": [{"Sequence": {"id": "A", "type_id": 0}}, {"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}}],
+        "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+        "special_tokens": {"<|endoftext|>": {"id": "<|endoftext|>", "ids": [504], "tokens": ["<|endoftext|>"]}},
+    }
+    (folder / "tokenizer.json").write_text(json.dumps(tokenizer))
+    embedder = load_model(folder)
+    assert embedder.encode_for_embedding("hello world", param="input") == plain.encode("hello world") + [504]
+    with pytest.raises(BadRequestError, match="'input' encodes to no tokens"):
+        plain.encode_for_embedding("", param="input")
