@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import functools
+import json
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +21,7 @@ from kestrel_trio.engine import EmbeddingRequest, EngineLimits, run_engine
 from kestrel_trio.errors import ContextLengthError, QueueFullError
 from kestrel_trio.model import Model, load_model
 
-from server_kit import assert_envelope, client_for, fetch, running_server, wait_until
+from server_kit import assert_envelope, client_for, connected, fetch, running_server, wait_until
 from slow_host import allowance
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "qwen3_embedding"
@@ -140,3 +141,29 @@ async def test_a_running_job_abandoned_stops_between_two_chunks(demo_model: Mode
             assert engine.metrics.cancelled.value(phase="prefill") == 1
             assert engine.kv_usage.reserved_bytes == 0  # its KV reservation is released
             nursery.cancel_scope.cancel()
+
+
+async def test_a_full_queue_refuses_embeddings_with_429_in_each_apis_shape(tiny_model: Model, gate) -> None:
+    limits = EngineLimits(max_queued=1, max_batch=1)
+    completion = {"prompt": "Hello", "max_tokens": 3, "stream": True}
+    with trio.fail_after(allowance(60)):
+        async with running_server(tiny_model, engine_limits=limits) as server:
+            engine = server.engine
+            model_id = server.state.model_id
+            async with connected(server.port) as active, connected(server.port) as queued:
+                with gate.held():
+                    await active.send_request("POST", "/v1/completions", json.dumps(completion).encode())
+                    await gate.until_blocked()
+                    await queued.send_request("POST", "/v1/embeddings",
+                                              json.dumps({"model": model_id, "input": ["a", "b"]}).encode())
+                    await wait_until(lambda: engine.queued == 1)  # the two inputs wait as one job
+                    openai_refusal = await fetch(server.port, "POST", "/v1/embeddings",
+                                                 {"model": model_id, "input": "c"})
+                    ollama_refusal = await fetch(server.port, "POST", "/api/embed", {"model": model_id, "input": "c"})
+                served = [await active.read_response(), await queued.read_response()]
+    error = assert_envelope(openai_refusal, 429)
+    assert error["code"] == "queue_full" and int(openai_refusal.headers["retry-after"]) >= 1
+    assert ollama_refusal.status == 429 and "queue is full" in ollama_refusal.json()["error"]
+    assert int(ollama_refusal.headers["retry-after"]) >= 1
+    assert [response.status for response in served] == [200, 200]
+    assert len(served[1].json()["data"]) == 2

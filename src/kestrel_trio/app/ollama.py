@@ -18,11 +18,11 @@ from __future__ import annotations
 import datetime
 import functools
 import logging
-import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 
 import attrs
+import trio
 
 from kestrel_trio import ollama as ol
 from kestrel_trio.app.chat import CompletionJob, model_thinks
@@ -95,7 +95,7 @@ class OllamaRoutes:
 
     @_errors_as_ollama
     async def chat(self, request: Request) -> Response | StreamingResponse:
-        started = time.monotonic_ns()
+        started = _now_ns()
         req = await self.routes._parse(ol.parse_chat, request.body)
         self._check_name(req.chat.model)
         if req.empty:  # Ollama's "load the model" call: it is loaded; answered at once
@@ -109,7 +109,7 @@ class OllamaRoutes:
 
     @_errors_as_ollama
     async def generate(self, request: Request) -> Response | StreamingResponse:
-        started = time.monotonic_ns()
+        started = _now_ns()
         req = await self.routes._parse(ol.parse_generate, request.body)
         self._check_name(req.request.chat.model)
         if req.empty:
@@ -142,11 +142,11 @@ class OllamaRoutes:
 
     @_errors_as_ollama
     async def embed(self, request: Request) -> Response:
-        started = time.monotonic_ns()
+        started = _now_ns()
         req = await self.routes._parse(ol.parse_embed, request.body)
         self._check_name(req.model)
         result = await embed(self.routes, None, req.texts, None, req.dimensions)
-        total = time.monotonic_ns() - started
+        total = _now_ns() - started
         body = {"model": self.model_id, "embeddings": result.vectors, "total_duration": total, "load_duration": 0,
                 "prompt_eval_count": result.prompt_tokens}
         return Response(status=200, body=ol.ndjson_line(body))
@@ -187,6 +187,11 @@ class OllamaRoutes:
         raise BadRequestError(f"/api/{what} is not supported: kestrel-trio serves the one model it was started "
                               f"with ({ol.listed_name(self.model_id)}) and keeps no Ollama model store; start "
                               "`kestrel-trio serve --model ...` with another model to serve it")
+
+
+def _now_ns() -> int:
+    """Trio's clock in nanoseconds (the unit of Ollama's durations; a test's MockClock drives it)."""
+    return int(trio.current_time() * 1e9)
 
 
 def _with_think(model: Model, chat: ChatRequest, think: bool) -> ChatRequest:
@@ -254,7 +259,7 @@ class OllamaJob:
         opened: dict[int, dict] = {}  # tool calls whose arguments have not come yet, by index
         while True:
             delta = await self.job._next(handle)
-            self.timings.token(time.monotonic_ns(), delta.prompt_tokens, delta.completion_tokens)
+            self.timings.token(_now_ns(), delta.prompt_tokens, delta.completion_tokens)
             items = choice.push(delta.text)
             if delta.finish_reason is not None:
                 items = items + choice.finish(delta.finish_reason)
@@ -264,7 +269,7 @@ class OllamaJob:
             if delta.finish_reason is not None:
                 reason = choice.finish_reason or delta.finish_reason
                 final = self._line([], opened, empty=True)
-                final.update(ol.final_fields(_DONE_REASONS.get(reason, reason), self.timings, time.monotonic_ns()))
+                final.update(ol.final_fields(_DONE_REASONS.get(reason, reason), self.timings, _now_ns()))
                 yield final
                 return
 
