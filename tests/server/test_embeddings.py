@@ -18,7 +18,7 @@ import pytest
 import trio
 
 from kestrel_trio.engine import EmbeddingRequest, EngineLimits, run_engine
-from kestrel_trio.errors import ContextLengthError, QueueFullError
+from kestrel_trio.errors import ContextLengthError, EngineUnavailableError, QueueFullError
 from kestrel_trio.model import Model, load_model
 
 from server_kit import assert_envelope, client_for, connected, fetch, running_server, wait_until
@@ -167,3 +167,18 @@ async def test_a_full_queue_refuses_embeddings_with_429_in_each_apis_shape(tiny_
     assert int(ollama_refusal.headers["retry-after"]) >= 1
     assert [response.status for response in served] == [200, 200]
     assert len(served[1].json()["data"]) == 2
+
+
+async def test_a_shutdown_ends_queued_embeddings_with_the_error_and_frees_their_places(demo_model: Model) -> None:
+    with trio.fail_after(allowance(120)):
+        async with trio.open_nursery() as nursery:
+            engine = await nursery.start(functools.partial(run_engine, demo_model, limits=EngineLimits(max_queued=2)))
+            request = EmbeddingRequest((tuple(demo_model.encode("hello")),))
+            handles = [engine.open_embeddings(request), engine.open_embeddings(request)]  # the second one waits
+            engine.end_generations(EngineUnavailableError("the server is shutting down"))
+            for handle in handles:
+                with pytest.raises(EngineUnavailableError, match="shutting down"):
+                    await handle.result()
+                handle.cancel()
+            assert engine.queued == 0  # their places in the queue are free again
+            nursery.cancel_scope.cancel()

@@ -103,6 +103,9 @@ class EmbeddingHandle:
         Raises:
             KestrelError: the engine stopped, the server is shutting down, or the step failed.
         """
+        ended = self._engine.ended_error()
+        if ended is not None:  # the server is shutting down: as a generation's handle, whatever was computed
+            raise ended
         try:
             item = await self._job.receiver.receive()
         except (trio.EndOfChannel, trio.ClosedResourceError):

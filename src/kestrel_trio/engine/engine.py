@@ -325,9 +325,21 @@ class Engine:
         self.metrics.accepted.inc()
         return EmbeddingHandle(self, job)
 
+    def ended_error(self) -> KestrelError | None:
+        """A fresh copy of the error :meth:`end_generations` ended every stream with, or None."""
+        return None if self._ended is None else copy.copy(self._ended)
+
     def unavailable(self, message: str) -> EngineUnavailableError:
         """The error a consumer whose job ended without a result raises."""
         return EngineUnavailableError(f"{message} (engine status: {self.status})", retry_after=5)
+
+    def _end_embedding(self, job: EmbeddingJob, outcome: object) -> None:
+        """Deliver ``job``'s one result (or nothing, ``outcome`` None, to a consumer that left); it leaves the
+        queue's count if it was still queued, and its KV is dropped."""
+        if job.admitted_at is None and not (job.done or job.abandoned):
+            self._live_queued -= 1
+        job.finish(outcome)
+        job.run.release()
 
     def _abandon_embedding(self, job: EmbeddingJob) -> None:
         if job.done or job.abandoned:
@@ -349,7 +361,7 @@ class Engine:
         self._ended = error
         self._drain_queue_quietly()
         for embedding in [*self._embed_waiting, *([self._embedding] if self._embedding else [])]:
-            embedding.finish(error)
+            self._end_embedding(embedding, error)
         for job in [*self._waiting, *self._active]:
             if not job.done and not job.abandoned:
                 try:
@@ -491,8 +503,7 @@ class Engine:
         if outcome is not None or job.abandoned:
             if isinstance(outcome, OutOfMemoryError):
                 self.metrics.out_of_memory.inc()
-            job.finish(outcome)
-            job.run.release()
+            self._end_embedding(job, outcome)
             self._embedding = None
         self._note_kv_usage()
 
@@ -564,8 +575,7 @@ class Engine:
         self._waiting = collections.deque(j for j in self._waiting if not j.abandoned)
         self._embed_waiting = collections.deque(j for j in self._embed_waiting if not (j.abandoned or j.done))
         if self._embedding is not None and (self._embedding.abandoned or self._embedding.done):  # left, or ended
-            self._embedding.finish(None)
-            self._embedding.run.release()
+            self._end_embedding(self._embedding, None)
             self._embedding = None
         for job in self._active:
             if job.abandoned:
@@ -675,7 +685,7 @@ class Engine:
     def _fail_everything(self, error: KestrelError) -> None:
         self._drain_queue_quietly()
         for embedding in [*self._embed_waiting, *([self._embedding] if self._embedding else [])]:
-            embedding.finish(error)
+            self._end_embedding(embedding, error)
         self._embed_waiting.clear()
         self._embedding = None
         for job in [*self._waiting, *self._active]:
