@@ -94,6 +94,7 @@ def test_generate_translates_prompt_system_and_raw() -> None:
     assert generate(prompt="<|im_start|>x", raw=True).raw_prompt == "<|im_start|>x"
     assert generate().empty and chat(messages=[]).empty
     refused(generate, "raw", prompt="x", raw=True, system="s")
+    refused(generate, "raw", prompt="x", raw=True, think=False)
 
 
 @pytest.mark.parametrize(("key", "value"), [("suffix", "x"), ("template", "{{ .Prompt }}"), ("context", [1, 2]),

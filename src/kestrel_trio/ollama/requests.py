@@ -137,8 +137,8 @@ def parse_generate(body: bytes) -> OllamaGenerate:
     system = get_str(obj, "system")
     images = _images(obj.get("images"), "images")
     raw = bool(get_bool(obj, "raw"))
-    if raw and (system is not None or images):
-        raise BadRequestError("'raw': a raw prompt is sent as is; 'system' and 'images' need the template",
+    if raw and (system is not None or images or obj.get("think") is not None):
+        raise BadRequestError("'raw': a raw prompt is sent as is; 'system', 'images' and 'think' need the template",
                               param="raw")
     sampling = sampling_from_options(obj.get("options"), stream=_stream(obj))
     messages: list[dict] = []
