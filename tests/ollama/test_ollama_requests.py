@@ -46,6 +46,8 @@ def test_streaming_is_the_default_and_options_map_to_sampling() -> None:
 def test_runtime_options_are_accepted_and_unimplemented_samplers_only_neutral() -> None:
     assert chat(options={"num_ctx": 8192, "num_thread": 4, "num_gpu": 0, "use_mmap": True}).chat.sampling.stream
     assert chat(options={"mirostat": 0, "typical_p": 1.0, "tfs_z": 1.0, "repeat_last_n": -1}).chat
+    assert chat(options={"mirostat_tau": 5.0, "mirostat_eta": 0.1}).chat  # tuning a sampler that is off
+    refused(chat, "mirostat_tau", options={"mirostat_tau": "high"})
     assert refused(chat, "options.mirostat", options={"mirostat": 2}).param == "options.mirostat"
     assert refused(chat, "options.repeat_last_n", options={"repeat_last_n": 64}).param == "options.repeat_last_n"
     assert refused(chat, "options.temprature", options={"temprature": 0.5}).param == "options.temprature"

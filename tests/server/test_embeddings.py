@@ -83,6 +83,10 @@ async def test_texts_base64_dimensions_and_refusals(demo_model: Model) -> None:
                               {"model": model_id, "input": [], "encoding_format": "float"})
             wrong_format = await fetch(server.port, "POST", "/v1/embeddings",
                                        {"model": model_id, "input": "x", "encoding_format": "int8"})
+            outside = await fetch(server.port, "POST", "/v1/embeddings",
+                                  {"model": model_id, "input": [[1, 2], [3, 10**9]]})
+            ids = demo_model.encode(texts[1])
+            by_ids = await fetch(server.port, "POST", "/v1/embeddings", {"model": model_id, "input": ids})
     vectors = np.asarray([item.embedding for item in floats.data])  # [2, 64]
     assert vectors.shape == (2, 64)
     assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-6)
@@ -95,6 +99,9 @@ async def test_texts_base64_dimensions_and_refusals(demo_model: Model) -> None:
     assert unknown.body["param"] == "pooling"
     assert assert_envelope(raw, 400)["param"] == "input"
     assert assert_envelope(wrong_format, 400)["param"] == "encoding_format"
+    assert assert_envelope(outside, 400)["param"] == "input[1]"
+    assert by_ids.status == 200 and by_ids.json()["usage"]["prompt_tokens"] == len(ids)
+    assert np.allclose(by_ids.json()["data"][0]["embedding"], vectors[1], atol=1e-6)  # the text's own tokens
 
 
 def test_base64_is_little_endian_float32() -> None:

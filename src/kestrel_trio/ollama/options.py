@@ -11,7 +11,8 @@ Each key Ollama's documentation lists gets one of three treatments, and nothing 
   request gets is the served one (``/api/show`` reports it).
 * refused with a 400 naming the key unless it has its neutral value, :data:`NEUTRAL_ONLY`: samplers this
   server does not implement (``mirostat``, ``typical_p``, ``tfs_z``, ``repeat_last_n`` other than -1,
-  ``penalize_newline``).
+  ``penalize_newline``). ``mirostat_tau`` and ``mirostat_eta`` only tune mirostat: a number is accepted, and
+  changes nothing, since mirostat is always off.
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ RUNTIME_OPTIONS = frozenset({
     "use_mlock", "embedding_only", "num_thread", "numa", "num_keep", "rope_frequency_base", "rope_frequency_scale",
     "num_gqa", "gpu_split",
 })
-NEUTRAL_ONLY = {"mirostat": 0, "typical_p": 1.0, "tfs_z": 1.0, "repeat_last_n": -1, "penalize_newline": False,
-                "mirostat_tau": None, "mirostat_eta": None}
+NEUTRAL_ONLY = {"mirostat": 0, "typical_p": 1.0, "tfs_z": 1.0, "repeat_last_n": -1, "penalize_newline": False}
+_MIROSTAT_TUNING = ("mirostat_tau", "mirostat_eta")  # tune mirostat only: nothing to tune while it is off
 _SAMPLING = ("temperature", "top_p", "top_k", "min_p", "seed", "num_predict", "stop", "repeat_penalty",
              "presence_penalty", "frequency_penalty")
 
@@ -48,9 +49,12 @@ def sampling_from_options(value: Any, *, stream: bool, param: str = "options") -
         path = join_path(param, key)
         if key in _SAMPLING or key in RUNTIME_OPTIONS or item is None:
             continue
+        if key in _MIROSTAT_TUNING:
+            get_number(options, key, param)  # a number, which changes nothing while mirostat is off (refused on)
+            continue
         if key in NEUTRAL_ONLY:
             neutral = NEUTRAL_ONLY[key]
-            if neutral is None or item != neutral:
+            if item != neutral:
                 raise BadRequestError(f"'{path}': this server does not implement it (only {neutral!r}, the neutral "
                                       "value, is accepted); use temperature, top_p, top_k, min_p or repeat_penalty",
                                       param=path)
