@@ -28,7 +28,7 @@ def model():
 
 @pytest.fixture(scope="module")
 def golden():
-    return np.load(FOLDER / "golden.npz")
+    return np.load(FOLDER / "embedding_golden.npz")
 
 
 def inputs(golden) -> list[list[int]]:

@@ -41,7 +41,7 @@ async def test_an_embedding_checkpoint_is_listed_as_one(embedding_model: Model) 
 
 
 async def test_vectors_through_the_server_match_transformers(embedding_model: Model) -> None:
-    golden = np.load(FIXTURE / "golden.npz")
+    golden = np.load(FIXTURE / "embedding_golden.npz")
     inputs = [golden[f"ids_{i}"].tolist() for i in range(3)]
     with trio.fail_after(allowance(120)):
         async with running_server(embedding_model, engine_limits=EngineLimits(prefill_chunk=16)) as server:
