@@ -10,6 +10,7 @@ lower rank; two layers of the same rank may not import each other):
     2  openai, http           JSON <-> values; h11 + trio HTTP (neither knows the other)
     3  text, webui, hub       tokenizer, template, sampling, generation state machine; the chat page's files; getting model files
     3  anthropic              Anthropic Messages JSON <-> the openai layer's chat request (built on openai, so above it)
+    3  ollama                 Ollama's API JSON <-> the openai layer's chat request, NDJSON and listings
     4  model                  the public Model: _model joined with text (checked_model: a path checked before it loads)
     5  engine                 the bounded queue and the single inference task
     6  app                    the routes: HTTP requests in, engine generations out
@@ -45,7 +46,7 @@ RANKS = {
     "errors": 0, "stats": 0, "version": 0, "blas_spin": 0, "_kernels": 0,
     "_model": 1,
     "openai": 2, "http": 2,
-    "text": 3, "webui": 3, "hub": 3, "anthropic": 3,
+    "text": 3, "webui": 3, "hub": 3, "anthropic": 3, "ollama": 3,
     "model": 4,
     "engine": 5,
     "app": 6,
@@ -62,6 +63,7 @@ FORBIDDEN_EXTERNAL = {
     "engine": {"h11", "json"},
     "openai": {"trio", "numpy", "h11"},
     "anthropic": {"trio", "numpy", "h11"},
+    "ollama": {"trio", "numpy", "h11"},
     "http": {"numpy"},
     "hub": {"trio", "h11", "numpy"},
 }

@@ -22,7 +22,7 @@ from kestrel_trio._model import (
     load_gguf_weights, load_qwen3_vl, load_weights, product_threads, random_tensors, read_config,
     resolve_residency, set_product_threads, UPCAST_CHUNK, PackedMatrix, default_cache_dir,
     describe_weights, packed_matrices, resident_bytes, warm_fused_products, PREFILL_PRECISIONS,
-    set_prefill_precision as _set_prefill_precision, prefill_precision,
+    set_prefill_precision as _set_prefill_precision, prefill_precision, read_pooling, gguf_pooling,
 )
 from kestrel_trio.checked_model import CheckedModel, check_model
 from kestrel_trio.text.images import ImageProcessorConfig, require_pillow
@@ -86,6 +86,8 @@ class Model:
         self._template: ChatTemplate | None = None
         self._max_model_len: int | None = None  # a serving cap below the checkpoint's context (with_context_length)
         self._kernels: dict | None = None  # kernel_report's, made once
+        self.pooling = "last"  # how an embedding pools the final hidden states (read_pooling; set at load)
+        self.embedding_checkpoint = False  # its files declare a pooling (an embedding model such as Qwen3-Embedding)
         if tokenizer is not None and tokenizer.chat_template is not None:
             self._template = ChatTemplate(tokenizer.chat_template, special_tokens=tokenizer.special_tokens_map)
 
@@ -142,6 +144,21 @@ class Model:
         ids, total = self.require_tokenizer().encode_bounded(text, self.context_length)
         if ids is None:  # too long for any max_tokens: refused before a list of its ids is built
             check_context(total, None, self.context_length, param=param)  # raises
+        return ids
+
+    def encode_for_embedding(self, text: str, *, param: str) -> list[int]:
+        """Token ids of a text to embed (the tokenizer's special tokens added, as sentence-transformers does).
+
+        Raises:
+            BadRequestError: ``text`` encodes to no tokens.
+            ContextLengthError: more tokens than the context (naming ``param``).
+        """
+        ids = self.require_tokenizer().encode_with_specials(text)
+        if not ids:
+            raise BadRequestError(f"'{param}' encodes to no tokens (an empty string cannot be embedded)", param=param)
+        if len(ids) > self.context_length:
+            raise ContextLengthError(f"'{param}' is {len(ids)} tokens, more than the {self.context_name} of "
+                                     f"{self.context_length} tokens", param=param)
         return ids
 
     def encode_within_context(self, text: str, *, param: str) -> list[int]:
@@ -560,6 +577,8 @@ def load_model(
         )
     _check_eos_ids(tokenizer, decoder.config.vocab_size, f"{folder}: generation_config.json's eos_token_id")
     model = Model(decoder, name=folder.resolve().name, path=folder, tokenizer=tokenizer)
+    model.pooling = read_pooling(folder)
+    model.embedding_checkpoint = (folder / "modules.json").is_file()
     return _ready(model, residency)
 
 
@@ -602,6 +621,8 @@ def _load_gguf_model(path: Path, progress: Callable[[float], None] | None, weigh
     named = named_model_of_file(path)
     model = Model(decoder, name=path.name.removesuffix(".gguf"), path=path, tokenizer=tokenizer,
                   sampling_defaults=named.sampling_defaults if named is not None else None)
+    model.pooling = gguf_pooling(gguf.metadata, architecture)
+    model.embedding_checkpoint = bool(gguf.metadata.get(f"{architecture}.pooling_type"))
     return _ready(model, residency)
 
 

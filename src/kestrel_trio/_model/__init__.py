@@ -8,6 +8,7 @@ rest of kestrel-trio relies on is listed here, in one place.
 
 from kestrel_trio._model.confine import check_folder_files, confined
 from kestrel_trio._model.config import ModelConfig, config_from_dict, read_config, read_config_json, read_json_object
+from kestrel_trio._model.embedding import POOLINGS, EmbeddingRun, gguf_pooling, normalize, read_pooling
 from kestrel_trio._model.forward import Decoder, feed_chunks, forward
 from kestrel_trio._model.gguf_checkpoint import load_gguf_weights
 from kestrel_trio._model.gguf_config import config_from_gguf, gguf_architecture
@@ -44,6 +45,8 @@ __all__ = [
     "config_from_gguf", "gguf_architecture",
     # forward passes and caches
     "Decoder", "forward", "feed_chunks", "KVCache", "PrefixCache", "linear",
+    # embeddings: pooled final hidden states
+    "POOLINGS", "EmbeddingRun", "read_pooling", "gguf_pooling", "normalize",
     # KV storage and its memory
     "BLOCK_TOKENS", "KVCacheFull", "kv_token_bytes", "KV_DTYPES", "storage_dtype", "to_storage", "mapped_bytes",
     # Qwen3-VL

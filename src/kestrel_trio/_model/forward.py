@@ -86,6 +86,7 @@ def forward(
     all_logits: bool = False,
     wanted: Sequence[bool] | None = None,
     overrides: RowOverrides | None = None,
+    hidden: bool = False,
 ) -> np.ndarray:
     """Run the decoder over new tokens of one or more sequences, extending their caches.
 
@@ -99,10 +100,13 @@ def forward(
         wanted: per segment, whether its last row's logits are returned (a prompt chunk
             before the last needs none); None: every segment's. Ignored with ``all_logits``.
         overrides: image rows of a single segment (Qwen3-VL); None for text.
+        hidden: return the final hidden states (after the final norm, before lm_head) instead of
+            logits: the rows embeddings are pooled from.
 
     Returns:
         float32 logits, [N, vocab] if ``all_logits``, else one row per wanted segment
-        ([len(lengths), vocab] when ``wanted`` is None).
+        ([len(lengths), vocab] when ``wanted`` is None); with ``hidden``, the same rows of
+        [.., hidden_size] instead.
     """
     c = decoder.config
     w = decoder.weights
@@ -131,8 +135,11 @@ def forward(
     if tails is not None and not trimmed:
         x = x[_tail_rows(lengths, tails)]  # [rows, hidden]
     if x.shape[0] == 0:
-        return np.empty((0, w.lm_head.shape[0]), dtype=np.float32)  # [0, vocab]: no logits wanted
+        width = c.hidden_size if hidden else w.lm_head.shape[0]
+        return np.empty((0, width), dtype=np.float32)  # [0, vocab or hidden]: no rows wanted
     x = rms_norm(x, w.norm, c.rms_norm_eps)  # [rows, hidden]
+    if hidden:
+        return x  # [rows, hidden]
     return linear(x, w.lm_head)  # [rows, vocab]
 
 

@@ -32,6 +32,8 @@ from kestrel_trio.model import Model
 from kestrel_trio.app.chat import ChatOptions, CompletionJob, default_sampling, model_thinks
 from kestrel_trio.app.responses import INPUT_TOKENS_PATH, RESPONSES_PATH, STORED_RESPONSES_PREFIX, ResponsesRoutes
 from kestrel_trio.app.messages import ANTHROPIC_PATHS, MessagesRoutes, anthropic_error_response
+from kestrel_trio.app.embeddings import EmbeddingRoutes
+from kestrel_trio.app.ollama import OLLAMA_PREFIX, add_ollama_routes, ollama_error_response
 from kestrel_trio.app.grammar import NO_THINKING as _NO_THINKING
 from kestrel_trio.app.grammar import chat_constraint, completion_constraint, reasoning_before_answer
 from kestrel_trio.app.images import prepare_images, template_parts
@@ -74,6 +76,8 @@ def build_router(state: ServerState) -> "_AuthorizingHandler":
     messages = MessagesRoutes(routes)  # Anthropic's Messages API, over the same chat preparation
     for path, handler in zip(ANTHROPIC_PATHS, (messages.messages, messages.count_tokens)):
         router.add("POST", path, handler, media_types=JSON_MEDIA_TYPES)
+    router.add("POST", "/v1/embeddings", EmbeddingRoutes(routes).embeddings, media_types=JSON_MEDIA_TYPES)
+    add_ollama_routes(router, routes, JSON_MEDIA_TYPES)  # Ollama's /api/..., over the same chat preparation
     if state.webui:
         add_webui_routes(router)
 
@@ -99,10 +103,14 @@ class _AuthorizingHandler:
         except AuthenticationError as exc:
             if anthropic:
                 return anthropic_error_response(exc)
+            if request.path.startswith(OLLAMA_PREFIX):
+                return ollama_error_response(exc)
             raise
         route = self._router.route(request)
         if anthropic and isinstance(route, Response) and route.status >= 400:
             return _anthropic_envelope(route)
+        if request.path.startswith(OLLAMA_PREFIX) and isinstance(route, Response) and route.status >= 400:
+            return _ollama_envelope(route)
         return route
 
     async def __call__(self, request: Request) -> Response | StreamingResponse:
@@ -132,6 +140,15 @@ def _anthropic_envelope(response: Response) -> Response:
         return response
     body = oa.to_json_bytes(an.error_object(response.status, message))
     return attrs.evolve(response, body=body)
+
+
+def _ollama_envelope(response: Response) -> Response:
+    """An OpenAI-envelope refusal of the router (404, 405, 415) or the key check re-worded as Ollama's."""
+    try:
+        message = json.loads(response.body)["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        return response
+    return attrs.evolve(response, body=json.dumps({"error": message}).encode())
 
 
 _PARSE_IN_THREAD_FROM_BYTES = 64 * 1024  # smaller bodies parse in well under a millisecond

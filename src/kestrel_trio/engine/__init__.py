@@ -4,7 +4,9 @@ Imports trio and the model/text layers; never h11 or json. ``engine.step``
 (the batched model step, run in the worker thread) never imports trio.
 """
 
+from kestrel_trio.engine.embeddings import EmbeddingHandle, EmbeddingRequest, Embeddings
 from kestrel_trio.engine.engine import Engine, GenerationHandle, run_engine
 from kestrel_trio.engine.types import Delta, EngineLimits, GenerationRequest
 
-__all__ = ["Engine", "GenerationHandle", "run_engine", "Delta", "EngineLimits", "GenerationRequest"]
+__all__ = ["Engine", "GenerationHandle", "run_engine", "Delta", "EngineLimits", "GenerationRequest",
+           "EmbeddingHandle", "EmbeddingRequest", "Embeddings"]

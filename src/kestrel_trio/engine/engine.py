@@ -53,6 +53,9 @@ Theory of operation:
   are shrunk to their tokens, and the C heap's free pages go back to the
   kernel, so an idle server does not keep the high-water mark of its last
   long generations.
+* An embedding request (:mod:`kestrel_trio.engine.embeddings`) is one job on the same queue, counted
+  against the same bound; once admitted (one at a time, within the KV budget) it runs one prefill chunk
+  per loop turn beside the generations' step, and is dropped between two chunks when abandoned.
 * Speculative decoding (``limits.speculative``; :mod:`kestrel_trio.engine.speculation`)
   runs inside a step whose batch is one generation: that step may produce
   several tokens, each delivered as its own delta, exactly as plain steps
@@ -72,12 +75,15 @@ import trio
 
 from kestrel_trio._model import PrefixCache
 from kestrel_trio.engine.contained_step import step_contained
+from kestrel_trio.engine.embeddings import EmbeddingHandle, EmbeddingJob, EmbeddingRequest, Embeddings, new_job
 from kestrel_trio.engine.host_memory import release_free_memory
 from kestrel_trio.engine.kv_budget import budget_for
 from kestrel_trio.engine.metrics import EngineMetrics
 from kestrel_trio.engine.speculation import Speculation
 from kestrel_trio.engine.types import Delta, EngineLimits, GenerationRequest, KVUsage
-from kestrel_trio.errors import BadRequestError, EngineUnavailableError, KestrelError, OutOfMemoryError, QueueFullError
+from kestrel_trio.errors import (
+    BadRequestError, ContextLengthError, EngineUnavailableError, KestrelError, OutOfMemoryError, QueueFullError,
+)
 from kestrel_trio.model import Model
 from kestrel_trio.engine.step import step_generations
 from kestrel_trio.text.generation import Generation, Phase, StepResult, check_context
@@ -155,6 +161,8 @@ class Engine:
         self._queue_send, self._queue_recv = trio.open_memory_channel[Job](2 * limits.max_queued)
         self._waiting: collections.deque[Job] = collections.deque()
         self._active: list[Job] = []
+        self._embed_waiting: collections.deque[EmbeddingJob] = collections.deque()
+        self._embedding: EmbeddingJob | None = None  # the admitted embedding job, one at a time
         self._live_queued = 0
         self._limiter = trio.CapacityLimiter(1)
         self.step_started_at: float | None = None
@@ -277,6 +285,70 @@ class Engine:
             raise
         return [GenerationHandle(self, job) for job in jobs]
 
+    def open_embeddings(self, request: EmbeddingRequest) -> EmbeddingHandle:
+        """Queue the embedding of a batch of texts as one job; ``await handle.result()`` gives the vectors.
+
+        Admitted here, as generations are: the engine's state, each input against the context cap and the
+        KV budget, and the queue's room. Leaving ``async with handle`` before the result abandons the job.
+
+        Raises:
+            EngineUnavailableError: the engine is not running.
+            ContextLengthError: an input is longer than the context cap or than the KV budget holds.
+            QueueFullError: the queue is full (HTTP 429 with ``retry_after``).
+        """
+        if self.status != "ok":
+            self.metrics.rejected.inc(reason="unavailable")
+            raise EngineUnavailableError(f"the engine is not serving (status: {self.status})", retry_after=5)
+        longest = max(len(ids) for ids in request.inputs)
+        for i, ids in enumerate(request.inputs):
+            if len(ids) > self.model.context_length:
+                raise ContextLengthError(f"'{request.param}' item {i} is {len(ids)} tokens, more than the "
+                                         f"{self.model.context_name} of {self.model.context_length} tokens",
+                                         param=request.param)
+        reserved = self.kv.reservation_tokens(longest)
+        if reserved * self.kv.token_bytes > self.kv.budget_bytes:
+            raise ContextLengthError(f"'{request.param}' holds a text of {longest} tokens, more than the KV cache "
+                                     f"budget's {self.kv.budget_tokens} tokens", param=request.param)
+        if self._live_queued >= self.limits.max_queued:
+            self.metrics.rejected.inc(reason="queue_full")
+            raise QueueFullError(f"the request queue is full ({self.limits.max_queued} waiting); retry later",
+                                 retry_after=self.retry_after())
+        job = new_job(request.inputs, self.model.pooling, self.limits.prefill_chunk,
+                      lambda tokens: self.model.new_cache(self.kv.dtype, max_tokens=reserved),
+                      reserved * self.kv.token_bytes, trio.current_time())
+        try:
+            self._queue_send.send_nowait(job)
+        except trio.WouldBlock:
+            self.metrics.rejected.inc(reason="queue_full")
+            raise QueueFullError("the request queue is full; retry later", retry_after=self.retry_after()) from None
+        self._live_queued += 1
+        self.metrics.accepted.inc()
+        return EmbeddingHandle(self, job)
+
+    def ended_error(self) -> KestrelError | None:
+        """A fresh copy of the error :meth:`end_generations` ended every stream with, or None."""
+        return None if self._ended is None else copy.copy(self._ended)
+
+    def unavailable(self, message: str) -> EngineUnavailableError:
+        """The error a consumer whose job ended without a result raises."""
+        return EngineUnavailableError(f"{message} (engine status: {self.status})", retry_after=5)
+
+    def _end_embedding(self, job: EmbeddingJob, outcome: object) -> None:
+        """Deliver ``job``'s one result (or nothing, ``outcome`` None, to a consumer that left); it leaves the
+        queue's count if it was still queued, and its KV is dropped."""
+        if job.admitted_at is None and not (job.done or job.abandoned):
+            self._live_queued -= 1
+        job.finish(outcome)
+        job.run.release()
+
+    def _abandon_embedding(self, job: EmbeddingJob) -> None:
+        if job.done or job.abandoned:
+            return
+        job.abandoned = True
+        if job.admitted_at is None:
+            self._live_queued -= 1
+        self.metrics.cancelled.inc(phase="queued" if job.admitted_at is None else "prefill")
+
     def end_generations(self, error: KestrelError) -> None:
         """End every generation's stream with ``error`` now, and every later one's at its first read.
 
@@ -288,6 +360,8 @@ class Engine:
         """
         self._ended = error
         self._drain_queue_quietly()
+        for embedding in [*self._embed_waiting, *([self._embedding] if self._embedding else [])]:
+            self._end_embedding(embedding, error)
         for job in [*self._waiting, *self._active]:
             if not job.done and not job.abandoned:
                 try:
@@ -359,6 +433,8 @@ class Engine:
         try:
             while True:
                 await self._admit()
+                if self._embedding is not None:
+                    await self._embed_step()
                 if self._active:
                     await self._step()
         except BaseException as exc:
@@ -373,9 +449,9 @@ class Engine:
 
     async def _admit(self) -> None:
         self._drain_queue()
-        if not self._active and not self._waiting:
+        if not self._active and not self._waiting and not self._embed_waiting and self._embedding is None:
             await self._tidy_memory()
-            self._waiting.append(await self._queue_recv.receive())
+            self._take(await self._queue_recv.receive())
             self._drain_queue()
         self._drop_abandoned()
         deferred = []
@@ -397,7 +473,39 @@ class Engine:
             self.metrics.queue_time.observe(job.admitted_at - job.enqueued_at)
             self._active.append(job)
         self._waiting.extendleft(reversed(deferred))
+        if self._embedding is None and self._embed_waiting and self._make_kv_room(self._embed_waiting[0].kv_bytes):
+            job = self._embedding = self._embed_waiting.popleft()
+            job.admitted_at = trio.current_time()
+            self._live_queued -= 1
+            self.metrics.queue_time.observe(job.admitted_at - job.enqueued_at)
         self._note_kv_usage(blocked)
+
+    async def _embed_step(self) -> None:
+        """One prefill chunk of the admitted embedding job, in the worker thread; its result once done."""
+        job = self._embedding
+        assert job is not None
+        self.step_started_at = trio.current_time()
+        outcome: object = None
+        try:
+            finished = await trio.to_thread.run_sync(job.run.step, self.model.decoder, limiter=self._limiter)
+        except MemoryError:
+            outcome = OutOfMemoryError(f"The server ran out of memory while embedding {len(job.run.inputs)} "
+                                       "input(s); retry later, or with fewer or shorter inputs")
+        except Exception:
+            log.exception("an embedding step failed")
+            outcome = KestrelError("the model step failed; see the server log")
+        else:
+            if finished:
+                outcome = Embeddings(tuple(job.run.vectors), job.run.tokens)
+        finally:
+            self.step_started_at = None
+            self._untidy = True
+        if outcome is not None or job.abandoned:
+            if isinstance(outcome, OutOfMemoryError):
+                self.metrics.out_of_memory.inc()
+            self._end_embedding(job, outcome)
+            self._embedding = None
+        self._note_kv_usage()
 
     async def _tidy_memory(self) -> None:
         """Once per idle spell: shrink idle prefix-cache entries and hand the heap's free pages back to the kernel.
@@ -415,7 +523,7 @@ class Engine:
 
     def _make_kv_room(self, need: int) -> bool:
         """Whether ``need`` more bytes fit the KV budget now, evicting idle prefix-cache entries to make them fit."""
-        room = self.kv.budget_bytes - sum(job.kv_bytes for job in self._active)
+        room = self.kv.budget_bytes - self._reserved_bytes()
         if need > room:
             return False
         self.prefix_cache.evict_idle(room - need)
@@ -424,11 +532,16 @@ class Engine:
             self.prefix_cache.clear()
         return True
 
+    def _reserved_bytes(self) -> int:
+        """KV bytes reserved by admitted generations and the admitted embedding job."""
+        embedding = 0 if self._embedding is None else self._embedding.kv_bytes
+        return sum(job.kv_bytes for job in self._active) + embedding
+
     def _note_kv_usage(self, blocked: int | None = None) -> None:
         """Refresh :attr:`kv_usage` (in trio, while no step runs: the caches are not being written)."""
         prefix = self.prefix_cache.idle_bytes
         self.kv_usage = KVUsage(
-            budget_bytes=self.kv.budget_bytes, reserved_bytes=sum(job.kv_bytes for job in self._active),
+            budget_bytes=self.kv.budget_bytes, reserved_bytes=self._reserved_bytes(),
             used_bytes=sum(job.generation.cache.nbytes for job in self._active) + prefix, prefix_bytes=prefix,
             waiting_for_kv=self.kv_usage.waiting_for_kv if blocked is None else blocked)
 
@@ -449,13 +562,21 @@ class Engine:
     def _drain_queue(self) -> None:
         while True:
             try:
-                self._waiting.append(self._queue_recv.receive_nowait())
+                self._take(self._queue_recv.receive_nowait())
             except trio.WouldBlock:
                 return
+
+    def _take(self, job: Job | EmbeddingJob) -> None:
+        """A job off the queue into its waiting line."""
+        (self._embed_waiting if isinstance(job, EmbeddingJob) else self._waiting).append(job)
 
     def _drop_abandoned(self) -> None:
         # Abandoned jobs were counted at abandon time; here they just leave, with no compute.
         self._waiting = collections.deque(j for j in self._waiting if not j.abandoned)
+        self._embed_waiting = collections.deque(j for j in self._embed_waiting if not (j.abandoned or j.done))
+        if self._embedding is not None and (self._embedding.abandoned or self._embedding.done):  # left, or ended
+            self._end_embedding(self._embedding, None)
+            self._embedding = None
         for job in self._active:
             if job.abandoned:
                 self._retire(job)  # no step runs now: the worker is idle
@@ -563,6 +684,10 @@ class Engine:
 
     def _fail_everything(self, error: KestrelError) -> None:
         self._drain_queue_quietly()
+        for embedding in [*self._embed_waiting, *([self._embedding] if self._embedding else [])]:
+            self._end_embedding(embedding, error)
+        self._embed_waiting.clear()
+        self._embedding = None
         for job in [*self._waiting, *self._active]:
             self._finish_with_error(job, error)
         self._waiting.clear()

@@ -299,6 +299,15 @@ class Tokenizer:
         """
         return self.encode_bounded(text, None)[0]
 
+    def encode_with_specials(self, text: str) -> list[int]:
+        """Token ids of ``text`` with the tokenizer's own post-processing (its special tokens added), as
+        sentence-transformers encodes a text to embed: Qwen3-Embedding's tokenizer appends ``<|endoftext|>``,
+        whose final hidden state is the embedding; a tokenizer that adds nothing gives :meth:`encode`'s ids."""
+        try:
+            return self._backend.encode_batch([text], add_special_tokens=True)[0].ids  # the batch call frees the GIL
+        except BaseException as exc:
+            raise self._failure(exc, "encode") from None
+
     def encode_bounded(self, text: str, limit: int | None) -> tuple[list[int] | None, int]:
         """The token ids of ``text`` (None when there are more than ``limit``) and their count.
 
