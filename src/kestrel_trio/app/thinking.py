@@ -23,13 +23,13 @@ from __future__ import annotations
 import attrs
 
 from kestrel_trio import openai as oa
+from kestrel_trio.app.grammar import NO_THINKING as _CLOSED_BLOCK  # Qwen3's template's enable_thinking=False
 from kestrel_trio.errors import BadRequestError, KestrelError
 from kestrel_trio.model import Model
 
 __all__ = ["REASONING_DEFAULTS", "check_reasoning_default", "ThinkingPlan", "plan_thinking"]
 
 REASONING_DEFAULTS = ("auto", "on", "off")
-_CLOSED_BLOCK = "<think>\n\n</think>\n\n"  # what Qwen3's template renders for enable_thinking=False
 
 
 def check_reasoning_default(value: str) -> str:
