@@ -158,4 +158,6 @@ def test_serve_reasoning_takes_its_three_modes_and_names_a_wrong_one():
                                                                           ["--reasoning=on"])] == ["auto", "off", "on"]
     result = run_cli(["serve", "--reasoning", "sometimes"], timeout=30)
     assert result.returncode == 2
-    assert "argument --reasoning: invalid choice: 'sometimes' (choose from auto, on, off)" in result.stderr
+    # Python versions quote the choices differently.
+    assert "argument --reasoning: invalid choice: 'sometimes' (choose from " in result.stderr
+    assert all(mode in result.stderr.splitlines()[-1] for mode in ("auto", "on", "off"))
