@@ -202,3 +202,19 @@ async def test_smollm2_has_no_reasoning_so_only_asking_for_it_is_refused() -> No
             counts, refusal = await trio.to_thread.run_sync(work, server)
     assert counts == [counts[0]] * 3  # off holds as it is; the server's "on" leaves the default as it was
     assert refusal.body["param"] == "reasoning_effort" and "has no reasoning mode" in refusal.body["message"]
+
+
+async def test_tokenize_counts_what_chat_gets_under_each_reasoning_choice(demo_model: Model) -> None:
+    cases = ({}, {"chat_template_kwargs": {"enable_thinking": False}},
+             {"chat_template_kwargs": {"enable_thinking": True}})
+    with trio.fail_after(120):
+        async with running_server(demo_model, reasoning="off") as server:
+            pairs = []
+            for fields in cases:
+                counted = await fetch(server.port, "POST", "/tokenize", {"messages": QUESTION, **fields})
+                chat = await fetch(server.port, "POST", "/v1/chat/completions",
+                                   {"messages": QUESTION, "max_tokens": 1, **fields})
+                pairs.append((counted.json()["count"], chat.json()["usage"]["prompt_tokens"]))
+    assert [count for count, _ in pairs] == [prompt for _, prompt in pairs]
+    block = len(demo_model.encode(CLOSED))
+    assert pairs[0][0] == pairs[1][0] == pairs[2][0] + block  # the server's off, asked off, asked on

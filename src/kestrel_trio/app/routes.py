@@ -277,12 +277,15 @@ class _Routes:
     async def tokenize(self, request: Request) -> Response:
         req = await self._parse(oa.parse_tokenize_request, request.body)
         model, _ = self._ready(req.model)
-        model.check_chat_template_kwargs(list(req.chat_template_kwargs))
-        if req.messages is not None:
+        if req.messages is not None:  # rendered as chat renders it, reasoning choice included (same count)
+            plan = plan_thinking(model, req, self.state.reasoning)
+            kwargs = plan.template_kwargs(req)
+            model.check_chat_template_kwargs(list(kwargs))
             text = await self._off_loop(functools.partial(
                 model.apply_chat_template, req.template_messages(), add_generation_prompt=req.add_generation_prompt,
-                tools=None if req.tools is None else list(req.tools), **req.chat_template_kwargs,
+                tools=None if req.tools is None else list(req.tools), **kwargs,
             ))
+            text = plan.finish_prompt(text) if req.add_generation_prompt else text
         else:
             text = req.prompt or ""
         param = "prompt" if req.messages is None else "messages"

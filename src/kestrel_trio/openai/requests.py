@@ -117,8 +117,10 @@ class TokenizeRequest:
         prompt: text to tokenize as is, or None.
         messages: chat messages to render with the chat template, or None.
         add_generation_prompt: with ``messages``, end with the assistant header (default True).
-        chat_template_kwargs: extra template variables for ``messages``.
+        chat_template_kwargs: extra template variables for ``messages`` (``enable_thinking`` is ``thinking``).
         tools: tool definitions rendered with ``messages``, as chat renders them, or None.
+        thinking: ``chat_template_kwargs.enable_thinking``, the reasoning choice, or None (as in chat).
+        thinking_param: the field that set ``thinking``.
     """
 
     model: str | None
@@ -127,6 +129,8 @@ class TokenizeRequest:
     add_generation_prompt: bool = True
     chat_template_kwargs: dict = attrs.field(factory=dict)
     tools: tuple[dict, ...] | None = None
+    thinking: bool | None = None
+    thinking_param: str = "chat_template_kwargs.enable_thinking"
 
     def template_messages(self) -> list[dict]:
         """A copy of ``messages`` for the chat template (tool-call arguments parsed), as chat renders them."""
@@ -219,13 +223,17 @@ def parse_tokenize_request(body: bytes) -> TokenizeRequest:
                 raise BadRequestError(f"'{field}' applies only with 'messages' (a 'prompt' is tokenized as is)",
                                       param=field)
     add_generation_prompt = get_bool(obj, "add_generation_prompt")
+    template_kwargs = dict(_template_kwargs(obj))
+    thinking, thinking_param = parse_thinking(obj, template_kwargs)
     return TokenizeRequest(
         model=model,
         prompt=prompt,
         messages=validate_messages(obj["messages"], endpoint=TOKENIZE) if has_messages else None,
         add_generation_prompt=True if add_generation_prompt is None else add_generation_prompt,
-        chat_template_kwargs=_template_kwargs(obj),
+        chat_template_kwargs=template_kwargs,
         tools=None if obj.get("tools") is None else validate_tools(obj["tools"]),
+        thinking=thinking,
+        thinking_param=thinking_param,
     )
 
 
