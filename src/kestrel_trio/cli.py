@@ -339,6 +339,10 @@ def build_parser() -> argparse.ArgumentParser:
                             "the end of the context, completions keep OpenAI's 16 unless N is lower; 0: no cap, "
                             f"OpenAI's behaviour (default {DEFAULT_CHAT_MAX_TOKENS}; {DEMO_DEFAULT_MAX_TOKENS} on the "
                             "demo model)")
+    serve.add_argument("--reasoning", choices=("auto", "on", "off"), default="auto",
+                       help="whether a chat request that does not say (reasoning_effort, enable_thinking, "
+                            "Anthropic's thinking) gets reasoning: auto leaves it to the model's chat template "
+                            "(Qwen3 reasons), on and off switch it where the model can (default auto)")
     serve.add_argument("--prefill-chunk", type=_COUNT, default=engine["prefill_chunk"],
                        help=f"prompt tokens per model step: bounds how long running streams wait (default "
                             f"{engine['prefill_chunk']})")
@@ -504,7 +508,7 @@ def _serve(args: argparse.Namespace, model: CheckedModel | None, draft: CheckedM
         image_policy=ImagePolicy(max_bytes=args.max_image_bytes, max_pixels=args.max_image_pixels,
                                  max_images=args.max_images),
         allow_image_dir=args.allow_image_dir, default_max_tokens=args.default_max_tokens,
-        sampling_defaults=_sampling_defaults(args),
+        sampling_defaults=_sampling_defaults(args), reasoning=args.reasoning,
         cors_origins=args.cors_origins, webui=args.webui, host_allowlist=_host_names(args.host_allowlist),
         progress=progress, draft_model=draft,
     )

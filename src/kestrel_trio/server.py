@@ -32,6 +32,7 @@ from kestrel_trio.model import (
     load_model, set_blas_threads, set_prefill_precision, set_products,
 )
 from kestrel_trio.app import OPEN_PATHS, ImagePolicy, ServerState, build_router
+from kestrel_trio.app.thinking import check_reasoning_default
 from kestrel_trio.text.sampling import SamplingDefaults
 from kestrel_trio.webui import PATHS as WEBUI_PATHS
 
@@ -212,6 +213,7 @@ async def serve(
     allow_image_dir: str | Path | None = None,
     default_max_tokens: int | None = None,
     sampling_defaults: SamplingDefaults = SamplingDefaults(),
+    reasoning: str = "auto",
     cors_origins: Iterable[str] = (),
     host_allowlist: Iterable[str] | None = None,
     webui: bool = True,
@@ -261,6 +263,9 @@ async def serve(
             :class:`~kestrel_trio.text.sampling.SamplingDefaults`): each applies to a request that
             leaves the field out, over the model's own defaults (its generation_config.json, or a
             named model's publisher's); by default none.
+        reasoning: whether a chat request that does not say gets reasoning: "auto" (the model's chat
+            template decides; Qwen3 reasons), "on" or "off" (carried out per model as
+            :mod:`kestrel_trio.app.thinking` says; a model without reasoning answers as always).
         cors_origins: origins (``scheme://host[:port]``, or ``*`` for any) whose web
             pages may call the API from a browser; by default none. The API key
             still applies to their requests; CORS preflights need none.
@@ -280,7 +285,7 @@ async def serve(
             is bound), or its weights fail to load.
         KestrelError: ``engine_limits.speculative`` and ``draft_model`` disagree,
             ``engine_limits.max_model_len`` exceeds the model's context (both checked before the socket is bound),
-            or ``default_max_tokens`` is negative.
+            ``default_max_tokens`` is negative, or ``reasoning`` is not a mode.
         OSError: the socket cannot be bound (e.g. the port is in use); the message
             names the address.
 
@@ -296,11 +301,12 @@ async def serve(
     default_max_tokens = _default_max_tokens(default_max_tokens, model)
     if not isinstance(sampling_defaults, SamplingDefaults):
         raise KestrelError(f"sampling_defaults must be a SamplingDefaults, got {sampling_defaults!r}")
+    check_reasoning_default(reasoning)
     cors = _cors_policy(cors_origins)
     open_paths = frozenset(open_paths) | (WEBUI_PATHS if webui else frozenset())
     state = ServerState(model_id=_resolve_model_id(model, model_id), api_key=api_key, images=policy,
                         open_paths=open_paths, accepts_images=_accepts_images(model), webui=webui,
-                        default_max_tokens=default_max_tokens, sampling=sampling_defaults)
+                        default_max_tokens=default_max_tokens, sampling=sampling_defaults, reasoning=reasoning)
     http_limits = attrs.evolve(http_limits, shutdown_grace=grace + HTTP_GRACE_MARGIN)
     if _accepts_images(model):
         http_limits = _room_for_images(http_limits, policy)

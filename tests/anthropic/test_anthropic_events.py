@@ -71,3 +71,16 @@ def test_framing_and_error_envelope() -> None:
         "rate_limit_error", "api_error", "overloaded_error"]
     assert an.error_body(QueueFullError("full", retry_after=1)) == \
         b'{"type":"error","error":{"type":"rate_limit_error","message":"full"}}'
+
+
+def test_a_tool_calls_input_streams_in_pieces_and_a_cut_call_ends_with_an_empty_input() -> None:
+    pieces = ["<tool_call>\n", '{"name": "f", ', '"arguments": {"a"', ": [1, ", "2]}}", "\n</tool_call>"]
+    events, message = run(pieces, parse_tools=True)
+    deltas = [obj["delta"]["partial_json"] for name, obj in events if name == "content_block_delta"]
+    # The block opened with the first piece of input ({"a"), before the rest was decoded.
+    assert deltas == ['{"a"', ": [1, ", "2]}"] and message["content"][0]["input"] == {"a": [1, 2]}
+    events, message = run(pieces[:4], finish_reason="length", parse_tools=True)
+    assert [obj["delta"]["partial_json"] for name, obj in events if name == "content_block_delta"] == \
+        ['{"a"', ": [1, "]
+    assert message["content"] == [{"type": "tool_use", "id": "toolu_0", "name": "f", "input": {}}]
+    assert message["stop_reason"] == "max_tokens"

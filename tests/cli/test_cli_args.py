@@ -148,3 +148,16 @@ def test_bad_sampling_values_are_refused_by_the_parser_before_the_model_loads(tm
     assert result.returncode == 2
     assert f"kestrel-trio {command}: error: argument {flag}: {message}" in result.stderr
     assert "checkpoint folder" not in result.stderr
+
+
+def test_serve_reasoning_takes_its_three_modes_and_names_a_wrong_one():
+    from kestrel_trio.cli import build_parser
+
+    parser = build_parser()
+    assert [parser.parse_args(["serve", *flags]).reasoning for flags in ([], ["--reasoning", "off"],
+                                                                          ["--reasoning=on"])] == ["auto", "off", "on"]
+    result = run_cli(["serve", "--reasoning", "sometimes"], timeout=30)
+    assert result.returncode == 2
+    # Python versions quote the choices differently.
+    assert "argument --reasoning: invalid choice: 'sometimes' (choose from " in result.stderr
+    assert all(mode in result.stderr.splitlines()[-1] for mode in ("auto", "on", "off"))

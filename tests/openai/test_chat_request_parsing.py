@@ -207,9 +207,11 @@ def test_stream_options():
 
 
 def test_chat_template_kwargs_and_model_pass_through():
-    request = parse_chat_request(body(model="qwen3", chat_template_kwargs={"enable_thinking": False}))
+    request = parse_chat_request(body(model="qwen3", chat_template_kwargs={"enable_thinking": False, "x": 1}))
     assert request.model == "qwen3"
-    assert request.chat_template_kwargs == {"enable_thinking": False}
+    # The reasoning switch is the request's thinking choice, carried out per model; the rest goes to the template.
+    assert request.chat_template_kwargs == {"x": 1}
+    assert (request.thinking, request.thinking_param) == (False, "chat_template_kwargs.enable_thinking")
 
 
 def test_repetition_guard_is_an_object_of_window_and_repeats_or_false() -> None:

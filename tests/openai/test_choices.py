@@ -74,9 +74,11 @@ def test_reasoning_text_and_a_tool_call_streamed_and_whole():
 def test_a_tool_call_streams_as_openai_does():
     items = stream(ChatChoice(2, parse_tools=True, make_id=ids()), RECORDED[7:])
     tool_items = [i for i in items if "tool_calls" in i["delta"]]
+    # The opening as soon as the name is read, then each delta's piece of the arguments as it comes.
     assert [i["delta"]["tool_calls"] for i in tool_items] == [
         [{"index": 0, "id": "call_0", "type": "function", "function": {"name": "get_weather", "arguments": ""}}],
-        [{"index": 0, "function": {"arguments": '{"city": "Paris"}'}}],
+        [{"index": 0, "function": {"arguments": '{"city": '}}],
+        [{"index": 0, "function": {"arguments": '"Paris"}'}}],
     ]
     assert all(i["index"] == 2 for i in items)
     assert items[0]["delta"] == {"role": "assistant", "content": ""}
@@ -175,3 +177,30 @@ def test_any_cut_of_the_output_into_deltas_streams_the_same_answer(cuts):
     assert seen == {"content": "Checking.", "reasoning": "hmm\n", "logprobs": [], "finish": "tool_calls",
                     "calls": {0: {"id": "call_0", "name": "get_weather", "arguments": '{"city": "Paris"}'}}}
     assert choice.message_choice()["message"]["content"] == "Checking."
+
+
+def test_a_call_cut_inside_its_arguments_stays_a_call_with_the_text_written():
+    cut = ChatChoice(parse_tools=True, make_id=ids())
+    items = stream(cut, RECORDED[7:12], finish_reason="length")
+    choice = cut.message_choice()
+    assert choice["finish_reason"] == "length" and choice["message"]["content"] is None
+    assert choice["message"]["tool_calls"] == [
+        {"id": "call_0", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": '}}]
+    assert replay(items)["calls"] == {0: {"id": "call_0", "name": "get_weather", "arguments": '{"city": '}}
+
+
+def test_a_forced_named_call_opens_with_the_first_argument_token():
+    prefix = '<tool_call>\n{"name": "get_weather", "arguments": '
+    choice = ChatChoice(parse_tools=True, forced_prefix=prefix, make_id=ids())
+    items = stream(choice, ['{"city"', ': "Oslo"}', "}\n</tool_call>"])
+    calls = [i["delta"]["tool_calls"][0] for i in items if "tool_calls" in i["delta"]]
+    assert calls[0] == {"index": 0, "id": "call_0", "type": "function",
+                        "function": {"name": "get_weather", "arguments": ""}}
+    assert [c["function"]["arguments"] for c in calls[1:]] == ['{"city"', ': "Oslo"}']
+    assert choice.message_choice()["message"]["tool_calls"][0]["function"]["arguments"] == '{"city": "Oslo"}'
+
+
+def test_the_message_says_refusal_null_as_openais_spec_requires():
+    choice = ChatChoice()
+    stream(choice, ["Hi"])
+    assert choice.message_choice()["message"] == {"role": "assistant", "content": "Hi", "refusal": None}

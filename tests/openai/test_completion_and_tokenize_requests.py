@@ -96,7 +96,7 @@ def test_tokenize_prompt_and_messages():
     assert chat.prompt is None
     assert chat.messages == ({"role": "system", "content": "x"},)
     assert chat.add_generation_prompt is False
-    assert chat.chat_template_kwargs == {"enable_thinking": False}
+    assert chat.chat_template_kwargs == {} and chat.thinking is False  # the reasoning choice, as in chat
     assert parse_tokenize_request(raw(messages=[{"role": "user", "content": "x"}])).add_generation_prompt is True
 
 

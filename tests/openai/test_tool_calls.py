@@ -8,6 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kestrel_trio.openai.tool_calls import (
+    CallArguments,
+    CallStart,
     ToolCall,
     ToolCallParser,
     forced_tool_prefix,
@@ -24,20 +26,33 @@ def counter():
     return lambda: f"call_{next(state)}"
 
 
-def run(pieces: list[str]) -> list:
-    """Feed ``pieces`` one by one; returns the output with adjacent text merged."""
+def raw(pieces: list[str]) -> list:
+    """Feed ``pieces`` one by one; returns every piece the parser released, in order."""
     parser = ToolCallParser(counter())
     out: list = []
     for piece in pieces:
         out.extend(parser.push(piece))
-    out.extend(parser.flush())
+    return out + parser.flush()
+
+
+def run(pieces: list[str]) -> list:
+    """Feed ``pieces`` one by one; returns the output with adjacent text merged and each call whole."""
     merged: list = []
-    for item in out:
+    for item in raw(pieces):
         if isinstance(item, str) and merged and isinstance(merged[-1], str):
             merged[-1] += item
+        elif isinstance(item, CallStart):
+            merged.append(ToolCall(item.id, item.name, ""))
+        elif isinstance(item, CallArguments):
+            merged[-1] = ToolCall(merged[-1].id, merged[-1].name, merged[-1].arguments + item.text)
         else:
             merged.append(item)
     return merged
+
+
+def split(text: str, cuts) -> list[str]:
+    points = sorted({c for c in cuts if c <= len(text)})
+    return [text[a:b] for a, b in zip([0, *points], [*points, len(text)])]
 
 
 def test_text_then_two_calls():
@@ -126,4 +141,72 @@ def test_forced_prefix_makes_the_rest_of_a_call_parse():
     assert forced_tool_prefix("auto") == forced_tool_prefix("none") == ""
     parser = ToolCallParser(counter())
     assert parser.push(named) == []
-    assert parser.push('{"city": "Oslo"}}\n</tool_call>') == [ToolCall("call_0", "get_weather", '{"city": "Oslo"}')]
+    assert parser.push('{"city": "Oslo"}}\n</tool_call>') == [CallStart("call_0", "get_weather"),
+                                                             CallArguments('{"city": "Oslo"}')]
+
+
+def test_a_call_opens_as_soon_as_its_head_is_read_and_its_arguments_come_in_pieces():
+    out = raw(list(WEATHER))  # one character at a time
+    start = out.index(CallStart("call_0", "get_weather"))
+    # The head (tag, name, the arguments' first brace) is all that was read when the call opened.
+    assert out[start + 1] == CallArguments("{")
+    pieces = [p.text for p in out[start + 1:] if isinstance(p, CallArguments)]
+    assert len(pieces) == len('{"city": "Paris", "unit": "°C"}')
+    assert "".join(pieces) == '{"city": "Paris", "unit": "°C"}'
+
+
+def test_every_cut_in_two_gives_the_same_calls_with_arguments_as_written():
+    text = "Sure: " + WEATHER + "\n" + TIME + "\nthanks"
+    whole = run([text])
+    assert whole == ["Sure:", ToolCall("call_0", "get_weather", '{"city": "Paris", "unit": "°C"}'),
+                     ToolCall("call_1", "get_time", "{}"), "thanks"]
+    for cut in range(len(text) + 1):
+        assert run([text[:cut], text[cut:]]) == whole, cut
+
+
+# Arguments objects the model may write: nested values, strings holding braces, quotes, escapes and tag-like text.
+_scalars = st.one_of(st.none(), st.booleans(), st.integers(-10**6, 10**6),
+                     st.text(alphabet=st.sampled_from('ab{}[]"\\/<>é\n:,'), max_size=8))
+_values = st.recursive(_scalars, lambda inner: st.one_of(st.lists(inner, max_size=3),
+                                                         st.dictionaries(st.text(max_size=4), inner, max_size=3)),
+                       max_leaves=8)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.text(alphabet="xyz_", min_size=1, max_size=5), _values, max_size=4),
+       st.sampled_from([None, 2]), st.lists(st.integers(min_value=0, max_value=400), max_size=15))
+def test_streamed_arguments_add_up_to_the_written_object_at_any_split(arguments, indent, cuts):
+    written = json.dumps(arguments, ensure_ascii=False, indent=indent)
+    text = 'Hm.\n<tool_call>\n{"name": "f", "arguments": ' + written + '}\n</tool_call>'
+    out = raw(split(text, cuts))
+    assert run(split(text, cuts)) == ["Hm.", ToolCall("call_0", "f", written)]
+    assert json.loads("".join(p.text for p in out if isinstance(p, CallArguments))) == arguments
+    start = out.index(CallStart("call_0", "f"))
+    assert all(isinstance(p, str) for p in out[:start]) and all(isinstance(p, CallArguments) for p in out[start + 1:])
+
+
+def test_tag_like_text_inside_the_arguments_is_held_back_then_sent():
+    text = '<tool_call>{"name": "f", "arguments": {"html": "a</b> <tool_call> </tool_"}}</tool_call>'
+    assert run(split(text, range(0, len(text), 3))) == [
+        ToolCall("call_0", "f", '{"html": "a</b> <tool_call> </tool_"}')]
+
+
+def test_a_committed_call_cut_off_keeps_the_arguments_written_so_far():
+    assert run(['Hi <tool_call>\n{"name": "f", "arguments": {"x": [1, 2']) == [
+        "Hi", ToolCall("call_0", "f", '{"x": [1, 2')]
+    # Closed before its arguments were: still the call, the arguments as written.
+    assert run(['<tool_call>{"name": "f", "arguments": {"x": </tool_call> after']) == [
+        ToolCall("call_0", "f", '{"x": '), "after"]
+
+
+def test_what_follows_the_arguments_inside_the_call_is_framing():
+    text = '<tool_call>{"name": "f", "arguments": {"a": 1}, "id": 7}\n</tool_call>'
+    assert run([text]) == [ToolCall("call_0", "f", '{"a": 1}')]
+
+
+def test_other_shapes_are_read_whole_at_the_closing_tag():
+    text = '<tool_call>{"arguments": {"a": 1}, "name": "f"}</tool_call>'
+    out = raw(split(text, range(len(text))))
+    assert out == [CallStart("call_0", "f"), CallArguments('{"a": 1}')]
+    _, calls = parse_tool_calls('<tool_call>{"name": "f", "parameters": {"b": 2}}</tool_call>')
+    assert [(call.name, call.arguments) for call in calls] == [("f", '{"b": 2}')]

@@ -16,7 +16,8 @@ one place:
 * ``max_tokens`` (required), ``temperature`` (0 to 1, as Anthropic's), ``top_p``, ``top_k``,
   ``stop_sequences`` and ``stream`` become the sampling fields.
 * ``thinking`` ``{"type": "enabled", "budget_tokens": n}`` / ``{"type": "disabled"}`` is kept as
-  :attr:`MessagesRequest.thinking`; the route maps it onto the template's ``enable_thinking``.
+  :attr:`MessagesRequest.thinking` and is the chat request's ``thinking`` (``thinking_param``
+  ``"thinking"``), carried out as for Chat Completions' ``reasoning_effort``.
 
 Every rejection is a :class:`BadRequestError` naming the field; unknown keys are refused
 (:mod:`kestrel_trio.anthropic.fields`).
@@ -105,7 +106,8 @@ def _parse(body: bytes, *, count_only: bool) -> MessagesRequest:
     sampling = SamplingFields() if count_only else _sampling(obj)
     thinking, budget = _thinking(obj.get("thinking"), sampling.max_tokens)
     chat = ChatRequest(model=model, messages=tuple(messages), tools=tools, tool_choice=tool_choice,
-                       chat_template_kwargs={}, sampling=sampling, parallel_tool_calls=parallel)
+                       chat_template_kwargs={}, sampling=sampling, parallel_tool_calls=parallel,
+                       thinking=thinking, thinking_param="thinking")
     return MessagesRequest(chat=chat, thinking=thinking, thinking_budget=budget, prefill=prefill)
 
 

@@ -7,8 +7,9 @@ streaming items to a :class:`MessageAssembler`, which turns them into Anthropic'
 * ``message_start`` (the message with empty ``content``, usage with the prompt's ``input_tokens``);
 * per content block: ``content_block_start``, then ``content_block_delta`` events (``thinking_delta``
   for reasoning, ``text_delta`` for text, ``input_json_delta`` for a tool call's arguments), then
-  ``content_block_stop``; a block closes when output of another kind begins; ``ping`` follows the first
-  ``content_block_start``, as Anthropic sends it;
+  ``content_block_stop``; a block closes when output of another kind begins; a tool call's block opens
+  once its name is decoded and its ``input_json_delta`` pieces follow as its arguments are; ``ping``
+  follows the first ``content_block_start``, as Anthropic sends it;
 * ``message_delta`` with ``stop_reason``, ``stop_sequence`` and the ``output_tokens``, then ``message_stop``.
 
 The non-streaming body (:meth:`MessageAssembler.message`) is the sum of the same events, so the two paths
@@ -177,7 +178,20 @@ class MessageAssembler:
         if block is None:
             return []
         if block["type"] == "tool_use":
-            block["input"] = json.loads(self._arguments) if self._arguments else {}
+            block["input"] = _tool_input(self._arguments)
         self._blocks.append(block)
         self._open = None
         return [("content_block_stop", {"type": "content_block_stop", "index": len(self._blocks) - 1})]
+
+
+def _tool_input(arguments: str) -> dict:
+    """A tool_use block's ``input``: its streamed JSON, or ``{}`` when the answer stopped inside it.
+
+    The ``input_json_delta`` pieces already sent hold the cut-off text; ``stop_reason`` is then ``max_tokens``
+    (or ``stop_sequence``), so a client knows the call is incomplete.
+    """
+    try:
+        value = json.loads(arguments) if arguments else {}
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}

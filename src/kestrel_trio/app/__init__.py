@@ -1,8 +1,8 @@
 """The app layer: the OpenAI-compatible routes, HTTP requests in, engine generations, JSON or SSE out.
 
 ``routes`` builds the router; ``chat`` answers one chat or completions request
-(n choices); ``images`` and ``grammar`` prepare a chat request's images and its
-structured-output constraint; ``state`` is what every route reads.
+(n choices); ``images``, ``grammar`` and ``thinking`` prepare a chat request's images, its
+structured-output constraint and its reasoning; ``state`` is what every route reads.
 """
 
 from kestrel_trio.app.images import ImagePolicy

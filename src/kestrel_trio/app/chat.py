@@ -29,6 +29,7 @@ from contextlib import aclosing
 import attrs
 
 from kestrel_trio import openai as oa
+from kestrel_trio.app.thinking import model_thinks
 from kestrel_trio.engine import Engine, GenerationHandle, GenerationRequest
 from kestrel_trio.errors import BadRequestError, KestrelError
 from kestrel_trio.http import Response, StreamingResponse
@@ -68,11 +69,6 @@ class ChatOptions:
     forced_prefix: str = ""
     parallel_tool_calls: bool = True
     make_id: object = new_call_id
-
-
-def model_thinks(model: Model) -> bool:
-    """Whether the model's vocabulary has Qwen3's ``<think>`` (its output is split into reasoning and answer)."""
-    return model.tokenizer is not None and model.tokenizer.token_to_id("<think>") is not None
 
 
 def sampling_params(model: Model, fields: oa.SamplingFields, server: SamplingDefaults | None = None) -> SamplingParams:

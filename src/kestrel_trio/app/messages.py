@@ -10,10 +10,10 @@ Every refusal before the response head is Anthropic's error envelope with the er
 catches the :class:`KestrelError`); once a stream has started, a failure is an ``error`` event and the
 stream ends.
 
-``thinking``: ``enabled`` / ``disabled`` sets the template's ``enable_thinking`` where the template reads it
-(Qwen3); a template without it: ``disabled`` holds already for a model that never reasons, ``enabled`` on
-such a model is a 400. Without ``thinking`` the template's default applies. ``budget_tokens`` is checked as
-Anthropic checks it; the reasoning is bounded by ``max_tokens`` only.
+``thinking``: ``enabled`` / ``disabled`` is the chat request's reasoning choice, carried out as for
+``reasoning_effort`` (:mod:`kestrel_trio.app.thinking`); without it (or ``adaptive``) the server's
+default applies. ``budget_tokens`` is checked as Anthropic checks it; the reasoning is bounded by
+``max_tokens`` only.
 """
 
 from __future__ import annotations
@@ -22,16 +22,13 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 
-import attrs
-
 from kestrel_trio import anthropic as an
-from kestrel_trio.app.chat import CompletionJob, model_thinks
+from kestrel_trio.app.chat import CompletionJob
 from kestrel_trio.engine import GenerationHandle
 from kestrel_trio.errors import BadRequestError, KestrelError
 from kestrel_trio.http import Request, Response, StreamingResponse
 from kestrel_trio.http.responses import retry_after_header
-from kestrel_trio.model import Model
-from kestrel_trio.openai import ChatRequest, to_json_bytes
+from kestrel_trio.openai import to_json_bytes
 
 __all__ = ["MessagesRoutes", "anthropic_error_response", "ANTHROPIC_PATHS"]
 
@@ -75,24 +72,7 @@ class MessagesRoutes:
         if req.prefill and chat.tools and chat.tool_choice not in (None, "auto", "none"):
             raise BadRequestError("a final assistant turn (a prefill) cannot be continued when 'tool_choice' forces "
                                   "a tool call", param="messages")
-        if req.thinking is not None:
-            model, _ = self.routes._ready(chat.model)
-            chat = self._with_thinking(model, chat, req.thinking)
         return await self.routes.prepare_chat(chat, prefill=req.prefill, make_id=an.new_tool_use_id)
-
-    @staticmethod
-    def _with_thinking(model: Model, chat: ChatRequest, thinking: bool) -> ChatRequest:
-        try:
-            model.check_chat_template_kwargs(["enable_thinking"])
-        except BadRequestError:
-            if thinking and model_thinks(model):
-                raise BadRequestError("'thinking': this model's chat template cannot switch reasoning on or off",
-                                      param="thinking") from None
-            if thinking:
-                raise BadRequestError("'thinking' is enabled but this model has no reasoning mode",
-                                      param="thinking") from None
-            return chat  # disabled, on a model that never reasons
-        return attrs.evolve(chat, chat_template_kwargs={**chat.chat_template_kwargs, "enable_thinking": thinking})
 
 
 class MessagesJob:

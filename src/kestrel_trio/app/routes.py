@@ -37,6 +37,7 @@ from kestrel_trio.app.ollama import OLLAMA_PREFIX, add_ollama_routes, ollama_err
 from kestrel_trio.app.grammar import NO_THINKING as _NO_THINKING
 from kestrel_trio.app.grammar import chat_constraint, completion_constraint, reasoning_before_answer
 from kestrel_trio.app.images import prepare_images, template_parts
+from kestrel_trio.app.thinking import plan_thinking
 from kestrel_trio.text.constraint import Constraint
 from kestrel_trio.text.images import expand_image_pads
 from kestrel_trio.webui import add_webui_routes
@@ -236,11 +237,13 @@ class _Routes:
             make_id: the tool-call id generator, or None for OpenAI's ``call_...`` ids.
         """
         model, engine = self._ready(chat.model)
+        thinking_plan = plan_thinking(model, chat, self.state.reasoning)
+        chat = attrs.evolve(chat, chat_template_kwargs=thinking_plan.template_kwargs(chat))
         model.check_chat_template_kwargs(list(chat.chat_template_kwargs))
         images = await prepare_images(model, chat.messages, self.state.images, self.state.image_workers)
         tool_choice = chat.tool_choice or ("auto" if chat.tools else "none")
         tools = list(chat.tools) if chat.tools and tool_choice != "none" else None
-        prompt = await self._off_loop(_render_chat, model, chat, tools)
+        prompt = thinking_plan.finish_prompt(await self._off_loop(_render_chat, model, chat, tools))
         thinking = model_thinks(model)
         forced = oa.forced_tool_prefix(tool_choice) if tools else ""
         if forced:
@@ -297,12 +300,15 @@ class _Routes:
     async def tokenize(self, request: Request) -> Response:
         req = await self._parse(oa.parse_tokenize_request, request.body)
         model, _ = self._ready(req.model)
-        model.check_chat_template_kwargs(list(req.chat_template_kwargs))
-        if req.messages is not None:
+        if req.messages is not None:  # rendered as chat renders it, reasoning choice included (same count)
+            plan = plan_thinking(model, req, self.state.reasoning)
+            kwargs = plan.template_kwargs(req)
+            model.check_chat_template_kwargs(list(kwargs))
             text = await self._off_loop(functools.partial(
                 model.apply_chat_template, req.template_messages(), add_generation_prompt=req.add_generation_prompt,
-                tools=None if req.tools is None else list(req.tools), **req.chat_template_kwargs,
+                tools=None if req.tools is None else list(req.tools), **kwargs,
             ))
+            text = plan.finish_prompt(text) if req.add_generation_prompt else text
         else:
             text = req.prompt or ""
         param = "prompt" if req.messages is None else "messages"

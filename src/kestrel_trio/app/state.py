@@ -34,6 +34,8 @@ class ServerState:
         default_max_tokens: the server-wide cap on new tokens for requests that set no
             ``max_tokens`` (see :func:`kestrel_trio.openai.default_max_tokens`); None: OpenAI's defaults.
         sampling: the server's sampling defaults (``serve --temperature`` ...), under each request's own fields.
+        reasoning: the reasoning of a chat request that asks for none: "auto" (the model's own), "on" or "off"
+            (``serve --reasoning``; :mod:`kestrel_trio.app.thinking`).
         images: what image input chat requests may carry (Qwen3-VL models only).
         image_workers: requests whose images are being decoded at once (worker threads).
         text_workers: requests whose prompt is being rendered and tokenized at once (worker
@@ -55,6 +57,7 @@ class ServerState:
     open_paths: frozenset[str] = OPEN_PATHS
     default_max_tokens: int | None = None
     sampling: SamplingDefaults = SamplingDefaults()
+    reasoning: str = "auto"
     images: ImagePolicy = ImagePolicy()
     image_workers: trio.CapacityLimiter = attrs.field(factory=lambda: trio.CapacityLimiter(1))
     text_workers: trio.CapacityLimiter = attrs.field(factory=lambda: trio.CapacityLimiter(2))

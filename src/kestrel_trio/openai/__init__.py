@@ -35,7 +35,14 @@ from kestrel_trio.openai.responses import (
 from kestrel_trio.openai.sampling_fields import COMPLETIONS_DEFAULT_MAX_TOKENS, default_max_tokens
 from kestrel_trio.openai.sse import SSE_DONE, SSEFormatError, parse_sse, sse_error, sse_event
 from kestrel_trio.openai.structured import StructuredOutput, parse_structured_output
-from kestrel_trio.openai.tool_calls import ToolCall, ToolCallParser, forced_tool_prefix, parse_tool_calls
+from kestrel_trio.openai.tool_calls import (
+    CallArguments,
+    CallStart,
+    ToolCall,
+    ToolCallParser,
+    forced_tool_prefix,
+    parse_tool_calls,
+)
 
 __all__ = [
     "ChatChoice",
@@ -45,6 +52,8 @@ __all__ = [
     "StructuredOutput",
     "parse_structured_output",
     "ToolCall",
+    "CallStart",
+    "CallArguments",
     "ToolCallParser",
     "forced_tool_prefix",
     "parse_tool_calls",

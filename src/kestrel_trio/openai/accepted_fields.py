@@ -128,7 +128,6 @@ REFUSED_FIELDS: dict[str, str] = {
     "prediction": "predicted outputs are not supported",
     "web_search_options": "web search is not supported",
     "moderation": "moderation is not supported",
-    "reasoning_effort": "is not supported; switch Qwen3's thinking with chat_template_kwargs {\"enable_thinking\": false}",
     "suffix": "is not supported",
     "messages[].refusal": "is not supported in a request; send the assistant's text as 'content'",
     "messages[].function_call": "legacy function calling is not supported; send 'tool_calls'",

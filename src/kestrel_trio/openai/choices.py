@@ -11,7 +11,9 @@ Theory of operation (sans-IO; the route feeds it each engine delta in order):
   non-streaming ``choices[i]``) is exactly the sum of the streamed items: the
   two paths cannot disagree.
 * A tool call is streamed as OpenAI does: a first item with ``index``, ``id``,
-  ``type``, ``function.name`` and ``arguments: ""``, then the argument text.
+  ``type``, ``function.name`` and ``arguments: ""`` as soon as the name is
+  read, then the argument text in pieces as it is decoded; the message's
+  ``arguments`` is those pieces joined.
 * Logprobs of tokens whose text is still held back wait for the next item
   that is sent (at the latest, the finish item), so none is lost or repeated.
   They cover every generated token, reasoning and tool-call tokens included
@@ -29,7 +31,7 @@ import attrs
 
 from kestrel_trio.openai.logprobs import CompletionLogprobs, TokenLogprob, chat_logprobs
 from kestrel_trio.openai.reasoning import ReasoningSplitter
-from kestrel_trio.openai.tool_calls import ToolCall, ToolCallParser, new_call_id
+from kestrel_trio.openai.tool_calls import CallStart, ToolCall, ToolCallParser, new_call_id
 
 __all__ = ["ChatChoice", "CompletionChoice"]
 
@@ -63,7 +65,9 @@ class ChatChoice:
     _pending: list = attrs.field(init=False, factory=list)
     _content: list = attrs.field(init=False, factory=list)
     _reasoning: list = attrs.field(init=False, factory=list)
-    _calls: list = attrs.field(init=False, factory=list)
+    _calls: list = attrs.field(init=False, factory=list)  # [id, name, [argument pieces]] of each call sent
+    _dropping: bool = attrs.field(init=False, default=False)  # inside a call parallel_tool_calls drops
+    _prefix_pieces: list = attrs.field(init=False, factory=list)  # what the forced prefix released, sent first
     _entries: list = attrs.field(init=False, factory=list)
     finish_reason: str | None = attrs.field(init=False, default=None)
 
@@ -72,7 +76,7 @@ class ChatChoice:
             self._splitter = ReasoningSplitter(self.starts_in_reasoning)
         if self.parse_tools:
             self._parser = ToolCallParser(self.make_id)
-            self._parser.push(self.forced_prefix)
+            self._prefix_pieces = self._parser.push(self.forced_prefix)
 
     def start(self) -> list[dict]:
         """The first streaming item: ``delta`` ``{"role": "assistant", "content": ""}``."""
@@ -86,14 +90,14 @@ class ChatChoice:
         if not text:
             return []
         reasoning, content = self._splitter.push(text) if self._splitter else ("", text)
-        return self._items(reasoning, content, self._parser.push(content) if self._parser and content else None)
+        return self._items(reasoning, content, self._parse(content))
 
     def finish(self, finish_reason: str) -> list[dict]:
         """End of output: the remaining items, the last one carrying the finish_reason."""
         reasoning, content = self._splitter.flush() if self._splitter else ("", "")
         pieces = None
         if self._parser is not None:
-            pieces = (self._parser.push(content) if content else []) + self._parser.flush()
+            pieces = self._parse(content) + self._parser.flush()
         items = self._items(reasoning, content, pieces)
         self.finish_reason = "tool_calls" if self._calls and finish_reason == "stop" else finish_reason
         items.append(self._item({}, self.finish_reason))
@@ -102,13 +106,26 @@ class ChatChoice:
     def message_choice(self) -> dict:
         """The non-streaming ``choices[i]``, after :meth:`finish`."""
         content = "".join(self._content)
-        message: dict = {"role": "assistant", "content": None if (self._calls and not content) else content}
+        # "refusal" is required (nullable) by OpenAI's spec; this server never refuses in words of its own.
+        message: dict = {"role": "assistant", "content": None if (self._calls and not content) else content,
+                         "refusal": None}
         if self._reasoning:
             message["reasoning_content"] = "".join(self._reasoning)
         if self._calls:
-            message["tool_calls"] = [call.as_openai() for call in self._calls]
+            message["tool_calls"] = [call.as_openai() for call in self.tool_calls()]
         logprobs = chat_logprobs(self._entries) if self.logprobs else None
         return {"index": self.index, "message": message, "logprobs": logprobs, "finish_reason": self.finish_reason}
+
+    def tool_calls(self) -> list[ToolCall]:
+        """The calls sent so far, each with its arguments as sent (joined pieces)."""
+        return [ToolCall(id, name, "".join(pieces)) for id, name, pieces in self._calls]
+
+    def _parse(self, content: str) -> list | None:
+        """The tool-call parser's pieces of ``content`` (None without a parser), the forced prefix's first."""
+        if self._parser is None:
+            return None
+        pieces, self._prefix_pieces = self._prefix_pieces, []
+        return pieces + (self._parser.push(content) if content else [])
 
     def _items(self, reasoning: str, content: str, pieces: list | None) -> list[dict]:
         if pieces is None:
@@ -123,22 +140,27 @@ class ChatChoice:
                 self._content.append(piece)
                 delta["content"] = delta.get("content", "") + piece
                 continue
-            if self._calls and not self.parallel_tool_calls:
-                continue  # one call was asked for: the model's later calls are dropped
+            if isinstance(piece, CallStart):
+                # One call was asked for: the model's later calls are dropped, from the stream and the message.
+                self._dropping = bool(self._calls) and not self.parallel_tool_calls
+            if self._dropping:
+                continue
             if delta:
                 items.append(self._item(delta))
                 delta = {}
-            items.extend(self._call_items(piece))
+            items.append(self._item({"tool_calls": [self._call_delta(piece)]}))
         if delta:
             items.append(self._item(delta))
         return items
 
-    def _call_items(self, call: ToolCall) -> list[dict]:
-        index = len(self._calls)
-        self._calls.append(call)
-        opening = {"index": index, "id": call.id, "type": "function", "function": {"name": call.name, "arguments": ""}}
-        arguments = {"index": index, "function": {"arguments": call.arguments}}
-        return [self._item({"tool_calls": [opening]}), self._item({"tool_calls": [arguments]})]
+    def _call_delta(self, piece) -> dict:
+        """The ``delta.tool_calls`` item of a call's start (id, type, name) or of a piece of its arguments."""
+        if isinstance(piece, CallStart):
+            self._calls.append((piece.id, piece.name, []))
+            return {"index": len(self._calls) - 1, "id": piece.id, "type": "function",
+                    "function": {"name": piece.name, "arguments": ""}}
+        self._calls[-1][2].append(piece.text)
+        return {"index": len(self._calls) - 1, "function": {"arguments": piece.text}}
 
     def _item(self, delta: dict, finish_reason: str | None = None) -> dict:
         logprobs = None

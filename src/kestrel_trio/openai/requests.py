@@ -38,6 +38,7 @@ from kestrel_trio.openai.sampling_fields import (
     parse_sampling_fields,
 )
 from kestrel_trio.openai.structured import StructuredOutput, parse_structured_output
+from kestrel_trio.openai.thinking import parse_thinking
 
 __all__ = [
     "SamplingFields",
@@ -61,10 +62,13 @@ class ChatRequest:
         messages: normalized messages (see :mod:`kestrel_trio.openai.messages`).
         tools: validated tool definitions, or None.
         tool_choice: ``"none"``/``"auto"``/``"required"``, a named function, or None.
-        chat_template_kwargs: extra template variables, e.g. ``{"enable_thinking": False}``.
+        chat_template_kwargs: extra template variables (``enable_thinking`` is not among them: see ``thinking``).
         sampling: the sampling fields.
         parallel_tool_calls: False: return at most one tool call per choice (OpenAI's default: True).
         structured: ``response_format`` / ``structured_outputs``, or None for free text.
+        thinking: reason before answering (True), do not (False), or the server's default (None)
+            (:mod:`kestrel_trio.openai.thinking`).
+        thinking_param: the request field that set ``thinking``, named by an error.
     """
 
     model: str | None
@@ -75,6 +79,8 @@ class ChatRequest:
     sampling: SamplingFields
     parallel_tool_calls: bool = True
     structured: StructuredOutput | None = None
+    thinking: bool | None = None
+    thinking_param: str = "reasoning_effort"
 
     def template_messages(self) -> list[dict]:
         """A fresh copy of ``messages`` for the chat template (tool-call arguments parsed to mappings)."""
@@ -111,8 +117,10 @@ class TokenizeRequest:
         prompt: text to tokenize as is, or None.
         messages: chat messages to render with the chat template, or None.
         add_generation_prompt: with ``messages``, end with the assistant header (default True).
-        chat_template_kwargs: extra template variables for ``messages``.
+        chat_template_kwargs: extra template variables for ``messages`` (``enable_thinking`` is ``thinking``).
         tools: tool definitions rendered with ``messages``, as chat renders them, or None.
+        thinking: ``chat_template_kwargs.enable_thinking``, the reasoning choice, or None (as in chat).
+        thinking_param: the field that set ``thinking``.
     """
 
     model: str | None
@@ -121,6 +129,8 @@ class TokenizeRequest:
     add_generation_prompt: bool = True
     chat_template_kwargs: dict = attrs.field(factory=dict)
     tools: tuple[dict, ...] | None = None
+    thinking: bool | None = None
+    thinking_param: str = "chat_template_kwargs.enable_thinking"
 
     def template_messages(self) -> list[dict]:
         """A copy of ``messages`` for the chat template (tool-call arguments parsed), as chat renders them."""
@@ -159,15 +169,19 @@ def parse_chat_request(body: bytes, *, allow_images: bool = False) -> ChatReques
     tools = None if obj.get("tools") is None else validate_tools(obj["tools"])
     tool_choice = None if obj.get("tool_choice") is None else validate_tool_choice(obj["tool_choice"], tools)
     parallel = get_bool(obj, "parallel_tool_calls")
+    template_kwargs = dict(_template_kwargs(obj))
+    thinking, thinking_param = parse_thinking(obj, template_kwargs)
     return ChatRequest(
         model=model,
         messages=messages,
         tools=tools,
         tool_choice=tool_choice,
-        chat_template_kwargs=_template_kwargs(obj),
+        chat_template_kwargs=template_kwargs,
         sampling=parse_sampling_fields(obj, chat=True),
         parallel_tool_calls=True if parallel is None else parallel,
         structured=parse_structured_output(obj),
+        thinking=thinking,
+        thinking_param=thinking_param,
     )
 
 
@@ -209,13 +223,17 @@ def parse_tokenize_request(body: bytes) -> TokenizeRequest:
                 raise BadRequestError(f"'{field}' applies only with 'messages' (a 'prompt' is tokenized as is)",
                                       param=field)
     add_generation_prompt = get_bool(obj, "add_generation_prompt")
+    template_kwargs = dict(_template_kwargs(obj))
+    thinking, thinking_param = parse_thinking(obj, template_kwargs)
     return TokenizeRequest(
         model=model,
         prompt=prompt,
         messages=validate_messages(obj["messages"], endpoint=TOKENIZE) if has_messages else None,
         add_generation_prompt=True if add_generation_prompt is None else add_generation_prompt,
-        chat_template_kwargs=_template_kwargs(obj),
+        chat_template_kwargs=template_kwargs,
         tools=None if obj.get("tools") is None else validate_tools(obj["tools"]),
+        thinking=thinking,
+        thinking_param=thinking_param,
     )
 
 
@@ -236,7 +254,7 @@ def parse_detokenize_request(body: bytes) -> DetokenizeRequest:
 
 # The body keys each parser reads (the acting fields); accepted_fields decides about every other key.
 _CHAT_KEYS = SAMPLING_KEYS_CHAT | {"model", "messages", "tools", "tool_choice", "parallel_tool_calls",
-                                   "chat_template_kwargs", "response_format", "structured_outputs"}
+                                   "chat_template_kwargs", "response_format", "structured_outputs", "reasoning_effort"}
 _COMPLETION_KEYS = SAMPLING_KEYS_COMPLETIONS | {"model", "prompt", "echo", "response_format", "structured_outputs"}
 _TEMPLATE_ONLY_KEYS = ("add_generation_prompt", "chat_template_kwargs", "tools")
 _TOKENIZE_KEYS = frozenset({"model", "prompt", "messages", *_TEMPLATE_ONLY_KEYS})

@@ -1,4 +1,4 @@
-"""Qwen3 (Hermes-style) tool calls in model output -> OpenAI ``tool_calls``.
+"""Qwen3 (Hermes-style) tool calls in model output -> OpenAI ``tool_calls``, streamed as they are written.
 
 Theory of operation (a sans-IO state machine fed decoded content deltas):
 
@@ -7,22 +7,31 @@ Theory of operation (a sans-IO state machine fed decoded content deltas):
   back ``</th``), and so is trailing whitespace: whitespace right before a
   call, or between and after calls, is framing and is dropped; anywhere else
   it is released with the next text or at :meth:`ToolCallParser.flush`.
-* ``<tool_call>`` switches to *call* mode, where text is buffered until
-  ``</tool_call>``. The buffer must then be one JSON object
-  ``{"name": str, "arguments": object}`` (``arguments`` may also be a JSON
-  string holding an object, or absent). A valid call becomes a
-  :class:`ToolCall`; anything else is released as literal content, tags
-  included, so malformed model output degrades to text and never to an error.
-* A call is released only once it is complete, never in pieces: that is what
-  lets a malformed call fall back to content after the fact. A stream thus
-  shows each call as OpenAI's first tool-call delta (index, id, type, name,
-  ``arguments: ""``) followed at once by its argument text.
-* At :meth:`ToolCallParser.flush` (end of output) an unclosed call is accepted
-  if its buffer is already a valid call (the model stopped right before the
-  closing tag), else released as content.
+* ``<tool_call>`` switches to *call* mode. The call's body is read as it
+  grows (:mod:`kestrel_trio.openai.call_json`): once it holds the head
+  ``{"name": "<name>", "arguments": {``, the call is committed: a
+  :class:`CallStart` (a fresh id, the name) is released, then every piece of
+  the arguments object as a :class:`CallArguments`, the model's own text, up
+  to the object's closing brace. What follows it up to ``</tool_call>`` is
+  framing. A suffix that could still grow into ``</tool_call>`` is held back,
+  so no piece of the closing tag is ever sent as arguments.
+* A committed call stays a call whatever follows: if the output stops inside
+  the arguments (``max_tokens``, a stop sequence), the arguments are the text
+  written so far, as OpenAI sends a call cut off by ``length``. Under the
+  server's tool grammar a call the model writes is always well formed.
+* A body whose head is anything else (the arguments first, the arguments as a
+  JSON string, no arguments, not JSON) is buffered to ``</tool_call>`` and
+  then read whole: ``{"name": str, "arguments": object}`` (``arguments`` may
+  also be a JSON string holding an object, or absent) becomes a
+  :class:`CallStart` and one :class:`CallArguments`; anything else is released
+  as literal content, tags included, so malformed model output degrades to
+  text and never to an error.
+* At :meth:`ToolCallParser.flush` (end of output) an unclosed, uncommitted call
+  is accepted if its buffer is already a valid call (the model stopped right
+  before the closing tag), else released as content.
 
 Both the streaming and the complete-output paths run this same machine, so
-the two always agree.
+the two always agree, however the text was cut into deltas.
 """
 
 from __future__ import annotations
@@ -33,8 +42,11 @@ from typing import Union
 
 import attrs
 
+from kestrel_trio.openai.call_json import MISMATCH, PARTIAL, Head, ObjectEnd, match_head
+
 __all__ = [
-    "ToolCall", "ToolCallParser", "parse_tool_calls", "new_call_id", "forced_tool_prefix", "TOOL_CALL_START", "TOOL_CALL_END",
+    "ToolCall", "CallStart", "CallArguments", "ToolCallParser", "parse_tool_calls", "new_call_id",
+    "forced_tool_prefix", "TOOL_CALL_START", "TOOL_CALL_END",
 ]
 
 TOOL_CALL_START = "<tool_call>"
@@ -67,7 +79,25 @@ class ToolCall:
         return out
 
 
-Piece = Union[str, ToolCall]  # noqa: UP007 (a runtime alias; 3.10 has no str | attrs class at runtime issue, kept explicit)
+@attrs.frozen
+class CallStart:
+    """A tool call begins: its id and function name (its arguments follow as :class:`CallArguments`)."""
+
+    id: str
+    name: str
+
+
+@attrs.frozen
+class CallArguments:
+    """The next piece of the arguments (JSON text) of the call begun last."""
+
+    text: str
+
+
+Piece = Union[str, CallStart, CallArguments]  # noqa: UP007 (a runtime alias)
+
+# Call-mode states: reading the head; buffering a body of another shape; streaming the arguments; after them.
+_HEAD, _WHOLE, _ARGUMENTS, _AFTER = "head", "whole", "arguments", "after"
 
 
 @attrs.define
@@ -80,18 +110,21 @@ class ToolCallParser:
 
     make_id: object = new_call_id
     _in_call: bool = attrs.field(init=False, default=False)
-    _buffer: str = attrs.field(init=False, default="")  # call body, or held-back content
+    _buffer: str = attrs.field(init=False, default="")  # held-back text: content, or a partial closing tag
+    _body: str = attrs.field(init=False, default="")  # the open call's body read so far (head and whole states)
+    _state: str = attrs.field(init=False, default=_HEAD)
+    _end: ObjectEnd = attrs.field(init=False, factory=ObjectEnd)
     _calls: int = attrs.field(init=False, default=0)
     _strip_leading: bool = attrs.field(init=False, default=False)  # right after a call
     _framing: str = attrs.field(init=False, default="")  # whitespace before the open call's tag
 
     @property
     def calls(self) -> int:
-        """Tool calls produced so far."""
+        """Tool calls begun so far."""
         return self._calls
 
     def push(self, delta: str) -> list[Piece]:
-        """Feed the next content delta; returns content strings and calls that became final, in order."""
+        """Feed the next content delta; returns the content strings and call pieces that became final, in order."""
         text = self._buffer + delta
         self._buffer = ""
         out: list[Piece] = []
@@ -99,9 +132,12 @@ class ToolCallParser:
             if self._in_call:
                 end = text.find(TOOL_CALL_END)
                 if end == -1:
-                    self._buffer = text
+                    keep = _partial_length(text, TOOL_CALL_END)
+                    self._read_body(text[: len(text) - keep], out)
+                    self._buffer = text[len(text) - keep:]
                     break
-                self._close_call(text[:end], out, closed=True)
+                self._read_body(text[:end], out)
+                self._close_call(out, closed=True)
                 text = text[end + len(TOOL_CALL_END):]
             else:
                 start = text.find(TOOL_CALL_START)
@@ -112,7 +148,7 @@ class ToolCallParser:
                 kept = before.rstrip()
                 self._emit_content(kept, out)
                 self._framing = before[len(kept):]
-                self._in_call = True
+                self._open_call()
                 text = text[start + len(TOOL_CALL_START):]
         return out
 
@@ -120,14 +156,47 @@ class ToolCallParser:
         """End of output: release what is held back (an unclosed call, content)."""
         out: list[Piece] = []
         if self._in_call:
-            self._close_call(self._buffer, out, closed=False)
+            self._read_body(self._buffer, out)
+            self._close_call(out, closed=False)
         else:
             self._emit_content(self._buffer, out, final=True)
         self._buffer = ""
         return out
 
+    def _open_call(self) -> None:
+        self._in_call, self._state, self._body, self._end = True, _HEAD, "", ObjectEnd()
+
+    def _read_body(self, text: str, out: list[Piece]) -> None:
+        """The next text of the open call's body (no closing tag in it)."""
+        if not text or self._state == _AFTER:
+            return
+        if self._state == _ARGUMENTS:
+            self._stream_arguments(text, out)
+            return
+        self._body += text
+        if self._state == _HEAD:
+            head = match_head(self._body)
+            if head == MISMATCH:
+                self._state = _WHOLE
+            elif head != PARTIAL:
+                assert isinstance(head, Head)
+                self._commit(CallStart(self.make_id(), head.name), out)
+                self._state = _ARGUMENTS
+                self._stream_arguments(self._body[head.arguments_at:], out)
+
+    def _stream_arguments(self, text: str, out: list[Piece]) -> None:
+        taken = self._end.feed(text)
+        if taken:
+            out.append(CallArguments(text[:taken]))
+        if self._end.closed:
+            self._state = _AFTER
+
+    def _commit(self, start: CallStart, out: list[Piece]) -> None:
+        self._calls += 1
+        out.append(start)
+
     def _hold_content(self, text: str, out: list[Piece]) -> None:
-        keep = _partial_tag_length(text)
+        keep = _partial_length(text, TOOL_CALL_START)
         body, partial = text[: len(text) - keep], text[len(text) - keep:]
         stripped = body.rstrip()
         self._emit_content(stripped, out)
@@ -145,20 +214,25 @@ class ToolCallParser:
             else:
                 out.append(text)
 
-    def _close_call(self, body: str, out: list[Piece], *, closed: bool) -> None:
+    def _close_call(self, out: list[Piece], *, closed: bool) -> None:
         self._in_call = False
-        call = _parse_call(body, self.make_id)
+        if self._state in (_ARGUMENTS, _AFTER):  # committed: a call whatever the rest was
+            self._strip_leading = True
+            return
+        call = _parse_call(self._body)
         if call is None:
             self._strip_leading = False
-            literal = self._framing + TOOL_CALL_START + body + (TOOL_CALL_END if closed else "")
+            literal = self._framing + TOOL_CALL_START + self._body + (TOOL_CALL_END if closed else "")
             self._emit_content(literal, out)
             return
-        self._calls += 1
+        name, arguments = call
+        self._commit(CallStart(self.make_id(), name), out)
+        out.append(CallArguments(arguments))
         self._strip_leading = True
-        out.append(call)
 
 
-def _parse_call(body: str, make_id) -> ToolCall | None:
+def _parse_call(body: str) -> tuple[str, str] | None:
+    """``(name, arguments JSON)`` of a whole call body of any accepted shape, or None."""
     try:
         obj = json.loads(body)
     except ValueError:
@@ -171,18 +245,16 @@ def _parse_call(body: str, make_id) -> ToolCall | None:
             decoded = json.loads(arguments)
         except ValueError:
             return None
-        if not isinstance(decoded, dict):
-            return None
-        return ToolCall(make_id(), obj["name"], arguments)
+        return (obj["name"], arguments) if isinstance(decoded, dict) else None
     if not isinstance(arguments, dict):
         return None
-    return ToolCall(make_id(), obj["name"], json.dumps(arguments, ensure_ascii=False))
+    return obj["name"], json.dumps(arguments, ensure_ascii=False)
 
 
-def _partial_tag_length(text: str) -> int:
-    """Length of the longest suffix of ``text`` that is a proper prefix of ``<tool_call>``."""
-    for length in range(min(len(text), len(TOOL_CALL_START) - 1), 0, -1):
-        if TOOL_CALL_START.startswith(text[-length:]):
+def _partial_length(text: str, tag: str) -> int:
+    """Length of the longest suffix of ``text`` that is a proper prefix of ``tag``."""
+    for length in range(min(len(text), len(tag) - 1), 0, -1):
+        if tag.startswith(text[-length:]):
             return length
     return 0
 
@@ -190,9 +262,21 @@ def _partial_tag_length(text: str) -> int:
 def parse_tool_calls(text: str, make_id=new_call_id) -> tuple[str, tuple[ToolCall, ...]]:
     """Split a complete output into ``(content, tool_calls)``; see :class:`ToolCallParser`."""
     parser = ToolCallParser(make_id)
-    pieces = parser.push(text) + parser.flush()
-    content = "".join(p for p in pieces if isinstance(p, str))
-    return content, tuple(p for p in pieces if isinstance(p, ToolCall))
+    return assemble(parser.push(text) + parser.flush())
+
+
+def assemble(pieces: list[Piece]) -> tuple[str, tuple[ToolCall, ...]]:
+    """The content and the whole calls that a parser's pieces add up to."""
+    content: list[str] = []
+    calls: list[list[str]] = []
+    for piece in pieces:
+        if isinstance(piece, str):
+            content.append(piece)
+        elif isinstance(piece, CallStart):
+            calls.append([piece.id, piece.name, ""])
+        else:
+            calls[-1][2] += piece.text
+    return "".join(content), tuple(ToolCall(*call) for call in calls)
 
 
 def forced_tool_prefix(tool_choice: str | dict | None) -> str:
@@ -200,10 +284,8 @@ def forced_tool_prefix(tool_choice: str | dict | None) -> str:
 
     ``"required"`` opens a call (``<tool_call>\\n``); a named function also
     writes its name up to the arguments, so the model continues inside a call
-    (to that function). Only the opening is enforced: the rest is still
-    free text (no grammar), and a malformed continuation still degrades to
-    content with a finish_reason other than ``tool_calls``. ``"none"`` and
-    ``"auto"`` force nothing.
+    (to that function); the server's tool grammar then holds the rest to the
+    functions' schemas. ``"none"`` and ``"auto"`` force nothing.
     """
     if tool_choice == "required":
         return TOOL_CALL_START + "\n"

@@ -1,0 +1,108 @@
+"""Carrying out a chat request's reasoning choice on the served model, and the server's default.
+
+Theory of operation: a request asks for reasoning on, off, or nothing
+(:attr:`ChatRequest.thinking <kestrel_trio.openai.ChatRequest>`, set from ``reasoning_effort``,
+``chat_template_kwargs.enable_thinking``, Anthropic's ``thinking``, ...); nothing means the server's
+default, ``serve --reasoning``: ``auto`` (the model's own: its chat template's default), ``on`` or
+``off``. How a choice is carried out depends on the model:
+
+* a hybrid model whose chat template reads ``enable_thinking`` (Qwen3, Qwen3-MoE, Qwen3-VL): the choice
+  is passed to the template, which opens the reasoning block or renders it empty and closed;
+* a model with ``<think>`` in its vocabulary whose template has no switch (an always-reasoning
+  checkpoint such as Qwen3-Thinking-2507, or an instruct one): "off" closes the reasoning block in the
+  prompt (the empty block the switch would render), so the answer starts at once; "on" holds when the
+  template opens a reasoning block itself, and is refused (400) when it does not, since the
+  checkpoint was not trained to reason there;
+* a model without ``<think>`` (Qwen2.5, Llama 3, SmolLM2): it never reasons, so "off" holds as it is
+  and an explicit "on" is refused (400 naming the field). The server's ``--reasoning on`` is a default
+  and not a request: on such a model it leaves answers as they are.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from kestrel_trio import openai as oa
+from kestrel_trio.app.grammar import NO_THINKING as _CLOSED_BLOCK  # Qwen3's template's enable_thinking=False
+from kestrel_trio.errors import BadRequestError, KestrelError
+from kestrel_trio.model import Model
+
+__all__ = ["REASONING_DEFAULTS", "check_reasoning_default", "ThinkingPlan", "plan_thinking"]
+
+REASONING_DEFAULTS = ("auto", "on", "off")
+
+
+def check_reasoning_default(value: str) -> str:
+    """``value`` if it is a ``--reasoning`` mode (``auto``, ``on``, ``off``), else a KestrelError naming them."""
+    if value not in REASONING_DEFAULTS:
+        raise KestrelError(f"reasoning must be one of {', '.join(REASONING_DEFAULTS)}, got {value!r}")
+    return value
+
+
+@attrs.frozen
+class ThinkingPlan:
+    """How one chat request's reasoning choice is carried out (see module doc).
+
+    Attributes:
+        template_value: the ``enable_thinking`` passed to the chat template, or None to pass none.
+        close_block: close the reasoning block in the rendered prompt (off, on a template without the switch).
+        require_open: the rendered prompt must open a reasoning block (an explicit on without the switch).
+        param: the request field named by a refusal.
+    """
+
+    template_value: bool | None = None
+    close_block: bool = False
+    require_open: bool = False
+    param: str = "reasoning_effort"
+
+    def template_kwargs(self, chat: oa.ChatRequest) -> dict:
+        """The request's template variables, with the switch when the template gets it."""
+        if self.template_value is None:
+            return chat.chat_template_kwargs
+        return {**chat.chat_template_kwargs, "enable_thinking": self.template_value}
+
+    def finish_prompt(self, prompt: str) -> str:
+        """The rendered prompt with the choice applied (a closed block appended), or a 400 if it cannot hold."""
+        opened = prompt.rstrip().endswith("<think>")
+        if self.require_open and not opened:
+            raise BadRequestError(f"'{self.param}' asks for reasoning, but this model's chat template has no "
+                                  "reasoning switch and does not open a reasoning block", param=self.param)
+        if not self.close_block or prompt.endswith(_CLOSED_BLOCK):
+            return prompt
+        return prompt.rstrip() + "\n\n</think>\n\n" if opened else prompt + _CLOSED_BLOCK
+
+
+def plan_thinking(model: Model, chat: oa.ChatRequest, default: str) -> ThinkingPlan:
+    """The plan for ``chat``'s reasoning on ``model`` under the server's ``default`` (see module doc).
+
+    Raises:
+        BadRequestError: the request asks for reasoning from a model that has none (``param`` names its field).
+    """
+    explicit = chat.thinking is not None
+    wanted = chat.thinking if explicit else {"on": True, "off": False}.get(default)
+    param = chat.thinking_param
+    if wanted is None:
+        return ThinkingPlan(param=param)
+    if _has_switch(model):
+        return ThinkingPlan(template_value=wanted, param=param)
+    if not model_thinks(model):
+        if wanted and explicit:
+            raise BadRequestError(f"'{param}' asks for reasoning, but model {model.name!r} has no reasoning mode "
+                                  "(no <think> token): it answers directly", param=param)
+        return ThinkingPlan(param=param)
+    if wanted:
+        return ThinkingPlan(require_open=explicit, param=param)
+    return ThinkingPlan(close_block=True, param=param)
+
+
+def model_thinks(model: Model) -> bool:
+    """Whether the model's vocabulary has Qwen3's ``<think>`` (its output is split into reasoning and answer)."""
+    return model.tokenizer is not None and model.tokenizer.token_to_id("<think>") is not None
+
+
+def _has_switch(model: Model) -> bool:
+    try:
+        model.check_chat_template_kwargs(["enable_thinking"])
+    except BadRequestError:
+        return False
+    return True
