@@ -50,7 +50,7 @@ from kestrel_trio.errors import BadRequestError, ModelLoadError
 
 __all__ = [
     "ARCHITECTURE", "Qwen3VLConfig", "Qwen3VL", "VLPrompt", "is_qwen3_vl", "read_vl_config", "vl_config_from_dict",
-    "expected_vl_shapes", "load_qwen3_vl", "rope_index", "mrope_cos_sin",
+    "expected_vl_shapes", "load_qwen3_vl", "rope_index", "mrope_cos_sin", "vision_config_from_dict",
 ]
 
 ARCHITECTURE = "Qwen3VLForConditionalGeneration"
@@ -120,7 +120,7 @@ def vl_config_from_dict(raw: dict[str, Any], *, source: str = "config.json") -> 
         ("image_token_id", 151655), ("video_token_id", 151656),
         ("vision_start_token_id", 151652), ("vision_end_token_id", 151653))}
     return Qwen3VLConfig(
-        text=text, vision=_vision_config(vision_raw, text.hidden_size, source),
+        text=text, vision=vision_config_from_dict(vision_raw, text.hidden_size, source=f"{source} vision_config"),
         mrope_section=section, mrope_interleaved=interleaved, **ids,
     )
 
@@ -179,9 +179,16 @@ _VISION_BOUNDS = {"depth": 1024, "hidden_size": 1 << 16, "intermediate_size": 1 
                   "out_hidden_size": 1 << 16, "num_position_embeddings": 1 << 24}
 
 
-def _vision_config(raw: dict[str, Any], text_hidden: int, source: str) -> VisionConfig:
+def vision_config_from_dict(raw: dict[str, Any], text_hidden: int, *, source: str) -> VisionConfig:
+    """A :class:`VisionConfig` from config.json's ``vision_config`` fields, every size bounded and checked.
+
+    Args:
+        raw: the fields (absent ones take transformers' defaults).
+        text_hidden: the language model's width, which ``out_hidden_size`` must equal.
+        source: where the fields come from, for messages.
+    """
     defaults = VisionConfig()
-    where = f"{source} vision_config"
+    where = source
 
     def number(name: str, default: int) -> int:
         value = raw.get(name, default)
