@@ -79,6 +79,9 @@ _POSITIVE_SECONDS = _at_least(1e-3, float)
 
 def _add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", metavar="MODEL", default=None, help=MODEL_HELP)
+    parser.add_argument("--mmproj", metavar="FILE", default=None,
+                        help="the vision tower of a Qwen3-VL GGUF --model: llama.cpp's mmproj GGUF file "
+                             "(projector qwen3vl_merger; F32, F16, BF16 or Q8_0), so that it takes images")
     parser.add_argument("--weights", choices=["auto", "fp32", "bf16", "int8", "int4", "gguf"], default="auto",
                         help="weights in memory (docs/memory.md): fp32 copies; bf16 mapped from the checkpoint; "
                              "int8 or int4, a checkpoint folder quantized at load (and cached); gguf, a GGUF file's "
@@ -421,7 +424,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             from kestrel_trio.model import check_model_folder
 
             # In milliseconds, before any weights are read or any port bound.
-            check_model_folder(args.model, weights=args.weights)
+            check_model_folder(args.model, weights=args.weights, mmproj=args.mmproj)
+        elif args.mmproj is not None:
+            raise KestrelError("--mmproj goes with --model, a Qwen3-VL language model GGUF file")
         if getattr(args, "prefill_precision", None) is not None:
             from kestrel_trio.model import set_prefill_precision
 
@@ -437,7 +442,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from kestrel_trio.cli_text import chat_loop, generate_once, load_with_progress
 
         model = load_with_progress(args.model, weights=args.weights, blas_threads=args.blas_threads,
-                                   quantized_cache=_quantized_cache(args))
+                                   quantized_cache=_quantized_cache(args), mmproj=args.mmproj)
         if args.command == "generate":
             return generate_once(model, args)
         return chat_loop(model, args)
@@ -492,7 +497,7 @@ def _serve(args: argparse.Namespace) -> NoReturn:
     if args.model is not None:
         from kestrel_trio.cli_progress import LoadProgress, checkpoint_bytes
 
-        progress = LoadProgress("loading weights", total_bytes=checkpoint_bytes(args.model))
+        progress = LoadProgress("loading weights", total_bytes=checkpoint_bytes(args.model, args.mmproj))
     start = functools.partial(
         serve, args.model, host=args.host, port=args.port, model_id=args.model_id, api_key=args.api_key,
         open_paths=open_paths, weights=args.weights, quantized_cache=_quantized_cache(args),
@@ -503,7 +508,7 @@ def _serve(args: argparse.Namespace) -> NoReturn:
         allow_image_dir=args.allow_image_dir, default_max_tokens=args.default_max_tokens,
         sampling_defaults=_sampling_defaults(args),
         cors_origins=args.cors_origins, webui=args.webui, host_allowlist=_host_names(args.host_allowlist),
-        progress=progress, draft_model=args.draft_model,
+        progress=progress, draft_model=args.draft_model, mmproj=args.mmproj,
     )
 
     async def run() -> None:

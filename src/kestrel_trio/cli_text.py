@@ -21,7 +21,7 @@ __all__ = ["load_with_progress", "generate_once", "chat_loop"]
 
 
 def load_with_progress(path: str | None, *, weights: str = "auto", blas_threads: int | None = None,
-                       quantized_cache: str | bool = True) -> Model:
+                       quantized_cache: str | bool = True, mmproj: str | None = None) -> Model:
     """Load a checkpoint (or the demo model) showing its progress on stderr (see :class:`LoadProgress`)."""
     if blas_threads is not None:
         set_blas_threads(blas_threads)
@@ -33,9 +33,9 @@ def load_with_progress(path: str | None, *, weights: str = "auto", blas_threads:
         model = load_demo_model()
         progress(1.0)
         return model
-    progress = LoadProgress("loading weights", total_bytes=checkpoint_bytes(path))
+    progress = LoadProgress("loading weights", total_bytes=checkpoint_bytes(path, mmproj))
     try:
-        return load_model(path, progress=progress, weights=weights, quantized_cache=quantized_cache)
+        return load_model(path, progress=progress, weights=weights, quantized_cache=quantized_cache, mmproj=mmproj)
     finally:
         progress.close()
 

@@ -19,7 +19,8 @@ from kestrel_trio import _kernels
 from kestrel_trio._model import (
     Decoder, GgufFile, KVCache, ModelConfig, Qwen3VL, assemble_weights, check_folder_files, choose_small_batch_call,
     config_from_dict, config_from_gguf, feed_chunks, forward, gguf_architecture, is_gguf_file, is_qwen3_vl, linear,
-    load_gguf_weights, load_qwen3_vl, load_weights, product_threads, random_tensors, read_config, read_config_json,
+    load_gguf_weights, load_qwen3_vl, load_qwen3_vl_gguf, load_weights, mmproj_image_fields, vl_config_from_gguf,
+    product_threads, random_tensors, read_config, read_config_json,
     resolve_residency, set_product_threads, vl_config_from_dict, UPCAST_CHUNK, PackedMatrix, default_cache_dir,
     describe_weights, packed_matrices, resident_bytes, warm_fused_products, PREFILL_PRECISIONS,
     set_prefill_precision as _set_prefill_precision, prefill_precision,
@@ -492,6 +493,7 @@ def load_model(
     quantized_cache: str | Path | bool = True,
     prefill_precision: str | None = None,
     products: str | None = None,
+    mmproj: str | Path | None = None,
 ) -> Model:
     """Load a Hugging Face checkpoint folder or a GGUF file.
 
@@ -525,9 +527,14 @@ def load_model(
             None keeps what is set, at first "fp32").
         products: "auto", "exact" or "integer", process-wide (see :func:`set_products`; None
             keeps what is set, at first "auto").
+        mmproj: the vision tower of a Qwen3-VL language-model GGUF (``path``, architecture
+            ``qwen3vl``): llama.cpp's ``mmproj`` GGUF file (projector ``qwen3vl_merger``; tensors
+            F32, F16, BF16 or Q8_0, as stored, under ``weights`` as the language model's). Without
+            it such a file serves text only.
 
     Raises:
-        ModelLoadError: naming the file, field or tensor at fault.
+        ModelLoadError: naming the file, field or tensor at fault; ``mmproj`` with a folder, or an
+            mmproj file that does not fit the language model.
     """
     if blas_threads is not None:
         set_blas_threads(blas_threads)  # before reading: a bad value fails fast
@@ -537,6 +544,8 @@ def load_model(
         set_products(products)
     folder = Path(path)
     cache = _cache_dir(quantized_cache)
+    if mmproj is not None:
+        return _load_qwen3_vl_gguf_model(folder, Path(mmproj), progress, weights)
     if folder.is_file():
         return _load_gguf_model(folder, progress, weights)
     if not folder.is_dir():
@@ -584,6 +593,9 @@ def _load_gguf_model(path: Path, progress: Callable[[float], None] | None, weigh
     config = config_from_gguf(gguf)
     residency = resolve_residency(None, weights, gguf=True)
     # The tokenizer first: a file it cannot serve fails before the weights are assembled.
+    if architecture == "qwen3vl":
+        log.warning("%s: a Qwen3-VL language model without its mmproj file serves text only (images need "
+                    "load_model's mmproj, --mmproj)", path.name)
     tokenizer = Tokenizer.from_gguf(gguf.metadata, path.name) if "tokenizer.ggml.tokens" in gguf.metadata else None
     if tokenizer is not None and tokenizer.vocab_size > config.vocab_size:
         raise ModelLoadError(f"{path.name}: the GGUF tokenizer has {tokenizer.vocab_size} tokens but the model's "
@@ -596,7 +608,8 @@ def _load_gguf_model(path: Path, progress: Callable[[float], None] | None, weigh
     return _ready(model, residency)
 
 
-def check_model_folder(path: str | Path, *, weights: str | None = None) -> ModelConfig:
+def check_model_folder(path: str | Path, *, weights: str | None = None, mmproj: str | Path | None = None
+                       ) -> ModelConfig:
     """Check, in milliseconds, what :func:`load_model` would refuse first: the folder and its config.json.
 
     Reads config.json with the loader's own readers (so a field the loader
@@ -609,6 +622,8 @@ def check_model_folder(path: str | Path, *, weights: str | None = None) -> Model
         path: the checkpoint folder or GGUF file.
         weights: load_model's ``weights``, checked against the kind of model
             (int8/int4 need a folder, gguf a GGUF file); None: not checked.
+        mmproj: load_model's ``mmproj``: both headers are read and checked to fit
+            each other (no tensor is read).
 
     Returns:
         The configuration of the language model the loader would build (of a
@@ -624,6 +639,8 @@ def check_model_folder(path: str | Path, *, weights: str | None = None) -> Model
     is_gguf = folder.is_file() and (folder.suffix == ".gguf" or is_gguf_file(folder))
     if weights is not None and weights != "auto":
         resolve_residency(None, weights, gguf=is_gguf)  # raises when the form does not apply
+    if mmproj is not None:
+        return vl_config_from_gguf(*_vl_gguf_pair(folder, Path(mmproj))).text
     if is_gguf:
         return config_from_gguf(GgufFile(folder))
     if not folder.is_dir():
@@ -751,6 +768,42 @@ def _load_qwen3_vl_model(folder: Path, progress: Callable[[float], None] | None,
         raise ModelLoadError(f"{folder}: tokenizer.json has {tokenizer.vocab_size} tokens but text_config's "
                              f"vocab_size is {vl.config.text.vocab_size}")
     model = Model(vl.decoder, name=folder.resolve().name, path=folder, tokenizer=tokenizer)
+    model.vision, model.image_config = vl, image_config
+    return _ready(model, residency)
+
+
+def _vl_gguf_pair(path: Path, mmproj: Path) -> tuple[GgufFile, GgufFile]:
+    """The opened language-model GGUF and mmproj GGUF, or a ModelLoadError saying which is not a GGUF file."""
+    if not (path.is_file() and is_gguf_file(path)):
+        raise ModelLoadError(f"{path}: an mmproj file goes with a GGUF language model file, and this is "
+                             + ("a folder (a checkpoint folder holds its vision tower itself)" if path.is_dir()
+                                else "not one"))
+    if not (mmproj.is_file() and is_gguf_file(mmproj)):
+        raise ModelLoadError(f"{mmproj}: the mmproj file is not a GGUF file" if mmproj.exists()
+                             else f"{mmproj}: no such mmproj file")
+    return GgufFile(path), GgufFile(mmproj)
+
+
+def _load_qwen3_vl_gguf_model(path: Path, mmproj: Path, progress: Callable[[float], None] | None,
+                              weights: str) -> Model:
+    """A Qwen3-VL language-model GGUF with its mmproj GGUF: tokenizer and template from the former."""
+    try:
+        require_pillow()  # now, not at the first image request
+    except KestrelError as exc:
+        raise ModelLoadError(f"{path.name}: Qwen3-VL needs Pillow: {exc.message}") from None
+    lm, tower = _vl_gguf_pair(path, mmproj)
+    image_config = ImageProcessorConfig.from_dict(mmproj_image_fields(tower),
+                                                  source=f"{mmproj.name} (mmproj metadata)")
+    residency = resolve_residency(None, weights, gguf=True)
+    tokenizer = Tokenizer.from_gguf(lm.metadata, path.name) if "tokenizer.ggml.tokens" in lm.metadata else None
+    vl = load_qwen3_vl_gguf(path, mmproj, progress, residency)
+    if tokenizer is not None and tokenizer.vocab_size > vl.config.text.vocab_size:
+        raise ModelLoadError(f"{path.name}: the GGUF tokenizer has {tokenizer.vocab_size} tokens but the model's "
+                             f"vocabulary is {vl.config.text.vocab_size}")
+    _check_eos_ids(tokenizer, vl.config.text.vocab_size, f"{path.name}: tokenizer.ggml.eos_token_id")
+    named = named_model_of_file(path)
+    model = Model(vl.decoder, name=path.name.removesuffix(".gguf"), path=path, tokenizer=tokenizer,
+                  sampling_defaults=named.sampling_defaults if named is not None else None)
     model.vision, model.image_config = vl, image_config
     return _ready(model, residency)
 

@@ -24,7 +24,7 @@ import attrs
 import trio
 
 from kestrel_trio.engine import Engine, EngineLimits, run_engine
-from kestrel_trio.errors import EngineUnavailableError, KestrelError
+from kestrel_trio.errors import EngineUnavailableError, KestrelError, ModelLoadError
 from kestrel_trio.http import (CorsPolicy, HostAllowlist, HttpLimits, HttpServer, default_host_allowlist,
                                serve_http)
 from kestrel_trio.model import (
@@ -103,10 +103,10 @@ def _is_demo(model: Model | str | Path | None) -> bool:
     return model is None or (isinstance(model, Model) and model.is_demo)
 
 
-def _accepts_images(model: Model | str | Path | None) -> bool:
+def _accepts_images(model: Model | str | Path | None, mmproj: str | Path | None = None) -> bool:
     if isinstance(model, Model):
         return model.vision is not None
-    return model is not None and is_qwen3_vl_folder(Path(model))
+    return model is not None and (mmproj is not None or is_qwen3_vl_folder(Path(model)))
 
 
 def _image_policy(policy: ImagePolicy, allow_image_dir: str | Path | None) -> ImagePolicy:
@@ -140,12 +140,12 @@ def _default_max_tokens(cap: int | None, model: Model | str | Path | None) -> in
 
 
 def _load(model: str | Path | None, weights: str, progress: Callable[[float], None] | None,
-          quantized_cache: str | Path | bool = True) -> Model:
+          quantized_cache: str | Path | bool = True, mmproj: str | Path | None = None) -> Model:
     if model is None:
         log.warning("no --model given: serving the built-in demo model %r; its weights are random and its text "
                     "is meaningless", DEMO_MODEL_ID)
         return load_demo_model()
-    loaded = load_model(model, weights=weights, progress=progress, quantized_cache=quantized_cache)
+    loaded = load_model(model, weights=weights, progress=progress, quantized_cache=quantized_cache, mmproj=mmproj)
     log.info("weights in memory as %s (asked for %s)", loaded.weights_mode, weights)
     return loaded
 
@@ -207,6 +207,7 @@ async def serve(
     webui: bool = True,
     progress: Callable[[float], None] | None = None,
     draft_model: Model | str | Path | None = None,
+    mmproj: str | Path | None = None,
     task_status: trio.TaskStatus = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the OpenAI-compatible API until cancelled or shut down.
@@ -261,6 +262,8 @@ async def serve(
         draft_model: a small model with the same vocabulary (a loaded Model or a checkpoint path)
             that drafts tokens for speculative decoding at batch 1; implies
             ``engine_limits.speculative == "draft"``. Loaded with the same ``weights`` after the model.
+        mmproj: the vision tower of a Qwen3-VL language-model GGUF ``model``: llama.cpp's ``mmproj``
+            GGUF file (see load_model). Both headers are checked to fit each other before the socket is bound.
 
     Raises:
         ModelLoadError: ``model`` (or ``draft_model``) is not a checkpoint folder or its config.json is
@@ -276,8 +279,12 @@ async def serve(
     a request can carry ``max_images`` base64 images of ``max_bytes`` each.
     """
     config = None
+    if mmproj is not None and (model is None or isinstance(model, Model)):
+        raise ModelLoadError("mmproj goes with a GGUF language model file (model), which was not given"
+                             if model is None else "mmproj goes with a model path, not an already loaded Model")
     if model is not None and not isinstance(model, Model):
-        config = check_model_folder(model, weights=weights)  # a wrong path fails now, before anything listens or loads
+        # a wrong path (or an mmproj file that does not fit) fails now, before anything listens or loads
+        config = check_model_folder(model, weights=weights, mmproj=mmproj)
     check_context_cap(model, engine_limits.max_model_len, config=config)  # so does a cap the config cannot hold
     engine_limits = _speculative_limits(engine_limits, model, draft_model, weights)
     policy = _image_policy(image_policy, allow_image_dir)
@@ -289,10 +296,10 @@ async def serve(
     cors = _cors_policy(cors_origins)
     open_paths = frozenset(open_paths) | (WEBUI_PATHS if webui else frozenset())
     state = ServerState(model_id=_resolve_model_id(model, model_id), api_key=api_key, images=policy,
-                        open_paths=open_paths, accepts_images=_accepts_images(model), webui=webui,
+                        open_paths=open_paths, accepts_images=_accepts_images(model, mmproj), webui=webui,
                         default_max_tokens=default_max_tokens, sampling=sampling_defaults)
     http_limits = attrs.evolve(http_limits, shutdown_grace=grace + HTTP_GRACE_MARGIN)
-    if _accepts_images(model):
+    if _accepts_images(model, mmproj):
         http_limits = _room_for_images(http_limits, policy)
     async with trio.open_nursery() as nursery:
         http_done = trio.Event()
@@ -312,7 +319,7 @@ async def serve(
         if prefill_precision is not None:
             set_prefill_precision(prefill_precision)
         loaded = model if isinstance(model, Model) else await trio.to_thread.run_sync(
-            _load, model, weights, progress, quantized_cache)
+            _load, model, weights, progress, quantized_cache, mmproj)
         draft = await trio.to_thread.run_sync(_load_draft, draft_model, weights, quantized_cache)
         engine: Engine = await nursery.start(functools.partial(run_engine, loaded, limits=engine_limits,
                                                                draft_model=draft))

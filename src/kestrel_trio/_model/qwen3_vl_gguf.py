@@ -65,7 +65,8 @@ def mmproj_names(config: VisionConfig) -> dict[str, str]:
 
     The patch kernel is two mmproj tensors (:data:`_PATCH_HALVES`), one per frame of the temporal patch.
     """
-    names = {_PREFIX + "patch_embed.proj.bias": "v.patch_embd.bias", _PREFIX + "pos_embed.weight": "v.position_embd.weight",
+    names = {_PREFIX + "patch_embed.proj.bias": "v.patch_embd.bias",
+             _PREFIX + "pos_embed.weight": "v.position_embd.weight",
              _PREFIX + "merger.norm.weight": "v.post_ln.weight", _PREFIX + "merger.norm.bias": "v.post_ln.bias"}
     for kind in ("weight", "bias"):
         names[f"{_PREFIX}merger.linear_fc1.{kind}"] = f"mm.0.{kind}"
