@@ -426,7 +426,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             # In milliseconds, before any weights are read or any port bound.
             check_model_folder(args.model, weights=args.weights, mmproj=args.mmproj)
         elif args.mmproj is not None:
-            raise KestrelError("--mmproj goes with --model, a Qwen3-VL language model GGUF file")
+            from kestrel_trio.errors import ModelLoadError
+
+            raise ModelLoadError("--mmproj goes with --model, a Qwen3-VL language model GGUF file")
         if getattr(args, "prefill_precision", None) is not None:
             from kestrel_trio.model import set_prefill_precision
 
