@@ -420,6 +420,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command in HUB_COMMANDS:
             return run_hub_command(args)
         resolve_model_arg(args)  # a hub repo id or named model becomes a local path, downloaded once
+        _take_repo_mmproj(args)
         if args.model is not None:
             from kestrel_trio.model import check_model_folder
 
@@ -452,6 +453,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         from kestrel_trio.cli_errors import report
 
         return report(exc, show_traceback=args.log_level == "DEBUG")
+
+
+def _take_repo_mmproj(args: argparse.Namespace) -> None:
+    """A GGUF repo's vision projector (fetched beside the model, as llama.cpp's -hf does) becomes ``--mmproj``
+    when none is given and the model is a Qwen3-VL language model; other models leave it unused."""
+    found = getattr(args, "repo_mmproj", None)
+    if found is None or getattr(args, "mmproj", "absent") is not None:
+        return
+    from kestrel_trio.model import is_vl_language_gguf
+
+    if is_vl_language_gguf(args.model):
+        args.mmproj = found
+        logging.getLogger("kestrel_trio.cli").info("using the repo's vision projector %s", found)
 
 
 def _check_draft_model(args: argparse.Namespace) -> None:

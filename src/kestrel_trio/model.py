@@ -32,7 +32,7 @@ from kestrel_trio.text import ChatTemplate, Tokenizer, missing_template_error
 from kestrel_trio.text.generation import DEFAULT_PREFILL_CHUNK, check_context
 
 __all__ = ["Model", "load_model", "check_model_folder", "check_context_cap", "check_draft_model", "is_qwen3_vl_folder",
-           "set_blas_threads", "set_prefill_precision", "prefill_precision", "set_products", "load_demo_model",
+           "is_vl_language_gguf", "set_blas_threads", "set_prefill_precision", "prefill_precision", "set_products", "load_demo_model",
            "DEMO_MODEL_ID", "DEFAULT_PREFILL_CHUNK"]
 
 log = logging.getLogger(__name__)
@@ -502,7 +502,7 @@ def load_model(
             shards with model.safetensors.index.json), and optionally
             tokenizer.json, tokenizer_config.json, generation_config.json and
             chat_template.jinja; or a GGUF file (llama.cpp's format, version 3;
-            architectures llama, qwen2, qwen3, qwen3moe; tensors F32, F16, BF16,
+            architectures llama, qwen2, qwen3, qwen3moe, qwen3vl; tensors F32, F16, BF16,
             Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K), whose metadata
             carries the config, tokenizer and chat template.
         progress: called with the fraction of weight bytes read (0 to 1).
@@ -770,6 +770,13 @@ def _load_qwen3_vl_model(folder: Path, progress: Callable[[float], None] | None,
     model = Model(vl.decoder, name=folder.resolve().name, path=folder, tokenizer=tokenizer)
     model.vision, model.image_config = vl, image_config
     return _ready(model, residency)
+
+
+def is_vl_language_gguf(path: str | Path) -> bool:
+    """Whether ``path`` is a GGUF file of a Qwen3-VL language model (architecture ``qwen3vl``), which an
+    mmproj file completes; reads the header only."""
+    path = Path(path)
+    return path.is_file() and is_gguf_file(path) and GgufFile(path).metadata.get("general.architecture") == "qwen3vl"
 
 
 def _vl_gguf_pair(path: Path, mmproj: Path) -> tuple[GgufFile, GgufFile]:
