@@ -81,7 +81,8 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", metavar="MODEL", default=None, help=MODEL_HELP)
     parser.add_argument("--mmproj", metavar="FILE", default=None,
                         help="the vision tower of a Qwen3-VL GGUF --model: llama.cpp's mmproj GGUF file "
-                             "(projector qwen3vl_merger; F32, F16, BF16 or Q8_0), so that it takes images")
+                             "(projector qwen3vl_merger; F32, F16, BF16 or Q8_0), so that it takes images (default: "
+                             "none, or the projector a hub GGUF repo holds beside a Qwen3-VL --model)")
     parser.add_argument("--weights", choices=["auto", "fp32", "bf16", "int8", "int4", "gguf"], default="auto",
                         help="weights in memory (docs/memory.md): fp32 copies; bf16 mapped from the checkpoint; "
                              "int8 or int4, a checkpoint folder quantized at load (and cached); gguf, a GGUF file's "
