@@ -6,6 +6,7 @@ transformers with every weight replaced by the files' tensors (tests/fixtures/ma
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +14,7 @@ import pytest
 
 from kestrel_trio import load_model
 from kestrel_trio._model import GgufFile, load_qwen3_vl_gguf, vl_config_from_gguf
-from kestrel_trio.errors import ModelLoadError
+from kestrel_trio.errors import BadRequestError, ModelLoadError
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 PAIR = FIXTURES / "qwen3_vl_gguf"
@@ -30,8 +31,12 @@ def reference():
 
 def logits_and_greedy(vl, inputs, key: str, new_tokens: int) -> tuple[np.ndarray, list[int]]:
     """All prompt logits [T, vocab] of one prefill, then ``new_tokens`` greedy tokens through the KV cache."""
-    pixels = (inputs["pixel_values_up"], inputs["image_image_grid_thw"]) if key == "image" else (None, None)
-    prompt = vl.prepare(inputs[f"{key}_input_ids"], *pixels)
+    if key == "video":
+        prompt = vl.prepare(inputs["video_input_ids"], pixel_values_videos=inputs["pixel_values_videos"],
+                            video_grid_thw=inputs["video_grid_thw"])
+    else:
+        pixels = (inputs["pixel_values_up"], inputs["image_image_grid_thw"]) if key == "image" else (None, None)
+        prompt = vl.prepare(inputs[f"{key}_input_ids"], *pixels)
     cache = vl.new_cache()
     logits = vl.prefill(cache, prompt, all_logits=True)  # [T, vocab]
     tokens = [int(np.argmax(logits[-1]))]
@@ -42,15 +47,49 @@ def logits_and_greedy(vl, inputs, key: str, new_tokens: int) -> tuple[np.ndarray
 
 @pytest.mark.parametrize("residency", ["gguf", "fp32"])
 @pytest.mark.parametrize("kind", ["f16", "bf16", "q8_0"])
-@pytest.mark.parametrize("key", ["image", "text"])
+@pytest.mark.parametrize("key", ["image", "text", "video"])
 def test_the_pair_reproduces_transformers_on_its_weights(reference, kind: str, residency: str, key: str) -> None:
     inputs, golden = reference
+    inputs = {**inputs, **golden}  # the video prompt's inputs live beside its goldens
     vl = load_qwen3_vl_gguf(LM, MMPROJ[kind], residency=residency)
     want = golden[f"{kind}_{key}_logits"]
     greedy = golden[f"{kind}_{key}_greedy_ids"]
     logits, tokens = logits_and_greedy(vl, inputs, key, len(greedy))
     np.testing.assert_allclose(logits, want, rtol=0, atol=RTOL * float(np.abs(want).max()))
     assert tokens == greedy.tolist()
+
+
+def test_a_video_on_the_folder_reproduces_transformers(reference) -> None:
+    """The same video prompt on the folder checkpoint's own float32 weights (load_qwen3_vl)."""
+    from kestrel_trio._model import load_qwen3_vl
+
+    _, golden = reference
+    vl = load_qwen3_vl(FIXTURES / "qwen3_vl")
+    want = golden["folder_video_logits"]
+    logits, tokens = logits_and_greedy(vl, golden, "video", len(golden["folder_video_greedy_ids"]))
+    np.testing.assert_allclose(logits, want, rtol=0, atol=RTOL * float(np.abs(want).max()))
+    assert tokens == golden["folder_video_greedy_ids"].tolist()
+
+
+def test_a_video_is_one_run_of_pads_per_temporal_patch(reference) -> None:
+    """Two temporal patches of a 4x6 grid: two runs of 6 pads, each placed as a one-frame image, with the
+    timestamp text between them counted as text (transformers' get_rope_index)."""
+    from kestrel_trio._model.qwen3_vl import rope_index
+
+    _, golden = reference
+    ids = golden["video_input_ids"]
+    positions, delta = rope_index(ids, None, image_token_id=511, spatial_merge_size=2,
+                                  video_grid_thw=golden["video_grid_thw"], video_token_id=512)
+    runs = np.flatnonzero(np.diff(np.concatenate([[0], (ids == 512).astype(int), [0]])))  # run starts, ends
+    assert len(runs) == 4  # two runs
+    for start, end in zip(runs[::2], runs[1::2]):
+        t, h, w = positions[:, start:end]  # [run] each
+        assert end - start == 6 and (t == t[0]).all()
+        assert (h - h.min()).tolist() == [0, 0, 0, 1, 1, 1] and (w - w.min()).tolist() == [0, 1, 2, 0, 1, 2]
+    assert delta == int(positions.max()) + 1 - ids.size
+    with pytest.raises(BadRequestError, match=re.escape("the prompt has more <|video_pad|> runs than video grids (1)")):
+        rope_index(ids, None, image_token_id=511, spatial_merge_size=2, video_grid_thw=np.array([[1, 4, 6]]),
+                   video_token_id=512)
 
 
 def test_the_image_moves_the_logits(reference) -> None:
