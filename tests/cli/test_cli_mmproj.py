@@ -40,4 +40,4 @@ def test_serve_with_mmproj_says_it_takes_images():
             listed = json.loads(response.read())
     finally:
         stop(process)
-    assert "image" in json.dumps(listed["data"][0])
+    assert listed["data"][0]["input_modalities"] == ["text", "image"]

@@ -70,3 +70,30 @@ def test_the_repo_projector_is_left_for_other_models_and_for_an_explicit_mmproj(
     given = _args(pair / "lm-f16.gguf", pair / "mmproj-f16.gguf", mmproj=str(pair / "mmproj-q8_0.gguf"))
     _take_repo_mmproj(given)
     assert given.mmproj == str(pair / "mmproj-q8_0.gguf")
+
+
+def test_serve_a_qwen3_vl_gguf_repo_takes_images_through_its_projector(fake_hub: FakeHub, tmp_path: Path) -> None:
+    """``serve --model owner/name:F16`` on a repo laid out as Qwen's Qwen3-VL GGUF repos: the language model,
+    and mmproj files beside it; the F16 projector is fetched with it and the server takes images."""
+    import json
+    import os
+    import urllib.request
+
+    from cli.cli_kit import start_serve, stop
+
+    pair = FIXTURES / "qwen3_vl_gguf"
+    repo = "Tiny/Qwen3VL-Tiny-GGUF"
+    fake_hub.add_repo(repo, {"Qwen3VL-Tiny-F16.gguf": (pair / "lm-f16.gguf").read_bytes(),
+                             "mmproj-Qwen3VL-Tiny-F16.gguf": (pair / "mmproj-f16.gguf").read_bytes(),
+                             "mmproj-Qwen3VL-Tiny-Q8_0.gguf": (pair / "mmproj-q8_0.gguf").read_bytes()})
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_"))}
+    env.update(HF_ENDPOINT=fake_hub.url, HF_HOME=str(tmp_path / "hf"), XDG_CACHE_HOME=str(tmp_path / "xdg"),
+               HF_HUB_DISABLE_TELEMETRY="1")
+    process, url, _ = start_serve("--model", f"{repo}:F16", "--grace", "0", env=env)
+    try:
+        with urllib.request.urlopen(url + "/v1/models", timeout=30) as response:
+            listed = json.load(response)["data"][0]
+    finally:
+        stop(process)
+    assert listed["id"] == f"{repo}:F16" and listed["input_modalities"] == ["text", "image"]
+    assert fake_hub.downloaded(repo) == {"Qwen3VL-Tiny-F16.gguf", "mmproj-Qwen3VL-Tiny-F16.gguf"}
