@@ -21,10 +21,13 @@ hub), times the bytes per weight of each form:
   (1 byte + a float32 scale per row; 0.5 byte + a float16 scale per 64).
 
 Vectors (norms, biases) are float32 in every form (kestrel holds them so).
-For Qwen3-VL, whose GGUF kestrel does not read, Q8_0 and Q4_K_M are the
-language model in that format with the vision tower in 16 bits (llama.cpp's
-mmproj file as usually published, F16); kestrel's int8/int4 likewise keep the
-tower in bf16.
+For Qwen3-VL, Q8_0 and Q4_K_M in the first table are the language model in
+that format with the vision tower in 16 bits (llama.cpp's mmproj file as
+usually published, F16); kestrel's int8/int4 likewise keep the tower in bf16.
+The second table (``vl_gguf_table``) pairs each language-model GGUF with an
+F16 or a Q8_0 mmproj file as ``--mmproj`` holds it (``--weights gguf``): the
+tower's matrices as stored, the Conv3d patch kernel expanded to float32 (its
+two halves joined), the position table and vectors float32.
 
 KV cache: kestrel keeps keys and values in float32: layers x kv_heads x
 head_dim x 2 x 4 bytes per token. A model fits a board when its weights,
@@ -173,6 +176,39 @@ def table(context: int) -> list[str]:
     return lines
 
 
+MMPROJ_FORMS = ("F16", "Q8_0")
+VL_GGUF_FORMS = ("Q8_0", "Q4_K_M")
+
+
+def mmproj_bytes(key: dict, form: str) -> float:
+    """Bytes of ``key``'s vision tower from an mmproj file of ``form``, as ``--weights gguf`` holds it."""
+    _, vision = tensor_shapes(key)
+    per_weight = {"F16": 2.0, "Q8_0": 34 / 32}[form]
+    total = 0.0
+    for name, shape in vision.items():
+        if len(shape) < 2 or name.endswith(("pos_embed.weight", "patch_embed.proj.weight")):
+            total += 4 * math.prod(shape)  # float32: vectors, the position table, the joined patch kernel
+        else:
+            total += per_weight * math.prod(shape)
+    return total
+
+
+def vl_gguf_table(context: int) -> list[str]:
+    """Qwen3-VL as a language-model GGUF plus its mmproj GGUF: bytes resident and which boards fit."""
+    lines = ["| model | language model | mmproj | language model bytes | mmproj bytes | total (8 / 16 / 32 GB) |",
+             "|---|---|---|---:|---:|---:|"]
+    for model, key in TEXT.items():
+        if "vision" not in key:
+            continue
+        for form in VL_GGUF_FORMS:
+            text, _ = weight_bytes(key, form)
+            for tower_form in MMPROJ_FORMS:
+                tower = mmproj_bytes(key, tower_form)
+                lines.append(f"| {model} | {form} | {tower_form} | {text / GIB:.2f} GiB | {tower / GIB:.2f} GiB | "
+                             f"{(text + tower) / GIB:.2f} GiB ({fits(text + tower, key, context)}) |")
+    return lines
+
+
 def q4_k_m_mix(model: str) -> str:
     """How many of ``model``'s matrix weights Q4_K_M puts in Q6_K."""
     key = TEXT[model]
@@ -191,6 +227,8 @@ def main() -> None:
     print(f"weights resident per form; 'fits' = weights + {args.context} tokens of float32 KV + {RUNTIME_GIB:g} GiB "
           f"runtime <= board - {OS_GIB:g} GiB for the OS\n")
     print("\n".join(table(args.context)))
+    print("\nQwen3-VL from a language-model GGUF and its mmproj GGUF (--mmproj, --weights gguf):\n")
+    print("\n".join(vl_gguf_table(args.context)))
     print("\nQ4_K_M mix: " + "; ".join(q4_k_m_mix(m) for m in TEXT))
 
 

@@ -80,6 +80,10 @@ _POSITIVE_SECONDS = _at_least(1e-3, float)
 
 def _add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", metavar="MODEL", default=None, help=MODEL_HELP)
+    parser.add_argument("--mmproj", metavar="FILE", default=None,
+                        help="the vision tower of a Qwen3-VL GGUF --model: llama.cpp's mmproj GGUF file "
+                             "(projector qwen3vl_merger; F32, F16, BF16 or Q8_0), so that it takes images (default: "
+                             "none, or the projector a hub GGUF repo holds beside a Qwen3-VL --model)")
     parser.add_argument("--weights", choices=["auto", "fp32", "bf16", "int8", "int4", "gguf"], default="auto",
                         help="weights in memory (docs/memory.md): fp32 copies; bf16 mapped from the checkpoint; "
                              "int8 or int4, a checkpoint folder quantized at load (and cached); gguf, a GGUF file's "
@@ -422,12 +426,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command in HUB_COMMANDS:
             return run_hub_command(args)
         resolve_model_arg(args)  # a hub repo id or named model becomes a local path, downloaded once
+        _take_repo_mmproj(args)
         checked = draft = None
         if args.model is not None:
             from kestrel_trio.model import check_model
 
             # In milliseconds, before any weights are read or any port bound; what it parsed goes on to the load.
-            checked = check_model(args.model, weights=args.weights)
+            checked = check_model(args.model, weights=args.weights, mmproj=args.mmproj)
+        elif args.mmproj is not None:
+            from kestrel_trio.errors import ModelLoadError
+
+            raise ModelLoadError("--mmproj goes with --model, a Qwen3-VL language model GGUF file")
         if getattr(args, "prefill_precision", None) is not None:
             from kestrel_trio.model import set_prefill_precision
 
@@ -451,6 +460,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         from kestrel_trio.cli_errors import report
 
         return report(exc, show_traceback=args.log_level == "DEBUG")
+
+
+def _take_repo_mmproj(args: argparse.Namespace) -> None:
+    """A GGUF repo's vision projector (fetched beside the model, as llama.cpp's -hf does) becomes ``--mmproj``
+    when none is given and the model is a Qwen3-VL language model; other models leave it unused."""
+    found = getattr(args, "repo_mmproj", None)
+    if found is None or getattr(args, "mmproj", "absent") is not None:
+        return
+    from kestrel_trio.model import is_vl_language_gguf
+
+    if is_vl_language_gguf(args.model):
+        args.mmproj = found
+        logging.getLogger("kestrel_trio.cli").info("using the repo's vision projector %s", found)
 
 
 def _check_draft_model(args: argparse.Namespace) -> CheckedModel:
@@ -499,7 +521,7 @@ def _serve(args: argparse.Namespace, model: CheckedModel | None, draft: CheckedM
     if args.model is not None:
         from kestrel_trio.cli_progress import LoadProgress, checkpoint_bytes
 
-        progress = LoadProgress("loading weights", total_bytes=checkpoint_bytes(args.model))
+        progress = LoadProgress("loading weights", total_bytes=checkpoint_bytes(args.model, args.mmproj))
     start = functools.partial(
         serve, model, host=args.host, port=args.port, model_id=args.model_id, api_key=args.api_key,
         open_paths=open_paths, weights=args.weights, quantized_cache=_quantized_cache(args),

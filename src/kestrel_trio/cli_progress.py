@@ -23,13 +23,14 @@ log = logging.getLogger("kestrel_trio.load")
 LOG_INTERVAL = 5.0  # seconds between log lines while a load runs off a terminal
 
 
-def checkpoint_bytes(folder: str | Path | None) -> int | None:
-    """Bytes a load reads: the ``*.safetensors`` files in ``folder``, or a GGUF file's size; None when unknown."""
+def checkpoint_bytes(folder: str | Path | None, mmproj: str | Path | None = None) -> int | None:
+    """Bytes a load reads: the ``*.safetensors`` files in ``folder``, or a GGUF file's size (plus its
+    ``mmproj`` file's); None when unknown."""
     if folder is None:
         return None
     try:
         if Path(folder).is_file():
-            return Path(folder).stat().st_size or None
+            return Path(folder).stat().st_size + (Path(mmproj).stat().st_size if mmproj is not None else 0) or None
         total = sum(path.stat().st_size for path in Path(folder).rglob("*.safetensors"))
     except OSError:
         return None

@@ -35,7 +35,8 @@ def load_with_progress(path: CheckedModel | str | None, *, weights: str = "auto"
         progress(1.0)
         return model
     progress = LoadProgress("loading weights",
-                            total_bytes=checkpoint_bytes(path.path if isinstance(path, CheckedModel) else path))
+                            total_bytes=checkpoint_bytes(path.path, path.mmproj) if isinstance(path, CheckedModel)
+                            else checkpoint_bytes(path))
     try:
         return load_model(path, progress=progress, weights=weights, quantized_cache=quantized_cache)
     finally:

@@ -18,13 +18,14 @@ import numpy as np
 from kestrel_trio import _kernels
 from kestrel_trio._model import (
     Decoder, GgufFile, KVCache, ModelConfig, Qwen3VL, assemble_weights, check_folder_files, choose_small_batch_call,
-    config_from_dict, config_from_gguf, feed_chunks, forward, gguf_architecture, is_qwen3_vl, linear,
-    load_gguf_weights, load_qwen3_vl, load_weights, product_threads, random_tensors, read_config,
+    config_from_dict, config_from_gguf, feed_chunks, forward, gguf_architecture, is_gguf_file, is_qwen3_vl, linear,
+    load_gguf_weights, load_qwen3_vl, load_qwen3_vl_gguf, load_weights, mmproj_image_fields,
+    product_threads, random_tensors, read_config,
     resolve_residency, set_product_threads, UPCAST_CHUNK, PackedMatrix, default_cache_dir,
     describe_weights, packed_matrices, resident_bytes, warm_fused_products, PREFILL_PRECISIONS,
     set_prefill_precision as _set_prefill_precision, prefill_precision, read_pooling, gguf_pooling,
 )
-from kestrel_trio.checked_model import CheckedModel, check_model
+from kestrel_trio.checked_model import CheckedModel, check_model, vl_gguf_pair
 from kestrel_trio.text.images import ImageProcessorConfig, require_pillow
 from kestrel_trio.errors import BadRequestError, ContextLengthError, KestrelError, ModelLoadError
 from kestrel_trio.hub import named_model_of_file
@@ -32,8 +33,9 @@ from kestrel_trio.text import ChatTemplate, Tokenizer, missing_template_error
 from kestrel_trio.text.generation import DEFAULT_PREFILL_CHUNK, check_context
 
 __all__ = ["Model", "load_model", "check_model", "CheckedModel", "check_model_folder", "check_context_cap",
-           "check_draft_model", "is_qwen3_vl_folder", "set_blas_threads", "set_prefill_precision", "prefill_precision",
-           "set_products", "load_demo_model", "DEMO_MODEL_ID", "DEFAULT_PREFILL_CHUNK"]
+           "check_draft_model", "is_qwen3_vl_folder", "is_vl_language_gguf", "set_blas_threads",
+           "set_prefill_precision", "prefill_precision", "set_products", "load_demo_model", "DEMO_MODEL_ID",
+           "DEFAULT_PREFILL_CHUNK"]
 
 log = logging.getLogger(__name__)
 
@@ -510,6 +512,7 @@ def load_model(
     quantized_cache: str | Path | bool = True,
     prefill_precision: str | None = None,
     products: str | None = None,
+    mmproj: str | Path | None = None,
 ) -> Model:
     """Load a Hugging Face checkpoint folder or a GGUF file.
 
@@ -518,7 +521,7 @@ def load_model(
             shards with model.safetensors.index.json), and optionally
             tokenizer.json, tokenizer_config.json, generation_config.json and
             chat_template.jinja; or a GGUF file (llama.cpp's format, version 3;
-            architectures llama, qwen2, qwen3, qwen3moe; tensors F32, F16, BF16,
+            architectures llama, qwen2, qwen3, qwen3moe, qwen3vl; tensors F32, F16, BF16,
             Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K), whose metadata
             carries the config, tokenizer and chat template; or either as
             :func:`check_model` checked it (not parsed again).
@@ -544,9 +547,14 @@ def load_model(
             None keeps what is set, at first "fp32").
         products: "auto", "exact" or "integer", process-wide (see :func:`set_products`; None
             keeps what is set, at first "auto").
+        mmproj: the vision tower of a Qwen3-VL language-model GGUF (``path``, architecture
+            ``qwen3vl``): llama.cpp's ``mmproj`` GGUF file (projector ``qwen3vl_merger``; tensors
+            F32, F16, BF16 or Q8_0, as stored, under ``weights`` as the language model's). Without
+            it such a file serves text only.
 
     Raises:
-        ModelLoadError: naming the file, field or tensor at fault.
+        ModelLoadError: naming the file, field or tensor at fault; ``mmproj`` with a folder, or an
+            mmproj file that does not fit the language model.
         KestrelError: ``path`` was checked for other ``weights``.
     """
     checked = path if isinstance(path, CheckedModel) else None
@@ -559,6 +567,9 @@ def load_model(
         set_products(products)
     folder = checked.path if checked is not None else Path(path)
     cache = _cache_dir(quantized_cache)
+    mmproj = mmproj if mmproj is not None else (checked.mmproj if checked is not None else None)
+    if mmproj is not None:
+        return _load_qwen3_vl_gguf_model(folder, Path(mmproj), progress, weights)
     if (checked is not None and checked.gguf is not None) or (checked is None and folder.is_file()):
         return _load_gguf_model(folder, progress, weights, residency, checked)
     if not folder.is_dir():
@@ -612,6 +623,9 @@ def _load_gguf_model(path: Path, progress: Callable[[float], None] | None, weigh
     config = checked.config if checked is not None else config_from_gguf(gguf)
     residency = residency or resolve_residency(None, weights, gguf=True)
     # The tokenizer first: a file it cannot serve fails before the weights are assembled.
+    if architecture == "qwen3vl":
+        log.warning("%s: a Qwen3-VL language model without its mmproj file serves text only (images need "
+                    "load_model's mmproj, --mmproj)", path.name)
     tokenizer = Tokenizer.from_gguf(gguf.metadata, path.name) if "tokenizer.ggml.tokens" in gguf.metadata else None
     if tokenizer is not None and tokenizer.vocab_size > config.vocab_size:
         raise ModelLoadError(f"{path.name}: the GGUF tokenizer has {tokenizer.vocab_size} tokens but the model's "
@@ -626,7 +640,8 @@ def _load_gguf_model(path: Path, progress: Callable[[float], None] | None, weigh
     return _ready(model, residency)
 
 
-def check_model_folder(path: str | Path, *, weights: str | None = None) -> ModelConfig:
+def check_model_folder(path: str | Path, *, weights: str | None = None, mmproj: str | Path | None = None
+                       ) -> ModelConfig:
     """Check, in milliseconds, what :func:`load_model` would refuse first: the folder and its config.json.
 
     Reads config.json with the loader's own readers (so a field the loader
@@ -639,6 +654,8 @@ def check_model_folder(path: str | Path, *, weights: str | None = None) -> Model
         path: the checkpoint folder or GGUF file.
         weights: load_model's ``weights``, checked against the kind of model
             (int8/int4 need a folder, gguf a GGUF file); None: not checked.
+        mmproj: load_model's ``mmproj``: both headers are read and checked to fit
+            each other (no tensor is read).
 
     Returns:
         The configuration of the language model the loader would build (of a
@@ -652,7 +669,7 @@ def check_model_folder(path: str | Path, *, weights: str | None = None) -> Model
 
     :func:`check_model` checks the same and keeps what it parsed, for the load.
     """
-    return check_model(path, weights=weights).config
+    return check_model(path, weights=weights, mmproj=mmproj).config
 
 
 def check_context_cap(model: Model | CheckedModel | str | Path | None, max_model_len: int | None, *,
@@ -779,6 +796,37 @@ def _load_qwen3_vl_model(folder: Path, progress: Callable[[float], None] | None,
         raise ModelLoadError(f"{folder}: tokenizer.json has {tokenizer.vocab_size} tokens but text_config's "
                              f"vocab_size is {vl.config.text.vocab_size}")
     model = Model(vl.decoder, name=folder.resolve().name, path=folder, tokenizer=tokenizer)
+    model.vision, model.image_config = vl, image_config
+    return _ready(model, residency)
+
+
+def is_vl_language_gguf(path: str | Path) -> bool:
+    """Whether ``path`` is a GGUF file of a Qwen3-VL language model (architecture ``qwen3vl``), which an
+    mmproj file completes; reads the header only."""
+    path = Path(path)
+    return path.is_file() and is_gguf_file(path) and GgufFile(path).metadata.get("general.architecture") == "qwen3vl"
+
+
+def _load_qwen3_vl_gguf_model(path: Path, mmproj: Path, progress: Callable[[float], None] | None,
+                              weights: str) -> Model:
+    """A Qwen3-VL language-model GGUF with its mmproj GGUF: tokenizer and template from the former."""
+    try:
+        require_pillow()  # now, not at the first image request
+    except KestrelError as exc:
+        raise ModelLoadError(f"{path.name}: Qwen3-VL needs Pillow: {exc.message}") from None
+    lm, tower = vl_gguf_pair(path, mmproj)
+    image_config = ImageProcessorConfig.from_dict(mmproj_image_fields(tower),
+                                                  source=f"{mmproj.name} (mmproj metadata)")
+    residency = resolve_residency(None, weights, gguf=True)
+    tokenizer = Tokenizer.from_gguf(lm.metadata, path.name) if "tokenizer.ggml.tokens" in lm.metadata else None
+    vl = load_qwen3_vl_gguf(path, mmproj, progress, residency)
+    if tokenizer is not None and tokenizer.vocab_size > vl.config.text.vocab_size:
+        raise ModelLoadError(f"{path.name}: the GGUF tokenizer has {tokenizer.vocab_size} tokens but the model's "
+                             f"vocabulary is {vl.config.text.vocab_size}")
+    _check_eos_ids(tokenizer, vl.config.text.vocab_size, f"{path.name}: tokenizer.ggml.eos_token_id")
+    named = named_model_of_file(path)
+    model = Model(vl.decoder, name=path.name.removesuffix(".gguf"), path=path, tokenizer=tokenizer,
+                  sampling_defaults=named.sampling_defaults if named is not None else None)
     model.vision, model.image_config = vl, image_config
     return _ready(model, residency)
 

@@ -25,7 +25,7 @@ import attrs
 import trio
 
 from kestrel_trio.engine import Engine, EngineLimits, run_engine
-from kestrel_trio.errors import EngineUnavailableError, KestrelError
+from kestrel_trio.errors import EngineUnavailableError, KestrelError, ModelLoadError
 from kestrel_trio.http import (CorsPolicy, HostAllowlist, HttpLimits, HttpServer, default_host_allowlist,
                                serve_http)
 from kestrel_trio.model import (
@@ -99,10 +99,11 @@ class Server:
 Source = Model | CheckedModel | None
 
 
-def _checked(model: Model | CheckedModel | str | Path | None, weights: str, what: str) -> Source:
+def _checked(model: Model | CheckedModel | str | Path | None, weights: str, what: str,
+             mmproj: str | Path | None = None) -> Source:
     """``model`` checked (a path parsed once here, for the load too; a checked model's ``weights`` compared)."""
     if isinstance(model, (str, Path)):
-        return check_model(model, weights=weights)
+        return check_model(model, weights=weights, mmproj=mmproj)
     if isinstance(model, CheckedModel):
         model.residency_for(weights)  # raises when it was checked for other weights
     elif model is not None and not isinstance(model, Model):
@@ -227,6 +228,7 @@ async def serve(
     webui: bool = True,
     progress: Callable[[float], None] | None = None,
     draft_model: Model | CheckedModel | str | Path | None = None,
+    mmproj: str | Path | None = None,
     task_status: trio.TaskStatus = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the OpenAI-compatible API until cancelled or shut down.
@@ -289,6 +291,8 @@ async def serve(
         draft_model: a small model with the same vocabulary (a loaded Model, a checkpoint path or a checked one)
             that drafts tokens for speculative decoding at batch 1; implies
             ``engine_limits.speculative == "draft"``. Loaded with the same ``weights`` after the model.
+        mmproj: the vision tower of a Qwen3-VL language-model GGUF ``model``: llama.cpp's ``mmproj``
+            GGUF file (see load_model). Both headers are checked to fit each other before the socket is bound.
 
     Raises:
         ModelLoadError: ``model`` (or ``draft_model``) is not a checkpoint folder or its config.json is
@@ -303,7 +307,11 @@ async def serve(
     A Qwen3-VL model raises ``http_limits.max_body_bytes`` when needed so that
     a request can carry ``max_images`` base64 images of ``max_bytes`` each.
     """
-    model = _checked(model, weights, "model")  # a wrong path fails now, before anything listens or loads
+    if mmproj is not None and (model is None or isinstance(model, (Model, CheckedModel))):
+        raise ModelLoadError("mmproj goes with a GGUF language model file (model), which was not given"
+                             if model is None else "mmproj goes with a model path, not an already loaded or "
+                                                   "checked Model")
+    model = _checked(model, weights, "model", mmproj)  # a wrong path fails now, before anything listens or loads
     check_context_cap(model, engine_limits.max_model_len)  # so does a cap the config cannot hold
     engine_limits, draft_model = _speculative_limits(engine_limits, model, draft_model, weights)
     policy = _image_policy(image_policy, allow_image_dir)

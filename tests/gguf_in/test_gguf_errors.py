@@ -90,7 +90,7 @@ def test_an_unknown_tensor_type_is_named(tmp_path, type_id):
 
 def test_an_unknown_architecture_is_named(tmp_path):
     path = _rewritten(tmp_path, QWEN2, metadata={"general.architecture": "mamba"})
-    assert "GGUF architecture 'mamba' is not supported (supported: llama, qwen2, qwen3, qwen3moe)" in _error(path)
+    assert "GGUF architecture 'mamba' is not supported (supported: llama, qwen2, qwen3, qwen3moe, qwen3vl)" in _error(path)
 
 
 def test_a_missing_hyperparameter_names_its_key(tmp_path):

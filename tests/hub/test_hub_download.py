@@ -210,7 +210,8 @@ GGUF_FILES = {
 def test_a_quant_tag_picks_its_gguf_file_and_every_shard(fake_hub: FakeHub, hub_settings: HubSettings, name, files):
     fake_hub.add_repo(GGUF_REPO, GGUF_FILES)
     resolved = resolve_model(name, hub=hub_settings, stream=io.StringIO())
-    assert fake_hub.downloaded(GGUF_REPO) == set(files)
+    assert fake_hub.downloaded(GGUF_REPO) == set(files) | {"mmproj-Tiny-F16.gguf"}  # the projector, as -hf does
+    assert resolved.mmproj == resolved.path.parent / "mmproj-Tiny-F16.gguf"
     assert resolved.path.name == files[0] and resolved.path.read_bytes() == GGUF_FILES[files[0]]
     assert all((resolved.path.parent / f).is_file() for f in files)
     assert resolved.model_id == name

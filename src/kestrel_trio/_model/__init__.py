@@ -24,6 +24,7 @@ from kestrel_trio._model.gguf_names import gguf_name
 from kestrel_trio._model.packed import GgmlRows, PackedMatrix
 from kestrel_trio._model.prefix_cache import PrefixCache
 from kestrel_trio._model.qwen3_vl import Qwen3VL, VLPrompt, is_qwen3_vl, load_qwen3_vl, vl_config_from_dict
+from kestrel_trio._model.qwen3_vl_gguf import load_qwen3_vl_gguf, mmproj_image_fields, vl_config_from_gguf
 from kestrel_trio._model.quant_cache import default_cache_dir
 from kestrel_trio._model.resident import mapped_bytes
 from kestrel_trio._model.random_init import random_tensors, write_random_checkpoint
@@ -51,6 +52,7 @@ __all__ = [
     "BLOCK_TOKENS", "KVCacheFull", "kv_token_bytes", "KV_DTYPES", "storage_dtype", "to_storage", "mapped_bytes",
     # Qwen3-VL
     "Qwen3VL", "VLPrompt", "is_qwen3_vl", "load_qwen3_vl", "vl_config_from_dict",
+    "load_qwen3_vl_gguf", "mmproj_image_fields", "vl_config_from_gguf",
     # product threads and kernels
     "choose_small_batch_call", "product_threads", "set_product_threads", "small_batch_call", "UPCAST_CHUNK",
     "warm_fused_products", "packed_matrices", "set_prefill_precision", "prefill_precision", "PREFILL_PRECISIONS",

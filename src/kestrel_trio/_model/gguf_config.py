@@ -31,6 +31,9 @@ GGUF_ARCHITECTURES = {
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
     "qwen3moe": "Qwen3MoeForCausalLM",
+    # Qwen3-VL's language model: a Qwen3 decoder. Text alone rotates as Qwen3 does (its three M-RoPE positions
+    # are equal); images need its mmproj file (kestrel_trio._model.qwen3_vl_gguf).
+    "qwen3vl": "Qwen3ForCausalLM",
 }
 # llama.cpp's default when a file names no rope base.
 DEFAULT_ROPE_BASE = 10000.0

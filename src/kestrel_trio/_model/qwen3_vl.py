@@ -50,7 +50,7 @@ from kestrel_trio.errors import BadRequestError, ModelLoadError
 
 __all__ = [
     "ARCHITECTURE", "Qwen3VLConfig", "Qwen3VL", "VLPrompt", "is_qwen3_vl", "read_vl_config", "vl_config_from_dict",
-    "expected_vl_shapes", "load_qwen3_vl", "rope_index", "mrope_cos_sin",
+    "expected_vl_shapes", "load_qwen3_vl", "rope_index", "mrope_cos_sin", "vision_config_from_dict",
 ]
 
 ARCHITECTURE = "Qwen3VLForConditionalGeneration"
@@ -120,7 +120,7 @@ def vl_config_from_dict(raw: dict[str, Any], *, source: str = "config.json") -> 
         ("image_token_id", 151655), ("video_token_id", 151656),
         ("vision_start_token_id", 151652), ("vision_end_token_id", 151653))}
     return Qwen3VLConfig(
-        text=text, vision=_vision_config(vision_raw, text.hidden_size, source),
+        text=text, vision=vision_config_from_dict(vision_raw, text.hidden_size, source=f"{source} vision_config"),
         mrope_section=section, mrope_interleaved=interleaved, **ids,
     )
 
@@ -179,9 +179,16 @@ _VISION_BOUNDS = {"depth": 1024, "hidden_size": 1 << 16, "intermediate_size": 1 
                   "out_hidden_size": 1 << 16, "num_position_embeddings": 1 << 24}
 
 
-def _vision_config(raw: dict[str, Any], text_hidden: int, source: str) -> VisionConfig:
+def vision_config_from_dict(raw: dict[str, Any], text_hidden: int, *, source: str) -> VisionConfig:
+    """A :class:`VisionConfig` from config.json's ``vision_config`` fields, every size bounded and checked.
+
+    Args:
+        raw: the fields (absent ones take transformers' defaults).
+        text_hidden: the language model's width, which ``out_hidden_size`` must equal.
+        source: where the fields come from, for messages.
+    """
     defaults = VisionConfig()
-    where = f"{source} vision_config"
+    where = source
 
     def number(name: str, default: int) -> int:
         value = raw.get(name, default)
@@ -243,14 +250,21 @@ def check_vl_tensors(checkpoint: SafetensorsCheckpoint, config: Qwen3VLConfig) -
 
 
 def rope_index(token_ids: np.ndarray, image_grid_thw: np.ndarray | None, *, image_token_id: int,
-               spatial_merge_size: int) -> tuple[np.ndarray, int]:
-    """3-D rotary positions of a prompt whose ``<|image_pad|>`` runs are already expanded.
+               spatial_merge_size: int, video_grid_thw: np.ndarray | None = None,
+               video_token_id: int | None = None) -> tuple[np.ndarray, int]:
+    """3-D rotary positions of a prompt whose ``<|image_pad|>`` (and ``<|video_pad|>``) runs are already expanded.
+
+    A video of ``t`` temporal patches is ``t`` runs of ``<|video_pad|>``, one per temporal patch (the
+    processor puts each one's timestamp text between them), each positioned as an image of one frame,
+    as transformers' Qwen3-VL does.
 
     Args:
         token_ids: int [T].
         image_grid_thw: int [n_images, 3] in prompt order, or None.
         image_token_id: the ``<|image_pad|>`` id.
         spatial_merge_size: patches per side of one image token.
+        video_grid_thw: int [n_videos, 3] in prompt order, or None.
+        video_token_id: the ``<|video_pad|>`` id (needed with ``video_grid_thw``).
 
     Returns:
         ``positions`` int64 [3, T] (rows T, H, W) and ``rope_delta``, the
@@ -261,11 +275,14 @@ def rope_index(token_ids: np.ndarray, image_grid_thw: np.ndarray | None, *, imag
         BadRequestError: the pad runs and the grids do not match.
     """
     ids = np.asarray(token_ids, dtype=np.int64)  # [T]
-    grids = [] if image_grid_thw is None else np.asarray(image_grid_thw, dtype=np.int64).reshape(-1, 3).tolist()
+    grids = {kind: [] if thw is None else np.asarray(thw, dtype=np.int64).reshape(-1, 3).tolist()
+             for kind, thw in (("image", image_grid_thw), ("video", video_grid_thw))}
+    grids["video"] = [[1, h, w] for t, h, w in grids["video"] for _ in range(t)]  # one run per temporal patch
+    pad_ids = {"image": image_token_id, "video": video_token_id}
     positions = np.empty((3, ids.size), dtype=np.int64)  # [3, T]
-    is_pad = ids == image_token_id  # [T]
+    is_pad = (ids == image_token_id) | ((ids == video_token_id) if video_token_id is not None else False)  # [T]
     pads = np.append(np.flatnonzero(is_pad), ids.size)  # [n_pads + 1], ends every text run
-    counter, index, image = 0, 0, 0
+    counter, index, used = 0, 0, {"image": 0, "video": 0}
     while index < ids.size:
         if not is_pad[index]:
             end = int(pads[np.searchsorted(pads, index)])
@@ -273,20 +290,25 @@ def rope_index(token_ids: np.ndarray, image_grid_thw: np.ndarray | None, *, imag
             counter += end - index
             index = end
             continue
-        if image >= len(grids):
-            raise BadRequestError(f"the prompt has more <|image_pad|> runs than images ({len(grids)})", param="messages")
-        t, h, w = grids[image]
+        kind = "image" if ids[index] == image_token_id else "video"
+        pad, number = f"<|{kind}_pad|>", used[kind]
+        if number >= len(grids[kind]):
+            raise BadRequestError(f"the prompt has more {pad} runs than {kind} grids ({len(grids[kind])})",
+                                  param="messages")
+        t, h, w = grids[kind][number]
         gh, gw = h // spatial_merge_size, w // spatial_merge_size
         count = t * gh * gw
-        if index + count > ids.size or not is_pad[index : index + count].all():
-            raise BadRequestError(f"image {image} needs {count} <|image_pad|> tokens in a row", param="messages")
+        if index + count > ids.size or not (ids[index : index + count] == pad_ids[kind]).all():
+            raise BadRequestError(f"{kind} grid {number} needs {count} {pad} tokens in a row", param="messages")
         tt, hh, ww = np.meshgrid(np.arange(t), np.arange(gh), np.arange(gw), indexing="ij")  # [t, gh, gw] each
         positions[:, index : index + count] = np.stack([tt.ravel(), hh.ravel(), ww.ravel()]) + counter  # [3, count]
         counter += max(h, w) // spatial_merge_size
         index += count
-        image += 1
-    if image != len(grids):
-        raise BadRequestError(f"{len(grids)} images but {image} <|image_pad|> runs in the prompt", param="messages")
+        used[kind] += 1
+    for kind in ("image", "video"):
+        if used[kind] != len(grids[kind]):
+            raise BadRequestError(f"{len(grids[kind])} {kind} grids but {used[kind]} <|{kind}_pad|> runs in the "
+                                  "prompt", param="messages")
     last = int(positions.max()) + 1 if ids.size else 0
     return positions, last - int(ids.size)
 
@@ -320,8 +342,8 @@ class VLPrompt:
         token_ids: int64 [T], each image's pad run already expanded.
         positions: int64 [3, T].
         rope_delta: decode positions are ``cache.length + rope_delta``.
-        image_rows: int64 [n_tokens], the rows of ``token_ids`` that are image tokens.
-        features: the vision tower's output for those rows (None without images).
+        image_rows: int64 [n_tokens], the rows of ``token_ids`` that are image or video tokens, ascending.
+        features: the vision tower's output for those rows, in row order (None without images or videos).
     """
 
     token_ids: np.ndarray
@@ -366,30 +388,53 @@ class Qwen3VL:
         return encode_images_steps(v, self.vision, pixels, grids)
 
     def prepare(self, token_ids: np.ndarray, pixel_values: np.ndarray | None = None,
-                image_grid_thw: np.ndarray | None = None) -> VLPrompt:
-        """Encode the images of a prompt and lay out its positions.
+                image_grid_thw: np.ndarray | None = None, pixel_values_videos: np.ndarray | None = None,
+                video_grid_thw: np.ndarray | None = None) -> VLPrompt:
+        """Encode the images and videos of a prompt and lay out its positions.
 
         Args:
-            token_ids: int [T], pad runs expanded (see kestrel_trio.text.images).
+            token_ids: int [T], pad runs expanded (see kestrel_trio.text.images); a video's runs as
+                :func:`rope_index` says.
             pixel_values: float32 [n_patches, C*T*P*P] of every image, in prompt order.
             image_grid_thw: int [n_images, 3].
+            pixel_values_videos: float32 [n_patches, C*T*P*P] of every video, in prompt order.
+            video_grid_thw: int [n_videos, 3] (temporal patches, patch rows, patch columns).
         """
-        return run_to_end(self.prepare_steps(token_ids, pixel_values, image_grid_thw))
+        return run_to_end(self.prepare_steps(token_ids, pixel_values, image_grid_thw, pixel_values_videos,
+                                             video_grid_thw))
 
     def prepare_steps(self, token_ids: np.ndarray, pixel_values: np.ndarray | None = None,
-                      image_grid_thw: np.ndarray | None = None) -> Generator[None, None, VLPrompt]:
+                      image_grid_thw: np.ndarray | None = None, pixel_values_videos: np.ndarray | None = None,
+                      video_grid_thw: np.ndarray | None = None) -> Generator[None, None, VLPrompt]:
         """:meth:`prepare` as a generator that yields after each vision block, so a driver can stop between them."""
         c = self.config
         ids = np.asarray(token_ids, dtype=np.int64)  # [T]
+        # Without videos a <|video_pad|> is text, as it always was here (only grids make pads of them).
+        videos = video_grid_thw is not None and len(video_grid_thw) > 0
         positions, delta = rope_index(ids, image_grid_thw, image_token_id=c.image_token_id,
-                                      spatial_merge_size=c.vision.spatial_merge_size)
-        rows = np.flatnonzero(ids == c.image_token_id)  # [n_tokens]
-        features = None
-        if image_grid_thw is not None and len(image_grid_thw):
-            if pixel_values is None:
-                raise BadRequestError("image grids were given without pixel_values", param="messages")
-            features = yield from self.encode_images_steps(pixel_values, image_grid_thw)
-        return VLPrompt(token_ids=ids, positions=positions, rope_delta=delta, image_rows=rows, features=features)
+                                      spatial_merge_size=c.vision.spatial_merge_size,
+                                      video_grid_thw=video_grid_thw if videos else None,
+                                      video_token_id=c.video_token_id if videos else None)
+        encoded = []  # (rows, features) of the images, then of the videos
+        for token, pixels, grids, what in ((c.image_token_id, pixel_values, image_grid_thw, "image"),
+                                           (c.video_token_id, pixel_values_videos, video_grid_thw, "video")):
+            if grids is None or not len(grids):
+                continue
+            if pixels is None:
+                raise BadRequestError(f"{what} grids were given without their pixel values", param="messages")
+            features = yield from self.encode_images_steps(pixels, grids)
+            encoded.append((np.flatnonzero(ids == token), features))  # [n_tokens], [n_tokens, out_hidden]
+        if not encoded:
+            return VLPrompt(token_ids=ids, positions=positions, rope_delta=delta,
+                            image_rows=np.flatnonzero(ids == c.image_token_id), features=None)
+        rows = np.concatenate([r for r, _ in encoded])  # [n_tokens], images' rows then videos'
+        order = np.argsort(rows, kind="stable")  # into prompt order, as transformers' joint deepstack mask
+        features = ImageFeatures(
+            embeds=np.concatenate([f.embeds for _, f in encoded])[order],  # [n_tokens, out_hidden]
+            deepstack=tuple(np.concatenate(layer)[order] for layer in zip(*(f.deepstack for _, f in encoded))),
+        )
+        return VLPrompt(token_ids=ids, positions=positions, rope_delta=delta, image_rows=rows[order],
+                        features=features)
 
     def prefill(self, cache: KVCache, prompt: VLPrompt, start: int = 0, end: int | None = None, *,
                 all_logits: bool = False) -> np.ndarray:

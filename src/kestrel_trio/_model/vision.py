@@ -178,7 +178,8 @@ def vision_shapes(config: VisionConfig, prefix: str = "model.visual.") -> dict[s
 
 
 def assemble_vision(config: VisionConfig, read: Callable[[str], np.ndarray], prefix: str = "model.visual.",
-                    read_bf16: Callable[[str], np.ndarray] | None = None) -> VisionWeights:
+                    read_bf16: Callable[[str], np.ndarray] | None = None, *,
+                    stored: Callable[[str], Matrix] | None = None) -> VisionWeights:
     """Build :class:`VisionWeights` from checked tensors.
 
     Args:
@@ -188,9 +189,14 @@ def assemble_vision(config: VisionConfig, read: Callable[[str], np.ndarray], pre
         read_bf16: a tensor as bf16 bits, by name: when given, the matrices
             stay bf16 (:class:`Bf16Matrix`, upcast at use); vectors, and the
             position table (looked up by row), are float32 either way.
+        stored: a matrix in the form it stays in, by name (a GGUF's packed
+            blocks); overrides ``read_bf16``. A float32 array it returns for the
+            Conv3d kernel is flattened as ``read``'s is.
     """
-
     def matrix(name: str, rows: int | None = None) -> Matrix:
+        if stored is not None:
+            held = stored(name)  # [out, in], or the Conv3d kernel as float32
+            return held.reshape(rows, -1) if rows is not None and isinstance(held, np.ndarray) else held
         array = read_bf16(name) if read_bf16 is not None else read(name)  # [out, in] (or the Conv3d kernel)
         if rows is not None:
             array = array.reshape(rows, -1)  # [rows, in]

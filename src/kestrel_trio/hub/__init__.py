@@ -46,12 +46,15 @@ class ResolvedModel:
             local path (the server then names it after the folder or file).
         source: "local", "hub" or "named".
         downloaded: bytes fetched by this call (0 when it was all cached).
+        mmproj: a GGUF repo's vision projector, fetched beside the model (``--mmproj`` takes it when the
+            model is a Qwen3-VL language model); None when the repo has none or the model is not from one.
     """
 
     path: Path
     model_id: str | None
     source: str
     downloaded: int = 0
+    mmproj: Path | None = None
 
 
 def resolve_model(name: str, *, hub: HubSettings | None = None, kestrel_cache: Path | None = None,
@@ -76,4 +79,5 @@ def resolve_model(name: str, *, hub: HubSettings | None = None, kestrel_cache: P
         path, downloaded = fetch_named_model(NAMED_MODELS[ref.name], kestrel_cache, stream=stream)
         return ResolvedModel(path=path, model_id=ref.name, source="named", downloaded=downloaded)
     fetched = fetch_hub_model(ref, hub or HubSettings.from_environment(), stream=stream)
-    return ResolvedModel(path=fetched.path, model_id=name, source="hub", downloaded=fetched.downloaded)
+    return ResolvedModel(path=fetched.path, model_id=name, source="hub", downloaded=fetched.downloaded,
+                         mmproj=fetched.mmproj)

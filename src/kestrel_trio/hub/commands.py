@@ -66,6 +66,7 @@ def resolve_model_arg(args: argparse.Namespace) -> None:
     if resolved.model_id is not None and getattr(args, "model_id", "absent") is None:
         args.model_id = resolved.model_id
     args.model = str(resolved.path)
+    args.repo_mmproj = str(resolved.mmproj) if resolved.mmproj is not None else None  # --mmproj's candidate
 
 
 def _pull(name: str) -> int:

@@ -6,7 +6,9 @@ local path in five steps:
 1. Ask the hub for the revision's file list (``GET /api/models/{repo}/revision/{rev}?blobs=true``:
    the commit, and each file's size and blob id or LFS sha256).
 2. Choose the files. A quant tag, or a repo with GGUF files and no config.json:
-   the GGUF file that tag names, every shard of it (``gguf_files``). Otherwise
+   the GGUF file that tag names, every shard of it, and the repo's vision
+   projector (``mmproj``) if it has one, as llama.cpp's ``-hf`` does
+   (``gguf_files``). Otherwise
    config.json and the tokenizer/template files the loader reads, then the
    weights that model.safetensors.index.json names (or model.safetensors), and
    preprocessor_config.json when config.json says Qwen3-VL (config.json and the
@@ -40,7 +42,7 @@ import attrs
 
 from kestrel_trio._model import confined
 from kestrel_trio.errors import ModelLoadError
-from kestrel_trio.hub.gguf_files import model_files, select_gguf
+from kestrel_trio.hub.gguf_files import model_files, parse_gguf_name, select_gguf, select_mmproj
 from kestrel_trio.hub.names import COMMIT_ID, HubRepo, check_revision
 from kestrel_trio.hub.progress import DownloadProgress, format_bytes
 
@@ -93,12 +95,14 @@ class HubFetch:
         commit: the commit the snapshot is of.
         files: the repo paths the model uses.
         downloaded: bytes fetched by this call (0 when everything was cached).
+        mmproj: a GGUF repo's vision projector file, fetched beside the model; None when it has none.
     """
 
     path: Path
     commit: str
     files: tuple[str, ...]
     downloaded: int
+    mmproj: Path | None = None
 
 
 @attrs.frozen
@@ -165,8 +169,11 @@ class _Download:
         self.downloaded = 0
 
     def run(self) -> HubFetch:
+        projector = None
         if _wants_gguf(self.ref, self.remote):
             files = select_gguf(self.remote, self.ref.tag, repo=self.ref.text)
+            projector = _projector(self.remote, files)
+            files += [projector] if projector is not None else []
             self._fetch(files, progress=True)
         else:
             if "config.json" not in self.remote:
@@ -182,7 +189,8 @@ class _Download:
             files = first + rest
         _write_ref(self.storage, self.ref.revision or "main", self.commit)
         path = self.snapshot / files[0] if _wants_gguf(self.ref, self.remote) else self.snapshot
-        return HubFetch(path=path, commit=self.commit, files=tuple(files), downloaded=self.downloaded)
+        return HubFetch(path=path, commit=self.commit, files=tuple(files), downloaded=self.downloaded,
+                        mmproj=self.snapshot / projector if projector is not None else None)
 
     def _weights(self) -> list[str]:
         if _INDEX in self.remote:
@@ -249,6 +257,12 @@ class _Download:
                                  code="download_failed") from None
 
 
+def _projector(paths: Iterable[str], model: list[str]) -> str | None:
+    """The repo's mmproj file to fetch beside the GGUF model ``model`` (its files), or None."""
+    name = parse_gguf_name(model[0])
+    return select_mmproj(paths, name.tag if name is not None else None)
+
+
 def _wants_gguf(ref: HubRepo, files: Iterable[str]) -> bool:
     """A quant tag, or a repo that holds GGUF models and no config.json (a typical -GGUF repo)."""
     names = list(files)
@@ -311,12 +325,15 @@ def _from_cache(ref: HubRepo, settings: HubSettings, reason: str) -> HubFetch:
         raise ModelLoadError(f"{ref.text} is not in the local cache ({settings.cache_dir}) and {reason}",
                              code="not_cached")
     names = sorted(p.relative_to(snapshot).as_posix() for p in snapshot.rglob("*") if p.is_file())
+    projector = None
     if _wants_gguf(ref, names):
         try:
             files = select_gguf(names, ref.tag, repo=f"the cached copy of {ref.text}")
         except ModelLoadError as exc:
             raise ModelLoadError(f"{exc.message}, and {reason}", code=exc.code) from None
         path = snapshot / files[0]
+        projector = _projector(names, files)
+        files += [projector] if projector is not None else []
     else:
         needed = ["config.json"]
         if (snapshot / _INDEX).is_file():
@@ -328,7 +345,8 @@ def _from_cache(ref: HubRepo, settings: HubSettings, reason: str) -> HubFetch:
             raise ModelLoadError(f"the cached copy of {ref.text} lacks {absent[0]} and {reason}", code="not_cached")
         files, path = needed, snapshot
     log.info("using the cached %s (commit %s): %s", ref.text, commit[:12], reason)
-    return HubFetch(path=path, commit=commit, files=tuple(files), downloaded=0)
+    return HubFetch(path=path, commit=commit, files=tuple(files), downloaded=0,
+                    mmproj=snapshot / projector if projector is not None else None)
 
 
 def _read_ref(storage: Path, revision: str) -> str | None:

@@ -8,6 +8,10 @@ Tags compare case-insensitively and whole (``Q4_0`` does not pick ``IQ4_0``).
 Projector, imatrix and draft-model files (``mmproj``, ``imatrix``, ``mtp-``,
 ``eagle3-``) are never the model. With no tag the choice is llama.cpp's:
 Q4_K_M, else Q8_0, else the first model file.
+
+A repo's vision projector (``mmproj-*.gguf``, as llama.cpp's ``-hf`` fetches
+it beside the model) is chosen by :func:`select_mmproj`: the one of the
+model's own quant tag, else F16, BF16, F32, Q8_0, else the first by name.
 """
 
 from __future__ import annotations
@@ -20,12 +24,14 @@ import attrs
 
 from kestrel_trio.errors import ModelLoadError
 
-__all__ = ["GgufName", "parse_gguf_name", "model_files", "quant_tags", "select_gguf", "DEFAULT_TAGS"]
+__all__ = ["GgufName", "parse_gguf_name", "model_files", "quant_tags", "select_gguf", "select_mmproj", "DEFAULT_TAGS",
+           "MMPROJ_TAGS"]
 
 DEFAULT_TAGS = ("Q4_K_M", "Q8_0")  # tried in order when no tag is given, as llama.cpp does
 _SPLIT = re.compile(r"(?P<prefix>.+)-(?P<index>\d{5})-of-(?P<count>\d{5})", re.IGNORECASE)
 _TAG = re.compile(r"[-.](?P<tag>[A-Za-z0-9_]+)")
 _NOT_A_MODEL = ("mmproj", "imatrix", "mtp-", "eagle3-")
+MMPROJ_TAGS = ("F16", "BF16", "F32", "Q8_0")  # a projector's tags in order of preference, after the model's own
 
 
 @attrs.frozen
@@ -108,3 +114,25 @@ def select_gguf(paths: Iterable[str], tag: str | None, *, repo: str) -> list[str
         raise ModelLoadError(f"{repo}: {first.path} is split in {first.count} files but shard {missing[0]} "
                              f"of {first.count} is not in the repo", code="missing_shard")
     return [shards[i] for i in range(1, first.count + 1)]
+
+
+def select_mmproj(paths: Iterable[str], tag: str | None) -> str | None:
+    """The vision projector file among a repo's ``paths`` to fetch beside the model of quant tag ``tag``.
+
+    Args:
+        paths: the repo's file paths.
+        tag: the chosen model file's quant tag (any case), or None.
+
+    Returns:
+        The ``mmproj`` GGUF file whose tag is ``tag``, else the first of :data:`MMPROJ_TAGS` present, else
+        the first by name; None when the repo has none (split projectors are not taken).
+    """
+    found = [parse_gguf_name(path) for path in sorted(paths) if "mmproj" in PurePosixPath(path).name.lower()]
+    projectors = [name for name in found if name is not None and name.count == 1]
+    if not projectors:
+        return None
+    for wanted in ([tag.upper()] if tag else []) + list(MMPROJ_TAGS):
+        match = next((name for name in projectors if name.tag == wanted), None)
+        if match is not None:
+            return match.path
+    return projectors[0].path
