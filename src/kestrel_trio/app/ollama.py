@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import datetime
 import functools
+import json
 import logging
 from collections.abc import AsyncIterator
 from contextlib import aclosing
@@ -250,13 +251,16 @@ class OllamaJob:
             if line is not None:
                 yield line
             if delta.finish_reason is not None:
+                if opened:  # a call cut off (max tokens, a stop sequence): its arguments are no JSON object
+                    yield self._unfinished_calls(opened)
                 reason = choice.finish_reason or delta.finish_reason
                 final = self._line([], opened, empty=True)
                 final.update(ol.final_fields(_DONE_REASONS.get(reason, reason), self.timings, _now_ns()))
                 yield final
                 return
 
-    def _line(self, items: list[dict], opened: dict[int, dict], *, empty: bool = False) -> dict | None:
+    def _line(self, items: list[dict], opened: dict[int, tuple[dict, ObjectEnd]], *,
+              empty: bool = False) -> dict | None:
         """The NDJSON object of a delta's streaming items (None when they carry nothing to send)."""
         content, thinking, calls = "", "", []
         for item in items:
@@ -276,14 +280,22 @@ class OllamaJob:
                 end.feed(part["function"]["arguments"])
                 if end.closed:
                     calls.append(opened.pop(part["index"])[0])
-        if empty:  # the last line: a call cut off (max tokens, a stop) goes as it was written
-            calls += [call for call, _ in opened.values()]
-            opened.clear()
         if not (content or thinking or calls or empty):
             return None
         if self.generate:
             return ol.generate_chunk(self.model_id, content, thinking)
         return ol.chat_chunk(self.model_id, content, thinking, calls)
+
+    def _unfinished_calls(self, opened: dict[int, tuple[dict, ObjectEnd]]) -> dict:
+        """The line of calls cut off before their arguments closed: their text, as content.
+
+        Ollama's ``arguments`` is an object, which an unclosed one cannot be; so the call stays the text the
+        model wrote (in Qwen's call shape), as does a call cut before its arguments began.
+        """
+        text = "".join(f'<tool_call>\n{{"name": {json.dumps(call["function"]["name"])}, "arguments": '
+                       f'{call["function"]["arguments"]}' for call, _ in opened.values())
+        opened.clear()
+        return ol.chat_chunk(self.model_id, text)
 
 
 class LineStream:
