@@ -182,6 +182,27 @@ def run(texts: list[str], finish_reason: str = "stop", **choice) -> tuple[list[d
     return events, assembler.response()
 
 
+def test_function_call_arguments_stream_as_they_are_decoded() -> None:
+    """Each text delta's argument piece is its own delta event, sent in the push of that text."""
+    ids = (f"call_{i}" for i in itertools.count())
+    chat = ChatChoice(0, make_id=lambda: next(ids), parse_tools=True)
+    echo = parse(input="Hi", tools=[{"type": "function", "name": "f", "parameters": {"type": "object"}}]).echo
+    assembler = ra.ResponseAssembler("resp_1", "m", 1700000000, echo, 5)
+    assembler.start()
+    texts = ["<tool_call>\n", '{"name": "f", "arguments": ', '{"a"', ": 1, ", '"b": [2]', "}}", "\n</tool_call>"]
+    pushed = [assembler.push(chat.push(text), count) for count, text in enumerate(texts, 1)]
+    pieces = [[e["delta"] for e in events if e["type"] == "response.function_call_arguments.delta"]
+              for events in pushed]
+    assert pieces == [[], [], ['{"a"'], [": 1, "], ['"b": [2]'], ["}"], []]
+    # The item opens once the name and the arguments' brace are read, with the first piece.
+    assert [e["type"] for e in pushed[2]] == ["response.output_item.added", "response.function_call_arguments.delta"]
+    tail = assembler.push(chat.finish("stop"), len(texts)) + assembler.finish(chat.finish_reason, len(texts))
+    [done] = [e for e in tail if e["type"] == "response.function_call_arguments.done"]
+    assert done["arguments"] == '{"a": 1, "b": [2]}' == assembler.response()["output"][0]["arguments"]
+    for event in [event for events in pushed for event in events] + tail:  # the SDK's spec-generated models
+        pydantic.TypeAdapter(ResponseStreamEvent).validate_python(event)
+
+
 def test_text_then_a_function_call_and_the_response_is_the_last_events() -> None:
     events, response = run(["Let me ", "check.", "<tool_call>\n", '{"name": "f", "arguments": {"a": 1}}',
                             "\n</tool_call>"], parse_tools=True)

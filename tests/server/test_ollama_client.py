@@ -318,3 +318,21 @@ async def test_the_ndjson_sequence_of_a_streamed_answer_is_ollamas(scripted) -> 
         assert last["done"] is True and last["done_reason"] == "stop"
         assert list(last) == ["model", "created_at", "message", "done", "done_reason", *FINAL_FIELDS]
         assert all(list(line) == ["model", "created_at", "message", "done"] for line in lines[:-1])
+
+
+async def test_a_tool_call_cut_off_inside_its_arguments_comes_back_as_its_text(scripted) -> None:
+    """num_predict ends the call mid-arguments: no object to send as arguments, so the text the model wrote."""
+    with trio.fail_after(allowance(90)):
+        async with running_server(scripted) as server:
+            model_id = server.state.model_id
+            body = {"model": model_id, "messages": QUESTION, "tools": TOOLS, "think": False,
+                    "options": {"num_predict": 17}}
+            streamed = await fetch(server.port, "POST", "/api/chat", body)
+            whole = await fetch(server.port, "POST", "/api/chat", {**body, "stream": False})
+    lines = [json.loads(line) for line in streamed.body.decode().splitlines()]
+    text = "".join(line["message"]["content"] for line in lines)
+    assert streamed.status == 200 and whole.status == 200
+    assert CALL.startswith(text) and '"arguments": {"' in text and not text.endswith("}")  # cut inside arguments
+    assert not any(line["message"].get("tool_calls") for line in lines)
+    assert lines[-1]["done_reason"] == "length" and lines[-1]["message"]["content"] == ""
+    assert whole.json()["message"] == {"role": "assistant", "content": text}

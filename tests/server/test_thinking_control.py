@@ -169,12 +169,46 @@ async def test_the_route_refuses_reasoning_from_a_model_without_it(demo_model: M
                 "thinking": {"type": "enabled", "budget_tokens": 1024}})
             answered = [await fetch(server.port, "POST", "/v1/chat/completions", {**body, **extra})
                         for extra in ({}, {"reasoning_effort": "none"})]
+            model_id = server.state.model_id
+            responses_refused = await fetch(server.port, "POST", "/v1/responses", {
+                "model": model_id, "input": QUESTION, "max_output_tokens": 1, "reasoning": {"effort": "low"}})
+            ollama_refused = await fetch(server.port, "POST", "/api/chat", {
+                "model": model_id, "messages": QUESTION, "think": True, "stream": False})
     assert refused.status == 400 and refused.json()["error"]["param"] == "reasoning_effort"
     assert "has no reasoning mode" in refused.json()["error"]["message"]
     assert anthropic_refused.status == 400
     assert anthropic_refused.json()["error"]["type"] == "invalid_request_error"
     assert "'thinking' asks for reasoning" in anthropic_refused.json()["error"]["message"]
     assert [response.status for response in answered] == [200, 200]
+    assert responses_refused.status == 400 and responses_refused.json()["error"]["param"] == "reasoning.effort"
+    assert "'reasoning.effort' asks for reasoning" in responses_refused.json()["error"]["message"]
+    assert ollama_refused.status == 400 and list(ollama_refused.json()) == ["error"]  # Ollama's error shape
+    assert "'think' asks for reasoning" in ollama_refused.json()["error"]
+
+
+async def test_every_api_closes_the_block_on_a_template_without_the_switch(demo_model: Model, monkeypatch) -> None:
+    """The demo model's template made to lack the switch: "off" from chat, Responses and Ollama alike adds the
+    closed block to the prompt (one plan decides for all), and nothing asked leaves the prompt as it is."""
+    monkeypatch.setattr("kestrel_trio.app.thinking._has_switch", lambda model: False)
+    block = len(demo_model.encode(CLOSED))
+
+    async def counts(server, off: bool) -> list[int]:
+        model_id = server.state.model_id
+        chat = await fetch(server.port, "POST", "/v1/chat/completions", {
+            "messages": QUESTION, "max_tokens": 1, **({"reasoning_effort": "none"} if off else {})})
+        responses = await fetch(server.port, "POST", "/v1/responses/input_tokens", {
+            "model": model_id, "input": QUESTION, **({"reasoning": {"effort": "none"}} if off else {})})
+        ollama = await fetch(server.port, "POST", "/api/chat", {
+            "model": model_id, "messages": QUESTION, "stream": False, "options": {"num_predict": 1},
+            **({"think": False} if off else {})})
+        return [chat.json()["usage"]["prompt_tokens"], responses.json()["input_tokens"],
+                ollama.json()["prompt_eval_count"]]
+
+    with trio.fail_after(120):
+        async with running_server(demo_model) as server:
+            default, off = await counts(server, False), await counts(server, True)
+    assert default == [default[0]] * 3 and block > 0
+    assert off == [default[0] + block] * 3
 
 
 async def test_smollm2_has_no_reasoning_so_only_asking_for_it_is_refused() -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import datetime
 import functools
+import json
 import logging
 from collections.abc import AsyncIterator
 from contextlib import aclosing
@@ -25,7 +26,7 @@ import attrs
 import trio
 
 from kestrel_trio import ollama as ol
-from kestrel_trio.app.chat import CompletionJob, model_thinks
+from kestrel_trio.app.chat import CompletionJob
 from kestrel_trio.app.embeddings import embed
 from kestrel_trio.app.grammar import completion_constraint
 from kestrel_trio.app.ollama_facts import model_facts
@@ -33,8 +34,7 @@ from kestrel_trio.engine import GenerationHandle
 from kestrel_trio.errors import BadRequestError, KestrelError, ModelNotFoundError
 from kestrel_trio.http import Request, Response, StreamingResponse
 from kestrel_trio.http.responses import retry_after_header
-from kestrel_trio.model import Model
-from kestrel_trio.openai import ChatRequest
+from kestrel_trio.openai.call_json import ObjectEnd
 
 __all__ = ["OllamaRoutes", "OLLAMA_PREFIX", "ollama_error_response", "add_ollama_routes"]
 
@@ -119,10 +119,8 @@ class OllamaRoutes:
         return await self._run_chat(req.request, started, generate=True)
 
     async def _run_chat(self, req: ol.OllamaChat, started: int, *, generate: bool):
-        chat = attrs.evolve(req.chat, model=None)  # the name was checked (with or without ":latest")
-        if req.think is not None:
-            model, _ = self.routes._ready(None)
-            chat = _with_think(model, chat, req.think)
+        # The name was checked (with or without ":latest"); app.thinking carries out `think` as any reasoning choice.
+        chat = attrs.evolve(req.chat, model=None, thinking=req.think, thinking_param="think")
         prepared = await self.routes.prepare_chat(chat)
         job = self.routes.chat_job(prepared, chat.sampling)
         return await OllamaJob(job, self.model_id, started, generate).respond()
@@ -194,20 +192,6 @@ def _now_ns() -> int:
     return int(trio.current_time() * 1e9)
 
 
-def _with_think(model: Model, chat: ChatRequest, think: bool) -> ChatRequest:
-    """``think`` as the template's ``enable_thinking`` (a 400 where the model cannot do what it asks)."""
-    try:
-        model.check_chat_template_kwargs(["enable_thinking"])
-    except BadRequestError:
-        if think and model_thinks(model):
-            raise BadRequestError("'think': this model's chat template cannot switch reasoning on or off",
-                                  param="think") from None
-        if think:
-            raise BadRequestError(f"'think': model {model.name!r} does not support thinking", param="think") from None
-        return chat  # false, on a model that never reasons
-    return attrs.evolve(chat, chat_template_kwargs={**chat.chat_template_kwargs, "enable_thinking": think})
-
-
 class OllamaJob:
     """One Ollama answer: the job's single generation, read into NDJSON lines or one object."""
 
@@ -256,7 +240,7 @@ class OllamaJob:
     async def lines(self, handle: GenerationHandle) -> AsyncIterator[dict]:
         """The answer's objects: one per engine delta that carries text, then the final one (``done``)."""
         [choice] = self.job.new_choices()
-        opened: dict[int, dict] = {}  # tool calls whose arguments have not come yet, by index
+        opened: dict[int, tuple[dict, ObjectEnd]] = {}  # tool calls whose arguments are not whole yet, by index
         while True:
             delta = await self.job._next(handle)
             self.timings.token(_now_ns(), delta.prompt_tokens, delta.completion_tokens)
@@ -267,13 +251,16 @@ class OllamaJob:
             if line is not None:
                 yield line
             if delta.finish_reason is not None:
+                if opened:  # a call cut off (max tokens, a stop sequence): its arguments are no JSON object
+                    yield self._unfinished_calls(opened)
                 reason = choice.finish_reason or delta.finish_reason
                 final = self._line([], opened, empty=True)
                 final.update(ol.final_fields(_DONE_REASONS.get(reason, reason), self.timings, _now_ns()))
                 yield final
                 return
 
-    def _line(self, items: list[dict], opened: dict[int, dict], *, empty: bool = False) -> dict | None:
+    def _line(self, items: list[dict], opened: dict[int, tuple[dict, ObjectEnd]], *,
+              empty: bool = False) -> dict | None:
         """The NDJSON object of a delta's streaming items (None when they carry nothing to send)."""
         content, thinking, calls = "", "", []
         for item in items:
@@ -284,17 +271,31 @@ class OllamaJob:
             content += delta.get("content") or ""
             thinking += delta.get("reasoning_content") or ""
             for part in delta.get("tool_calls", ()):
+                # Ollama sends a call whole: its argument pieces are gathered until their JSON object closes.
                 if "id" in part:
-                    opened[part["index"]] = {"id": part["id"], "function": dict(part["function"])}
-                else:
-                    call = opened.pop(part["index"])
-                    call["function"]["arguments"] += part["function"]["arguments"]
-                    calls.append(call)
+                    opened[part["index"]] = ({"id": part["id"], "function": dict(part["function"])}, ObjectEnd())
+                    continue
+                call, end = opened[part["index"]]
+                call["function"]["arguments"] += part["function"]["arguments"]
+                end.feed(part["function"]["arguments"])
+                if end.closed:
+                    calls.append(opened.pop(part["index"])[0])
         if not (content or thinking or calls or empty):
             return None
         if self.generate:
             return ol.generate_chunk(self.model_id, content, thinking)
         return ol.chat_chunk(self.model_id, content, thinking, calls)
+
+    def _unfinished_calls(self, opened: dict[int, tuple[dict, ObjectEnd]]) -> dict:
+        """The line of calls cut off before their arguments closed: their text, as content.
+
+        Ollama's ``arguments`` is an object, which an unclosed one cannot be; so the call stays the text the
+        model wrote (in Qwen's call shape), as does a call cut before its arguments began.
+        """
+        text = "".join(f'<tool_call>\n{{"name": {json.dumps(call["function"]["name"])}, "arguments": '
+                       f'{call["function"]["arguments"]}' for call, _ in opened.values())
+        opened.clear()
+        return ol.chat_chunk(self.model_id, text)
 
 
 class LineStream:

@@ -14,11 +14,9 @@ handler catches the :class:`KestrelError`); once a stream has started, a failure
 Nothing is stored, whatever ``store`` says, so ``GET`` / ``DELETE /v1/responses/{id}``,
 ``.../input_items`` and ``.../cancel`` answer 404 saying so.
 
-``reasoning.effort``: ``none`` / ``minimal`` set the template's ``enable_thinking`` false, ``low`` to
-``max`` true, where the template reads it (Qwen3). On a template without the switch: a model that never
-reasons (no ``<think>``) holds an effort that asks for none already, and one that asks for reasoning is a
-400; a model that may reason (``<think>`` in its vocabulary) refuses any effort with a 400, since nothing
-here can make it reason or not.
+``reasoning.effort`` is the chat request's reasoning choice (``none`` / ``minimal`` off, ``low`` to ``max``
+on), carried out by :mod:`kestrel_trio.app.thinking` as for ``reasoning_effort`` on chat, with the
+``--reasoning`` default when it is left out; a refusal names ``reasoning.effort``.
 """
 
 from __future__ import annotations
@@ -30,12 +28,11 @@ from contextlib import aclosing
 
 import attrs
 
-from kestrel_trio.app.chat import CompletionJob, model_thinks
+from kestrel_trio.app.chat import CompletionJob
 from kestrel_trio.engine import GenerationHandle
 from kestrel_trio.errors import BadRequestError, KestrelError, ModelNotFoundError
 from kestrel_trio.http import Request, Response, StreamingResponse
-from kestrel_trio.model import Model
-from kestrel_trio.openai import ChatRequest, to_json_bytes
+from kestrel_trio.openai import to_json_bytes
 from kestrel_trio.openai import responses_api as ra
 
 __all__ = ["ResponsesRoutes", "RESPONSES_PATH", "INPUT_TOKENS_PATH", "STORED_RESPONSES_PREFIX"]
@@ -76,10 +73,7 @@ class ResponsesRoutes:
 
     async def _prepare(self, req: ra.ResponsesRequest):
         """The chat request (thinking switched as ``reasoning.effort`` asks) and its preparation."""
-        chat = req.chat
-        if req.thinking is not None:
-            model, _ = self.routes._ready(chat.model)
-            chat = with_thinking(model, chat, req.thinking)
+        chat = attrs.evolve(req.chat, thinking=req.thinking, thinking_param="reasoning.effort")
         try:
             return chat, await self.routes.prepare_chat(chat)
         except BadRequestError as exc:
@@ -99,21 +93,6 @@ def _named_input(exc: BadRequestError, req: ra.ResponsesRequest) -> BadRequestEr
         return exc
     param = req.input_path(exc.param)
     return type(exc)(exc.message.replace(f"'{exc.param}'", f"'{param}'"), param=param, code=exc.code)
-
-
-def with_thinking(model: Model, chat: ChatRequest, thinking: bool) -> ChatRequest:
-    """``chat`` with the template's ``enable_thinking`` set from ``reasoning.effort`` (see module doc)."""
-    try:
-        model.check_chat_template_kwargs(["enable_thinking"])
-    except BadRequestError:
-        if model_thinks(model):  # it may reason, and nothing here can say it must or must not
-            raise BadRequestError("'reasoning.effort': this model's chat template cannot switch reasoning on or "
-                                  "off; leave 'reasoning' out", param="reasoning.effort") from None
-        if thinking:
-            raise BadRequestError("'reasoning.effort' asks for reasoning but this model has no reasoning mode; "
-                                  "send 'none' or leave 'reasoning' out", param="reasoning.effort") from None
-        return chat  # reasoning off, on a model that never reasons: it holds already
-    return attrs.evolve(chat, chat_template_kwargs={**chat.chat_template_kwargs, "enable_thinking": thinking})
 
 
 class ResponseJob:

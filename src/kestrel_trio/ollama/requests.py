@@ -11,7 +11,7 @@ request the OpenAI route runs, so templates, tools, images, grammar and admissio
   model's template; ``raw: true`` sends the prompt as is, through the completions path.
 * ``tools``: OpenAI's function shape, which Ollama shares. ``format``: ``"json"`` or a JSON schema, through
   the structured outputs. ``options``: :mod:`kestrel_trio.ollama.options`. ``think``: true / false (or
-  "low" / "medium" / "high", which mean true here) sets the template's ``enable_thinking``.
+  "low" / "medium" / "high", which mean true here) is the reasoning choice (``OllamaChat.think``).
 * ``stream`` defaults to true, as Ollama's. ``keep_alive`` is accepted: the model stays loaded for the
   server's life whatever it says (a duration is checked to be a number or a string).
 
@@ -55,7 +55,7 @@ class OllamaChat:
 
     Attributes:
         chat: the same request as a chat completion.
-        think: True / False (``think`` sent), or None (the template's default).
+        think: True / False (``think`` sent), or None (the server's ``--reasoning`` default).
         empty: ``messages`` was empty: Ollama's "load the model" call, answered at once.
     """
 

@@ -14,7 +14,7 @@ chat-completions route runs, so that templates, tools, images, grammar and admis
 * ``text.format`` json_object / json_schema becomes the structured output the chat route compiles.
 * ``max_output_tokens``, ``temperature``, ``top_p`` and ``stream`` become the sampling fields.
 * ``reasoning.effort`` is kept as :attr:`ResponsesRequest.thinking`: ``none`` / ``minimal`` off, ``low`` to
-  ``max`` on; the route maps it onto the template's ``enable_thinking``.
+  ``max`` on (chat's ``reasoning_effort`` levels); the route carries it out as any chat request's choice.
 
 What needs stored state (``previous_response_id``, ``conversation``, ``item_reference`` items) is refused;
 every rejection is a :class:`BadRequestError` naming the field; unknown keys are refused
@@ -46,12 +46,13 @@ from kestrel_trio.openai._fields import (
 from kestrel_trio.openai.requests import ChatRequest, SamplingFields
 from kestrel_trio.openai.responses_api.fields import check_keys
 from kestrel_trio.openai.structured import StructuredOutput
+from kestrel_trio.openai.thinking import REASONING_EFFORTS
 
 __all__ = ["ResponsesRequest", "parse_responses_request", "parse_input_tokens_request", "EFFORTS",
            "MAX_METADATA_PAIRS"]
 
-# The openai SDK's ReasoningEffort values, and whether each switches reasoning on.
-EFFORTS = {"none": False, "minimal": False, "low": True, "medium": True, "high": True, "xhigh": True, "max": True}
+# The openai SDK's ReasoningEffort values and whether each switches reasoning on: chat's, one definition.
+EFFORTS = REASONING_EFFORTS
 MAX_METADATA_PAIRS = 16  # OpenAI's bounds: 16 pairs, keys up to 64 characters, values up to 512
 _MAX_METADATA_KEY = 64
 _MAX_METADATA_VALUE = 512
@@ -68,7 +69,7 @@ class ResponsesRequest:
 
     Attributes:
         chat: the same request as a chat completion (messages, tools, tool_choice, structured, sampling).
-        thinking: True / False from ``reasoning.effort``, or None (not sent: the template's default).
+        thinking: True / False from ``reasoning.effort``, or None (not sent: the server's default).
         echo: the request's fields as a Response object reports them (instructions, tools, tool_choice,
             text, reasoning, metadata, ...).
         origins: per chat message, the request path it came from (``instructions``, ``input``, ``input[3]``),
@@ -432,7 +433,7 @@ def _text(value: Any) -> tuple[StructuredOutput | None, dict]:
 
 
 def _reasoning(value: Any) -> tuple[bool | None, dict | None]:
-    """``enable_thinking`` from ``reasoning.effort`` (None: the template's default), and ``reasoning`` echoed."""
+    """The reasoning choice of ``reasoning.effort`` (None: not sent, the server's default), and ``reasoning`` echoed."""
     if value is None:
         return None, None
     reasoning = check_object(value, "reasoning")
