@@ -1473,7 +1473,7 @@ def _chosen(form: str):
 # The forms whose x86-64 integer kernel "auto" takes: every form kestrel_trio._kernels.x86 has kernels for. Each
 # beats the exact products at 1 and 8 activation rows on Qwen3-0.6B's shapes (benchmarks/bench_integer.py;
 # docs/performance.md, "Integer products"). load_model(..., products="exact") keeps the exact ones.
-X86_AUTO_FORMS: frozenset = frozenset(("Q8_0", "Q4_0", "Q4_1", "Q4_K"))
+X86_AUTO_FORMS: frozenset = frozenset(("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q5_1", "Q5_K", "Q6_K"))
 
 
 def _arch_kernel(form: str) -> tuple[str, bool] | None:
