@@ -27,11 +27,11 @@ instruction on a splat of it) come off the sum, exactly. On AVX2 Q8_0's
 weights lend their sign to the activations instead (llama.cpp's trick,
 ``|w| * (sign(w) * x)``), as 255 would saturate.
 
-The kernels hold several weight rows in one vector, 16 bytes (four int32
-lanes, four float32 accumulators) a row: four in a zmm ("vnni512"), two in a
-ymm ("vnni256", AVX-VNNI without AVX-512; "avx2"), and take four activation
-rows a pass, so each block is decoded once for all of them (:func:`_emit_wide`);
-the rows a vector does not fill go one at a time in an xmm. Each driver
+The kernels take four activation rows a pass, so each block is decoded once
+for all of them (:func:`_emit_wide`), and a weight row's 16 bytes (four int32
+lanes, four float32 accumulators) in an xmm; Q4_K's and Q5_K's hold several
+rows in one vector: four in a zmm ("vnni512"), two in a ymm ("vnni256",
+AVX-VNNI without AVX-512; "avx2"), as measured best (the drivers). Each driver
 takes the form as an argument, switched on inside the kernel
 (:func:`_dispatching`). Integer sums are exact in any grouping, and every
 float32 step is the reference's in its order, so each kernel equals the
@@ -441,71 +441,94 @@ def _dispatching(kind: str, acts: int, slots: int):
 
 
 # The kernels a driver below calls, named, as numba needs them (module globals): per kind, the wide pass (slots
-# rows x _ACTS activation rows), its one-activation-row form, and one row (in an xmm) for the rows left.
+# rows x _ACTS activation rows) and its one-activation-row form; and one row in an xmm, against _ACTS activation
+# rows or one.
 _vnni512_wide, _vnni512_a1 = _dispatching("vnni512", _ACTS, 4), _dispatching("vnni512", 1, 4)
 _vnni256_wide, _vnni256_a1 = _dispatching("vnni256", _ACTS, 2), _dispatching("vnni256", 1, 2)
 _avx2_wide, _avx2_a1 = _dispatching("avx2", _ACTS, 2), _dispatching("avx2", 1, 2)
-_vnni_row, _avx2_row = _dispatching("vnni256", 1, 1), _dispatching("avx2", 1, 1)
+_vnni_row, _vnni_row_a1 = _dispatching("vnni256", _ACTS, 1), _dispatching("vnni256", 1, 1)
+_avx2_row, _avx2_row_a1 = _dispatching("avx2", _ACTS, 1), _dispatching("avx2", 1, 1)
 
 
 # One compiled function a kind, the form chosen by an argument (``_FORM_IDS``) in the kernels' switch: numba
 # caches neither a function a factory makes nor one handed a kernel, so the kernels are named here. Compile (call)
 # one only where usable_kernel names its kind: LLVM cannot select an instruction for code without it.
+#
+# Several rows a vector only for Q4_K and Q5_K (form ids 3 and 6); every other form goes a row at a time. Measured
+# on a Zen 5 EPYC, one activation row against 64 Mi weights streamed from memory: Q8_0 4.6-5.5 GB/s four rows a
+# zmm, 30.7 GB/s a row at a time (Q4_0 3.9 / 19.5, Q4_1 10.6 / 22.1, Q5_0 2.2 / 15.0, Q5_1 6.3 / 16.2, Q6_K 3.6 /
+# 17.6), while Q4_K took 26.5 / 17.7 and Q5_K 29.1 / 17.4: the small blocks read four rows as four short streams
+# at once, which the CPU's prefetchers did not keep up with; the K-quants' 144 and 176 bytes a row and block did.
 @njit(nogil=True, cache=True)
 def product_vnni512(form, data, xq, xd, xs, start, stop, out):
     """``out`` [N, stop-start] = the quantized activations ``xq`` int8 [N, cols] / ``xd``, ``xs`` float32 [N,
     cols/32] (scales, block sums) @ rows ``data`` uint8 [start:stop, ...] of form ``form`` (``form_id``: 0 Q8_0,
-    1 Q4_0, 2 Q4_1, 3 Q4_K, 4 Q5_0, 5 Q5_1, 6 Q5_K, 7 Q6_K), by ``vpdpbusd``: four rows in a zmm, four activation
-    rows a pass (AVX512-VNNI + BW), the rows left one at a time in an xmm."""
+    1 Q4_0, 2 Q4_1, 3 Q4_K, 4 Q5_0, 5 Q5_1, 6 Q5_K, 7 Q6_K), by ``vpdpbusd``, four activation rows a pass: Q4_K
+    and Q5_K four rows in a zmm (AVX512-VNNI + BW), the other forms and the rows left one at a time in an xmm."""
     n = xq.shape[0]
     r = start
-    while r + 4 <= stop:
+    if form == 3 or form == 6:
+        while r + 4 <= stop:
+            b = 0
+            while b + 4 <= n:
+                _vnni512_wide(form, data, r, xq, xd, xs, out, b, r - start)
+                b += 4
+            for b in range(b, n):
+                _vnni512_a1(form, data, r, xq, xd, xs, out, b, r - start)
+            r += 4
+    for r in range(r, stop):
         b = 0
         while b + 4 <= n:
-            _vnni512_wide(form, data, r, xq, xd, xs, out, b, r - start)
+            _vnni_row(form, data, r, xq, xd, xs, out, b, r - start)
             b += 4
         for b in range(b, n):
-            _vnni512_a1(form, data, r, xq, xd, xs, out, b, r - start)
-        r += 4
-    for r in range(r, stop):
-        for b in range(n):
-            _vnni_row(form, data, r, xq, xd, xs, out, b, r - start)
+            _vnni_row_a1(form, data, r, xq, xd, xs, out, b, r - start)
 
 
 @njit(nogil=True, cache=True)
 def product_vnni256(form, data, xq, xd, xs, start, stop, out):
-    """As :func:`product_vnni512` with two rows in a ymm (AVX-VNNI without AVX-512)."""
+    """As :func:`product_vnni512` with Q4_K's and Q5_K's rows two in a ymm (AVX-VNNI without AVX-512)."""
     n = xq.shape[0]
     r = start
-    while r + 2 <= stop:
+    if form == 3 or form == 6:
+        while r + 2 <= stop:
+            b = 0
+            while b + 4 <= n:
+                _vnni256_wide(form, data, r, xq, xd, xs, out, b, r - start)
+                b += 4
+            for b in range(b, n):
+                _vnni256_a1(form, data, r, xq, xd, xs, out, b, r - start)
+            r += 2
+    for r in range(r, stop):
         b = 0
         while b + 4 <= n:
-            _vnni256_wide(form, data, r, xq, xd, xs, out, b, r - start)
+            _vnni_row(form, data, r, xq, xd, xs, out, b, r - start)
             b += 4
         for b in range(b, n):
-            _vnni256_a1(form, data, r, xq, xd, xs, out, b, r - start)
-        r += 2
-    for r in range(r, stop):
-        for b in range(n):
-            _vnni_row(form, data, r, xq, xd, xs, out, b, r - start)
+            _vnni_row_a1(form, data, r, xq, xd, xs, out, b, r - start)
 
 
 @njit(nogil=True, cache=True)
 def product_avx2(form, data, xq, xd, xs, start, stop, out):
-    """As :func:`product_vnni512` by ``vpmaddubsw`` + ``vpmaddwd``, two rows in a ymm (AVX2)."""
+    """As :func:`product_vnni512` by ``vpmaddubsw`` + ``vpmaddwd``, Q4_K's and Q5_K's rows two in a ymm (AVX2)."""
     n = xq.shape[0]
     r = start
-    while r + 2 <= stop:
+    if form == 3 or form == 6:
+        while r + 2 <= stop:
+            b = 0
+            while b + 4 <= n:
+                _avx2_wide(form, data, r, xq, xd, xs, out, b, r - start)
+                b += 4
+            for b in range(b, n):
+                _avx2_a1(form, data, r, xq, xd, xs, out, b, r - start)
+            r += 2
+    for r in range(r, stop):
         b = 0
         while b + 4 <= n:
-            _avx2_wide(form, data, r, xq, xd, xs, out, b, r - start)
+            _avx2_row(form, data, r, xq, xd, xs, out, b, r - start)
             b += 4
         for b in range(b, n):
-            _avx2_a1(form, data, r, xq, xd, xs, out, b, r - start)
-        r += 2
-    for r in range(r, stop):
-        for b in range(n):
-            _avx2_row(form, data, r, xq, xd, xs, out, b, r - start)
+            _avx2_row_a1(form, data, r, xq, xd, xs, out, b, r - start)
 
 
 def form_id(form: str) -> int:
