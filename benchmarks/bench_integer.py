@@ -1,7 +1,7 @@
 """Integer products against the exact ones, side by side in one run, on Qwen3-0.6B's decode-step matrices.
 
 Usage:
-    python benchmarks/bench_integer.py [--forms Q8_0,Q4_0,Q4_K] [--rows 1,8] [--threads 1,2] [--repeats N]
+    python benchmarks/bench_integer.py [--forms Q8_0,Q4_0,Q4_K,Q6_K] [--rows 1,8] [--threads 1,2] [--repeats N]
                                        [--avx2]
 
 For each form, activation row count and thread count it times one decode
@@ -42,7 +42,10 @@ from _bench_common import cpu_vector_flags, load_average  # noqa: E402
 
 # Qwen3-0.6B: hidden 1024, 16 q heads and 8 kv heads of 128, intermediate 3072. (name, out rows, in cols)
 MATRICES = (("qkv", 4096, 1024), ("o", 1024, 2048), ("gate_up", 6144, 1024), ("down", 1024, 3072))
-BLOCK = {"Q8_0": (34, 32), "Q4_0": (18, 32), "Q4_1": (20, 32), "Q4_K": (144, 256)}  # bytes, weights a block
+BLOCK = {"Q8_0": (34, 32), "Q4_0": (18, 32), "Q4_1": (20, 32), "Q4_K": (144, 256), "Q5_0": (22, 32),
+         "Q5_1": (24, 32), "Q5_K": (176, 256), "Q6_K": (210, 256)}  # bytes, weights a block
+# Where each form's float16 scales are: d, then m (Q4_1, Q5_1) or dmin (Q4_K, Q5_K); Q6_K's d is its last two bytes.
+HALVES = {"Q6_K": (208,), "Q4_1": (0, 2), "Q5_1": (0, 2), "Q4_K": (0, 2), "Q5_K": (0, 2)}
 LAYERS = 4  # distinct copies cycled through, so that the weights stream from memory
 
 
@@ -50,9 +53,9 @@ def random_blocks(form: str, rng, rows: int, cols: int) -> np.ndarray:
     """uint8 [rows, row bytes]: random quants, float16 scales of weight size (finite), as a GGUF stores them."""
     size, per = BLOCK[form]
     raw = rng.integers(0, 256, (rows, cols // per, size), dtype=np.uint8)  # [rows, blocks, bytes]
-    raw[:, :, 0:2] = (rng.uniform(0.5, 1.5, (rows, cols // per, 1)) * 1e-3).astype(np.float16).view(np.uint8)
-    if form in ("Q4_1", "Q4_K"):
-        raw[:, :, 2:4] = (rng.uniform(0.5, 1.5, (rows, cols // per, 1)) * 1e-3).astype(np.float16).view(np.uint8)
+    for at in HALVES.get(form, (0,)):
+        raw[:, :, at : at + 2] = (rng.uniform(0.5, 1.5, (rows, cols // per, 1)) * 1e-3).astype(np.float16).view(
+            np.uint8)
     return raw.reshape(rows, -1)
 
 
@@ -140,7 +143,7 @@ AVX2_ENV = {"NUMBA_CPU_NAME": "haswell", "NUMBA_CPU_FEATURES": ""}
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--forms", default="Q8_0,Q4_0,Q4_K")
+    parser.add_argument("--forms", default="Q8_0,Q4_0,Q4_K,Q6_K")
     parser.add_argument("--rows", default="1,8")
     parser.add_argument("--threads", default="1,2")
     parser.add_argument("--repeats", type=int, default=5)

@@ -35,8 +35,8 @@ def _the_default_port_is_taken():
 def _exact_products():
     """The exact products of quantized weights on every host (not the default "auto"): the suites compare
     logits with transformers' goldens within 1e-4 and greedy tokens exactly, which the integer products
-    (the default on aarch64; x86-64 has them under "integer") approach only within the activations' rounding. Their own tests set them
-    (tests/gguf_in/test_integer_fidelity.py, tests/model/test_integer_products.py)."""
+    (the default on aarch64 and on x86-64 with AVX2) approach only within the activations' rounding. Their own
+    tests set them (tests/gguf_in/test_integer_fidelity.py, tests/model/test_integer_products.py)."""
     from kestrel_trio import _kernels
 
     _kernels.set_products("exact")

@@ -101,8 +101,8 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--exact-products", action="store_true",
                         help="multiply quantized GGUF weights exactly: each weight expanded to float32, as the "
                              "reference does, instead of llama.cpp's integer products with the activations "
-                             "quantized to int8 (the default on aarch64 for Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, "
-                             "Q5_K, Q6_K; logits within a few percent)")
+                             "quantized to int8 (the default on aarch64 and on x86-64 with AVX2 for Q8_0, Q4_0, "
+                             "Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K; logits within a few percent)")
 
 
 def _add_speculative_args(serve: argparse.ArgumentParser, engine: dict) -> None:

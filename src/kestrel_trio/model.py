@@ -411,9 +411,8 @@ def set_products(mode: str) -> None:
     the exact ones by the activations' rounding. "exact": every weight
     expanded to float32 and multiplied in float32 (the reference; what
     ``--exact-products`` asks for). "auto" (the default): integer where this
-    CPU has integer kernels of its own (aarch64; on x86-64 only with "integer" for now), exact elsewhere. Today the
-    integer products cover Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K on aarch64 and the
-    first four on x86-64; other forms stay exact.
+    CPU has integer kernels of its own (aarch64; x86-64 with AVX2 or better), exact elsewhere. The integer
+    products cover Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K; other forms stay exact.
 
     Raises:
         ModelLoadError: an unknown mode.

@@ -26,10 +26,8 @@ if _kernels.ready() and platform.machine() == "x86_64":
     from kestrel_trio._kernels.products import f16_table
     from kestrel_trio._kernels.x86 import integer as x86
 
-from test_integer_products import block_rows, quantized, sums_of  # noqa: E402
+from test_integer_products import BLOCK_BYTES, FORMS, HALVES, block_rows, quantized, sums_of  # noqa: E402
 
-FORMS = ["Q8_0", "Q4_0", "Q4_1", "Q4_K"]
-BLOCK_BYTES = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20, "Q4_K": 144}
 DRIVERS = {"vnni512": "product_vnni512", "vnni256": "product_vnni256", "avx2": "product_avx2"}
 
 
@@ -51,9 +49,11 @@ def extreme(form: str, data: np.ndarray, rng) -> np.ndarray:
     values = np.array([65504.0, 6e-8, 0.0, -3.5, 1e-3], dtype=np.float16)
     picks = rng.integers(0, len(values), blocks.shape[:2])  # [rows, blocks]
     chosen = rng.random(blocks.shape[:2]) < 0.3
-    blocks[chosen, 0:2] = values[picks[chosen]].reshape(-1, 1).view(np.uint8)
-    if form in ("Q4_1", "Q4_K"):
-        blocks[chosen, 2:4] = values[::-1][picks[chosen]].reshape(-1, 1).view(np.uint8)
+    for which, at in enumerate(HALVES[form]):  # d; and m or dmin, drawn the other way round
+        drawn = values if which == 0 else values[::-1]
+        blocks[chosen, at : at + 2] = drawn[picks[chosen]].reshape(-1, 1).view(np.uint8)
+    if form == "Q6_K":  # its int8 scales at their extremes too
+        blocks[chosen, 192:194] = np.array([-128, 127], dtype=np.int8).view(np.uint8)
     return blocks.reshape(data.shape)
 
 
@@ -128,8 +128,8 @@ def test_the_choice_follows_the_code_numba_compiles_and_the_cpu():
 
 def test_the_dispatch_names_each_forms_kernel_in_each_mode(monkeypatch):
     own = x86.KINDS[x86.usable_kernel(cpu.this_cpu().has)]
-    forms = FORMS + ["Q6_K", "bf16"]
-    monkeypatch.setattr(products, "X86_AUTO_FORMS", frozenset(FORMS))  # the dispatch as when auto takes them
+    forms = FORMS + ["bf16"]
+    assert products.X86_AUTO_FORMS == frozenset(x86.FORMS) == frozenset(FORMS)  # auto takes every x86 kernel
     try:
         _kernels.set_products("exact")
         assert all(name in ("portable", "avx2", "avx512") for name in _kernels.product_kernels(forms).values())
@@ -138,14 +138,12 @@ def test_the_dispatch_names_each_forms_kernel_in_each_mode(monkeypatch):
             _kernels.set_products(mode)
             found = _kernels.product_kernels(forms)
             assert {f: found[f] for f in FORMS} == {f: own for f in FORMS}
-            # no x86 kernel: the exact product in auto, the portable reference in integer
-            assert found["Q6_K"] == {"auto": "portable", "integer": "int8"}[mode]
         # a form the x86 module has no kernel for: the exact path in auto, the portable reference in integer
-        monkeypatch.setattr(x86, "FORMS", {f: v for f, v in x86.FORMS.items() if f != "Q4_1"})
+        monkeypatch.setattr(x86, "FORMS", {f: v for f, v in x86.FORMS.items() if f != "Q6_K"})
         _kernels.set_products("auto")
-        assert _kernels.product_kernels(["Q4_1", "Q4_0"]) == {"Q4_1": "portable", "Q4_0": own}
+        assert _kernels.product_kernels(["Q6_K", "Q4_0"]) == {"Q6_K": "portable", "Q4_0": own}
         _kernels.set_products("integer")
-        assert _kernels.product_kernels(["Q4_1"]) == {"Q4_1": "int8"}
+        assert _kernels.product_kernels(["Q6_K"]) == {"Q6_K": "int8"}
         # and a form auto does not take on x86 (where it would not win)
         monkeypatch.setattr(products, "X86_AUTO_FORMS", frozenset({"Q8_0"}))
         _kernels.set_products("auto")
@@ -159,7 +157,7 @@ def test_a_product_through_the_dispatch_equals_the_reference():
     x = rng.standard_normal((6, 512), dtype=np.float32)  # [6, 512]
     xq, xd = quantized(x)
     try:
-        _kernels.set_products("integer")  # x86-64's kernels (auto keeps them off for now: products.X86_AUTO_FORMS)
+        _kernels.set_products("auto")  # x86-64's kernels, every form (products.X86_AUTO_FORMS)
         for form in FORMS:
             data = block_rows(form, rng, 11, 512)  # [11, ...]
             want = np.empty((6, 11), dtype=np.float32)
@@ -167,6 +165,14 @@ def test_a_product_through_the_dispatch_equals_the_reference():
             out = np.empty((6, 11), dtype=np.float32)
             _kernels.packed_product(form, data, None, x, 0, 11, out, _kernels.quantize_activations(x, [form]))
             np.testing.assert_array_equal(out.view(np.uint32), want.view(np.uint32))
+            # read-only rows (a mapped GGUF) into a column range of a larger result: the same kernel, no other
+            data.flags.writeable = False
+            wider = np.full((6, 13), np.nan, dtype=np.float32)  # [6, 13]
+            _kernels.packed_product(form, data, None, x, 0, 11, wider[:, 1:12])
+            np.testing.assert_array_equal(wider[:, 1:12].view(np.uint32), want.view(np.uint32))
+            assert np.isnan(wider[:, 0]).all() and np.isnan(wider[:, 12]).all()
+        # one compiled version a kernel, made at first use: no call compiled another (after warming, none may)
+        assert products._typed_kernels and all(len(k.signatures) == 1 for k in products._typed_kernels.values())
     finally:
         _kernels.set_products("exact")
 

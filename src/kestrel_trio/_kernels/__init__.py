@@ -134,8 +134,9 @@ def set_products(mode: str) -> None:
     """Which products quantized weights take, process-wide (before a model's first step): "exact" (expanded to
     float32, multiplied in float32: the reference), "integer" (activations quantized to int8 per block of 32,
     integer block sums as llama.cpp's) or "auto" (integer where this CPU has integer kernels of its own for the
-    form: aarch64's; x86-64's for products.X86_AUTO_FORMS, none yet; exact elsewhere). Forms a product was already made for keep it for the mode it was made in and take the
-    new mode's at their next call (kestrel_trio._kernels.products.product_for).
+    form: aarch64's; x86-64's for products.X86_AUTO_FORMS; exact elsewhere). Forms a product was already made
+    for keep it for the mode it was made in and take the new mode's at their next call
+    (kestrel_trio._kernels.products.product_for).
 
     Raises:
         ValueError: an unknown mode.

@@ -1470,13 +1470,11 @@ def _chosen(form: str):
     return _PRODUCTS[form][0], "portable"
 
 
-# The forms whose x86-64 integer kernel "auto" takes: where it beat the exact products at 1 and 8 activation rows,
-# 1 and 2 threads, on Qwen3-0.6B's shapes (benchmarks/bench_integer.py; docs/performance.md, "Integer products").
-# Empty for now: under "auto" x86-64 keeps the exact products. The integer kernels win on their own
-# (benchmarks/bench_integer.py), but their first product after warming still compiles (about 54 MiB of LLVM's
-# pages a fresh process keeps: tests/model/test_packed_kernels.py), and Q6_K/Q5_* have no x86 kernel yet.
-# load_model(..., products="integer") takes them.
-X86_AUTO_FORMS: frozenset = frozenset()
+# The forms whose x86-64 integer kernel "auto" takes: every form kestrel_trio._kernels.x86 has kernels for, so x86
+# runs the same integer math as the board. On Qwen3-0.6B's shapes (benchmarks/bench_integer.py, a loaded Zen 5)
+# they beat or tie the exact products except Q8_0 at one activation row (0.85x; 1.40x under AVX2 alone), where
+# the exact loop already streams near the memory's rate. load_model(..., products="exact") keeps the exact ones.
+X86_AUTO_FORMS: frozenset = frozenset(("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q5_1", "Q5_K", "Q6_K"))
 
 
 def _arch_kernel(form: str) -> tuple[str, bool] | None:
@@ -1541,6 +1539,7 @@ def _integer_product(name: str, form: str):
     else:
         form_id, kernel = arm.form_id(form), (arm.product_sdot if name == "sdot" else arm.product_widening)
     reference = name == "int8"
+    kernel = _typed_kernel(integer.product_blocks if reference else kernel, reference)
 
     def product(data, scales, f16, run, x, start, stop, out, quantized=None):
         if quantized is None:
@@ -1548,12 +1547,35 @@ def _integer_product(name: str, form: str):
         xq, xd, xs = quantized
         xs = xd if xs is None else xs  # read by the forms with minimums only
         if reference:
-            integer.product_blocks(form_id, data, f16, run, xq, xd, xs, start, stop, out)
+            kernel(form_id, data, f16, run, xq, xd, xs, start, stop, out)
         else:
             kernel(form_id, data, xq, xd, xs, start, stop, out)
 
     product.takes_quantized = True  # kestrel_trio._kernels.packed_product hands it quantize()'s activations
     return product
+
+
+_QUANTS = types.Array(types.int8, 2, "C")  # xq [N, cols]
+_BLOCK_SCALES = types.Array(types.float32, 2, "C")  # xd, xs [N, cols / 32]
+_typed_kernels: dict = {}
+
+
+def _typed_kernel(kernel, reference: bool):
+    """``kernel`` (an integer kernel's dispatcher) compiled, or loaded from numba's cache, now, at the one
+    signature every product call converts to (read-only storage, ``out`` of any strides, as the exact products'),
+    with compilation then closed: a GGUF's read-only mapped rows or a column range of a larger result would
+    otherwise each compile another version at their first call, after warming handed back the compiler's pages.
+    One dispatcher a kernel, over its own Python function, so numba's cache of that function serves it."""
+    found = _typed_kernels.get(kernel)
+    if found is None:
+        if reference:  # (form, data, f16, run, xq, xd, xs, start, stop, out)
+            signature = types.void(types.int64, _storage(types.uint8), _TABLE, types.int64, _QUANTS, _BLOCK_SCALES,
+                                   _BLOCK_SCALES, types.int64, types.int64, _RESULT)
+        else:  # (form, data, xq, xd, xs, start, stop, out)
+            signature = types.void(types.int64, _storage(types.uint8), _QUANTS, _BLOCK_SCALES, _BLOCK_SCALES,
+                                   types.int64, types.int64, _RESULT)
+        found = _typed_kernels[kernel] = njit(signature, **_COMPILE)(kernel.py_func)
+    return found
 
 
 def quantize(x: np.ndarray, forms) -> tuple | None:
