@@ -15,7 +15,7 @@ from typing import Any
 
 from kestrel_trio.errors import BadRequestError
 from kestrel_trio.openai._fields import check_str
-from kestrel_trio.openai._key_classes import Check, classify_keys
+from kestrel_trio.openai._key_classes import Check, checks_of, classify_keys
 from kestrel_trio.openai._key_classes import is_object as _object
 from kestrel_trio.openai._key_classes import is_string as _string
 
@@ -80,10 +80,6 @@ def check_keys(obj: dict, acting: Collection[str], *, path: str = "", generic: s
     Raises:
         BadRequestError: naming the first offending key.
     """
-    classify_keys(obj, acting, no_op=_no_op_check, refused_fields=REFUSED_FIELDS,
+    classify_keys(obj, acting, no_op=checks_of(NO_OP_FIELDS), refused_fields=REFUSED_FIELDS,
                   unknown=lambda full: f"{full}: Extra inputs are not permitted", path=path, generic=generic)
 
-
-def _no_op_check(field: str) -> Check | None:
-    no_op = NO_OP_FIELDS.get(field)
-    return None if no_op is None else no_op[2]

@@ -20,7 +20,7 @@ from typing import Any
 from kestrel_trio.errors import BadRequestError
 from kestrel_trio.openai._fields import check_object, check_str, fail, join_path
 
-__all__ = ["Check", "classify_keys", "refused", "is_string", "is_object", "is_boolean", "is_array", "one_of"]
+__all__ = ["Check", "classify_keys", "checks_of", "refused", "is_string", "is_object", "is_boolean", "is_array", "one_of"]
 
 # check(value, path) raises BadRequestError for a value the field does not accept.
 Check = Callable[[Any, str], None]
@@ -58,6 +58,15 @@ def classify_keys(obj: dict, acting: Collection[str], *, no_op: Callable[[str], 
                 raise refused(full, refused_fields[field])
             continue
         raise BadRequestError(unknown(full), param=full)
+
+
+def checks_of(no_op_fields: Mapping[str, tuple[str, str, Check]]) -> Callable[[str], Check | None]:
+    """The ``no_op`` argument of :func:`classify_keys` for a table: generic path -> (accepts, why, check)."""
+    def check_of(field: str) -> Check | None:
+        entry = no_op_fields.get(field)
+        return None if entry is None else entry[2]
+
+    return check_of
 
 
 def refused(full: str, reason: str) -> BadRequestError:
