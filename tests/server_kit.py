@@ -1,21 +1,24 @@
-"""Test support for the server suites: a step gate, a raw HTTP client, server start-up."""
+"""Test support for the server suites: a step gate, a raw HTTP client, server start-up, a scripted model."""
 
 from __future__ import annotations
 
 import contextlib
 import functools
 import json
-from typing import AsyncIterator, Callable
+from typing import AsyncIterator, Callable, ContextManager, TypeVar
 
 import attrs
 import h11
+import numpy as np
 import openai
+import pytest
 import trio
 
 from kestrel_trio.model import Model
 from step_gate import StepGate, greedy_tokens, wait_until  # noqa: F401 (re-exported to the tests)
 from kestrel_trio.openai import parse_sse
 from kestrel_trio.server import Server, serve
+from kestrel_trio.text.generation import Generation
 from slow_host import allowance
 
 HOST = "127.0.0.1"
@@ -172,9 +175,65 @@ def client_for(server: Server) -> openai.OpenAI:
     return openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=allowance(30))
 
 
+T = TypeVar("T")
+
+
+async def in_worker(open_client: Callable[[], ContextManager], work: Callable[..., T], *args) -> T:
+    """``work(client, *args)`` in a worker thread, ``client`` a synchronous SDK client ``open_client()`` opens.
+
+    The official clients block; the server runs in the test's trio loop, so they must run beside it.
+    """
+    def run() -> T:
+        with open_client() as client:
+            return work(client, *args)
+
+    return await trio.to_thread.run_sync(run)
+
+
 async def assert_left_in_decode_and_stopped(engine) -> None:
     """After a client left mid-stream: its generation was cancelled in decode within one step, none finished."""
     await wait_until(lambda: engine.metrics.cancelled.value(phase="decode") == 1)
     await wait_until(lambda: engine.active == 0)
     assert engine.max_steps_after_abandon <= 1
     assert engine.metrics.finished.value(finished_reason="length") == 0
+
+
+class ScriptedModel:
+    """Dictates each sampled token (from ``script(rendered_prompt)``, then EOS) by wrapping ``Generation.advance``.
+
+    Random weights never write what a test needs. The real forward pass still runs; the scripted token is
+    just made to win by a wide margin in the logits handed to the real sampler (and any grammar mask), so
+    everything downstream (sampling, detokenization, the engine, the routes, HTTP) is the real code.
+    """
+
+    def __init__(self, model: Model, script: Callable[[str], str]) -> None:
+        self.model = model
+        self.script = script
+        # id -> (the generation, its script): holding the generation keeps its id from being reused by a later
+        # one (an agent loop's second turn once drew the first turn's script, a second tool call, that way).
+        self._scripts: dict[int, tuple[Generation, list[int]]] = {}
+
+    def tokens_for(self, generation: Generation) -> list[int]:
+        """The token ids ``generation`` is made to write: its prompt's script, then an end-of-sequence token."""
+        key = id(generation)
+        if key not in self._scripts:
+            tokenizer = self.model.require_tokenizer()
+            prompt = tokenizer.decode(generation.prompt_ids, skip_special_tokens=False)
+            self._scripts[key] = (generation, self.model.encode(self.script(prompt)) + [min(tokenizer.eos_token_ids)])
+        return self._scripts[key][1]
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> ScriptedModel:
+        """Wrap ``Generation.advance`` for the test (``monkeypatch`` undoes it)."""
+        real_advance = Generation.advance
+        scripted = self
+
+        def advance(generation: Generation, logits: np.ndarray | None):
+            wanted = scripted.tokens_for(generation)
+            step = len(generation.generated_ids)
+            if logits is not None and step < len(wanted):  # None: a prompt chunk before the last
+                logits = logits.copy()  # [vocab]
+                logits[wanted[step]] = logits.max() + 40.0
+            return real_advance(generation, logits)
+
+        monkeypatch.setattr(Generation, "advance", advance)
+        return self

@@ -12,15 +12,13 @@ from __future__ import annotations
 import json
 
 import anthropic
-import numpy as np
 import pytest
 import trio
 
 from kestrel_trio.model import Model
 from kestrel_trio.server import Server
-from kestrel_trio.text.generation import Generation
 
-from server_kit import HOST, fetch, running_server
+from server_kit import HOST, ScriptedModel, fetch, in_worker, running_server
 from slow_host import allowance
 
 KEY = "sk-test-anthropic"
@@ -46,33 +44,14 @@ def script(prompt: str) -> str:
 
 @pytest.fixture
 def scripted(demo_model: Model, monkeypatch: pytest.MonkeyPatch) -> Model:
-    scripts: dict[int, tuple[Generation, list[int]]] = {}  # holding the generation keeps its id unique
-    real_advance = Generation.advance
-    tokenizer = demo_model.require_tokenizer()
-
-    def advance(generation: Generation, logits: np.ndarray | None):
-        if id(generation) not in scripts:
-            prompt = tokenizer.decode(generation.prompt_ids, skip_special_tokens=False)
-            scripts[id(generation)] = (generation, demo_model.encode(script(prompt)) + [min(tokenizer.eos_token_ids)])
-        wanted = scripts[id(generation)][1]
-        step = len(generation.generated_ids)
-        if logits is not None and step < len(wanted):  # None: a prompt chunk before the last
-            logits = logits.copy()  # [vocab]
-            logits[wanted[step]] = logits.max() + 40.0
-        return real_advance(generation, logits)
-
-    monkeypatch.setattr(Generation, "advance", advance)
-    return demo_model
+    return ScriptedModel(demo_model, script).install(monkeypatch).model
 
 
 async def with_client(server: Server, work, api_key: str = "unused"):
     """``work(client, model_id)`` in a worker thread, with a client pointed at ``server``."""
-    def run():
-        with anthropic.Anthropic(base_url=f"http://{HOST}:{server.port}", api_key=api_key, max_retries=0,
-                                 timeout=allowance(30)) as client:
-            return work(client, server.state.model_id)
-
-    return await trio.to_thread.run_sync(run)
+    return await in_worker(lambda: anthropic.Anthropic(base_url=f"http://{HOST}:{server.port}", api_key=api_key,
+                                                       max_retries=0, timeout=allowance(30)),
+                           work, server.state.model_id)
 
 
 def texts(message) -> tuple[str, str]:

@@ -18,9 +18,8 @@ import trio
 
 from kestrel_trio.model import Model
 from kestrel_trio.server import Server
-from kestrel_trio.text.generation import Generation
 
-from server_kit import HOST, client_for, fetch, running_server
+from server_kit import HOST, ScriptedModel, client_for, fetch, in_worker, running_server
 from slow_host import allowance
 
 HELLO = "Hello there, traveller!"
@@ -52,32 +51,13 @@ def script(prompt: str) -> str:
 
 @pytest.fixture
 def scripted(demo_model: Model, monkeypatch: pytest.MonkeyPatch) -> Model:
-    scripts: dict[int, tuple[Generation, list[int]]] = {}  # holding the generation keeps its id unique
-    real_advance = Generation.advance
-    tokenizer = demo_model.require_tokenizer()
-
-    def advance(generation: Generation, logits: np.ndarray | None):
-        if id(generation) not in scripts:
-            prompt = tokenizer.decode(generation.prompt_ids, skip_special_tokens=False)
-            scripts[id(generation)] = (generation, demo_model.encode(script(prompt)) + [min(tokenizer.eos_token_ids)])
-        wanted = scripts[id(generation)][1]
-        step = len(generation.generated_ids)
-        if logits is not None and step < len(wanted):  # None: a prompt chunk before the last
-            logits = logits.copy()  # [vocab]
-            logits[wanted[step]] = logits.max() + 40.0
-        return real_advance(generation, logits)
-
-    monkeypatch.setattr(Generation, "advance", advance)
-    return demo_model
+    return ScriptedModel(demo_model, script).install(monkeypatch).model
 
 
 async def with_client(server: Server, work):
     """``work(client, model_name)`` in a worker thread, with an ollama client pointed at ``server``."""
-    def run():
-        with ollama.Client(host=f"http://{HOST}:{server.port}", timeout=allowance(30)) as client:
-            return work(client, server.state.model_id + ":latest")
-
-    return await trio.to_thread.run_sync(run)
+    return await in_worker(lambda: ollama.Client(host=f"http://{HOST}:{server.port}", timeout=allowance(30)), work,
+                           server.state.model_id + ":latest")
 
 
 FINAL_FIELDS = ("total_duration", "load_duration", "prompt_eval_count", "prompt_eval_duration", "eval_count",

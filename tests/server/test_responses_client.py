@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 from typing import Literal
 
-import numpy as np
 import openai
 import pydantic
 import pytest
@@ -23,7 +22,7 @@ from kestrel_trio.model import Model
 from kestrel_trio.server import Server
 from kestrel_trio.text.generation import Generation
 
-from server_kit import fetch, running_server
+from server_kit import ScriptedModel, client_for, fetch, in_worker, running_server
 from slow_host import allowance
 
 HELLO = "Hello there, traveller!"
@@ -58,32 +57,12 @@ def script(prompt: str) -> str:
 
 @pytest.fixture
 def scripted(demo_model: Model, monkeypatch: pytest.MonkeyPatch) -> Model:
-    scripts: dict[int, tuple[Generation, list[int]]] = {}  # holding the generation keeps its id unique
-    real_advance = Generation.advance
-    tokenizer = demo_model.require_tokenizer()
-
-    def advance(generation: Generation, logits: np.ndarray | None):
-        if id(generation) not in scripts:
-            prompt = tokenizer.decode(generation.prompt_ids, skip_special_tokens=False)
-            scripts[id(generation)] = (generation, demo_model.encode(script(prompt)) + [min(tokenizer.eos_token_ids)])
-        wanted = scripts[id(generation)][1]
-        step = len(generation.generated_ids)
-        if logits is not None and step < len(wanted):  # None: a prompt chunk before the last
-            logits = logits.copy()  # [vocab]
-            logits[wanted[step]] = logits.max() + 40.0
-        return real_advance(generation, logits)
-
-    monkeypatch.setattr(Generation, "advance", advance)
-    return demo_model
+    return ScriptedModel(demo_model, script).install(monkeypatch).model
 
 
 async def with_client(server: Server, work):
     """``work(client, model_id)`` in a worker thread, with an openai client pointed at ``server``."""
-    def run():
-        with openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=allowance(30)) as client:
-            return work(client, server.state.model_id)
-
-    return await trio.to_thread.run_sync(run)
+    return await in_worker(lambda: client_for(server), work, server.state.model_id)
 
 
 def raw_events(body: bytes) -> list[dict]:

@@ -14,7 +14,6 @@ import json
 from pathlib import Path
 from collections.abc import Callable
 
-import numpy as np
 import openai
 import pytest
 import trio
@@ -22,9 +21,9 @@ import trio
 from kestrel_trio.model import Model
 from kestrel_trio.openai import parse_chat_request
 from kestrel_trio.server import Server
-from kestrel_trio.text.generation import Generation
 
-from server_kit import client_for, fetch, running_server
+import server_kit
+from server_kit import client_for, fetch, in_worker, running_server
 
 # Small enough that a tool prompt plus the call fit the fixture's 512-token context.
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
@@ -52,41 +51,11 @@ def script(prompt: str) -> str:
     return "Let me check.\n\n" + CALL
 
 
-class ScriptedModel:
-    """Dictates each sampled token (from :func:`script`) by wrapping ``Generation.advance``.
-
-    The real forward pass still runs; the scripted token is just made to win
-    by a wide margin in the logits handed to the real sampler.
-    """
+class ScriptedModel(server_kit.ScriptedModel):
+    """The model scripted by :func:`script` (:class:`server_kit.ScriptedModel`)."""
 
     def __init__(self, model: Model) -> None:
-        self.model = model
-        # id -> (the generation, its script): holding the generation keeps its id from being reused by a later
-        # one (the agent loop's second turn once drew the first turn's script, a second tool call, that way).
-        self._scripts: dict[int, tuple[Generation, list[int]]] = {}
-
-    def tokens_for(self, generation: Generation) -> list[int]:
-        key = id(generation)
-        if key not in self._scripts:
-            tokenizer = self.model.require_tokenizer()
-            prompt = tokenizer.decode(generation.prompt_ids, skip_special_tokens=False)
-            self._scripts[key] = (generation, self.model.encode(script(prompt)) + [min(tokenizer.eos_token_ids)])
-        return self._scripts[key][1]
-
-    def install(self, monkeypatch: pytest.MonkeyPatch) -> ScriptedModel:
-        real_advance = Generation.advance
-        scripted = self
-
-        def advance(generation: Generation, logits: np.ndarray | None):
-            wanted = scripted.tokens_for(generation)
-            step = len(generation.generated_ids)
-            if logits is not None and step < len(wanted):  # None: a prompt chunk before the last
-                logits = logits.copy()  # [vocab]
-                logits[wanted[step]] = logits.max() + 40.0
-            return real_advance(generation, logits)
-
-        monkeypatch.setattr(Generation, "advance", advance)
-        return self
+        super().__init__(model, script)
 
 
 @pytest.fixture
@@ -95,11 +64,7 @@ def scripted(model: Model, monkeypatch: pytest.MonkeyPatch) -> ScriptedModel:
 
 
 async def in_thread(server: Server, work: Callable[[openai.OpenAI, str], object]):
-    def run():
-        with client_for(server) as client:
-            return work(client, server.state.model_id)
-
-    return await trio.to_thread.run_sync(run)
+    return await in_worker(lambda: client_for(server), work, server.state.model_id)
 
 
 async def full_and_streamed(server: Server, **request) -> tuple[object, list]:

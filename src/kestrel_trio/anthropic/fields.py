@@ -10,20 +10,19 @@ permitted"). ``null`` for a known field means unset.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Collection
 from typing import Any
 
 from kestrel_trio.errors import BadRequestError
-from kestrel_trio.openai._fields import check_object, check_str, join_path
+from kestrel_trio.openai._fields import check_str
+from kestrel_trio.openai._key_classes import Check, checks_of, classify_keys
+from kestrel_trio.openai._key_classes import is_object as _object
+from kestrel_trio.openai._key_classes import is_string as _string
 
 __all__ = ["NO_OP_FIELDS", "REFUSED_FIELDS", "check_keys"]
 
 
-def _object(value: Any, path: str) -> None:
-    check_object(value, path)
-
-
-def _one_of(*accepted: str) -> Callable[[Any, str], None]:
+def _one_of(*accepted: str) -> Check:
     def check(value: Any, path: str) -> None:
         if check_str(value, path) not in accepted:
             raise BadRequestError(f"'{path}' must be one of {', '.join(accepted)}; got {value!r}", param=path)
@@ -31,12 +30,8 @@ def _one_of(*accepted: str) -> Callable[[Any, str], None]:
     return check
 
 
-def _signature(value: Any, path: str) -> None:
-    check_str(value, path)
-
-
 # generic path -> (the values accepted, in words; why accepting it changes nothing; the value check).
-NO_OP_FIELDS: dict[str, tuple[str, str, Callable[[Any, str], None]]] = {
+NO_OP_FIELDS: dict[str, tuple[str, str, Check]] = {
     "metadata": ("an object", "tags such as user_id for Anthropic's abuse monitoring; no per-user records are kept",
                  _object),
     "service_tier": ('"auto" or "standard_only"', "there is one service tier", _one_of("auto", "standard_only")),
@@ -44,10 +39,10 @@ NO_OP_FIELDS: dict[str, tuple[str, str, Callable[[Any, str], None]]] = {
                       "reuses its KV, with or without breakpoints", _object),
     "speed": ('"standard" or "fast"', "there is one speed: the engine always runs as fast as it can",
               _one_of("standard", "fast")),
-    "inference_geo": ("a string", "the answer is computed where this server runs", _signature),
+    "inference_geo": ("a string", "the answer is computed where this server runs", _string),
     "diagnostics": ("an object", "prompt-cache miss reports are not produced", _object),
-    "user_profile_id": ("a string", "no per-user records are kept", _signature),
-    "workspace_id": ("a string", "there are no workspaces", _signature),
+    "user_profile_id": ("a string", "no per-user records are kept", _string),
+    "workspace_id": ("a string", "there are no workspaces", _string),
     "output_config.effort": ('"low", "medium", "high", "xhigh" or "max"', "the served model has no effort levels; "
                              "switch its reasoning with 'thinking'",
                              _one_of("low", "medium", "high", "xhigh", "max")),
@@ -58,7 +53,7 @@ NO_OP_FIELDS: dict[str, tuple[str, str, Callable[[Any, str], None]]] = {
     "messages[].content[].cache_control": ("an object", "the same as system[].cache_control", _object),
     "tools[].cache_control": ("an object", "the same as system[].cache_control", _object),
     "messages[].content[].signature": ("a string", "thinking blocks sent back are rendered as earlier reasoning; "
-                                       "there is no signature to verify", _signature),
+                                       "there is no signature to verify", _string),
 }
 
 # generic path -> why it is refused.
@@ -85,20 +80,6 @@ def check_keys(obj: dict, acting: Collection[str], *, path: str = "", generic: s
     Raises:
         BadRequestError: naming the first offending key.
     """
-    for key, value in obj.items():
-        if key in acting:
-            continue
-        field = join_path(generic, key)
-        full = join_path(path, key)
-        no_op = NO_OP_FIELDS.get(field)
-        if no_op is not None:
-            if value is not None:
-                no_op[2](value, full)
-            continue
-        if field in REFUSED_FIELDS:
-            if value is not None:
-                reason = REFUSED_FIELDS[field]
-                raise BadRequestError(f"'{full}' {reason}" if reason.startswith("is ") else f"'{full}': {reason}",
-                                      param=full)
-            continue
-        raise BadRequestError(f"{full}: Extra inputs are not permitted", param=full)
+    classify_keys(obj, acting, no_op=checks_of(NO_OP_FIELDS), refused_fields=REFUSED_FIELDS,
+                  unknown=lambda full: f"{full}: Extra inputs are not permitted", path=path, generic=generic)
+

@@ -33,6 +33,7 @@ import attrs
 from kestrel_trio.anthropic.fields import check_keys
 from kestrel_trio.errors import BadRequestError
 from kestrel_trio.openai import ChatRequest, SamplingFields
+from kestrel_trio.openai.messages import unique_tool_name
 from kestrel_trio.openai._fields import (
     check_object,
     check_str,
@@ -353,12 +354,7 @@ def _tools(value: Any) -> tuple[dict, ...] | None:
             raise BadRequestError(f"'{path}.type' {kind!r}: Anthropic's server tools are not supported; send "
                                   "client tools (name, description, input_schema)", param=join_path(path, "type"))
         check_keys(tool, ("type", "name", "description", "input_schema"), path=path, generic="tools[]")
-        name = check_str(require(tool, "name", path), join_path(path, "name"))
-        if name in names:
-            raise BadRequestError(f"'{path}.name': tool names must be unique; {name!r} is repeated",
-                                  param=join_path(path, "name"))
-        names.add(name)
-        function: dict = {"name": name}
+        function: dict = {"name": unique_tool_name(tool, path, names)}
         description = tool.get("description")
         if description is not None:
             function["description"] = check_str(description, join_path(path, "description"))

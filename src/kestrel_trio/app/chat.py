@@ -29,6 +29,7 @@ from contextlib import aclosing
 import attrs
 
 from kestrel_trio import openai as oa
+from kestrel_trio.app.streams import GenerationStream
 from kestrel_trio.app.thinking import model_thinks
 from kestrel_trio.engine import Engine, GenerationHandle, GenerationRequest
 from kestrel_trio.errors import BadRequestError, KestrelError
@@ -161,7 +162,7 @@ class CompletionJob:
         """Submit (429 / 503 / 400 raise here, before any head), then answer in JSON or SSE."""
         handles = self.engine.open_generations(self.requests)
         if self.fields.stream:
-            return StreamingResponse(status=200, chunks=lambda: SSEStream(self, handles))
+            return StreamingResponse(status=200, chunks=lambda: GenerationStream(handles, _sse_chunks(self, handles)))
         choices = self.new_choices()
         usage: list[oa.Usage] = []
         try:
@@ -223,47 +224,25 @@ def _choice_params(params: SamplingParams, index: int) -> SamplingParams:
     return attrs.evolve(params, seed=params.seed + index)
 
 
-class SSEStream:
-    """The SSE body of a streaming response; closing it abandons every choice's generation.
-
-    An object with ``aclose`` rather than an async generator, so that the
-    generations are abandoned even if the server closes the stream before the
-    first chunk was asked for.
-    """
-
-    def __init__(self, job: CompletionJob, handles: list[GenerationHandle]) -> None:
-        self._handles = handles
-        self._events = self._generate(job, handles)
-
-    def __aiter__(self) -> SSEStream:
-        return self
-
-    async def __anext__(self) -> bytes:
-        return await self._events.__anext__()
-
-    async def aclose(self) -> None:
-        for handle in self._handles:
+async def _sse_chunks(job: CompletionJob, handles: list[GenerationHandle]) -> AsyncIterator[bytes]:
+    """The SSE chunks of a streamed answer: each choice's items, usage if asked for, an error chunk, ``[DONE]``."""
+    choices = job.new_choices()
+    for choice in choices:
+        for item in choice.start():
+            yield job.chunk([item])
+    usage: list[oa.Usage] = []
+    try:
+        async with aclosing(job.stream_items(handles, choices, usage)) as batches:
+            async for items in batches:
+                for item in items:  # one chunk per item keeps each chunk to one choice, as OpenAI does
+                    yield job.chunk([item])
+        if job.fields.include_usage:
+            maker = oa.completion_chunk_usage if job.chat is None else oa.chat_chunk_usage
+            yield oa.sse_event(maker(*job.ident, usage[0]))
+    except KestrelError as exc:
+        log.warning("stream %s ended with an error: %s", job.id, exc.message)
+        yield oa.sse_error(exc)
+    finally:
+        for handle in handles:
             handle.cancel()
-        await self._events.aclose()
-
-    async def _generate(self, job: CompletionJob, handles: list[GenerationHandle]) -> AsyncIterator[bytes]:
-        choices = job.new_choices()
-        for choice in choices:
-            for item in choice.start():
-                yield job.chunk([item])
-        usage: list[oa.Usage] = []
-        try:
-            async with aclosing(job.stream_items(handles, choices, usage)) as batches:
-                async for items in batches:
-                    for item in items:  # one chunk per item keeps each chunk to one choice, as OpenAI does
-                        yield job.chunk([item])
-            if job.fields.include_usage:
-                maker = oa.completion_chunk_usage if job.chat is None else oa.chat_chunk_usage
-                yield oa.sse_event(maker(*job.ident, usage[0]))
-        except KestrelError as exc:
-            log.warning("stream %s ended with an error: %s", job.id, exc.message)
-            yield oa.sse_error(exc)
-        finally:
-            for handle in handles:
-                handle.cancel()
-        yield oa.SSE_DONE
+    yield oa.SSE_DONE

@@ -18,30 +18,26 @@ default applies. ``budget_tokens`` is checked as Anthropic checks it; the reason
 
 from __future__ import annotations
 
-import logging
 from collections.abc import AsyncIterator
-from contextlib import aclosing
 
 from kestrel_trio import anthropic as an
 from kestrel_trio.app.chat import CompletionJob
+from kestrel_trio.app.envelopes import errors_as
+from kestrel_trio.app.streams import respond_one
 from kestrel_trio.engine import GenerationHandle
 from kestrel_trio.errors import BadRequestError, KestrelError
 from kestrel_trio.http import Request, Response, StreamingResponse
-from kestrel_trio.http.responses import retry_after_header
+from kestrel_trio.http.responses import kestrel_error_response
 from kestrel_trio.openai import to_json_bytes
 
 __all__ = ["MessagesRoutes", "anthropic_error_response", "ANTHROPIC_PATHS"]
-
-log = logging.getLogger("kestrel_trio.server")
 
 ANTHROPIC_PATHS = ("/v1/messages", "/v1/messages/count_tokens")
 
 
 def anthropic_error_response(exc: KestrelError) -> Response:
     """Anthropic's error envelope for ``exc``, with its status (and ``Retry-After`` when it has one)."""
-    status = exc.status if 400 <= exc.status <= 599 else 500
-    return Response(status=status, body=an.error_body(exc),
-                    headers=retry_after_header(getattr(exc, "retry_after", None)))
+    return kestrel_error_response(exc, an.error_body(exc))
 
 
 class MessagesRoutes:
@@ -50,21 +46,17 @@ class MessagesRoutes:
     def __init__(self, routes) -> None:
         self.routes = routes
 
+    @errors_as(anthropic_error_response)
     async def messages(self, request: Request) -> Response | StreamingResponse:
-        try:
-            req = await self.routes._parse(an.parse_messages_request, request.body)
-            prepared = await self._prepare(req)
-            job = self.routes.chat_job(prepared, req.chat.sampling)
-            return await MessagesJob(job, len(prepared.ids)).respond()
-        except KestrelError as exc:
-            return anthropic_error_response(exc)
+        req = await self.routes._parse(an.parse_messages_request, request.body)
+        prepared = await self._prepare(req)
+        job = self.routes.chat_job(prepared, req.chat.sampling)
+        return await MessagesJob(job, len(prepared.ids)).respond()
 
+    @errors_as(anthropic_error_response)
     async def count_tokens(self, request: Request) -> Response:
-        try:
-            req = await self.routes._parse(an.parse_count_tokens_request, request.body)
-            prepared = await self._prepare(req)
-        except KestrelError as exc:
-            return anthropic_error_response(exc)
+        req = await self.routes._parse(an.parse_count_tokens_request, request.body)
+        prepared = await self._prepare(req)
         return Response(status=200, body=to_json_bytes({"input_tokens": len(prepared.ids)}))
 
     async def _prepare(self, req: an.MessagesRequest):
@@ -84,16 +76,12 @@ class MessagesJob:
 
     async def respond(self) -> Response | StreamingResponse:
         """Submit (429 / 503 / 400 raise here, before any head), then answer in JSON or events."""
-        handles = self.job.engine.open_generations(self.job.requests)
-        if self.job.fields.stream:
-            return StreamingResponse(status=200, chunks=lambda: EventStream(self, handles[0]))
-        try:
-            async with aclosing(self.events(handles[0])) as events:
-                async for _ in events:
-                    pass
-        finally:
-            handles[0].cancel()
-        return Response(status=200, body=to_json_bytes(self.assembler.message()))
+        assembler = self.assembler
+        return await respond_one(
+            self.job, self.events, label=f"stream {assembler.message_id}",
+            encode=lambda events: b"".join(an.sse_event(name, obj) for name, obj in events),
+            error=lambda exc: an.sse_event("error", an.error_object(exc.status, exc.message)),
+            body=lambda: to_json_bytes(assembler.message()))
 
     async def events(self, handle: GenerationHandle) -> AsyncIterator[list[an.responses.Event]]:
         """The message's events, a list per engine delta (``message_start`` first)."""
@@ -108,32 +96,3 @@ class MessagesJob:
                 yield events + assembler.finish(choice.finish_reason, delta.stop_sequence, delta.completion_tokens)
                 return
 
-
-class EventStream:
-    """The SSE body of a streamed message; closing it abandons the generation (as the chat route's SSEStream)."""
-
-    def __init__(self, job: MessagesJob, handle: GenerationHandle) -> None:
-        self._handle = handle
-        self._chunks = self._generate(job, handle)
-
-    def __aiter__(self) -> EventStream:
-        return self
-
-    async def __anext__(self) -> bytes:
-        return await self._chunks.__anext__()
-
-    async def aclose(self) -> None:
-        self._handle.cancel()
-        await self._chunks.aclose()
-
-    async def _generate(self, job: MessagesJob, handle: GenerationHandle) -> AsyncIterator[bytes]:
-        try:
-            async with aclosing(job.events(handle)) as batches:
-                async for events in batches:
-                    if events:
-                        yield b"".join(an.sse_event(name, obj) for name, obj in events)
-        except KestrelError as exc:
-            log.warning("stream %s ended with an error: %s", job.assembler.message_id, exc.message)
-            yield an.sse_event("error", an.error_object(exc.status, exc.message))
-        finally:
-            handle.cancel()

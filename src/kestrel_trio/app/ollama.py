@@ -28,12 +28,14 @@ import trio
 from kestrel_trio import ollama as ol
 from kestrel_trio.app.chat import CompletionJob
 from kestrel_trio.app.embeddings import embed
+from kestrel_trio.app.envelopes import errors_as
 from kestrel_trio.app.grammar import completion_constraint
 from kestrel_trio.app.ollama_facts import model_facts
+from kestrel_trio.app.streams import GenerationStream, encoded
 from kestrel_trio.engine import GenerationHandle
 from kestrel_trio.errors import BadRequestError, KestrelError, ModelNotFoundError
 from kestrel_trio.http import Request, Response, StreamingResponse
-from kestrel_trio.http.responses import retry_after_header
+from kestrel_trio.http.responses import kestrel_error_response
 from kestrel_trio.openai.call_json import ObjectEnd
 
 __all__ = ["OllamaRoutes", "OLLAMA_PREFIX", "ollama_error_response", "add_ollama_routes"]
@@ -51,9 +53,7 @@ _DONE_REASONS = {"tool_calls": "stop"}  # Ollama ends a tool-calling answer with
 
 def ollama_error_response(exc: KestrelError) -> Response:
     """Ollama's error body for ``exc``, with its status (and ``Retry-After`` when it has one)."""
-    status = exc.status if 400 <= exc.status <= 599 else 500
-    return Response(status=status, body=ol.error_body(exc.message),
-                    headers=retry_after_header(getattr(exc, "retry_after", None)))
+    return kestrel_error_response(exc, ol.error_body(exc.message))
 
 
 def add_ollama_routes(router, routes, json_media_types: tuple[str, ...]) -> None:
@@ -66,16 +66,6 @@ def add_ollama_routes(router, routes, json_media_types: tuple[str, ...]) -> None
         router.add("GET", path, handler)
     for method, path, prefix in _STORE_PATHS:
         router.add(method, path, api.store, prefix=prefix)
-
-
-def _errors_as_ollama(handler):
-    @functools.wraps(handler)
-    async def wrapped(self, request: Request):
-        try:
-            return await handler(self, request)
-        except KestrelError as exc:
-            return ollama_error_response(exc)
-    return wrapped
 
 
 class OllamaRoutes:
@@ -93,7 +83,7 @@ class OllamaRoutes:
             raise ModelNotFoundError(f"model {name!r} not found; this server serves {ol.listed_name(self.model_id)!r} "
                                      "(it cannot pull others)", param="model")
 
-    @_errors_as_ollama
+    @errors_as(ollama_error_response)
     async def chat(self, request: Request) -> Response | StreamingResponse:
         started = _now_ns()
         req = await self.routes._parse(ol.parse_chat, request.body)
@@ -107,7 +97,7 @@ class OllamaRoutes:
         body = {"model": self.model_id, "created_at": ol.created_at(), **body, "done": True, "done_reason": "load"}
         return Response(status=200, body=ol.ndjson_line(body), content_type=ol.NDJSON if stream else "application/json")
 
-    @_errors_as_ollama
+    @errors_as(ollama_error_response)
     async def generate(self, request: Request) -> Response | StreamingResponse:
         started = _now_ns()
         req = await self.routes._parse(ol.parse_generate, request.body)
@@ -138,7 +128,7 @@ class OllamaRoutes:
                             constraint=constraint)
         return await OllamaJob(job, self.model_id, started, True).respond()
 
-    @_errors_as_ollama
+    @errors_as(ollama_error_response)
     async def embed(self, request: Request) -> Response:
         started = _now_ns()
         req = await self.routes._parse(ol.parse_embed, request.body)
@@ -149,7 +139,7 @@ class OllamaRoutes:
                 "prompt_eval_count": result.prompt_tokens}
         return Response(status=200, body=ol.ndjson_line(body))
 
-    @_errors_as_ollama
+    @errors_as(ollama_error_response)
     async def embeddings(self, request: Request) -> Response:
         req = await self.routes._parse(functools.partial(ol.parse_embed, legacy=True), request.body)
         self._check_name(req.model)
@@ -160,26 +150,26 @@ class OllamaRoutes:
         model, _ = self.routes._ready(None)
         return model_facts(model, self.model_id, self.routes.state)
 
-    @_errors_as_ollama
+    @errors_as(ollama_error_response)
     async def tags(self, request: Request) -> Response:
         return Response(status=200, body=ol.ndjson_line(ol.tags_body(self._facts())))
 
-    @_errors_as_ollama
+    @errors_as(ollama_error_response)
     async def ps(self, request: Request) -> Response:
         # Loaded for the server's life: "expires" a year on, so clients that count down never unload it.
         expires = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(days=365)
         return Response(status=200, body=ol.ndjson_line(ol.ps_body(self._facts(), ol.created_at(expires))))
 
-    @_errors_as_ollama
+    @errors_as(ollama_error_response)
     async def show(self, request: Request) -> Response:
         self._check_name(await self.routes._parse(ol.parse_show, request.body))
         return Response(status=200, body=ol.ndjson_line(ol.show_body(self._facts())))
 
-    @_errors_as_ollama
+    @errors_as(ollama_error_response)
     async def version(self, request: Request) -> Response:
         return Response(status=200, body=ol.ndjson_line(ol.version_body()))
 
-    @_errors_as_ollama
+    @errors_as(ollama_error_response)
     async def store(self, request: Request) -> Response:
         what = request.path.removeprefix(OLLAMA_PREFIX).split("/", 1)[0]
         raise BadRequestError(f"/api/{what} is not supported: kestrel-trio serves the one model it was started "
@@ -205,8 +195,8 @@ class OllamaJob:
         """Submit (429 / 503 / 400 raise here, before any head), then answer in NDJSON or one JSON object."""
         handles = self.job.engine.open_generations(self.job.requests)
         if self.job.fields.stream:
-            return StreamingResponse(status=200, chunks=lambda: LineStream(self, handles[0]),
-                                     content_type=ol.NDJSON)
+            return StreamingResponse(status=200, content_type=ol.NDJSON, chunks=lambda: GenerationStream(
+                handles, encoded(self.lines(handles[0]), ol.ndjson_line, _error_line, handles, "an Ollama stream")))
         content, thinking, calls = [], [], []
         try:
             async with aclosing(self.lines(handles[0])) as lines:
@@ -298,30 +288,6 @@ class OllamaJob:
         return ol.chat_chunk(self.model_id, text)
 
 
-class LineStream:
-    """The NDJSON body of a streamed answer; closing it abandons the generation."""
 
-    def __init__(self, job: OllamaJob, handle: GenerationHandle) -> None:
-        self._handle = handle
-        self._lines = self._generate(job, handle)
-
-    def __aiter__(self) -> LineStream:
-        return self
-
-    async def __anext__(self) -> bytes:
-        return await self._lines.__anext__()
-
-    async def aclose(self) -> None:
-        self._handle.cancel()
-        await self._lines.aclose()
-
-    async def _generate(self, job: OllamaJob, handle: GenerationHandle) -> AsyncIterator[bytes]:
-        try:
-            async with aclosing(job.lines(handle)) as lines:
-                async for line in lines:
-                    yield ol.ndjson_line(line)
-        except KestrelError as exc:
-            log.warning("an Ollama stream ended with an error: %s", exc.message)
-            yield ol.ndjson_line({"error": exc.message})
-        finally:
-            handle.cancel()
+def _error_line(exc: KestrelError) -> bytes:
+    return ol.ndjson_line({"error": exc.message})

@@ -21,23 +21,20 @@ on), carried out by :mod:`kestrel_trio.app.thinking` as for ``reasoning_effort``
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import AsyncIterator
-from contextlib import aclosing
 
 import attrs
 
 from kestrel_trio.app.chat import CompletionJob
+from kestrel_trio.app.streams import respond_one
 from kestrel_trio.engine import GenerationHandle
-from kestrel_trio.errors import BadRequestError, KestrelError, ModelNotFoundError
+from kestrel_trio.errors import BadRequestError, ModelNotFoundError
 from kestrel_trio.http import Request, Response, StreamingResponse
 from kestrel_trio.openai import to_json_bytes
 from kestrel_trio.openai import responses_api as ra
 
 __all__ = ["ResponsesRoutes", "RESPONSES_PATH", "INPUT_TOKENS_PATH", "STORED_RESPONSES_PREFIX"]
-
-log = logging.getLogger("kestrel_trio.server")
 
 RESPONSES_PATH = "/v1/responses"
 INPUT_TOKENS_PATH = "/v1/responses/input_tokens"
@@ -104,16 +101,12 @@ class ResponseJob:
 
     async def respond(self) -> Response | StreamingResponse:
         """Submit (429 / 503 / 400 raise here, before any head), then answer in JSON or events."""
-        handles = self.job.engine.open_generations(self.job.requests)
-        if self.job.fields.stream:
-            return StreamingResponse(status=200, chunks=lambda: EventStream(self, handles[0]))
-        try:
-            async with aclosing(self.events(handles[0])) as events:
-                async for _ in events:
-                    pass
-        finally:
-            handles[0].cancel()
-        return Response(status=200, body=to_json_bytes(self.assembler.response()))
+        assembler = self.assembler
+        return await respond_one(
+            self.job, self.events, label=f"stream {assembler.response_id}",
+            encode=lambda events: b"".join(ra.sse_event(event) for event in events),
+            error=lambda exc: b"".join(ra.sse_event(event) for event in assembler.fail(exc.message)),
+            body=lambda: to_json_bytes(assembler.response()))
 
     async def events(self, handle: GenerationHandle) -> AsyncIterator[list[dict]]:
         """The Response's events, a list per engine delta (``response.created`` first)."""
@@ -129,32 +122,3 @@ class ResponseJob:
                                                 completed_at=int(time.time()))
                 return
 
-
-class EventStream:
-    """The SSE body of a streamed Response; closing it abandons the generation (as the chat route's SSEStream)."""
-
-    def __init__(self, job: ResponseJob, handle: GenerationHandle) -> None:
-        self._handle = handle
-        self._chunks = self._generate(job, handle)
-
-    def __aiter__(self) -> EventStream:
-        return self
-
-    async def __anext__(self) -> bytes:
-        return await self._chunks.__anext__()
-
-    async def aclose(self) -> None:
-        self._handle.cancel()
-        await self._chunks.aclose()
-
-    async def _generate(self, job: ResponseJob, handle: GenerationHandle) -> AsyncIterator[bytes]:
-        try:
-            async with aclosing(job.events(handle)) as batches:
-                async for events in batches:
-                    if events:
-                        yield b"".join(ra.sse_event(event) for event in events)
-        except KestrelError as exc:
-            log.warning("stream %s ended with an error: %s", job.assembler.response_id, exc.message)
-            yield b"".join(ra.sse_event(event) for event in job.assembler.fail(exc.message))
-        finally:
-            handle.cancel()

@@ -8,7 +8,10 @@ import math
 from kestrel_trio.errors import KestrelError, error_body, error_body_for
 from kestrel_trio.http.types import Response
 
-__all__ = ["error_response", "retry_after_header", "response_for_exception", "internal_error_response"]
+__all__ = [
+    "error_response", "retry_after_header", "kestrel_error_response", "response_for_exception",
+    "internal_error_response",
+]
 
 _log = logging.getLogger("kestrel_trio.http")
 
@@ -43,6 +46,15 @@ def retry_after_header(seconds: float | None) -> tuple[tuple[str, str], ...]:
     return (("retry-after", str(max(0, math.ceil(seconds)))),)
 
 
+def kestrel_error_response(exc: KestrelError, body: bytes) -> Response:
+    """``body`` (an API's error envelope for ``exc``) with ``exc``'s status, and ``Retry-After`` when it has one.
+
+    A status outside 400..599 is sent as 500.
+    """
+    status = exc.status if 400 <= exc.status <= 599 else 500
+    return Response(status=status, body=body, headers=retry_after_header(getattr(exc, "retry_after", None)))
+
+
 def response_for_exception(exc: Exception) -> Response:
     """Translate an exception a handler raised into the response to send.
 
@@ -52,9 +64,7 @@ def response_for_exception(exc: Exception) -> Response:
     """
     exc = _sole_leaf(exc)
     if isinstance(exc, KestrelError):
-        headers = retry_after_header(getattr(exc, "retry_after", None))
-        status = exc.status if 400 <= exc.status <= 599 else 500
-        return Response(status=status, body=error_body_for(exc), headers=headers)
+        return kestrel_error_response(exc, error_body_for(exc))
     _log.error("request handler failed", exc_info=exc)
     return internal_error_response()
 

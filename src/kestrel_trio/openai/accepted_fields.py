@@ -19,13 +19,16 @@ refused whatever its value, so a misspelt field never passes unnoticed.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Collection
 from typing import Any
 
 import attrs
 
 from kestrel_trio.errors import BadRequestError
-from kestrel_trio.openai._fields import check_object, check_str, fail, join_path
+from kestrel_trio.openai._key_classes import Check, classify_keys
+from kestrel_trio.openai._key_classes import is_boolean as _is_boolean
+from kestrel_trio.openai._key_classes import is_object as _is_object
+from kestrel_trio.openai._key_classes import is_string as _is_string
 
 __all__ = [
     "NoOpField", "NO_OP_FIELDS", "REFUSED_FIELDS", "check_keys", "CHAT", "COMPLETIONS", "TOKENIZE", "DETOKENIZE",
@@ -54,23 +57,10 @@ class NoOpField:
     endpoints: frozenset[str]
     accepts: str
     why: str
-    check: Callable[[Any, str], None] = attrs.field(repr=False)
+    check: Check = attrs.field(repr=False)
 
 
-def _is_string(value: Any, path: str) -> None:
-    check_str(value, path)
-
-
-def _is_object(value: Any, path: str) -> None:
-    check_object(value, path)
-
-
-def _is_boolean(value: Any, path: str) -> None:
-    if not isinstance(value, bool):
-        raise fail(path, "a boolean", value)
-
-
-def _only(*accepted: Any, refusal: str) -> Callable[[Any, str], None]:
+def _only(*accepted: Any, refusal: str) -> Check:
     """A check accepting exactly the ``accepted`` JSON values; ``refusal`` says why others are refused."""
 
     def check(value: Any, path: str) -> None:
@@ -157,20 +147,9 @@ def check_keys(obj: dict, acting: Collection[str], *, endpoint: str, path: str =
     Raises:
         BadRequestError: naming the first offending key (``param`` its full path).
     """
-    for key, value in obj.items():
-        if key in acting:
-            continue
-        field = join_path(generic, key)
-        full = join_path(path, key)
+    def no_op_check(field: str) -> Check | None:
         no_op = _NO_OPS.get((field, endpoint))
-        if no_op is not None:
-            if value is not None:
-                no_op.check(value, full)
-            continue
-        if field in REFUSED_FIELDS:
-            if value is not None:
-                reason = REFUSED_FIELDS[field]
-                raise BadRequestError(f"'{full}' {reason}" if reason.startswith("is ") else f"'{full}': {reason}",
-                                      param=full)
-            continue
-        raise BadRequestError(f"Unrecognized request argument supplied: '{full}'", param=full)
+        return None if no_op is None else no_op.check
+
+    classify_keys(obj, acting, no_op=no_op_check, refused_fields=REFUSED_FIELDS,
+                  unknown=lambda full: f"Unrecognized request argument supplied: '{full}'", path=path, generic=generic)

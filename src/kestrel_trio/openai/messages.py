@@ -28,7 +28,10 @@ from kestrel_trio.openai._fields import (
     require,
 )
 
-__all__ = ["validate_messages", "validate_tools", "validate_tool_choice", "template_messages"]
+__all__ = [
+    "validate_messages", "validate_tools", "validate_tool_choice", "template_messages", "function_spec",
+    "unique_tool_name",
+]
 
 _ROLES = ("system", "developer", "user", "assistant", "tool")
 _TOOL_CHOICE_MODES = ("none", "auto", "required")
@@ -194,19 +197,40 @@ def _tool(value: Any, path: str, generic: str) -> dict:
     function = check_object(require(tool, "function", path), function_path)
     check_keys(function, ("name", "description", "parameters"), endpoint=CHAT, path=function_path,
                generic=join_path(generic, "function"))
-    out: dict = {"name": check_str(require(function, "name", function_path), join_path(function_path, "name"))}
-    description = get_str(function, "description", function_path)
-    if description is not None:
-        out["description"] = description
-    parameters = get_object(function, "parameters", function_path)
-    if parameters is not None:
-        out["parameters"] = parameters
+    out = function_spec(function, function_path)
     strict = function.get("strict")
     if strict is not None:
         if not isinstance(strict, bool):
             raise fail(join_path(function_path, "strict"), "a boolean", strict)
         out["strict"] = strict
     return {"type": "function", "function": out}
+
+
+def function_spec(obj: dict, path: str) -> dict:
+    """A chat tool's ``function`` object from ``obj``'s ``name``, and ``description`` and ``parameters`` if sent.
+
+    Args:
+        obj: the object holding the three keys (a chat tool's ``function``, a Responses function tool).
+        path: ``obj``'s dotted path in the body.
+    """
+    out: dict = {"name": check_str(require(obj, "name", path), join_path(path, "name"))}
+    description = get_str(obj, "description", path)
+    if description is not None:
+        out["description"] = description
+    parameters = get_object(obj, "parameters", path)
+    if parameters is not None:
+        out["parameters"] = parameters
+    return out
+
+
+def unique_tool_name(tool: dict, path: str, seen: set[str]) -> str:
+    """``tool``'s required string ``name``, added to ``seen``; a 400 if ``seen`` already holds it."""
+    name = check_str(require(tool, "name", path), join_path(path, "name"))
+    if name in seen:
+        raise BadRequestError(f"'{path}.name': tool names must be unique; {name!r} is repeated",
+                              param=join_path(path, "name"))
+    seen.add(name)
+    return name
 
 
 def validate_tool_choice(value: Any, tools: tuple[dict, ...] | None, path: str = "tool_choice") -> str | dict:

@@ -10,41 +10,18 @@ server cannot honour, a 400 saying why), or unknown (a 400 "Unrecognized request
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Collection
+from collections.abc import Collection
 from typing import Any
 
 from kestrel_trio.errors import BadRequestError
-from kestrel_trio.openai._fields import check_object, check_str, fail, join_path
+from kestrel_trio.openai._fields import check_str, fail, join_path
+from kestrel_trio.openai._key_classes import Check, checks_of, classify_keys
+from kestrel_trio.openai._key_classes import is_array as _array
+from kestrel_trio.openai._key_classes import is_boolean as _boolean
+from kestrel_trio.openai._key_classes import is_string as _string
+from kestrel_trio.openai._key_classes import one_of as _one_of
 
 __all__ = ["NO_OP_FIELDS", "REFUSED_FIELDS", "check_keys"]
-
-
-def _string(value: Any, path: str) -> None:
-    check_str(value, path)
-
-
-def _object(value: Any, path: str) -> None:
-    check_object(value, path)
-
-
-def _boolean(value: Any, path: str) -> None:
-    if not isinstance(value, bool):
-        raise fail(path, "a boolean", value)
-
-
-def _one_of(*accepted: Any) -> Callable[[Any, str], None]:
-    def check(value: Any, path: str) -> None:
-        if not any(type(value) is type(good) and value == good for good in accepted):
-            wanted = ", ".join(json.dumps(good) for good in accepted)
-            raise BadRequestError(f"'{path}' must be one of {wanted}; got {json.dumps(value)}", param=path)
-
-    return check
-
-
-def _array(value: Any, path: str) -> None:
-    if not isinstance(value, list):
-        raise fail(path, "an array", value)
 
 
 def _include(value: Any, path: str) -> None:
@@ -59,7 +36,7 @@ def _include(value: Any, path: str) -> None:
 
 
 # generic path -> (the values accepted, in words; why accepting it changes nothing; the value check).
-NO_OP_FIELDS: dict[str, tuple[str, str, Callable[[Any, str], None]]] = {
+NO_OP_FIELDS: dict[str, tuple[str, str, Check]] = {
     "store": ("a boolean", "nothing is stored, whatever the value: every response is answered and forgotten "
               "(the response reports store: false)", _boolean),
     "user": ("a string", "an end-user id for OpenAI's abuse monitoring; no per-user records are kept", _string),
@@ -125,20 +102,6 @@ def check_keys(obj: dict, acting: Collection[str], *, path: str = "", generic: s
     Raises:
         BadRequestError: naming the first offending key.
     """
-    for key, value in obj.items():
-        if key in acting:
-            continue
-        field = join_path(generic, key)
-        full = join_path(path, key)
-        no_op = NO_OP_FIELDS.get(field)
-        if no_op is not None:
-            if value is not None:
-                no_op[2](value, full)
-            continue
-        if field in REFUSED_FIELDS:
-            if value is not None:
-                reason = REFUSED_FIELDS[field]
-                raise BadRequestError(f"'{full}' {reason}" if reason.startswith("is ") else f"'{full}': {reason}",
-                                      param=full)
-            continue
-        raise BadRequestError(f"Unrecognized request argument supplied: '{full}'", param=full)
+    classify_keys(obj, acting, no_op=checks_of(NO_OP_FIELDS), refused_fields=REFUSED_FIELDS,
+                  unknown=lambda full: f"Unrecognized request argument supplied: '{full}'", path=path, generic=generic)
+

@@ -43,6 +43,7 @@ from kestrel_trio.openai._fields import (
     load_object,
     require,
 )
+from kestrel_trio.openai.messages import function_spec, unique_tool_name
 from kestrel_trio.openai.requests import ChatRequest, SamplingFields
 from kestrel_trio.openai.responses_api.fields import check_keys
 from kestrel_trio.openai.structured import StructuredOutput
@@ -348,22 +349,12 @@ def _tools(value: Any) -> tuple[tuple[dict, ...] | None, list]:
             raise BadRequestError(f"'{path}.type' {kind!r}: hosted tools are not supported; send function tools "
                                   "(type, name, description, parameters)", param=join_path(path, "type"))
         check_keys(tool, ("type", "name", "description", "parameters"), path=path, generic="tools[]")
-        name = check_str(require(tool, "name", path), join_path(path, "name"))
-        if name in names:
-            raise BadRequestError(f"'{path}.name': tool names must be unique; {name!r} is repeated",
-                                  param=join_path(path, "name"))
-        names.add(name)
-        function: dict = {"name": name}
-        description = get_str(tool, "description", path)
-        if description is not None:
-            function["description"] = description
-        parameters = get_object(tool, "parameters", path)
-        if parameters is not None:
-            function["parameters"] = parameters
+        name = unique_tool_name(tool, path, names)
+        function = function_spec(tool, path)
         out.append({"type": "function", "function": function})
         strict = tool.get("strict")
-        echo.append({"type": "function", "name": name, "description": description, "parameters": parameters,
-                     "strict": True if strict is None else strict})
+        echo.append({"type": "function", "name": name, "description": function.get("description"),
+                     "parameters": function.get("parameters"), "strict": True if strict is None else strict})
     return (tuple(out) or None), echo
 
 
