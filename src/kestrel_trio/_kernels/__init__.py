@@ -191,6 +191,26 @@ def quantize_activations(x: np.ndarray, forms) -> tuple | None:
     return _products().quantize(x, forms)
 
 
+def integer_rows(form: str, data: np.ndarray) -> tuple | None:
+    """``form``'s integer product bound to its GGUF rows ``data`` (uint8 [rows, row_bytes]) and whether it reads
+    the activations' block sums, or None where ``form`` takes the exact products here (or nothing is compiled):
+    kestrel_trio._kernels.products.integer_rows. For a decode step's calls without per-call dispatch."""
+    if not ready() or form not in FORMS:
+        return None
+    return _products().integer_rows(form, data, _state["table"])
+
+
+def decode_loops():
+    """(kestrel_trio._kernels.decode, .chunk_qkv, .exp): the compiled loops a decode step of one sequence calls
+    directly, without the wrappers' checks (kestrel_trio._model.decode_step checks its arrays once); None where
+    the compiled loops cannot run."""
+    if not ready():
+        return None
+    from kestrel_trio._kernels import chunk_qkv, decode, exp
+
+    return decode, chunk_qkv, exp
+
+
 def packed_expand(form: str, data: np.ndarray, scales: np.ndarray | None, start: int, stop: int,
                   out: np.ndarray) -> None:
     """``out`` [stop-start, cols] (float32, C-contiguous) = W[start:stop], exactly (arguments as packed_product)."""

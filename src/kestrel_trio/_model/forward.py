@@ -24,6 +24,7 @@ import numpy as np
 
 from kestrel_trio._model.chunk_attention import chunk_attention
 from kestrel_trio._model.config import ModelConfig
+from kestrel_trio._model.decode_step import decode_step
 from kestrel_trio._model.kv_cache import KVCache, kv_token_bytes
 from kestrel_trio._model.layers import (
     causal_attention, decode_attentions, dense_mlp, embedding, linear, rms_norm, sparse_moe,
@@ -104,6 +105,10 @@ def forward(
         float32 logits, [N, vocab] if ``all_logits``, else one row per wanted segment
         ([len(lengths), vocab] when ``wanted`` is None).
     """
+    if overrides is None and len(lengths) == 1 and int(lengths[0]) == 1 and (all_logits or wanted is None or wanted[0]):
+        logits = decode_step(decoder, int(token_ids[0]), int(positions[0]), caches[0])  # [1, vocab]
+        if logits is not None:  # one sequence's decode step, on its own path (kestrel_trio._model.decode_step)
+            return logits
     c = decoder.config
     w = decoder.weights
     x = embedding(w.embed_tokens, token_ids)  # [N, hidden] (a new array)
