@@ -201,14 +201,23 @@ def integer_rows(form: str, data: np.ndarray) -> tuple | None:
 
 
 def decode_loops():
-    """(kestrel_trio._kernels.decode, .chunk_qkv, .exp): the compiled loops a decode step of one sequence calls
+    """(kestrel_trio._kernels.decode, .chunk_qkv, .exp, .norm): the compiled loops a decode step of one sequence calls
     directly, without the wrappers' checks (kestrel_trio._model.decode_step checks its arrays once); None where
     the compiled loops cannot run."""
     if not ready():
         return None
-    from kestrel_trio._kernels import chunk_qkv, decode, exp
+    from kestrel_trio._kernels import chunk_qkv, decode, exp, norm
 
-    return decode, chunk_qkv, exp
+    return decode, chunk_qkv, exp, norm
+
+
+def norm_span(x: np.ndarray) -> tuple[np.ndarray, int, int] | None:
+    """(the span, row stride, head stride) :func:`rms_norm` hands its compiled loop for ``x`` float32 [T, dim] or
+    [T, heads, dim], or None where it would not take it: so that a caller holding fixed buffers calls the loop
+    itself with the same arguments (kestrel_trio._model.decode_step)."""
+    rows = x if x.ndim == 3 else x[:, None, :]  # [T, heads, dim]
+    flat = _unit_stride_span(rows)  # [span]
+    return None if flat is None else (flat, rows.strides[0] // 4, rows.strides[1] // 4)
 
 
 def packed_expand(form: str, data: np.ndarray, scales: np.ndarray | None, start: int, stop: int,

@@ -158,7 +158,7 @@ class _Plan:
     def __init__(self, decoder, layers: list[_Layer], head: _Matrix, loops) -> None:
         c = decoder.config
         self.decoder, self.config, self.layers, self.head = decoder, c, layers, head
-        self.decode, self.chunk_qkv, self.exp = loops
+        self.decode, self.chunk_qkv, self.exp, self.norm = loops
         self.minimums = any(m.minimums for layer in layers for m in layer.matrices()) or head.minimums
         self.eps = np.float32(c.rms_norm_eps)
         self.scale = np.float32(c.head_dim**-0.5)
@@ -195,19 +195,17 @@ class _Plan:
         shared = b.threads is not None and total * n_heads >= _kernels.SHARED_DECODE_SCORES
         qkv_rows, attention, q = self.chunk_qkv.qkv_rows, self.exp.decode_attention, b.q
         for index, calls in enumerate(b.layers):
-            layer = self.layers[index]
-            for call in calls[0]:  # norm and quantize (the last layer's residual add folded in), q/k/v
+            for call in calls[0]:  # the last layer's residual add, norm, quantization, q/k/v (Qwen3: head norms)
                 call()
             keys, values = cache.keys[index], cache.values[index]  # [n_kv, capacity, head_dim] each
-            normed = layer.q_norm is not None
-            qkv_rows(b.qkv, n_heads, n_kv, layer.q_norm if normed else cos[0], layer.k_norm if normed else cos[0],
-                     normed, self.eps, cos, sin, q, keys, values, past, 0, 1)
+            # rotation (the heads normed before, where the model norms them) and the cache write, in one call
+            qkv_rows(b.rotated, n_heads, n_kv, cos[0], cos[0], False, self.eps, cos, sin, q, keys, values, past, 0, 1)
             if shared:
                 b.attended[...] = _kernels.decode_attention(q[0], keys[:, :total], values[:, :total], self.scale,
                                                             matmul.run_shared, matmul.shares_of).reshape(n_heads, -1)
             else:
                 attention(b.q0, keys, values, total, 0, n_kv, self.scale, b.attended)
-            for call in calls[1]:  # quantize, o_proj, add and norm, gate/up, SwiGLU, quantize, down_proj
+            for call in calls[1]:  # quantization, o_proj, add, norm, quantization, gate/up, SwiGLU, quantization, down
                 call()
         for call in b.final:  # the last residual add, the final norm and its quantization
             call()
@@ -246,23 +244,46 @@ class _Buffers:
         act_q = _quantized(plan.inter)
         self.down = np.empty((1, hidden), dtype=np.float32)  # [1, hidden]
         d, sums = plan.decode, plan.minimums
+        x_span = _kernels.norm_span(self.x)  # the general path's arguments to the norm's loop, for these buffers
+        h3 = self.h.reshape(1, 1, hidden)  # [1, 1, hidden], a view
 
-        def norm(weight: np.ndarray, delta: np.ndarray | None) -> Callable[[], None]:
-            if delta is None:
-                return functools.partial(d.norm_quantize, self.x, weight, plan.eps, _RUN, self.h, *self.hidden_q, sums)
-            return functools.partial(d.add_norm_quantize, self.x, delta, weight, plan.eps, _RUN, self.h,
-                                     *self.hidden_q, sums)
+        def norm(weight: np.ndarray, delta: np.ndarray | None) -> list[Callable[[], None]]:
+            """The residual add (``delta`` into x, in place), the RMS norm into h, its quantization."""
+            calls = [] if delta is None else [functools.partial(np.add, self.x, delta, out=self.x)]
+            calls.append(functools.partial(plan.norm.rms_norm, *x_span, weight, plan.eps, h3))
+            calls.append(functools.partial(d.quantize_rows, self.h, _RUN, *self.hidden_q, sums))
+            return calls
+
+        q_end, k_end = heads, heads + c.num_key_value_heads * c.head_dim
+        self.rotated = self.qkv  # what the rotation and the cache write read: q/k/v, or its heads normed
+        if any(layer.q_norm is not None for layer in plan.layers):  # Qwen3: the heads normed as the general path does
+            self.rotated = np.empty_like(self.qkv)  # [1, (n_heads + 2 n_kv) * head_dim]
+        shape = {0: (c.num_attention_heads, 0, q_end), 1: (c.num_key_value_heads, q_end, k_end)}
+
+        def head_norms(layer: _Layer) -> list[Callable[[], None]]:
+            if layer.q_norm is None:
+                return []
+            calls = []
+            for which, weight in ((0, layer.q_norm), (1, layer.k_norm)):
+                n, lo, hi = shape[which]
+                heads_in = self.qkv[:, lo:hi].reshape(1, n, c.head_dim)  # [1, n, head_dim], a strided view
+                heads_out = self.rotated[:, lo:hi].reshape(1, n, c.head_dim)  # [1, n, head_dim]
+                calls.append(functools.partial(plan.norm.rms_norm, *_kernels.norm_span(heads_in), weight, plan.eps,
+                                               heads_out))
+            calls.append(functools.partial(np.copyto, self.rotated[:, k_end:], self.qkv[:, k_end:]))  # the values
+            return calls
 
         self.layers = []
         for index, layer in enumerate(plan.layers):
-            before = [norm(layer.input_norm, None if index == 0 else self.down)]
+            before = norm(layer.input_norm, None if index == 0 else self.down)
             first = 0
             for m in layer.qkv:
                 before += m.calls(self.h, self.hidden_q, self.qkv[:, first : first + m.rows], threads)
                 first += m.rows
+            before += head_norms(layer)
             after = [functools.partial(d.quantize_rows, attended, _RUN, *attended_q, sums)]
             after += layer.o.calls(attended, attended_q, self.o, threads)
-            after.append(norm(layer.post_norm, self.o))
+            after += norm(layer.post_norm, self.o)
             first = 0
             for m in layer.gate_up:
                 after += m.calls(self.h, self.hidden_q, self.gate_up[:, first : first + m.rows], threads)
@@ -271,7 +292,7 @@ class _Buffers:
             after.append(functools.partial(d.quantize_rows, self.act, _RUN, *act_q, sums))
             after += layer.down.calls(self.act, act_q, self.down, threads)
             self.layers.append((before, after))
-        self.final = [norm(plan.decoder.weights.norm, self.down)]
+        self.final = norm(plan.decoder.weights.norm, self.down)
 
 
 def _quantized(cols: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
