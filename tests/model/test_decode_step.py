@@ -8,6 +8,7 @@ cache) it declines and the general path runs.
 
 from __future__ import annotations
 
+import gc
 import importlib
 from pathlib import Path
 
@@ -112,3 +113,15 @@ def test_it_declines_the_exact_products_a_moe_and_a_bf16_cache(integer_mode, mon
     _kernels.set_products("exact")
     _, taken = _decode("llama_quant", True, monkeypatch)
     assert taken == 0  # no integer product: nothing for this path to save
+
+
+def test_a_model_s_plan_goes_with_it(integer_mode):
+    model = load_model(GGUF_FIXTURES / "llama_quant" / "llama_quant.gguf")
+    cache = model.new_cache()
+    model.prefill(cache, np.array([1, 2, 3]))
+    before = len(decode_step_module._plans)
+    assert decode_step_module.decode_step(model.decoder, 4, cache.length, cache) is not None
+    assert len(decode_step_module._plans) == before + 1
+    del model
+    gc.collect()
+    assert len(decode_step_module._plans) == before  # the plan held no reference to its model

@@ -157,7 +157,9 @@ class _Plan:
 
     def __init__(self, decoder, layers: list[_Layer], head: _Matrix, loops) -> None:
         c = decoder.config
-        self.decoder, self.config, self.layers, self.head = decoder, c, layers, head
+        self.config, self.layers, self.head = c, layers, head
+        # Not the decoder itself: the plans' table would keep it alive, and its finalizer would never drop the plan.
+        self.embed, self.rope, self.final_norm = decoder.weights.embed_tokens, decoder.rope, decoder.weights.norm
         self.decode, self.chunk_qkv, self.exp, self.norm = loops
         self.minimums = any(m.minimums for layer in layers for m in layer.matrices()) or head.minimums
         self.eps = np.float32(c.rms_norm_eps)
@@ -187,8 +189,8 @@ class _Plan:
     def step(self, token: int, position: int, cache: KVCache) -> np.ndarray:
         c, b = self.config, self._buffers()
         cache.reserve(1)
-        b.x[...] = embedding(self.decoder.weights.embed_tokens, np.array([token]))  # [1, hidden]
-        cos, sin = self.decoder.rope.cos_sin(np.array([position]))  # [1, head_dim/2] each
+        b.x[...] = embedding(self.embed, np.array([token]))  # [1, hidden]
+        cos, sin = self.rope.cos_sin(np.array([position]))  # [1, head_dim/2] each
         past = cache.length
         total = past + 1
         n_heads, n_kv = c.num_attention_heads, c.num_key_value_heads
@@ -292,7 +294,7 @@ class _Buffers:
             after.append(functools.partial(d.quantize_rows, self.act, _RUN, *act_q, sums))
             after += layer.down.calls(self.act, act_q, self.down, threads)
             self.layers.append((before, after))
-        self.final = norm(plan.decoder.weights.norm, self.down)
+        self.final = norm(plan.final_norm, self.down)
 
 
 def _quantized(cols: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
