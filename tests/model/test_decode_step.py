@@ -9,6 +9,7 @@ cache) it declines and the general path runs.
 from __future__ import annotations
 
 import gc
+import json
 import importlib
 from pathlib import Path
 
@@ -125,3 +126,30 @@ def test_a_model_s_plan_goes_with_it(integer_mode):
     del model
     gc.collect()
     assert len(decode_step_module._plans) == before  # the plan held no reference to its model
+
+
+def test_smollm2_answers_paris_on_its_own_path_as_on_the_general_one(integer_mode, monkeypatch):
+    from real_models import smollm2_135m
+
+    meta = json.loads((Path(__file__).resolve().parents[1] / "fixtures" / "smollm2" / "smollm2_golden.json")
+                      .read_text(encoding="utf-8"))
+    prompt = meta["prompts"][0]
+    assert prompt["question"] == "What is the capital of France?"
+    model = load_model(smollm2_135m())  # the shipped Q4_1 file, its head Q8_0: every matrix integer here
+    answers = {}
+    for fast in (False, True):
+        taken = []
+        real = decode_step_module.decode_step
+        monkeypatch.setattr(forward_module, "decode_step",
+                            (lambda *args: taken.append(1) or real(*args)) if fast else (lambda *args: None))
+        cache = model.new_cache()
+        logits = model.prefill(cache, prompt["prompt_ids"])
+        rows, answer = [], []
+        while len(answer) < meta["max_new_tokens"] and (not answer or answer[-1] not in model.tokenizer.eos_token_ids):
+            answer.append(int(np.argmax(logits)))
+            logits = model.step(cache, [answer[-1]])
+            rows.append(logits)
+        answers[fast] = (answer, np.stack(rows))  # [steps, vocab]
+        assert len(taken) == (len(rows) if fast else 0)
+    assert answers[True][0] == answers[False][0] and np.array_equal(answers[True][1], answers[False][1])
+    assert "Paris" in model.decode(answers[True][0])
