@@ -1,22 +1,23 @@
-"""One decode step of one sequence (one new token) with integer products, in about a dozen compiled calls a layer.
+"""One decode step of one sequence (one new token) with integer products, in under twenty calls a layer.
 
 Theory of operation: the general forward pass (kestrel_trio._model.forward)
 serves any batch; for one token its bookkeeping outweighs its arithmetic. A
 SmolLM2-135M step made about 16,600 Python-level calls (550 a layer: shape
-properties, per-call kernel choice, wrappers' checks, numpy temporaries),
-more aarch64 instructions than its products. Here everything that does not
-change between steps is settled once per model, product mode and thread:
+properties, per-call kernel choice, wrappers' checks, numpy temporaries);
+here about 500 (docs/performance.md has the counts): everything that does
+not change between steps is settled once per model, product mode and thread:
 
 - each integer matrix part's compiled kernel, bound to its rows
   (kestrel_trio._kernels.integer_rows), and bound again to this thread's
   activation and output buffers: a product is a call without arguments;
 - the buffers themselves: the residual row, the normed row and its int8
   quantization, q/k/v, attention output, gate/up, activation;
-- a layer is then: norm and quantize (one call, the residual add of the
-  layer before folded in), the q/k/v parts, rotation and the cache write
-  (kestrel_trio._kernels.chunk_qkv, one call), attention (one call), its
-  quantization, o_proj, add, norm and quantize (one call), the gate/up
-  parts, SwiGLU, its quantization, down_proj.
+- a layer is then (SmolLM2: 18 calls): the layer before's residual add, the
+  RMS norm (kestrel_trio._kernels.norm's loop with the general path's
+  arguments), its quantization, the q/k/v parts (Qwen3: the head norms),
+  rotation and the cache write (kestrel_trio._kernels.chunk_qkv, one call),
+  attention (one call), its quantization, o_proj, add, norm, quantization,
+  the gate/up parts, SwiGLU, its quantization, down_proj.
 
 Every value is computed as the general path computes it, by the same
 loops or loops of the same arithmetic (tests/model/test_decode_step.py
