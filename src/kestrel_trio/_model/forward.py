@@ -12,7 +12,9 @@ its other rows, so that layer writes every row's keys and values to the caches
 but computes attention, o_proj and the MLP only for the rows returned (none for a
 prompt chunk whose logits nobody wants): 1/num_layers of a prefill's products.
 One sequence's prefill chunk runs its layers (all, or all but a trimmed last)
-packed where the chunk kernel runs (kestrel_trio._model.packed_layers).
+packed where the chunk kernel runs (kestrel_trio._model.packed_layers). One
+sequence's decode step (one new token) with integer products takes a path of
+its own, the same logits in far fewer calls (kestrel_trio._model.decode_step).
 """
 
 from __future__ import annotations
