@@ -192,6 +192,35 @@ def quantize_activations(x: np.ndarray, forms) -> tuple | None:
     return _products().quantize(x, forms)
 
 
+def integer_rows(form: str, data: np.ndarray) -> tuple | None:
+    """``form``'s integer product bound to its GGUF rows ``data`` (uint8 [rows, row_bytes]) and whether it reads
+    the activations' block sums, or None where ``form`` takes the exact products here (or nothing is compiled):
+    kestrel_trio._kernels.products.integer_rows. For a decode step's calls without per-call dispatch."""
+    if not ready() or form not in FORMS:
+        return None
+    return _products().integer_rows(form, data, _state["table"])
+
+
+def decode_loops():
+    """(kestrel_trio._kernels.decode, .chunk_qkv, .exp, .norm): the compiled loops a decode step of one sequence calls
+    directly, without the wrappers' checks (kestrel_trio._model.decode_step checks its arrays once); None where
+    the compiled loops cannot run."""
+    if not ready():
+        return None
+    from kestrel_trio._kernels import chunk_qkv, decode, exp, norm
+
+    return decode, chunk_qkv, exp, norm
+
+
+def norm_span(x: np.ndarray) -> tuple[np.ndarray, int, int] | None:
+    """(the span, row stride, head stride) :func:`rms_norm` hands its compiled loop for ``x`` float32 [T, dim] or
+    [T, heads, dim], or None where it would not take it: so that a caller holding fixed buffers calls the loop
+    itself with the same arguments (kestrel_trio._model.decode_step)."""
+    rows = x if x.ndim == 3 else x[:, None, :]  # [T, heads, dim]
+    flat = _unit_stride_span(rows)  # [span]
+    return None if flat is None else (flat, rows.strides[0] // 4, rows.strides[1] // 4)
+
+
 def packed_expand(form: str, data: np.ndarray, scales: np.ndarray | None, start: int, stop: int,
                   out: np.ndarray) -> None:
     """``out`` [stop-start, cols] (float32, C-contiguous) = W[start:stop], exactly (arguments as packed_product)."""
@@ -232,6 +261,10 @@ def _load_layer_loops() -> None:
     for norm in (weight, None):  # Qwen3's heads, normed; Llama's and Qwen2.5's, not
         qkv_rows(np.zeros((1, 12), dtype=np.float32), 1, 1, 4, norm, norm, 1e-6, weight[None, :2], weight[None, :2],
                  cache, cache, 0, None, None)
+    from kestrel_trio._kernels import decode  # a decode step's own quantization (kestrel_trio._model.decode_step)
+
+    row = np.zeros((1, 32), dtype=np.float32)  # [1, 32]
+    decode.quantize_rows(row, _RUN, np.empty((1, 32), np.int8), row[:, :1].copy(), row[:, :1].copy(), True)
     enable_prefill_attention()
 
 

@@ -1528,16 +1528,8 @@ def _integer_product(name: str, form: str):
     Composed here in Python, not compiled as one function: numba would not see a change to either file in a cached
     caller."""
     from kestrel_trio._kernels import integer
-    from kestrel_trio._kernels.arm import integer as arm
 
-    if name in ("vnni", "avx2"):
-        from kestrel_trio._kernels.x86 import integer as x86
-
-        kind = _this_cpus_kernel()[1]  # "vnni": the widest this CPU and numba's code take
-        form_id, kernel = x86.form_id(form), {"vnni512": x86.product_vnni512, "vnni256": x86.product_vnni256,
-                                              "avx2": x86.product_avx2}[kind]
-    else:
-        form_id, kernel = arm.form_id(form), (arm.product_sdot if name == "sdot" else arm.product_widening)
+    form_id, kernel = _kernel_of(name, form)
     reference = name == "int8"
     kernel = _typed_kernel(integer.product_blocks if reference else kernel, reference)
 
@@ -1576,6 +1568,40 @@ def _typed_kernel(kernel, reference: bool):
                                    types.int64, types.int64, _RESULT)
         found = _typed_kernels[kernel] = njit(signature, **_COMPILE)(kernel.py_func)
     return found
+
+
+def _kernel_of(name: str, form: str):
+    """(the form's id in kernel ``name``'s numbering, the compiled kernel itself; the reference's "int8" names
+    arm's form id, which is the reference's too, and the widening kernel, which it does not call)."""
+    from kestrel_trio._kernels.arm import integer as arm
+
+    if name in ("vnni", "avx2"):
+        from kestrel_trio._kernels.x86 import integer as x86
+
+        kind = _this_cpus_kernel()[1]  # "vnni": the widest this CPU and numba's code take
+        return x86.form_id(form), {"vnni512": x86.product_vnni512, "vnni256": x86.product_vnni256,
+                                   "avx2": x86.product_avx2}[kind]
+    return arm.form_id(form), (arm.product_sdot if name == "sdot" else arm.product_widening)
+
+
+def integer_rows(form: str, data: np.ndarray, f16: np.ndarray) -> tuple | None:
+    """``form``'s integer product over the GGUF rows ``data`` (uint8 [rows, row_bytes]) in this process's mode,
+    bound to them, and whether it reads the activations' block sums (a form with minimums): the callable takes
+    ``(xq, xd, xs, start, stop, out)``, :func:`quantize`'s activations (``xs`` any float32 array where the form
+    has no minimums), into ``out`` [N, stop-start]. None where ``form`` takes the exact products. The compiled
+    kernel is called directly (a ``functools.partial``, no Python frame): a decode step makes a dozen such calls
+    a layer (kestrel_trio._model.decode_step)."""
+    name = _integer_kernel_name(form)
+    if name is None:
+        return None
+    from kestrel_trio._kernels import integer
+    from kestrel_trio._kernels.arm import integer as arm
+
+    form_id, kernel = _kernel_of(name, form)
+    minimums = bool(arm.FORMS[form][2])
+    if name == "int8":
+        return functools.partial(_typed_kernel(integer.product_blocks, True), form_id, data, f16, 32), minimums
+    return functools.partial(_typed_kernel(kernel, False), form_id, data), minimums
 
 
 def quantize(x: np.ndarray, forms) -> tuple | None:

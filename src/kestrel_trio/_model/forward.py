@@ -12,7 +12,9 @@ its other rows, so that layer writes every row's keys and values to the caches
 but computes attention, o_proj and the MLP only for the rows returned (none for a
 prompt chunk whose logits nobody wants): 1/num_layers of a prefill's products.
 One sequence's prefill chunk runs its layers (all, or all but a trimmed last)
-packed where the chunk kernel runs (kestrel_trio._model.packed_layers).
+packed where the chunk kernel runs (kestrel_trio._model.packed_layers). One
+sequence's decode step (one new token) with integer products takes a path of
+its own, the same logits in far fewer calls (kestrel_trio._model.decode_step).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import numpy as np
 
 from kestrel_trio._model.chunk_attention import chunk_attention
 from kestrel_trio._model.config import ModelConfig
+from kestrel_trio._model.decode_step import decode_step
 from kestrel_trio._model.kv_cache import KVCache, kv_token_bytes
 from kestrel_trio._model.layers import (
     causal_attention, decode_attentions, dense_mlp, embedding, linear, rms_norm, sparse_moe,
@@ -108,6 +111,10 @@ def forward(
         ([len(lengths), vocab] when ``wanted`` is None); with ``hidden``, the same rows of
         [.., hidden_size] instead.
     """
+    if overrides is None and len(lengths) == 1 and int(lengths[0]) == 1 and (all_logits or wanted is None or wanted[0]):
+        logits = decode_step(decoder, int(token_ids[0]), int(positions[0]), caches[0])  # [1, vocab]
+        if logits is not None:  # one sequence's decode step, on its own path (kestrel_trio._model.decode_step)
+            return logits
     c = decoder.config
     w = decoder.weights
     x = embedding(w.embed_tokens, token_ids)  # [N, hidden] (a new array)
