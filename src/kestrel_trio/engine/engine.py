@@ -413,6 +413,7 @@ class Engine:
             constraint=request.constraint,
             contain_memory_errors=True,  # step_contained rolls back and retries
             speculation=speculation,
+            reasoning_budget=request.reasoning_budget,
         )
 
     def _abandon(self, job: Job) -> None:

@@ -8,6 +8,7 @@ from kestrel_trio._model import KV_DTYPES
 from kestrel_trio.text.constraint import Constraint
 from kestrel_trio.text.generation import DEFAULT_PREFILL_CHUNK
 from kestrel_trio.text.images import ProcessedImage
+from kestrel_trio.text.reasoning_budget import ReasoningBudget
 from kestrel_trio.text.sampling import SamplingParams, TokenLogprobs
 from kestrel_trio.text.speculative import MAX_SPECULATIVE_TOKENS, SPECULATIVE_MODES
 
@@ -66,6 +67,8 @@ class GenerationRequest:
         constraint: the grammar the output must follow (structured outputs), compiled
             for this model; each choice of a request starts its own state from it.
         max_tokens_param: the request field that carried ``params.max_tokens``, for error messages.
+        reasoning_budget: tokens the reasoning block may hold before its end token is forced
+            (:mod:`kestrel_trio.text.reasoning_budget`), or None for no budget.
     """
 
     prompt_ids: tuple[int, ...]
@@ -74,6 +77,7 @@ class GenerationRequest:
     images: tuple[ProcessedImage, ...] = ()
     constraint: Constraint | None = None
     max_tokens_param: str = "max_tokens"
+    reasoning_budget: ReasoningBudget | None = None
 
 
 @attrs.frozen

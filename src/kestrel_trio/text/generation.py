@@ -42,6 +42,11 @@ each sampled token is drawn from the grammar's mask, and the token is then fed
 to the grammar. A driver may compute the masks of a batch ahead
 (:func:`~kestrel_trio.text.constraint.start_masks`) for the generations whose
 step samples (:attr:`Generation.samples_next`); otherwise ``advance`` computes it.
+
+A generation with a :class:`~kestrel_trio.text.reasoning_budget.ReasoningBudget` keeps its own
+``reasoning`` state: once its reasoning block has used the budget, the next token is the
+end-of-reasoning token, drawn by the same sampler from a mask that allows it alone (so logprobs, stop
+ids and the grammar see it as any other token), and a speculative step's row does the same.
 """
 
 from __future__ import annotations
@@ -58,6 +63,7 @@ from kestrel_trio.errors import ContextLengthError
 from kestrel_trio.text.constraint import Constraint, ConstraintState
 from kestrel_trio.text.detokenizer import IncrementalDetokenizer
 from kestrel_trio.text.images import ProcessedImage
+from kestrel_trio.text.reasoning_budget import BudgetState, ReasoningBudget
 from kestrel_trio.text.repetition import RepetitionWatch
 from kestrel_trio.text.sampling import Sampler, SamplingParams, TokenLogprobs
 from kestrel_trio.text.speculative import SpeculationState
@@ -154,6 +160,7 @@ class Generation:
             :attr:`memory_failure` instead of raised (for a driver that rolls back, as the engine does).
         speculation: the drafter and policy of speculative decoding, or None for plain decoding
             (the caller leaves it out where it does not apply: see ``speculative.steps_aside``).
+        reasoning_budget: the tokens the reasoning block may hold before its end token is forced, or None.
     """
 
     def __init__(
@@ -170,6 +177,7 @@ class Generation:
         constraint: Constraint | None = None,
         contain_memory_errors: bool = False,
         speculation: SpeculationState | None = None,
+        reasoning_budget: ReasoningBudget | None = None,
     ) -> None:
         if not prompt_ids:
             raise ValueError("prompt_ids must not be empty")
@@ -198,6 +206,8 @@ class Generation:
         self._memory_failure: str | None = None  # set by advance() when sampling ran out of memory
         self._contain_memory_errors = contain_memory_errors
         self.speculation = speculation if constraint is None and not images else None
+        self.reasoning: BudgetState | None = reasoning_budget.start() if reasoning_budget is not None else None
+        self._vocab_size = vocab_size
 
     @property
     def prompt_tokens(self) -> int:
@@ -431,7 +441,10 @@ class Generation:
         accepted = 0
         for i, row in enumerate(logits):  # row: [vocab]
             row = self._usable(row)
-            if i < len(draft):
+            forced = self._forced_mask()  # [vocab] bool, or None
+            if forced is not None:  # the budget decides this row: the draft is kept only if it guessed the same
+                token, scored = self._sampler.sample_scored(row, self.generated_ids, self.prompt_ids, forced)
+            elif i < len(draft):
                 token, scored = self._sampler.sample_draft(row, self.generated_ids, self.prompt_ids, draft[i])
             else:
                 token, scored = self._sampler.sample_scored(row, self.generated_ids, self.prompt_ids)
@@ -455,17 +468,30 @@ class Generation:
     def _sample_and_emit(self, logits: np.ndarray) -> StepResult:
         logits = self._usable(logits)  # [vocab]
         grammar = self.constraint
-        allowed = grammar.token_mask() if grammar is not None and grammar.active else None  # [vocab] bool
+        allowed = self._forced_mask()  # [vocab] bool: the end of reasoning alone, once its budget is spent
+        if allowed is None and grammar is not None and grammar.active:
+            allowed = grammar.token_mask()  # [vocab] bool
         if allowed is None:  # no grammar: the sampler's plain call
             token, scored = self._sampler.sample_scored(logits, self.generated_ids, self.prompt_ids)
         else:
             token, scored = self._sampler.sample_scored(logits, self.generated_ids, self.prompt_ids, allowed)
         return self._emit(token, scored)
 
+    def _forced_mask(self) -> np.ndarray | None:
+        """A bool [vocab] mask allowing only the token the reasoning budget forces next, or None."""
+        forced = self.reasoning.forced() if self.reasoning is not None else None
+        if forced is None:
+            return None
+        mask = np.zeros(self._vocab_size, dtype=bool)  # [vocab]
+        mask[forced] = True
+        return mask
+
     def _emit(self, token: int, scored: TokenLogprobs | None) -> StepResult:
-        """Take ``token`` as the next generated one: grammar, stop ids, stop strings, length."""
+        """Take ``token`` as the next generated one: reasoning budget, grammar, stop ids, stop strings, length."""
         grammar = self.constraint
         self.generated_ids.append(token)
+        if self.reasoning is not None:
+            self.reasoning.push(token)
         if grammar is not None:
             grammar.consume(token)
         if token in self._stop_ids or (grammar is not None and grammar.ended):
