@@ -17,7 +17,8 @@ one place:
   ``stop_sequences`` and ``stream`` become the sampling fields.
 * ``thinking`` ``{"type": "enabled", "budget_tokens": n}`` / ``{"type": "disabled"}`` is kept as
   :attr:`MessagesRequest.thinking` and is the chat request's ``thinking`` (``thinking_param``
-  ``"thinking"``), carried out as for Chat Completions' ``reasoning_effort``.
+  ``"thinking"``), carried out as for Chat Completions' ``reasoning_effort``; ``budget_tokens`` is its
+  ``thinking_budget``: the reasoning is cut there (:mod:`kestrel_trio.text.reasoning_budget`).
 
 Every rejection is a :class:`BadRequestError` naming the field; unknown keys are refused
 (:mod:`kestrel_trio.anthropic.fields`).
@@ -66,7 +67,8 @@ class MessagesRequest:
         chat: the same request as a chat completion (messages, tools, tool_choice, sampling).
         thinking: True (``enabled``), False (``disabled``) or None (not sent, or ``adaptive``: the template's
             default, under which Qwen3 reasons).
-        thinking_budget: ``thinking.budget_tokens`` when enabled (checked, not enforced beyond max_tokens).
+        thinking_budget: ``thinking.budget_tokens`` when enabled: the chat request's ``thinking_budget``,
+            the most tokens the reasoning holds before its end is forced.
         prefill: the text of a final assistant turn, which the answer continues ("" for none).
     """
 
@@ -108,7 +110,8 @@ def _parse(body: bytes, *, count_only: bool) -> MessagesRequest:
     thinking, budget = _thinking(obj.get("thinking"), sampling.max_tokens)
     chat = ChatRequest(model=model, messages=tuple(messages), tools=tools, tool_choice=tool_choice,
                        chat_template_kwargs={}, sampling=sampling, parallel_tool_calls=parallel,
-                       thinking=thinking, thinking_param="thinking")
+                       thinking=thinking, thinking_param="thinking", thinking_budget=budget,
+                       thinking_budget_param="thinking.budget_tokens")
     return MessagesRequest(chat=chat, thinking=thinking, thinking_budget=budget, prefill=prefill)
 
 

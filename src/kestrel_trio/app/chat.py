@@ -38,6 +38,7 @@ from kestrel_trio.model import Model
 from kestrel_trio.openai.tool_calls import new_call_id
 from kestrel_trio.text import SamplingParams
 from kestrel_trio.text.constraint import Constraint
+from kestrel_trio.text.reasoning_budget import ReasoningBudget
 from kestrel_trio.text.repetition import RepetitionGuard
 from kestrel_trio.text.sampling import DEFAULTED_FIELDS, SamplingDefaults
 
@@ -121,6 +122,7 @@ class CompletionJob:
         echo: the prompt text to echo (completions), or None.
         images: the prompt's preprocessed images (``ids`` hold their expanded pad runs).
         constraint: the compiled grammar every choice must follow (structured outputs), or None.
+        reasoning_budget: the tokens each choice's reasoning may hold before ``</think>`` is forced, or None.
 
     Raises:
         BadRequestError: a sampling field is invalid (the engine checks the rest when :meth:`respond` submits).
@@ -129,7 +131,7 @@ class CompletionJob:
     def __init__(self, model: Model, engine: Engine, fields: oa.SamplingFields, ids: list[int], prompt_param: str, *,
                  chat: ChatOptions | None, model_id: str, default_max_tokens: int | None = None,
                  sampling_defaults: SamplingDefaults | None = None, echo: str | None = None, images: tuple = (),
-                 constraint: Constraint | None = None) -> None:
+                 constraint: Constraint | None = None, reasoning_budget: ReasoningBudget | None = None) -> None:
         self.model = model
         self.engine = engine
         self.fields = fields
@@ -143,7 +145,8 @@ class CompletionJob:
                 params = attrs.evolve(params, max_tokens=max(1, min(default, model.context_length - len(ids))))
         self.requests = [GenerationRequest(tuple(ids), _choice_params(params, i), prompt_param=prompt_param,
                                            images=tuple(images), constraint=constraint,
-                                           max_tokens_param=fields.max_tokens_param) for i in range(fields.n)]
+                                           max_tokens_param=fields.max_tokens_param,
+                                           reasoning_budget=reasoning_budget) for i in range(fields.n)]
         self.id = oa.new_id("cmpl" if chat is None else "chatcmpl")
         self.created = int(time.time())
         self.ident = (self.id, self.created, model_id)

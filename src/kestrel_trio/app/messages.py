@@ -12,8 +12,8 @@ stream ends.
 
 ``thinking``: ``enabled`` / ``disabled`` is the chat request's reasoning choice, carried out as for
 ``reasoning_effort`` (:mod:`kestrel_trio.app.thinking`); without it (or ``adaptive``) the server's
-default applies. ``budget_tokens`` is checked as Anthropic checks it; the reasoning is bounded by
-``max_tokens`` only.
+default applies. ``budget_tokens`` is checked as Anthropic checks it and is enforced: once the reasoning
+holds that many tokens, ``</think>`` is forced and the answer follows (:mod:`kestrel_trio.app.thinking`).
 """
 
 from __future__ import annotations

@@ -37,8 +37,9 @@ from kestrel_trio.app.ollama import OLLAMA_PREFIX, add_ollama_routes, ollama_err
 from kestrel_trio.app.grammar import NO_THINKING as _NO_THINKING
 from kestrel_trio.app.grammar import chat_constraint, completion_constraint, reasoning_before_answer
 from kestrel_trio.app.images import prepare_images, template_parts
-from kestrel_trio.app.thinking import plan_thinking
+from kestrel_trio.app.thinking import plan_thinking, reasoning_budget
 from kestrel_trio.text.constraint import Constraint
+from kestrel_trio.text.reasoning_budget import ReasoningBudget
 from kestrel_trio.text.images import expand_image_pads
 from kestrel_trio.webui import add_webui_routes
 from kestrel_trio.stats import CONTENT_TYPE as PROMETHEUS_CONTENT_TYPE
@@ -246,17 +247,22 @@ class _Routes:
         prompt = thinking_plan.finish_prompt(await self._off_loop(_render_chat, model, chat, tools))
         thinking = model_thinks(model)
         forced = oa.forced_tool_prefix(tool_choice) if tools else ""
+        closed = prompt.endswith(_NO_THINKING)  # reasoning off: the block is rendered empty and closed
         if forced:
             if thinking and not prompt.endswith(_NO_THINKING):
                 prompt += _NO_THINKING  # a forced call skips reasoning, as enable_thinking=False renders it
             prompt += forced
+            closed = True
         elif chat.structured is not None:  # an answer constrained from its first token: reasoning only if asked
             prompt += reasoning_before_answer(prompt, thinking=thinking, template_kwargs=chat.chat_template_kwargs)
+            closed = prompt.endswith(_NO_THINKING)
         elif prefill:  # the answer continues the prefill: reasoning, if any, is over
             if thinking and not prompt.endswith(_NO_THINKING):
                 prompt += _NO_THINKING
             prompt += prefill
+            closed = True
         in_reasoning = thinking and prompt.rstrip().endswith("<think>")
+        budget = reasoning_budget(model, chat, prompt, closed=closed)
         options = ChatOptions(reasoning=thinking, starts_in_reasoning=in_reasoning,
                               parse_tools=tools is not None, forced_prefix=forced,
                               parallel_tool_calls=chat.parallel_tool_calls,
@@ -269,14 +275,15 @@ class _Routes:
         if images:
             assert model.vision is not None
             ids = expand_image_pads(ids, model.vision.config.image_token_id, [image.num_tokens for image in images])
-        return PreparedChat(model, engine, ids, tuple(images), options, constraint)
+        return PreparedChat(model, engine, ids, tuple(images), options, constraint, budget)
 
     def chat_job(self, prepared: PreparedChat, sampling: oa.SamplingFields) -> CompletionJob:
         """The job that runs a prepared chat request (a 400 for a bad sampling field)."""
         return CompletionJob(prepared.model, prepared.engine, sampling, prepared.ids, "messages",
                              chat=prepared.options, model_id=self.state.model_id,
                              default_max_tokens=self.state.default_max_tokens, sampling_defaults=self.state.sampling,
-                             images=prepared.images, constraint=prepared.constraint)
+                             images=prepared.images, constraint=prepared.constraint,
+                             reasoning_budget=prepared.reasoning_budget)
 
     async def completions(self, request: Request) -> Response | StreamingResponse:
         req = await self._parse(oa.parse_completion_request, request.body)
@@ -334,6 +341,7 @@ class PreparedChat:
         images: the prompt's preprocessed images.
         options: how the output is assembled (reasoning, tool calls).
         constraint: the compiled grammar the output follows, or None.
+        reasoning_budget: the tokens the reasoning block may hold before ``</think>`` is forced, or None.
     """
 
     model: Model
@@ -342,6 +350,7 @@ class PreparedChat:
     images: tuple
     options: ChatOptions
     constraint: Constraint | None
+    reasoning_budget: ReasoningBudget | None = None
 
 
 def _render_chat(model: Model, chat: oa.ChatRequest, tools: list | None) -> str:

@@ -16,6 +16,14 @@ default, ``serve --reasoning``: ``auto`` (the model's own: its chat template's d
 * a model without ``<think>`` (Qwen2.5, Llama 3, SmolLM2): it never reasons, so "off" holds as it is
   and an explicit "on" is refused (400 naming the field). The server's ``--reasoning on`` is a default
   and not a request: on such a model it leaves answers as they are.
+
+A request may also bound its reasoning (:attr:`ChatRequest.thinking_budget`, Anthropic's
+``thinking.budget_tokens``): :func:`reasoning_budget` turns it into the generation's
+:class:`~kestrel_trio.text.reasoning_budget.ReasoningBudget`, which forces ``</think>`` once the block
+holds that many tokens. It needs ``</think>`` as one token of the vocabulary (as in every Qwen3);
+a reasoning model without it is refused (400 naming the budget's field) rather than left unbounded.
+Where the prompt already closed the block (reasoning off, a forced tool call, a prefill) or the model
+never reasons, there is nothing to bound and the budget is moot.
 """
 
 from __future__ import annotations
@@ -26,8 +34,9 @@ from kestrel_trio import openai as oa
 from kestrel_trio.app.grammar import NO_THINKING as _CLOSED_BLOCK  # Qwen3's template's enable_thinking=False
 from kestrel_trio.errors import BadRequestError, KestrelError
 from kestrel_trio.model import Model
+from kestrel_trio.text.reasoning_budget import ReasoningBudget
 
-__all__ = ["REASONING_DEFAULTS", "check_reasoning_default", "ThinkingPlan", "plan_thinking"]
+__all__ = ["REASONING_DEFAULTS", "check_reasoning_default", "ThinkingPlan", "plan_thinking", "reasoning_budget"]
 
 REASONING_DEFAULTS = ("auto", "on", "off")
 
@@ -93,6 +102,29 @@ def plan_thinking(model: Model, chat: oa.ChatRequest, default: str) -> ThinkingP
     if wanted:
         return ThinkingPlan(require_open=explicit, param=param)
     return ThinkingPlan(close_block=True, param=param)
+
+
+def reasoning_budget(model: Model, chat: oa.ChatRequest, prompt: str, *, closed: bool) -> ReasoningBudget | None:
+    """The budget the generations of ``chat`` reason within, or None (see module doc).
+
+    Args:
+        model: the served model (its vocabulary holds the markers).
+        chat: the request (``thinking_budget`` and the field that set it).
+        prompt: the finished prompt text (whether it ends inside an open ``<think>`` block).
+        closed: the prompt closed the reasoning block, so the answer starts at once.
+
+    Raises:
+        BadRequestError: the model reasons but ``</think>`` is not one token of its vocabulary.
+    """
+    if chat.thinking_budget is None or closed or not model_thinks(model):
+        return None
+    tokenizer = model.require_tokenizer()
+    end = tokenizer.token_to_id("</think>")
+    if end is None:
+        raise BadRequestError(f"'{chat.thinking_budget_param}' cannot be enforced on model {model.name!r}: its "
+                              "end of reasoning, </think>, is not a single token", param=chat.thinking_budget_param)
+    return ReasoningBudget(chat.thinking_budget, end, open_token=tokenizer.token_to_id("<think>"),
+                           starts_inside=prompt.rstrip().endswith("<think>"))
 
 
 def model_thinks(model: Model) -> bool:

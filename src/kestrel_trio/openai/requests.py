@@ -69,6 +69,9 @@ class ChatRequest:
         thinking: reason before answering (True), do not (False), or the server's default (None)
             (:mod:`kestrel_trio.openai.thinking`).
         thinking_param: the request field that set ``thinking``, named by an error.
+        thinking_budget: tokens the reasoning may hold before its end is forced
+            (:mod:`kestrel_trio.text.reasoning_budget`), or None for no budget but ``max_tokens``.
+        thinking_budget_param: the request field that set ``thinking_budget``, named by an error.
     """
 
     model: str | None
@@ -81,6 +84,8 @@ class ChatRequest:
     structured: StructuredOutput | None = None
     thinking: bool | None = None
     thinking_param: str = "reasoning_effort"
+    thinking_budget: int | None = None
+    thinking_budget_param: str = "thinking.budget_tokens"
 
     def template_messages(self) -> list[dict]:
         """A fresh copy of ``messages`` for the chat template (tool-call arguments parsed to mappings)."""
