@@ -111,6 +111,13 @@ def test_thinking() -> None:
     refused("'thinking.type' must be", thinking={"type": "sometimes"})
 
 
+def test_budget_tokens_is_the_chat_requests_reasoning_budget() -> None:
+    chat = parse(max_tokens=4096, thinking={"type": "enabled", "budget_tokens": 2048}).chat
+    assert (chat.thinking, chat.thinking_budget, chat.thinking_budget_param) == (True, 2048, "thinking.budget_tokens")
+    assert parse(thinking={"type": "disabled"}).chat.thinking_budget is None
+    assert parse(thinking={"type": "adaptive"}).chat.thinking_budget is None
+
+
 def test_a_final_assistant_turn_is_a_prefill() -> None:
     req = parse(messages=[{"role": "user", "content": "Count"}, {"role": "assistant", "content": "1, 2,"}])
     assert req.prefill == "1, 2," and req.chat.messages == ({"role": "user", "content": "Count"},)

@@ -53,3 +53,17 @@ def test_bad_or_disagreeing_fields_are_refused_by_name(fields, param, words):
     with pytest.raises(BadRequestError) as info:
         parse(**fields)
     assert info.value.param == param and words in info.value.message
+
+
+@pytest.mark.parametrize("value", [0, 1, 4096])
+def test_thinking_token_budget_is_the_requests_reasoning_budget(value):
+    request = parse(thinking_token_budget=value)
+    assert (request.thinking_budget, request.thinking_budget_param) == (value, "thinking_token_budget")
+    assert parse().thinking_budget is None
+
+
+@pytest.mark.parametrize("value", [-1, 1.5, "64", True])
+def test_a_thinking_token_budget_that_is_not_a_count_is_refused_naming_it(value):
+    with pytest.raises(BadRequestError) as refused:
+        parse(thinking_token_budget=value)
+    assert refused.value.param == "thinking_token_budget"

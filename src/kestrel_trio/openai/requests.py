@@ -38,7 +38,7 @@ from kestrel_trio.openai.sampling_fields import (
     parse_sampling_fields,
 )
 from kestrel_trio.openai.structured import StructuredOutput, parse_structured_output
-from kestrel_trio.openai.thinking import parse_thinking
+from kestrel_trio.openai.thinking import BUDGET_FIELD, parse_thinking, parse_thinking_budget
 
 __all__ = [
     "SamplingFields",
@@ -187,6 +187,8 @@ def parse_chat_request(body: bytes, *, allow_images: bool = False) -> ChatReques
         structured=parse_structured_output(obj),
         thinking=thinking,
         thinking_param=thinking_param,
+        thinking_budget=parse_thinking_budget(obj),
+        thinking_budget_param=BUDGET_FIELD,
     )
 
 
@@ -259,7 +261,8 @@ def parse_detokenize_request(body: bytes) -> DetokenizeRequest:
 
 # The body keys each parser reads (the acting fields); accepted_fields decides about every other key.
 _CHAT_KEYS = SAMPLING_KEYS_CHAT | {"model", "messages", "tools", "tool_choice", "parallel_tool_calls",
-                                   "chat_template_kwargs", "response_format", "structured_outputs", "reasoning_effort"}
+                                   "chat_template_kwargs", "response_format", "structured_outputs", "reasoning_effort",
+                                   BUDGET_FIELD}
 _COMPLETION_KEYS = SAMPLING_KEYS_COMPLETIONS | {"model", "prompt", "echo", "response_format", "structured_outputs"}
 _TEMPLATE_ONLY_KEYS = ("add_generation_prompt", "chat_template_kwargs", "tools")
 _TOKENIZE_KEYS = frozenset({"model", "prompt", "messages", *_TEMPLATE_ONLY_KEYS})

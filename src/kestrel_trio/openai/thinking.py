@@ -9,10 +9,13 @@ out (``kestrel_trio.app.thinking``).
 
 * ``reasoning_effort``: ``"none"`` and ``"minimal"`` turn reasoning off; ``"low"``, ``"medium"``,
   ``"high"``, ``"xhigh"`` and ``"max"`` turn it on. The levels above off are one level here: the
-  models served have a reasoning switch, not a budget, and the answer is bounded by ``max_tokens``.
+  models served have a reasoning switch, not effort levels (a budget in tokens is the field below).
 * ``chat_template_kwargs.enable_thinking`` (a boolean), the switch vLLM's and llama-server's users set.
 * Both may be sent if they agree; a request whose two fields disagree is refused (400), since either
   answer would ignore one of them.
+
+``thinking_token_budget`` (vLLM's name, a non-negative integer) bounds the reasoning in tokens:
+:attr:`ChatRequest.thinking_budget`, enforced by forcing ``</think>`` (``kestrel_trio.app.thinking``).
 """
 
 from __future__ import annotations
@@ -20,9 +23,11 @@ from __future__ import annotations
 from typing import Any
 
 from kestrel_trio.errors import BadRequestError
-from kestrel_trio.openai._fields import fail
+from kestrel_trio.openai._fields import fail, get_int
 
-__all__ = ["REASONING_EFFORTS", "parse_thinking"]
+__all__ = ["REASONING_EFFORTS", "parse_thinking", "parse_thinking_budget", "BUDGET_FIELD"]
+
+BUDGET_FIELD = "thinking_token_budget"  # vLLM's request field for a reasoning budget
 
 # OpenAI's reasoning_effort values (the openai SDK's ReasoningEffort) and whether each reasons here.
 REASONING_EFFORTS: dict[str, bool] = {"none": False, "minimal": False, "low": True, "medium": True, "high": True,
@@ -59,3 +64,15 @@ def parse_thinking(obj: dict, template_kwargs: dict) -> tuple[bool | None, str]:
     if switch is not None:
         return switch, _SWITCH
     return by_effort, "reasoning_effort"
+
+
+def parse_thinking_budget(obj: dict) -> int | None:
+    """The body's ``thinking_token_budget`` (tokens of reasoning, >= 0), or None when absent.
+
+    Raises:
+        BadRequestError: not an integer, or negative.
+    """
+    budget = get_int(obj, BUDGET_FIELD)
+    if budget is not None and budget < 0:
+        raise BadRequestError(f"'{BUDGET_FIELD}' must be at least 0, got {budget}", param=BUDGET_FIELD)
+    return budget

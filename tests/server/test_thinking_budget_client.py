@@ -1,4 +1,5 @@
-"""The reasoning budget through the official anthropic client: ``thinking.budget_tokens`` cuts the reasoning.
+"""The reasoning budget through the official clients: Anthropic's ``thinking.budget_tokens`` and vLLM's
+``thinking_token_budget`` on Chat Completions cut the reasoning.
 
 The demo model (the real Qwen3 tokenizer, random weights) is made a stubborn reasoner: the real forward pass
 runs, then its logits are tilted towards ``<think>`` and a filler word for as long as the reasoning block is
@@ -16,6 +17,7 @@ import json
 import anthropic
 import attrs
 import numpy as np
+import openai
 import pytest
 import trio
 
@@ -26,7 +28,7 @@ from kestrel_trio.openai import parse_chat_request
 from kestrel_trio.text.generation import Generation
 from kestrel_trio.text.reasoning_budget import ReasoningBudget
 
-from server_kit import HOST, in_worker, running_server
+from server_kit import HOST, client_for, in_worker, running_server
 from slow_host import allowance
 
 ANSWER = "The sky is blue because air scatters blue light most."
@@ -109,6 +111,34 @@ async def test_without_a_budget_the_same_reasoner_runs_to_max_tokens(stubborn) -
                                             max_retries=0, timeout=allowance(300)),
                 work, server.state.model_id)
     assert [block.type for block in message.content] == ["thinking"] and message.stop_reason == "max_tokens"
+
+
+async def test_thinking_token_budget_cuts_reasoning_content_whole_and_streamed(stubborn) -> None:
+    fields = dict(messages=QUESTION, max_tokens=200, temperature=0.0,
+                  extra_body={"thinking_token_budget": 16, "chat_template_kwargs": {"enable_thinking": True}})
+    with trio.fail_after(allowance(300)):
+        async with running_server(stubborn) as server:
+            def work(client: openai.OpenAI, model_id: str):
+                full = client.chat.completions.create(model=model_id, **fields)
+                reasoning, content = "", ""
+                for chunk in client.chat.completions.create(model=model_id, stream=True, **fields):
+                    for choice in chunk.choices:
+                        reasoning += getattr(choice.delta, "reasoning_content", None) or ""
+                        content += choice.delta.content or ""
+                try:
+                    client.chat.completions.create(model=model_id, messages=QUESTION, max_tokens=8,
+                                                   extra_body={"thinking_token_budget": -1})
+                except openai.BadRequestError as exc:
+                    refused = exc
+                return full, reasoning, content, refused
+
+            full, reasoning, content, refused = await in_worker(lambda: client_for(server), work,
+                                                                server.state.model_id)
+    message = full.choices[0].message
+    assert message.reasoning_content == " hmm" * 16 and message.content == ANSWER
+    assert full.choices[0].finish_reason == "stop"
+    assert (reasoning, content) == (" hmm" * 16, ANSWER)
+    assert refused.status_code == 400 and refused.body["param"] == "thinking_token_budget"
 
 
 # ---- the rule, on stand-in models: what the budget needs of a vocabulary ----
