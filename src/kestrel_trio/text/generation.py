@@ -468,9 +468,10 @@ class Generation:
     def _sample_and_emit(self, logits: np.ndarray) -> StepResult:
         logits = self._usable(logits)  # [vocab]
         grammar = self.constraint
-        allowed = self._forced_mask()  # [vocab] bool: the end of reasoning alone, once its budget is spent
-        if allowed is None and grammar is not None and grammar.active:
-            allowed = grammar.token_mask()  # [vocab] bool
+        allowed = grammar.token_mask() if grammar is not None and grammar.active else None  # [vocab] bool
+        forced = self._forced_mask()  # [vocab] bool: the end of reasoning alone, once its budget is spent
+        if forced is not None:  # a grammar waits while the block is open, so it has no say here
+            allowed = forced
         if allowed is None:  # no grammar: the sampler's plain call
             token, scored = self._sampler.sample_scored(logits, self.generated_ids, self.prompt_ids)
         else:
