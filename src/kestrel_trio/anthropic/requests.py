@@ -4,7 +4,13 @@ Theory of operation: ``POST /v1/messages`` and ``/v1/messages/count_tokens`` are
 validated chat request the OpenAI route runs, so that templates, tools, images, grammar and admission stay in
 one place:
 
-* ``system`` (a string or text blocks) becomes the first, ``system`` message.
+* ``system`` (a string or text blocks) becomes the first, ``system`` message; a ``system`` turn inside
+  ``messages`` (Claude Code 2.1.154+ sends them, Anthropic's mid-conversation system beta) a ``system`` message
+  at its place. A text block opening with ``x-anthropic-billing-header:`` (Claude Code's attribution line) is
+  dropped: it differs on every request, and kept it would make every prompt differ from its first tokens, so
+  the prefix cache could never reuse a turn's KV.
+* ``context_management`` edits ``clear_thinking_20251015`` are accepted (earlier reasoning is rendered as the
+  template renders it); other edits are server-side context editing, refused.
 * A user turn's ``tool_result`` blocks become ``tool`` messages (in order), its text and ``image`` blocks a
   ``user`` message (images as the ``image_url`` parts the image code reads: base64 sources as ``data:`` URLs).
 * An assistant turn's text blocks become its content, its ``tool_use`` blocks its ``tool_calls`` (``input``
@@ -47,14 +53,19 @@ from kestrel_trio.openai._fields import (
     require,
 )
 
-__all__ = ["MessagesRequest", "parse_messages_request", "parse_count_tokens_request", "MAX_STOP_SEQUENCES",
-           "MIN_THINKING_BUDGET"]
+__all__ = ["MessagesRequest", "parse_messages_request", "parse_count_tokens_request", "check_query",
+           "MAX_STOP_SEQUENCES", "MIN_THINKING_BUDGET"]
 
 MAX_STOP_SEQUENCES = 16  # each is matched against every generated character; Anthropic sets no published bound
 MIN_THINKING_BUDGET = 1024  # Anthropic's own minimum for thinking.budget_tokens
 _MESSAGES_KEYS = frozenset({"model", "messages", "system", "max_tokens", "stop_sequences", "stream", "temperature",
-                            "top_p", "top_k", "tools", "tool_choice", "thinking", "output_config"})
-_COUNT_KEYS = frozenset({"model", "messages", "system", "tools", "tool_choice", "thinking", "output_config"})
+                            "top_p", "top_k", "tools", "tool_choice", "thinking", "output_config",
+                            "context_management"})
+_COUNT_KEYS = frozenset({"model", "messages", "system", "tools", "tool_choice", "thinking", "output_config",
+                         "context_management"})
+# Claude Code's first system block: "x-anthropic-billing-header: cc_version=...; cch=...;", new on every request.
+BILLING_HEADER_PREFIX = "x-anthropic-billing-header:"
+CLEAR_THINKING = "clear_thinking_20251015"
 _IMAGE_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")
 
 
@@ -91,6 +102,21 @@ def parse_count_tokens_request(body: bytes) -> MessagesRequest:
     return _parse(body, count_only=True)
 
 
+def check_query(query: str) -> None:
+    """Accept the query string of a Messages route: ``beta=true`` only, which the SDKs' beta namespace (and so
+    Claude Code) appends; it selects nothing here, as the ``anthropic-beta`` header selects nothing.
+
+    Raises:
+        BadRequestError: any other parameter, named.
+    """
+    for pair in filter(None, query.split("&")):
+        name, _, value = pair.partition("=")
+        if name != "beta":
+            raise BadRequestError(f"query parameter {name!r}: Extra inputs are not permitted", param=name)
+        if value not in ("true", "false"):
+            raise BadRequestError(f"query parameter 'beta' must be true or false; got {value!r}", param="beta")
+
+
 def _parse(body: bytes, *, count_only: bool) -> MessagesRequest:
     obj = load_object(body)
     check_keys(obj, _COUNT_KEYS if count_only else _MESSAGES_KEYS)
@@ -104,6 +130,7 @@ def _parse(body: bytes, *, count_only: bool) -> MessagesRequest:
     output_config = obj.get("output_config")
     if output_config is not None:  # its keys are no-ops or refused (fields.py)
         check_keys(check_object(output_config, "output_config"), (), path="output_config", generic="output_config")
+    _context_management(obj.get("context_management"))
     sampling = SamplingFields() if count_only else _sampling(obj)
     thinking, budget = _thinking(obj.get("thinking"), sampling.max_tokens)
     chat = ChatRequest(model=model, messages=tuple(messages), tools=tools, tool_choice=tool_choice,
@@ -166,20 +193,41 @@ def _thinking(value: Any, max_tokens: int | None) -> tuple[bool | None, int | No
     return True, budget
 
 
-def _system(value: Any) -> str | None:
+def _context_management(value: Any) -> None:
+    """Check ``context_management``: only ``clear_thinking_20251015`` edits, which change nothing here."""
+    if value is None:
+        return
+    check_keys(check_object(value, "context_management"), ("edits",), path="context_management",
+               generic="context_management")
+    for i, item in enumerate(get_array(value, "edits", "context_management") or []):
+        path = join_path("context_management.edits", i)
+        edit = check_object(item, path)
+        kind = check_str(require(edit, "type", path), join_path(path, "type"))
+        if kind != CLEAR_THINKING:
+            raise BadRequestError(f"'{path}.type' {kind!r}: server-side context editing is not supported (only "
+                                  f"{CLEAR_THINKING} is accepted); trim the conversation before sending it",
+                                  param=join_path(path, "type"))
+        check_keys(edit, ("type",), path=path, generic="context_management.edits[]")
+
+
+def _system(value: Any, path: str = "system", generic: str = "system[]") -> str | None:
+    """The text of a ``system`` field (or of a system turn's content): a string or text blocks."""
     if value is None or isinstance(value, str):
         return value
     if not isinstance(value, list):
-        raise fail("system", "a string or an array of text blocks", value)
+        raise fail(path, "a string or an array of text blocks", value)
     texts = []
     for i, item in enumerate(value):
-        path = join_path("system", i)
-        block = check_object(item, path)
-        kind = check_str(require(block, "type", path), join_path(path, "type"))
+        block_path = join_path(path, i)
+        block = check_object(item, block_path)
+        kind = check_str(require(block, "type", block_path), join_path(block_path, "type"))
         if kind != "text":
-            raise BadRequestError(f"'{path}.type' must be 'text'; got {kind!r}", param=join_path(path, "type"))
-        check_keys(block, ("type", "text"), path=path, generic="system[]")
-        texts.append(check_str(require(block, "text", path), join_path(path, "text")))
+            raise BadRequestError(f"'{block_path}.type' must be 'text'; got {kind!r}",
+                                  param=join_path(block_path, "type"))
+        check_keys(block, ("type", "text"), path=block_path, generic=generic)
+        text = check_str(require(block, "text", block_path), join_path(block_path, "text"))
+        if not text.startswith(BILLING_HEADER_PREFIX):  # billing metadata for Anthropic, new on every request
+            texts.append(text)
     return "\n".join(texts)
 
 
@@ -194,16 +242,20 @@ def _messages(value: Any) -> tuple[list[dict], str]:
         path = join_path("messages", i)
         message = check_object(item, path)
         role = check_str(require(message, "role", path), join_path(path, "role"))
-        if role not in ("user", "assistant"):
+        if role not in ("user", "assistant", "system"):
             field = join_path(path, "role")
-            hint = " (send the system prompt as the top-level 'system' field)" if role == "system" else ""
-            raise BadRequestError(f"'{field}' must be 'user' or 'assistant'; got {role!r}{hint}", param=field)
+            raise BadRequestError(f"'{field}' must be 'user', 'assistant' or 'system'; got {role!r}", param=field)
         check_keys(message, ("role", "content"), path=path, generic="messages[]")
         content = require(message, "content", path)
-        if role == "user":
+        if role == "system":  # a mid-conversation instruction: the template renders it where it stands
+            out.append({"role": "system", "content": _system(content, join_path(path, "content"),
+                                                             "messages[].content[]")})
+        elif role == "user":
             out.extend(_user_turn(content, join_path(path, "content")))
         else:
             out.append(_assistant_turn(content, join_path(path, "content")))
+    if all(message["role"] == "system" for message in out):
+        raise BadRequestError("'messages' must hold a user turn", param="messages")
     prefill = ""
     last = out[-1]
     if last["role"] == "assistant":
