@@ -40,7 +40,8 @@ def test_a_system_turn_inside_messages_stays_a_system_message_where_it_stands() 
     """Claude Code 2.1.154+ (Anthropic's mid-conversation system beta) puts system turns after user turns."""
     req = parse(system="Be terse.", messages=[
         {"role": "user", "content": "a"},
-        {"role": "system", "content": [{"type": "text", "text": "Skills: none.", "cache_control": {"type": "ephemeral"}}]},
+        {"role": "system", "content": [{"type": "text", "text": "Skills: none.",
+                                        "cache_control": {"type": "ephemeral"}}]},
         {"role": "assistant", "content": "b"}, {"role": "system", "content": "Agents: none."}])
     assert req.chat.messages == ({"role": "system", "content": "Be terse."}, {"role": "user", "content": "a"},
                                  {"role": "system", "content": "Skills: none."}, {"role": "assistant", "content": "b"},
