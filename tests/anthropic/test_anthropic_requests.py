@@ -73,6 +73,27 @@ def test_context_management_takes_clear_thinking_edits_only() -> None:
     refused("context_management.pause: Extra inputs", context_management={"edits": [], "pause": 1})
 
 
+def test_a_deferred_tool_is_offered_once_a_tool_reference_loads_it() -> None:
+    """Claude Code's tool search: deferred tools stay out of the prompt until its search answers with them."""
+    search = {"name": "ToolSearch", "input_schema": {"type": "object"}}
+    deferred = {**TOOL, "defer_loading": True}
+    ask = {"role": "user", "content": "Weather?"}
+    req = parse(tools=[search, deferred], messages=[ask])
+    assert [tool["function"]["name"] for tool in req.chat.tools] == ["ToolSearch"]
+    found = [ask, {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "ToolSearch",
+                                                      "input": {"query": "weather"}}]},
+             {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [
+                 {"type": "tool_reference", "tool_name": "get_weather"}]}]}]
+    req = parse(tools=[search, deferred], messages=found)
+    assert [tool["function"]["name"] for tool in req.chat.tools] == ["ToolSearch", "get_weather"]
+    assert req.chat.messages[-1] == {"role": "tool", "tool_call_id": "t1", "content": "Tool loaded: get_weather"}
+    forced = parse(tools=[search, deferred], messages=[ask], tool_choice={"type": "tool", "name": "get_weather"})
+    assert [tool["function"]["name"] for tool in forced.chat.tools] == ["ToolSearch", "get_weather"]
+    alone = parse(tools=[deferred], messages=[ask], tool_choice={"type": "auto"})
+    assert alone.chat.tools is None and alone.chat.tool_choice is None
+    refused("'tools\\[0\\].defer_loading' must be", tools=[{**TOOL, "defer_loading": "yes"}])
+
+
 def test_the_query_string_may_say_beta_only() -> None:
     for query in ("", "beta=true", "beta=false"):
         an.check_query(query)

@@ -16,8 +16,9 @@ copied, each part is rebuilt from what these say:
   2.1.154 on): anthropics/claude-code#77698, ollama/ollama#16372, MadSkittles/Router-Maestro#95.
 * ``context_management: {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]}`` beside thinking:
   router-for-me/CLIProxyAPI#4784 (the value a proxy copies from Claude Code), mnfst/llm-gateway#2258.
-* Tools with JSON Schemas carrying ``$schema`` and ``additionalProperties: false``; an effort in
-  ``output_config``: the shapes Claude Code's tool definitions and its effort beta take in the same reports.
+* Tools with JSON Schemas carrying ``$schema`` and ``additionalProperties: false``, ``defer_loading: true`` on
+  Read (tool search): BerriAI/litellm#22878 (Claude Code 2.1.69's tools as a proxy logged them),
+  anthropics/claude-code#89211; an effort in ``output_config``: mnfst/llm-gateway#2258.
 
 The answers are scripted as in test_anthropic_client.py: the real forward pass runs, the scripted token wins.
 """
@@ -62,7 +63,7 @@ TOOLS = [
          "file_path": {"type": "string", "description": "The absolute path to the file to read"},
          "offset": {"type": "number"}, "limit": {"type": "number"}},
          "required": ["file_path"], "additionalProperties": False, "$schema": SCHEMA},
-     "cache_control": {"type": "ephemeral"}},
+     "defer_loading": True, "cache_control": {"type": "ephemeral"}},
 ]
 CALL = '<tool_call>\n{"name": "Bash", "arguments": {"command": "ls", "description": "List files"}}\n</tool_call>'
 
@@ -157,6 +158,7 @@ async def test_a_streamed_turn_with_a_tool_call_and_its_result_round_trips(scrip
     # What the model read: no billing line; the system turn where Claude Code put it; the result after the call.
     first_prompt, second_prompt = prompts
     assert "x-anthropic-billing-header" not in first_prompt + second_prompt
+    assert "Executes a given bash command" in first_prompt and "Reads a file" not in first_prompt  # Read deferred
     assert first_prompt.index(IDENTITY) < first_prompt.index(ASK) < first_prompt.index(SKILLS)
     assert second_prompt.index(SKILLS) < second_prompt.index('"command": "ls"') < second_prompt.index(LISTING)
 

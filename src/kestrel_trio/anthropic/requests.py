@@ -16,9 +16,8 @@ one place:
 * An assistant turn's text blocks become its content, its ``tool_use`` blocks its ``tool_calls`` (``input``
   JSON-encoded as ``arguments``), its ``thinking`` blocks its ``reasoning_content``.
 * A last assistant turn holding text only is a prefill: the answer continues it (Anthropic's behaviour).
-* ``tools`` (``input_schema``) become functions; ``tool_choice`` auto / any / tool / none becomes
-  ``"auto"`` / ``"required"`` / a named function / ``"none"``; ``disable_parallel_tool_use`` is
-  ``parallel_tool_calls: false``.
+* ``tools`` and ``tool_choice`` become functions and the chat tool choice (:mod:`kestrel_trio.anthropic.tools`,
+  which also holds back ``defer_loading`` tools until a ``tool_reference`` block loads them).
 * ``max_tokens`` (required), ``temperature`` (0 to 1, as Anthropic's), ``top_p``, ``top_k``,
   ``stop_sequences`` and ``stream`` become the sampling fields.
 * ``thinking`` ``{"type": "enabled", "budget_tokens": n}`` / ``{"type": "disabled"}`` is kept as
@@ -37,9 +36,9 @@ from typing import Any
 import attrs
 
 from kestrel_trio.anthropic.fields import check_keys
+from kestrel_trio.anthropic.tools import TOOL_REFERENCE, parse_tool_choice, parse_tools, referenced_tools
 from kestrel_trio.errors import BadRequestError
 from kestrel_trio.openai import ChatRequest, SamplingFields
-from kestrel_trio.openai.messages import unique_tool_name
 from kestrel_trio.openai._fields import (
     check_object,
     check_str,
@@ -121,9 +120,14 @@ def _parse(body: bytes, *, count_only: bool) -> MessagesRequest:
     obj = load_object(body)
     check_keys(obj, _COUNT_KEYS if count_only else _MESSAGES_KEYS)
     model = check_str(require(obj, "model"), "model")
-    tools = _tools(obj.get("tools"))
-    tool_choice, parallel = _tool_choice(obj.get("tool_choice"), tools)
-    messages, prefill = _messages(require(obj, "messages"))
+    all_tools = parse_tools(obj.get("tools"))
+    tool_choice, parallel = parse_tool_choice(obj.get("tool_choice"), all_tools)
+    raw_messages = require(obj, "messages")
+    messages, prefill = _messages(raw_messages)
+    forced = tool_choice["function"]["name"] if isinstance(tool_choice, dict) else None
+    tools = all_tools.offered(referenced_tools(raw_messages), forced)
+    if tools is None and all_tools.functions and tool_choice in ("auto", "none"):
+        tool_choice = None  # every tool is deferred and none is loaded yet: the model is shown none
     system = _system(obj.get("system"))
     if system is not None:
         messages = [{"role": "system", "content": system}, *messages]
@@ -349,10 +353,15 @@ def _tool_result(block: dict, path: str) -> dict:
     texts = []
     if content is not None:
         for kind, part, part_path in _blocks(content, join_path(path, "content")):
+            if kind == TOOL_REFERENCE:  # a deferred tool loaded: it is offered from now on (tools.py)
+                check_keys(part, ("type", "tool_name"), path=part_path, generic="messages[].content[]")
+                name = check_str(require(part, "tool_name", part_path), join_path(part_path, "tool_name"))
+                texts.append(f"Tool loaded: {name}")
+                continue
             if kind != "text":
                 field = join_path(part_path, "type")
-                raise BadRequestError(f"'{field}' must be 'text' (a tool result carries text only here); got "
-                                      f"{kind!r}", param=field)
+                raise BadRequestError(f"'{field}' must be 'text' or 'tool_reference' (a tool result carries text "
+                                      f"only here); got {kind!r}", param=field)
             texts.append(_text_part(part, part_path)["text"])
     text = "\n".join(texts)
     if get_bool(block, "is_error", path):
@@ -387,54 +396,3 @@ def _assistant_turn(content: Any, path: str) -> dict:
     if reasoning:
         out["reasoning_content"] = "\n".join(reasoning)
     return out
-
-
-def _tools(value: Any) -> tuple[dict, ...] | None:
-    if value is None:
-        return None
-    if not isinstance(value, list):
-        raise fail("tools", "an array", value)
-    if not value:
-        return None  # Anthropic accepts an empty list: no tools
-    out = []
-    names: set[str] = set()
-    for i, item in enumerate(value):
-        path = join_path("tools", i)
-        tool = check_object(item, path)
-        kind = tool.get("type")
-        if kind is not None and kind != "custom":
-            raise BadRequestError(f"'{path}.type' {kind!r}: Anthropic's server tools are not supported; send "
-                                  "client tools (name, description, input_schema)", param=join_path(path, "type"))
-        check_keys(tool, ("type", "name", "description", "input_schema"), path=path, generic="tools[]")
-        function: dict = {"name": unique_tool_name(tool, path, names)}
-        description = tool.get("description")
-        if description is not None:
-            function["description"] = check_str(description, join_path(path, "description"))
-        function["parameters"] = check_object(require(tool, "input_schema", path), join_path(path, "input_schema"))
-        out.append({"type": "function", "function": function})
-    return tuple(out)
-
-
-def _tool_choice(value: Any, tools: tuple[dict, ...] | None) -> tuple[str | dict | None, bool]:
-    """The chat ``tool_choice`` and ``parallel_tool_calls`` of Anthropic's ``tool_choice``."""
-    if value is None:
-        return None, True
-    choice = check_object(value, "tool_choice")
-    kind = check_str(require(choice, "type", "tool_choice"), "tool_choice.type")
-    acting = ("type", "disable_parallel_tool_use") + (("name",) if kind == "tool" else ())
-    check_keys(choice, acting, path="tool_choice", generic="tool_choice")
-    parallel = not get_bool(choice, "disable_parallel_tool_use", "tool_choice")
-    if kind in ("auto", "none"):
-        return kind, parallel
-    if kind not in ("any", "tool"):
-        raise BadRequestError(f"'tool_choice.type' must be one of auto, any, tool, none; got {kind!r}",
-                              param="tool_choice.type")
-    if not tools:
-        raise BadRequestError(f"'tool_choice' is {kind!r} but no 'tools' were given", param="tool_choice")
-    if kind == "any":
-        return "required", parallel
-    name = check_str(require(choice, "name", "tool_choice"), "tool_choice.name")
-    if name not in {tool["function"]["name"] for tool in tools}:
-        raise BadRequestError(f"'tool_choice.name' names {name!r}, which is not one of the 'tools'",
-                              param="tool_choice.name")
-    return {"type": "function", "function": {"name": name}}, parallel
