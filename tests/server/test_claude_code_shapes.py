@@ -20,6 +20,11 @@ copied, each part is rebuilt from what these say:
   Read (tool search): BerriAI/litellm#22878 (Claude Code 2.1.69's tools as a proxy logged them),
   anthropics/claude-code#89211; an effort in ``output_config``: mnfst/llm-gateway#2258.
 
+The same shapes were then seen from Claude Code 2.1.197 itself (the npm package, run in print mode through a
+logging proxy against the demo model, see docs/anthropic.md): its headers, beta list, ``thinking``
+``{"type": "adaptive"}``, ``output_config.effort``, ``context_management``, a ``metadata.user_id`` that is a JSON
+string, the billing line and mid-conversation system turns are those below; its prompt text is not copied.
+
 The answers are scripted as in test_anthropic_client.py: the real forward pass runs, the scripted token wins.
 """
 
@@ -35,11 +40,14 @@ from server_kit import HOST, ScriptedModel, fetch, in_worker, running_server
 from slow_host import allowance
 
 TOKEN = "sk-local-claude-code"  # what ANTHROPIC_AUTH_TOKEN sends, as a Bearer token
-BETAS = ["claude-code-20250219", "interleaved-thinking-2025-05-14", "context-management-2025-06-27",
-         "prompt-caching-scope-2026-01-05", "mid-conversation-system-2026-04-07", "effort-2025-11-24"]
-HEADERS = {"x-app": "cli", "user-agent": "claude-cli/2.1.185 (external, cli)",
-           "anthropic-dangerous-direct-browser-access": "true"}
-USER_ID = "user_" + "3f" * 32 + "_account__session_0b6f3c1e-7d1a-4c55-9a53-2f1d8e0c9b41"
+BETAS = ["claude-code-20250219", "interleaved-thinking-2025-05-14", "thinking-token-count-2026-05-13",
+         "context-management-2025-06-27", "prompt-caching-scope-2026-01-05", "mid-conversation-system-2026-04-07",
+         "effort-2025-11-24"]
+SESSION = "0b6f3c1e-7d1a-4c55-9a53-2f1d8e0c9b41"
+HEADERS = {"x-app": "cli", "user-agent": "claude-cli/2.1.197 (external, sdk-cli)",
+           "anthropic-dangerous-direct-browser-access": "true", "x-claude-code-session-id": SESSION}
+# Older releases sent "user_<hash>_account__session_<uuid>"; 2.1.197 sends a JSON object in the string.
+USER_ID = '{"device_id": "' + "3f" * 32 + '", "account_uuid": "", "session_id": "' + SESSION + '"}'
 IDENTITY = "You are Claude Code, Anthropic's official CLI for Claude."
 # Claude Code asks for 32000 tokens (CLAUDE_CODE_MAX_OUTPUT_TOKENS sets it), more than the demo model's 8192
 # context leaves after any prompt: that is refused, as Anthropic refuses it; the replays ask for what fits.
@@ -186,14 +194,16 @@ async def test_claude_codes_raw_headers_and_query_are_accepted_and_other_queries
     with trio.fail_after(allowance(120)):
         async with running_server(scripted, api_key=TOKEN) as server:
             body = {"model": server.state.model_id, "max_tokens": MAX_TOKENS, "stream": True, "system": system("9e8d7"),
-                    "messages": FIRST_TURN, "metadata": {"user_id": USER_ID}, "thinking": {"type": "disabled"}}
+                    "messages": FIRST_TURN, "metadata": {"user_id": USER_ID}, "thinking": {"type": "adaptive"},
+                    "output_config": {"effort": "high"},
+                    "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]}}
             streamed = await fetch(server.port, "POST", "/v1/messages?beta=true", body, headers=headers)
             odd = await fetch(server.port, "POST", "/v1/messages?beta=true&stream=false", body, headers=headers)
             too_long = await fetch(server.port, "POST", "/v1/messages?beta=true", {**body, "max_tokens": 32000},
                                    headers=headers)
             counted = await fetch(server.port, "POST", "/v1/messages/count_tokens?beta=true",
                                   {"model": server.state.model_id, "messages": FIRST_TURN, "system": system("1f2e3"),
-                                   "thinking": {"type": "disabled"}}, headers=headers)
+                                   "thinking": {"type": "adaptive"}}, headers=headers)
     assert streamed.status == 200 and streamed.headers["content-type"].startswith("text/event-stream")
     assert b"event: message_stop" in streamed.body
     assert odd.status == 400 and odd.json()["type"] == "error"
