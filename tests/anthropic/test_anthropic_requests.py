@@ -36,6 +36,74 @@ def test_system_blocks_and_turns_become_chat_messages() -> None:
     assert req.prefill == "" and req.thinking is None and req.chat.model == "m"
 
 
+def test_a_system_turn_inside_messages_stays_a_system_message_where_it_stands() -> None:
+    """Claude Code 2.1.154+ (Anthropic's mid-conversation system beta) puts system turns after user turns."""
+    req = parse(system="Be terse.", messages=[
+        {"role": "user", "content": "a"},
+        {"role": "system", "content": [{"type": "text", "text": "Skills: none.",
+                                        "cache_control": {"type": "ephemeral"}}]},
+        {"role": "assistant", "content": "b"}, {"role": "system", "content": "Agents: none."}])
+    assert req.chat.messages == ({"role": "system", "content": "Be terse."}, {"role": "user", "content": "a"},
+                                 {"role": "system", "content": "Skills: none."}, {"role": "assistant", "content": "b"},
+                                 {"role": "system", "content": "Agents: none."})
+    assert req.prefill == ""
+    refused("'messages\\[1\\].content\\[0\\].type' must be 'text'",
+            messages=[{"role": "user", "content": "a"}, {"role": "system", "content": [{"type": "image"}]}])
+
+
+def test_claude_codes_billing_line_is_dropped_from_the_system_prompt() -> None:
+    """Its ``cch=`` differs on every request: kept, no two prompts would share their first tokens."""
+    req = parse(system=[{"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.37; cch=fa690;"},
+                        {"type": "text", "text": "You are Claude Code."}])
+    assert req.chat.messages[0] == {"role": "system", "content": "You are Claude Code."}
+    req = parse(system=[{"type": "text", "text": "Mention x-anthropic-billing-header: here."}])
+    assert req.chat.messages[0]["content"] == "Mention x-anthropic-billing-header: here."
+
+
+def test_context_management_takes_clear_thinking_edits_only() -> None:
+    for keep in ("all", {"type": "thinking_turns", "value": 2}):
+        parse(context_management={"edits": [{"type": "clear_thinking_20251015", "keep": keep}]})
+    parse(context_management={"edits": []})
+    assert refused("clear_tool_uses_20250919.*not supported", context_management={
+        "edits": [{"type": "clear_tool_uses_20250919"}]}).param == "context_management.edits[0].type"
+    refused("'context_management.edits\\[0\\].keep' must be", context_management={
+        "edits": [{"type": "clear_thinking_20251015", "keep": "some"}]})
+    refused("context_management.edits\\[0\\].trigger: Extra inputs", context_management={
+        "edits": [{"type": "clear_thinking_20251015", "trigger": {}}]})
+    refused("context_management.pause: Extra inputs", context_management={"edits": [], "pause": 1})
+
+
+def test_a_deferred_tool_is_offered_once_a_tool_reference_loads_it() -> None:
+    """Claude Code's tool search: deferred tools stay out of the prompt until its search answers with them."""
+    search = {"name": "ToolSearch", "input_schema": {"type": "object"}}
+    deferred = {**TOOL, "defer_loading": True}
+    ask = {"role": "user", "content": "Weather?"}
+    req = parse(tools=[search, deferred], messages=[ask])
+    assert [tool["function"]["name"] for tool in req.chat.tools] == ["ToolSearch"]
+    found = [ask, {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "ToolSearch",
+                                                      "input": {"query": "weather"}}]},
+             {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [
+                 {"type": "tool_reference", "tool_name": "get_weather"}]}]}]
+    req = parse(tools=[search, deferred], messages=found)
+    assert [tool["function"]["name"] for tool in req.chat.tools] == ["ToolSearch", "get_weather"]
+    assert req.chat.messages[-1] == {"role": "tool", "tool_call_id": "t1", "content": "Tool loaded: get_weather"}
+    forced = parse(tools=[search, deferred], messages=[ask], tool_choice={"type": "tool", "name": "get_weather"})
+    assert [tool["function"]["name"] for tool in forced.chat.tools] == ["ToolSearch", "get_weather"]
+    alone = parse(tools=[deferred], messages=[ask], tool_choice={"type": "auto"})
+    assert alone.chat.tools is None and alone.chat.tool_choice is None
+    refused("'tools\\[0\\].defer_loading' must be", tools=[{**TOOL, "defer_loading": "yes"}])
+
+
+def test_the_query_string_may_say_beta_only() -> None:
+    for query in ("", "beta=true", "beta=false"):
+        an.check_query(query)
+    with pytest.raises(BadRequestError, match="'limit': Extra inputs") as caught:
+        an.check_query("beta=true&limit=3")
+    assert caught.value.param == "limit"
+    with pytest.raises(BadRequestError, match="'beta' must be true or false"):
+        an.check_query("beta=1")
+
+
 def test_tool_use_and_tool_result_blocks_become_tool_calls_and_tool_messages() -> None:
     req = parse(tools=[TOOL], messages=[
         {"role": "user", "content": "weather?"},
@@ -127,8 +195,9 @@ def test_a_final_assistant_turn_is_a_prefill() -> None:
 
 
 def test_roles_and_block_types_are_checked() -> None:
-    refused("must be 'user' or 'assistant'; got 'system'.*top-level 'system'",
-            messages=[{"role": "system", "content": "x"}])
+    refused("'messages' must hold a user turn", messages=[{"role": "system", "content": "x"}])
+    refused("'messages\\[0\\].role' must be 'user', 'assistant' or 'system'; got 'tool'",
+            messages=[{"role": "tool", "content": "x"}])
     refused("'messages\\[0\\].content\\[0\\].type' must be 'text', 'image' or 'tool_result'",
             messages=[{"role": "user", "content": [{"type": "document", "source": {}}]}])
     refused("must be 'text', 'tool_use' or 'thinking'", messages=[

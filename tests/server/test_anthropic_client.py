@@ -182,7 +182,7 @@ async def test_refusals_come_in_anthropics_envelope_through_the_clients_exceptio
                 caught = {}
                 attempts = {
                     "max_tokens": dict(model=model_id, messages=GREETING, max_tokens=anthropic.NOT_GIVEN),
-                    "role": dict(model=model_id, max_tokens=8, messages=[{"role": "system", "content": "hi"}]),
+                    "role": dict(model=model_id, max_tokens=8, messages=[{"role": "tool", "content": "hi"}]),
                     "model": dict(model="claude-sonnet-4-5", max_tokens=8, messages=GREETING),
                     "field": dict(model=model_id, max_tokens=8, messages=GREETING, extra_body={"frobnicate": 1}),
                     "budget": dict(model=model_id, max_tokens=8, messages=GREETING,
@@ -207,7 +207,7 @@ async def test_refusals_come_in_anthropics_envelope_through_the_clients_exceptio
         assert exc.body["type"] == "error" and set(exc.body["error"]) == {"type", "message"}
         assert exc.body["error"]["type"] == ("not_found_error" if name == "model" else "invalid_request_error")
     assert "max_tokens" in caught["max_tokens"].body["error"]["message"]
-    assert "'messages[0].role' must be 'user' or 'assistant'" in caught["role"].body["error"]["message"]
+    assert "'messages[0].role' must be 'user', 'assistant' or 'system'" in caught["role"].body["error"]["message"]
     assert "claude-sonnet-4-5" in caught["model"].body["error"]["message"]
     assert caught["field"].body["error"]["message"] == "frobnicate: Extra inputs are not permitted"
     assert "budget_tokens" in caught["budget"].body["error"]["message"]

@@ -198,6 +198,19 @@ def test_objects_with_properties_are_closed_unless_they_say_otherwise():
     assert "additionalProperties" not in schema  # the request's value is left alone
 
 
+def test_property_names_that_allow_every_string_are_dropped_and_others_refused(vocab):
+    """zod's record (Claude Code's TaskCreate.metadata) writes propertyNames {"type": "string"}: no constraint."""
+    record = {"type": "object", "propertyNames": {"type": "string"}, "additionalProperties": {}}
+    schema = {"type": "object", "properties": {"metadata": record}, "required": ["metadata"]}
+    assert "propertyNames" not in g.close_objects(schema)["properties"]["metadata"]
+    compile_constraint(vocab, g.json_schema_grammar(schema), kind="json_schema", param="s", schema=schema)
+    narrowed = {"type": "object", "propertyNames": {"pattern": "^[a-z]+$"}}
+    assert g.close_objects(narrowed)["propertyNames"] == {"pattern": "^[a-z]+$"}
+    with pytest.raises(BadRequestError) as caught:
+        compile_constraint(vocab, g.json_schema_grammar(narrowed), kind="json_schema", param="s", schema=narrowed)
+    assert caught.value.param == "s.propertyNames"
+
+
 @pytest.mark.parametrize("schema, param", [
     ({"type": "object", "properties": {"tags": {"type": "array", "uniqueItems": True}}},
      "s.properties.tags.uniqueItems"),

@@ -10,6 +10,7 @@ from kestrel_trio.anthropic.requests import (
     MAX_STOP_SEQUENCES,
     MIN_THINKING_BUDGET,
     MessagesRequest,
+    check_query,
     parse_count_tokens_request,
     parse_messages_request,
 )
@@ -25,7 +26,7 @@ from kestrel_trio.anthropic.responses import (
 )
 
 __all__ = [
-    "NO_OP_FIELDS", "REFUSED_FIELDS", "MAX_STOP_SEQUENCES", "MIN_THINKING_BUDGET", "MessagesRequest",
+    "NO_OP_FIELDS", "REFUSED_FIELDS", "MAX_STOP_SEQUENCES", "MIN_THINKING_BUDGET", "MessagesRequest", "check_query",
     "parse_count_tokens_request", "parse_messages_request", "MessageAssembler", "error_body", "error_object",
     "error_type_for", "new_message_id", "new_tool_use_id", "sse_event", "stop_reason_of",
 ]

@@ -30,6 +30,15 @@ def _one_of(*accepted: str) -> Check:
     return check
 
 
+def _thinking_keep(value: Any, path: str) -> None:
+    if value == "all":
+        return
+    if not (isinstance(value, dict) and value.get("type") == "thinking_turns" and set(value) == {"type", "value"}
+            and isinstance(value["value"], int) and not isinstance(value["value"], bool) and value["value"] >= 1):
+        raise BadRequestError(f"'{path}' must be \"all\" or {{\"type\": \"thinking_turns\", \"value\": n >= 1}}; "
+                              f"got {value!r}", param=path)
+
+
 # generic path -> (the values accepted, in words; why accepting it changes nothing; the value check).
 NO_OP_FIELDS: dict[str, tuple[str, str, Check]] = {
     "metadata": ("an object", "tags such as user_id for Anthropic's abuse monitoring; no per-user records are kept",
@@ -52,6 +61,10 @@ NO_OP_FIELDS: dict[str, tuple[str, str, Check]] = {
                                "one reuses its KV whatever the breakpoints", _object),
     "messages[].content[].cache_control": ("an object", "the same as system[].cache_control", _object),
     "tools[].cache_control": ("an object", "the same as system[].cache_control", _object),
+    "context_management.edits[].keep": ('"all" or {"type": "thinking_turns", "value": n}', "the edit is "
+                                        "clear_thinking_20251015: earlier reasoning sent back is rendered as the "
+                                        "model's template renders it (Qwen3's keeps the current turn's only)",
+                                        _thinking_keep),
     "messages[].content[].signature": ("a string", "thinking blocks sent back are rendered as earlier reasoning; "
                                        "there is no signature to verify", _string),
 }
@@ -60,7 +73,6 @@ NO_OP_FIELDS: dict[str, tuple[str, str, Check]] = {
 REFUSED_FIELDS: dict[str, str] = {
     "container": "code-execution containers are not supported",
     "mcp_servers": "MCP connectors are not supported; run the MCP client yourself and send its tools in 'tools'",
-    "context_management": "server-side context editing is not supported",
     "output_format": "is not supported; constrain JSON through a tool with tool_choice {\"type\": \"tool\"}",
     "output_config.format": "is not supported; constrain JSON through a tool with tool_choice {\"type\": \"tool\"}",
     "messages[].content[].citations": "citations are not supported",

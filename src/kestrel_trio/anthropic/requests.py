@@ -4,15 +4,20 @@ Theory of operation: ``POST /v1/messages`` and ``/v1/messages/count_tokens`` are
 validated chat request the OpenAI route runs, so that templates, tools, images, grammar and admission stay in
 one place:
 
-* ``system`` (a string or text blocks) becomes the first, ``system`` message.
+* ``system`` (a string or text blocks) becomes the first, ``system`` message; a ``system`` turn inside
+  ``messages`` (Claude Code 2.1.154+ sends them, Anthropic's mid-conversation system beta) a ``system`` message
+  at its place. A text block opening with ``x-anthropic-billing-header:`` (Claude Code's attribution line) is
+  dropped: it differs on every request, and kept it would make every prompt differ from its first tokens, so
+  the prefix cache could never reuse a turn's KV.
+* ``context_management`` edits ``clear_thinking_20251015`` are accepted (earlier reasoning is rendered as the
+  template renders it); other edits are server-side context editing, refused.
 * A user turn's ``tool_result`` blocks become ``tool`` messages (in order), its text and ``image`` blocks a
   ``user`` message (images as the ``image_url`` parts the image code reads: base64 sources as ``data:`` URLs).
 * An assistant turn's text blocks become its content, its ``tool_use`` blocks its ``tool_calls`` (``input``
   JSON-encoded as ``arguments``), its ``thinking`` blocks its ``reasoning_content``.
 * A last assistant turn holding text only is a prefill: the answer continues it (Anthropic's behaviour).
-* ``tools`` (``input_schema``) become functions; ``tool_choice`` auto / any / tool / none becomes
-  ``"auto"`` / ``"required"`` / a named function / ``"none"``; ``disable_parallel_tool_use`` is
-  ``parallel_tool_calls: false``.
+* ``tools`` and ``tool_choice`` become functions and the chat tool choice (:mod:`kestrel_trio.anthropic.tools`,
+  which also holds back ``defer_loading`` tools until a ``tool_reference`` block loads them).
 * ``max_tokens`` (required), ``temperature`` (0 to 1, as Anthropic's), ``top_p``, ``top_k``,
   ``stop_sequences`` and ``stream`` become the sampling fields.
 * ``thinking`` ``{"type": "enabled", "budget_tokens": n}`` / ``{"type": "disabled"}`` is kept as
@@ -32,9 +37,9 @@ from typing import Any
 import attrs
 
 from kestrel_trio.anthropic.fields import check_keys
+from kestrel_trio.anthropic.tools import TOOL_REFERENCE, parse_tool_choice, parse_tools, referenced_tools
 from kestrel_trio.errors import BadRequestError
 from kestrel_trio.openai import ChatRequest, SamplingFields
-from kestrel_trio.openai.messages import unique_tool_name
 from kestrel_trio.openai._fields import (
     check_object,
     check_str,
@@ -48,14 +53,19 @@ from kestrel_trio.openai._fields import (
     require,
 )
 
-__all__ = ["MessagesRequest", "parse_messages_request", "parse_count_tokens_request", "MAX_STOP_SEQUENCES",
-           "MIN_THINKING_BUDGET"]
+__all__ = ["MessagesRequest", "parse_messages_request", "parse_count_tokens_request", "check_query",
+           "MAX_STOP_SEQUENCES", "MIN_THINKING_BUDGET"]
 
 MAX_STOP_SEQUENCES = 16  # each is matched against every generated character; Anthropic sets no published bound
 MIN_THINKING_BUDGET = 1024  # Anthropic's own minimum for thinking.budget_tokens
 _MESSAGES_KEYS = frozenset({"model", "messages", "system", "max_tokens", "stop_sequences", "stream", "temperature",
-                            "top_p", "top_k", "tools", "tool_choice", "thinking", "output_config"})
-_COUNT_KEYS = frozenset({"model", "messages", "system", "tools", "tool_choice", "thinking", "output_config"})
+                            "top_p", "top_k", "tools", "tool_choice", "thinking", "output_config",
+                            "context_management"})
+_COUNT_KEYS = frozenset({"model", "messages", "system", "tools", "tool_choice", "thinking", "output_config",
+                         "context_management"})
+# Claude Code's first system block: "x-anthropic-billing-header: cc_version=...; cch=...;", new on every request.
+BILLING_HEADER_PREFIX = "x-anthropic-billing-header:"
+CLEAR_THINKING = "clear_thinking_20251015"
 _IMAGE_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")
 
 
@@ -93,19 +103,40 @@ def parse_count_tokens_request(body: bytes) -> MessagesRequest:
     return _parse(body, count_only=True)
 
 
+def check_query(query: str) -> None:
+    """Accept the query string of a Messages route: ``beta=true`` only, which the SDKs' beta namespace (and so
+    Claude Code) appends; it selects nothing here, as the ``anthropic-beta`` header selects nothing.
+
+    Raises:
+        BadRequestError: any other parameter, named.
+    """
+    for pair in filter(None, query.split("&")):
+        name, _, value = pair.partition("=")
+        if name != "beta":
+            raise BadRequestError(f"query parameter {name!r}: Extra inputs are not permitted", param=name)
+        if value not in ("true", "false"):
+            raise BadRequestError(f"query parameter 'beta' must be true or false; got {value!r}", param="beta")
+
+
 def _parse(body: bytes, *, count_only: bool) -> MessagesRequest:
     obj = load_object(body)
     check_keys(obj, _COUNT_KEYS if count_only else _MESSAGES_KEYS)
     model = check_str(require(obj, "model"), "model")
-    tools = _tools(obj.get("tools"))
-    tool_choice, parallel = _tool_choice(obj.get("tool_choice"), tools)
-    messages, prefill = _messages(require(obj, "messages"))
+    all_tools = parse_tools(obj.get("tools"))
+    tool_choice, parallel = parse_tool_choice(obj.get("tool_choice"), all_tools)
+    raw_messages = require(obj, "messages")
+    messages, prefill = _messages(raw_messages)
+    forced = tool_choice["function"]["name"] if isinstance(tool_choice, dict) else None
+    tools = all_tools.offered(referenced_tools(raw_messages), forced)
+    if tools is None and all_tools.functions and tool_choice in ("auto", "none"):
+        tool_choice = None  # every tool is deferred and none is loaded yet: the model is shown none
     system = _system(obj.get("system"))
     if system is not None:
         messages = [{"role": "system", "content": system}, *messages]
     output_config = obj.get("output_config")
     if output_config is not None:  # its keys are no-ops or refused (fields.py)
         check_keys(check_object(output_config, "output_config"), (), path="output_config", generic="output_config")
+    _context_management(obj.get("context_management"))
     sampling = SamplingFields() if count_only else _sampling(obj)
     thinking, budget = _thinking(obj.get("thinking"), sampling.max_tokens)
     chat = ChatRequest(model=model, messages=tuple(messages), tools=tools, tool_choice=tool_choice,
@@ -169,20 +200,41 @@ def _thinking(value: Any, max_tokens: int | None) -> tuple[bool | None, int | No
     return True, budget
 
 
-def _system(value: Any) -> str | None:
+def _context_management(value: Any) -> None:
+    """Check ``context_management``: only ``clear_thinking_20251015`` edits, which change nothing here."""
+    if value is None:
+        return
+    check_keys(check_object(value, "context_management"), ("edits",), path="context_management",
+               generic="context_management")
+    for i, item in enumerate(get_array(value, "edits", "context_management") or []):
+        path = join_path("context_management.edits", i)
+        edit = check_object(item, path)
+        kind = check_str(require(edit, "type", path), join_path(path, "type"))
+        if kind != CLEAR_THINKING:
+            raise BadRequestError(f"'{path}.type' {kind!r}: server-side context editing is not supported (only "
+                                  f"{CLEAR_THINKING} is accepted); trim the conversation before sending it",
+                                  param=join_path(path, "type"))
+        check_keys(edit, ("type",), path=path, generic="context_management.edits[]")
+
+
+def _system(value: Any, path: str = "system", generic: str = "system[]") -> str | None:
+    """The text of a ``system`` field (or of a system turn's content): a string or text blocks."""
     if value is None or isinstance(value, str):
         return value
     if not isinstance(value, list):
-        raise fail("system", "a string or an array of text blocks", value)
+        raise fail(path, "a string or an array of text blocks", value)
     texts = []
     for i, item in enumerate(value):
-        path = join_path("system", i)
-        block = check_object(item, path)
-        kind = check_str(require(block, "type", path), join_path(path, "type"))
+        block_path = join_path(path, i)
+        block = check_object(item, block_path)
+        kind = check_str(require(block, "type", block_path), join_path(block_path, "type"))
         if kind != "text":
-            raise BadRequestError(f"'{path}.type' must be 'text'; got {kind!r}", param=join_path(path, "type"))
-        check_keys(block, ("type", "text"), path=path, generic="system[]")
-        texts.append(check_str(require(block, "text", path), join_path(path, "text")))
+            raise BadRequestError(f"'{block_path}.type' must be 'text'; got {kind!r}",
+                                  param=join_path(block_path, "type"))
+        check_keys(block, ("type", "text"), path=block_path, generic=generic)
+        text = check_str(require(block, "text", block_path), join_path(block_path, "text"))
+        if not text.startswith(BILLING_HEADER_PREFIX):  # billing metadata for Anthropic, new on every request
+            texts.append(text)
     return "\n".join(texts)
 
 
@@ -197,16 +249,20 @@ def _messages(value: Any) -> tuple[list[dict], str]:
         path = join_path("messages", i)
         message = check_object(item, path)
         role = check_str(require(message, "role", path), join_path(path, "role"))
-        if role not in ("user", "assistant"):
+        if role not in ("user", "assistant", "system"):
             field = join_path(path, "role")
-            hint = " (send the system prompt as the top-level 'system' field)" if role == "system" else ""
-            raise BadRequestError(f"'{field}' must be 'user' or 'assistant'; got {role!r}{hint}", param=field)
+            raise BadRequestError(f"'{field}' must be 'user', 'assistant' or 'system'; got {role!r}", param=field)
         check_keys(message, ("role", "content"), path=path, generic="messages[]")
         content = require(message, "content", path)
-        if role == "user":
+        if role == "system":  # a mid-conversation instruction: the template renders it where it stands
+            out.append({"role": "system", "content": _system(content, join_path(path, "content"),
+                                                             "messages[].content[]")})
+        elif role == "user":
             out.extend(_user_turn(content, join_path(path, "content")))
         else:
             out.append(_assistant_turn(content, join_path(path, "content")))
+    if all(message["role"] == "system" for message in out):
+        raise BadRequestError("'messages' must hold a user turn", param="messages")
     prefill = ""
     last = out[-1]
     if last["role"] == "assistant":
@@ -300,10 +356,15 @@ def _tool_result(block: dict, path: str) -> dict:
     texts = []
     if content is not None:
         for kind, part, part_path in _blocks(content, join_path(path, "content")):
+            if kind == TOOL_REFERENCE:  # a deferred tool loaded: it is offered from now on (tools.py)
+                check_keys(part, ("type", "tool_name"), path=part_path, generic="messages[].content[]")
+                name = check_str(require(part, "tool_name", part_path), join_path(part_path, "tool_name"))
+                texts.append(f"Tool loaded: {name}")
+                continue
             if kind != "text":
                 field = join_path(part_path, "type")
-                raise BadRequestError(f"'{field}' must be 'text' (a tool result carries text only here); got "
-                                      f"{kind!r}", param=field)
+                raise BadRequestError(f"'{field}' must be 'text' or 'tool_reference' (a tool result carries text "
+                                      f"only here); got {kind!r}", param=field)
             texts.append(_text_part(part, part_path)["text"])
     text = "\n".join(texts)
     if get_bool(block, "is_error", path):
@@ -338,54 +399,3 @@ def _assistant_turn(content: Any, path: str) -> dict:
     if reasoning:
         out["reasoning_content"] = "\n".join(reasoning)
     return out
-
-
-def _tools(value: Any) -> tuple[dict, ...] | None:
-    if value is None:
-        return None
-    if not isinstance(value, list):
-        raise fail("tools", "an array", value)
-    if not value:
-        return None  # Anthropic accepts an empty list: no tools
-    out = []
-    names: set[str] = set()
-    for i, item in enumerate(value):
-        path = join_path("tools", i)
-        tool = check_object(item, path)
-        kind = tool.get("type")
-        if kind is not None and kind != "custom":
-            raise BadRequestError(f"'{path}.type' {kind!r}: Anthropic's server tools are not supported; send "
-                                  "client tools (name, description, input_schema)", param=join_path(path, "type"))
-        check_keys(tool, ("type", "name", "description", "input_schema"), path=path, generic="tools[]")
-        function: dict = {"name": unique_tool_name(tool, path, names)}
-        description = tool.get("description")
-        if description is not None:
-            function["description"] = check_str(description, join_path(path, "description"))
-        function["parameters"] = check_object(require(tool, "input_schema", path), join_path(path, "input_schema"))
-        out.append({"type": "function", "function": function})
-    return tuple(out)
-
-
-def _tool_choice(value: Any, tools: tuple[dict, ...] | None) -> tuple[str | dict | None, bool]:
-    """The chat ``tool_choice`` and ``parallel_tool_calls`` of Anthropic's ``tool_choice``."""
-    if value is None:
-        return None, True
-    choice = check_object(value, "tool_choice")
-    kind = check_str(require(choice, "type", "tool_choice"), "tool_choice.type")
-    acting = ("type", "disable_parallel_tool_use") + (("name",) if kind == "tool" else ())
-    check_keys(choice, acting, path="tool_choice", generic="tool_choice")
-    parallel = not get_bool(choice, "disable_parallel_tool_use", "tool_choice")
-    if kind in ("auto", "none"):
-        return kind, parallel
-    if kind not in ("any", "tool"):
-        raise BadRequestError(f"'tool_choice.type' must be one of auto, any, tool, none; got {kind!r}",
-                              param="tool_choice.type")
-    if not tools:
-        raise BadRequestError(f"'tool_choice' is {kind!r} but no 'tools' were given", param="tool_choice")
-    if kind == "any":
-        return "required", parallel
-    name = check_str(require(choice, "name", "tool_choice"), "tool_choice.name")
-    if name not in {tool["function"]["name"] for tool in tools}:
-        raise BadRequestError(f"'tool_choice.name' names {name!r}, which is not one of the 'tools'",
-                              param="tool_choice.name")
-    return {"type": "function", "function": {"name": name}}, parallel

@@ -48,6 +48,7 @@ class MessagesRoutes:
 
     @errors_as(anthropic_error_response)
     async def messages(self, request: Request) -> Response | StreamingResponse:
+        an.check_query(request.query)
         req = await self.routes._parse(an.parse_messages_request, request.body)
         prepared = await self._prepare(req)
         job = self.routes.chat_job(prepared, req.chat.sampling)
@@ -55,6 +56,7 @@ class MessagesRoutes:
 
     @errors_as(anthropic_error_response)
     async def count_tokens(self, request: Request) -> Response:
+        an.check_query(request.query)
         req = await self.routes._parse(an.parse_count_tokens_request, request.body)
         prepared = await self._prepare(req)
         return Response(status=200, body=to_json_bytes({"input_tokens": len(prepared.ids)}))

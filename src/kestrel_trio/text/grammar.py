@@ -20,6 +20,11 @@ Choices made here, all documented in docs/structured-outputs.md:
   places (``multipleOf: 1e-9``): a model that never stops writing digits
   (random weights do, and a looping model at temperature 0) then still ends
   its number; nine places are more than a float's typical use needs.
+* ``propertyNames`` that allows every string (``{"type": "string"}``, ``{}``,
+  ``true``: what zod writes for a record, as in Claude Code's tools) is dropped:
+  every key of a JSON object is a string, so it constrains nothing, and
+  llguidance does not implement the keyword. Any other ``propertyNames`` is
+  refused as below.
 * A keyword llguidance cannot enforce is an error (never silently ignored):
   :func:`schema_error` turns llguidance's message into a 400 whose ``param``
   is the path to the keyword inside the request.
@@ -59,6 +64,7 @@ JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separa
 
 MAX_DECIMALS = 9  # decimal places of a JSON number whose schema sets no multipleOf
 MAX_MESSAGE_CHARS = 500  # of an llguidance error put into a 400 (its verbose errors may dump grammar and state)
+_ANY_KEY = {"type": "string"}  # a propertyNames that every key meets
 MAX_CALLS = 8  # tool calls in one answer held to a grammar ("required", or an answer that calls tools)
 
 # Keywords whose value is a map of subschemas, one subschema, or a list of subschemas (JSON Schema 2020-12,
@@ -180,6 +186,8 @@ def close_objects(schema: Any, *, in_all_of: bool = False) -> Any:
         return schema
     out = {}
     for key, value in schema.items():
+        if key == "propertyNames" and value in (_ANY_KEY, {}, True):
+            continue  # every object key is a string: it says nothing (module doc)
         if key in _SCHEMA_MAPS and isinstance(value, Mapping):
             out[key] = {name: close_objects(sub) for name, sub in value.items()}
         elif key in _SCHEMA_LISTS and isinstance(value, list):
