@@ -53,7 +53,7 @@ _RUN = 32  # the activations' quantization block (the integer products' unit), a
 def decode_step(decoder, token: int, position: int, cache: KVCache) -> np.ndarray | None:
     """The logits float32 [1, vocab] of one new ``token`` at ``position`` of ``cache``'s sequence, the cache
     extended by it; None (nothing done) where this path does not apply (see the module's docstring)."""
-    if cache.float32_buffers(0) is None:
+    if not cache.stores_float32:  # (a new cache has no buffers yet: the step reserves them)
         return None
     plan = _plan_of(decoder)
     if plan is None:

@@ -68,6 +68,11 @@ class KVCache:
         self.values: list[np.ndarray] = []  # num_layers of [n_kv, capacity, head_dim]
 
     @property
+    def stores_float32(self) -> bool:
+        """Whether keys and values are held as float32 (:meth:`float32_buffers` gives them once reserved)."""
+        return self._storage == np.float32
+
+    @property
     def token_bytes(self) -> int:
         """Bytes of one token's keys and values, all layers."""
         return kv_token_bytes(self.num_layers, self.num_kv_heads, self.head_dim, self.dtype)
