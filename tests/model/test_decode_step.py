@@ -153,3 +153,13 @@ def test_smollm2_answers_paris_on_its_own_path_as_on_the_general_one(integer_mod
         assert len(taken) == (len(rows) if fast else 0)
     assert answers[True][0] == answers[False][0] and np.array_equal(answers[True][1], answers[False][1])
     assert "Paris" in model.decode(answers[True][0])
+
+
+def test_a_one_token_step_asking_for_hidden_rows_takes_the_general_path(integer_mode):
+    """Embeddings pool the final hidden states: a one-token input must not get the decode step's logits."""
+    model = load_model(GGUF_FIXTURES / "qwen3_quant" / "qwen3_quant.gguf")
+    first_step = model.new_cache()  # a new cache too: the step must not read buffers it has not reserved
+    hidden = forward_module.forward(model.decoder, np.asarray([5]), np.asarray([0]), [first_step], [1], hidden=True)
+    logits = forward_module.forward(model.decoder, np.asarray([5]), np.asarray([0]), [model.new_cache()], [1])
+    assert hidden.shape == (1, model.config.hidden_size)  # [1, hidden]
+    assert logits.shape == (1, model.config.vocab_size)  # [1, vocab]: the decode step's

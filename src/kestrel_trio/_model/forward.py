@@ -111,7 +111,8 @@ def forward(
         ([len(lengths), vocab] when ``wanted`` is None); with ``hidden``, the same rows of
         [.., hidden_size] instead.
     """
-    if overrides is None and len(lengths) == 1 and int(lengths[0]) == 1 and (all_logits or wanted is None or wanted[0]):
+    if (overrides is None and not hidden and len(lengths) == 1 and int(lengths[0]) == 1
+            and (all_logits or wanted is None or wanted[0])):  # (the one-token step gives logits, never hidden rows)
         logits = decode_step(decoder, int(token_ids[0]), int(positions[0]), caches[0])  # [1, vocab]
         if logits is not None:  # one sequence's decode step, on its own path (kestrel_trio._model.decode_step)
             return logits
