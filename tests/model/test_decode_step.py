@@ -1,6 +1,6 @@
 """One sequence's decode step on its own path (kestrel_trio._model.decode_step) computes the general path's logits.
 
-Bit for bit: the step's quantization (kestrel_trio._kernels.decode) against the products' own, and whole decode
+Bit for bit: the step's one-call quantization (kestrel_trio._kernels.integer.quantize_rows) against the products' own, and whole decode
 steps of every GGUF fixture in the integer mode against the general forward pass, alone and with the products
 and attention shared among product threads. Where the path does not apply (the exact products, a MoE, a bf16
 cache) it declines and the general path runs.
@@ -35,7 +35,7 @@ def _rows(rng, n: int, cols: int) -> np.ndarray:
 
 @pytest.mark.parametrize("sums", [False, True])
 def test_the_step_s_quantization_is_the_products_own(sums):
-    from kestrel_trio._kernels import decode, integer
+    from kestrel_trio._kernels import integer
 
     rng = np.random.default_rng(7)
     for n, cols in ((1, 576), (3, 64), (1, 1536)):
@@ -46,7 +46,7 @@ def test_the_step_s_quantization_is_the_products_own(sums):
         want_s = np.empty_like(want_d)
         integer.block_sums(want_q, want_d, 32, want_s)
         xq, xd, xs = np.empty_like(want_q), np.empty_like(want_d), np.full_like(want_d, -1.0)
-        decode.quantize_rows(x, 32, xq, xd, xs, sums)
+        integer.quantize_rows(x, 32, xq, xd, xs, sums)
         assert np.array_equal(xq, want_q) and np.array_equal(xd, want_d)
         assert np.array_equal(xs, want_s) if sums else (xs == -1).all()  # sums only where asked
         assert (xd[0, 0] == 0 and (xq[0, :32] == 0).all()) and np.abs(xq).max() == 127

@@ -202,14 +202,14 @@ def integer_rows(form: str, data: np.ndarray) -> tuple | None:
 
 
 def decode_loops():
-    """(kestrel_trio._kernels.decode, .chunk_qkv, .exp, .norm): the compiled loops a decode step of one sequence calls
+    """(kestrel_trio._kernels.integer, .chunk_qkv, .exp, .norm): the compiled loops a decode step of one sequence calls
     directly, without the wrappers' checks (kestrel_trio._model.decode_step checks its arrays once); None where
     the compiled loops cannot run."""
     if not ready():
         return None
-    from kestrel_trio._kernels import chunk_qkv, decode, exp, norm
+    from kestrel_trio._kernels import chunk_qkv, exp, integer, norm
 
-    return decode, chunk_qkv, exp, norm
+    return integer, chunk_qkv, exp, norm
 
 
 def norm_span(x: np.ndarray) -> tuple[np.ndarray, int, int] | None:
@@ -261,10 +261,10 @@ def _load_layer_loops() -> None:
     for norm in (weight, None):  # Qwen3's heads, normed; Llama's and Qwen2.5's, not
         qkv_rows(np.zeros((1, 12), dtype=np.float32), 1, 1, 4, norm, norm, 1e-6, weight[None, :2], weight[None, :2],
                  cache, cache, 0, None, None)
-    from kestrel_trio._kernels import decode  # a decode step's own quantization (kestrel_trio._model.decode_step)
+    from kestrel_trio._kernels import integer  # a decode step's one-call quantization (kestrel_trio._model.decode_step)
 
     row = np.zeros((1, 32), dtype=np.float32)  # [1, 32]
-    decode.quantize_rows(row, _RUN, np.empty((1, 32), np.int8), row[:, :1].copy(), row[:, :1].copy(), True)
+    integer.quantize_rows(row, _RUN, np.empty((1, 32), np.int8), row[:, :1].copy(), row[:, :1].copy(), True)
     enable_prefill_attention()
 
 

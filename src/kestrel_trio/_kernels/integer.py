@@ -42,7 +42,7 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-__all__ = ["quantize_q8_rows", "block_sums", "product_blocks"]
+__all__ = ["quantize_q8_rows", "block_sums", "quantize_rows", "product_blocks"]
 
 
 @njit(nogil=True, cache=True)
@@ -85,6 +85,16 @@ def block_sums(xq, xd, run, xs):
             for i in range(block * run, block * run + run):
                 total += np.int32(xq[b, i])
             xs[b, block] = xd[b, block] * np.float32(total)
+
+
+@njit(nogil=True, cache=True)
+def quantize_rows(x, run, xq, xd, xs, sums):
+    """:func:`quantize_q8_rows` and, with ``sums``, :func:`block_sums` into ``xs`` in one compiled call: a decode
+    step's quantization into its own buffers (kestrel_trio._model.decode_step), the same arithmetic bit for bit.
+    Beside them in this file, as numba re-validates a cached function when its own file changes only."""
+    quantize_q8_rows(x, run, xq, xd)
+    if sums:
+        block_sums(xq, xd, run, xs)
 
 
 @njit(nogil=True, cache=True)

@@ -161,7 +161,7 @@ class _Plan:
         self.config, self.layers, self.head = c, layers, head
         # Not the decoder itself: the plans' table would keep it alive, and its finalizer would never drop the plan.
         self.embed, self.rope, self.final_norm = decoder.weights.embed_tokens, decoder.rope, decoder.weights.norm
-        self.decode, self.chunk_qkv, self.exp, self.norm = loops
+        self.integer, self.chunk_qkv, self.exp, self.norm = loops
         self.minimums = any(m.minimums for layer in layers for m in layer.matrices()) or head.minimums
         self.eps = np.float32(c.rms_norm_eps)
         self.scale = np.float32(c.head_dim**-0.5)
@@ -246,7 +246,7 @@ class _Buffers:
         self.act = np.empty((1, plan.inter), dtype=np.float32)  # [1, inter]
         act_q = _quantized(plan.inter)
         self.down = np.empty((1, hidden), dtype=np.float32)  # [1, hidden]
-        d, sums = plan.decode, plan.minimums
+        d, sums = plan.integer, plan.minimums
         x_span = _kernels.norm_span(self.x)  # the general path's arguments to the norm's loop, for these buffers
         h3 = self.h.reshape(1, 1, hidden)  # [1, 1, hidden], a view
 
