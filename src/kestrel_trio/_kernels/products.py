@@ -1527,11 +1527,7 @@ def _integer_product(name: str, form: str):
     (kestrel_trio._kernels.integer; the block sums too where the form has minimums), then the kernel's block sums.
     Composed here in Python, not compiled as one function: numba would not see a change to either file in a cached
     caller."""
-    from kestrel_trio._kernels import integer
-
-    form_id, kernel = _kernel_of(name, form)
-    reference = name == "int8"
-    kernel = _typed_kernel(integer.product_blocks if reference else kernel, reference)
+    form_id, kernel, reference = _typed_kernel_of(name, form)
 
     def product(data, scales, f16, run, x, start, stop, out, quantized=None):
         if quantized is None:
@@ -1570,18 +1566,22 @@ def _typed_kernel(kernel, reference: bool):
     return found
 
 
-def _kernel_of(name: str, form: str):
-    """(the form's id in kernel ``name``'s numbering, the compiled kernel itself; the reference's "int8" names
-    arm's form id, which is the reference's too, and the widening kernel, which it does not call)."""
+def _typed_kernel_of(name: str, form: str):
+    """(the form's id in kernel ``name``'s numbering, that kernel as :func:`_typed_kernel` compiles it, whether it
+    is the portable reference "int8", which also takes the float16 table and the run after the rows; its form ids
+    are arm's)."""
+    from kestrel_trio._kernels import integer
     from kestrel_trio._kernels.arm import integer as arm
 
     if name in ("vnni", "avx2"):
         from kestrel_trio._kernels.x86 import integer as x86
 
         kind = _this_cpus_kernel()[1]  # "vnni": the widest this CPU and numba's code take
-        return x86.form_id(form), {"vnni512": x86.product_vnni512, "vnni256": x86.product_vnni256,
-                                   "avx2": x86.product_avx2}[kind]
-    return arm.form_id(form), (arm.product_sdot if name == "sdot" else arm.product_widening)
+        kernel = {"vnni512": x86.product_vnni512, "vnni256": x86.product_vnni256, "avx2": x86.product_avx2}[kind]
+        return x86.form_id(form), _typed_kernel(kernel, False), False
+    if name == "int8":
+        return arm.form_id(form), _typed_kernel(integer.product_blocks, True), True
+    return arm.form_id(form), _typed_kernel(arm.product_sdot if name == "sdot" else arm.product_widening, False), False
 
 
 def integer_rows(form: str, data: np.ndarray, f16: np.ndarray) -> tuple | None:
@@ -1594,14 +1594,13 @@ def integer_rows(form: str, data: np.ndarray, f16: np.ndarray) -> tuple | None:
     name = _integer_kernel_name(form)
     if name is None:
         return None
-    from kestrel_trio._kernels import integer
     from kestrel_trio._kernels.arm import integer as arm
 
-    form_id, kernel = _kernel_of(name, form)
+    form_id, kernel, reference = _typed_kernel_of(name, form)
     minimums = bool(arm.FORMS[form][2])
-    if name == "int8":
-        return functools.partial(_typed_kernel(integer.product_blocks, True), form_id, data, f16, 32), minimums
-    return functools.partial(_typed_kernel(kernel, False), form_id, data), minimums
+    if reference:
+        return functools.partial(kernel, form_id, data, f16, 32), minimums
+    return functools.partial(kernel, form_id, data), minimums
 
 
 def quantize(x: np.ndarray, forms) -> tuple | None:
