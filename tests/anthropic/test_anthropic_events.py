@@ -6,7 +6,7 @@ import itertools
 
 from kestrel_trio import anthropic as an
 from kestrel_trio.errors import QueueFullError
-from kestrel_trio.openai import ChatChoice
+from qwen3_choice import qwen3_choice as ChatChoice  # the output read as a Qwen3 model's
 
 
 def run(texts: list[str], finish_reason: str = "stop", stop_sequence: str | None = None, **choice) -> tuple:

@@ -2,7 +2,7 @@
 
 SmolLM2's template never reads ``tools`` and knows no ``tool_calls`` or ``tool``
 role; the server renders them in the Hermes/Qwen convention instead
-(kestrel_trio.text.tool_prompt), so they reach the prompt and never vanish.
+(kestrel_trio.text.chat_formats.hermes), so they reach the prompt and never vanish.
 """
 
 from __future__ import annotations

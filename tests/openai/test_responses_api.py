@@ -11,7 +11,7 @@ import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 
 from kestrel_trio.errors import BadRequestError
-from kestrel_trio.openai import ChatChoice
+from qwen3_choice import qwen3_choice as ChatChoice  # the output read as a Qwen3 model's
 from kestrel_trio.openai import responses_api as ra
 
 

@@ -271,7 +271,7 @@ def test_check_kwargs_refuses_a_variable_the_template_never_reads() -> None:
     assert "reads: documents, enable_thinking" in info.value.message
 
 
-# Tools on a template that cannot render them (the fallback of kestrel_trio.text.tool_prompt).
+# Tools on a template that cannot render them (the fallback of kestrel_trio.text.chat_formats.hermes).
 
 # SmolLM2-135M-Instruct's chat template, as its GGUF file carries it: ChatML that knows nothing of tools.
 SMOLLM2_TEMPLATE = (

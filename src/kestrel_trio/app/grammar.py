@@ -20,38 +20,25 @@ What a chat request is held to:
 * ``response_format`` / ``structured_outputs`` alone: the whole answer.
 
 Reasoning (Qwen3): a constrained answer starts after ``</think>`` and the
-reasoning before it is free. A prompt the template left open for reasoning
-(``<think>`` at its end) is kept so; ``chat_template_kwargs.enable_thinking:
-true`` opens one; otherwise a constrained answer skips reasoning (the
-prompt gets the empty block that ``enable_thinking: false`` renders), as a
-forced tool call does, since free reasoning has no bound.
+reasoning before it is free. How the prompt opens or closes the block before
+such an answer is the model's chat format's
+(:meth:`kestrel_trio.text.chat_formats.ChatFormat.reasoning_before_answer`);
+the tool-call tags are Hermes' (:mod:`kestrel_trio.text.chat_formats.hermes`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from kestrel_trio import openai as oa
 from kestrel_trio.errors import BadRequestError
 from kestrel_trio.model import Model
 from kestrel_trio.text import grammar as g
+from kestrel_trio.text.chat_formats import hermes
 from kestrel_trio.text.constraint import Constraint, GrammarVocab, compile_constraint, grammar_vocab
 from kestrel_trio.text.schema_budget import check_schema_budget
 
-__all__ = ["NO_THINKING", "reasoning_before_answer", "chat_constraint", "completion_constraint"]
-
-# What Qwen3's template renders for enable_thinking=False: an empty, closed reasoning block.
-NO_THINKING = "<think>\n\n</think>\n\n"
-_OPEN_THINKING = "<think>\n"
-_TOOL_CALL = "<tool_call>"
-
-
-def reasoning_before_answer(prompt: str, *, thinking: bool, template_kwargs: Mapping[str, Any]) -> str:
-    """What to append to a rendered chat prompt whose answer is constrained from its first token (see module doc)."""
-    if not thinking or prompt.rstrip().endswith("<think>") or prompt.endswith(NO_THINKING):
-        return ""
-    return _OPEN_THINKING if template_kwargs.get("enable_thinking") is True else NO_THINKING
+__all__ = ["chat_constraint", "completion_constraint"]
 
 
 def chat_constraint(model: Model, structured: oa.StructuredOutput | None, tools: Sequence[dict] | None,
@@ -149,7 +136,7 @@ def _tool_constraint(model: Model, tools: Sequence[dict], mode: str, *, indexes:
     vocab = _vocab(model)
     functions = _functions(vocab, tools, range(len(tools)) if indexes is None else indexes)
     grammar = g.tool_calls_grammar(functions, mode, special_tags=_special_tags(vocab))
-    trigger = _TOOL_CALL.encode() if mode == "auto" else None
+    trigger = hermes.TAGS.start.encode() if mode == "auto" else None
     return compile_constraint(vocab, grammar, kind="tool_call", param="tools", trigger=trigger,
                               in_reasoning=in_reasoning)
 
@@ -170,4 +157,4 @@ def _answer_or_calls(model: Model, structured: oa.StructuredOutput, tools: Seque
 
 
 def _special_tags(vocab: GrammarVocab) -> bool:
-    return vocab.special_token("<tool_call>") is not None and vocab.special_token("</tool_call>") is not None
+    return vocab.special_token(hermes.TAGS.start) is not None and vocab.special_token(hermes.TAGS.end) is not None

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import datetime
 import functools
-import json
 import logging
 from collections.abc import AsyncIterator
 from contextlib import aclosing
@@ -36,7 +35,8 @@ from kestrel_trio.engine import GenerationHandle
 from kestrel_trio.errors import BadRequestError, KestrelError, ModelNotFoundError
 from kestrel_trio.http import Request, Response, StreamingResponse
 from kestrel_trio.http.responses import kestrel_error_response
-from kestrel_trio.openai.call_json import ObjectEnd
+from kestrel_trio.text.chat_formats import QWEN3
+from kestrel_trio.text.chat_formats.call_json import ObjectEnd
 
 __all__ = ["OllamaRoutes", "OLLAMA_PREFIX", "ollama_error_response", "add_ollama_routes"]
 
@@ -280,10 +280,11 @@ class OllamaJob:
         """The line of calls cut off before their arguments closed: their text, as content.
 
         Ollama's ``arguments`` is an object, which an unclosed one cannot be; so the call stays the text the
-        model wrote (in Qwen's call shape), as does a call cut before its arguments began.
+        model wrote (in its chat format's call shape), as does a call cut before its arguments began.
         """
-        text = "".join(f'<tool_call>\n{{"name": {json.dumps(call["function"]["name"])}, "arguments": '
-                       f'{call["function"]["arguments"]}' for call, _ in opened.values())
+        fmt = self.job.chat.chat_format if self.job.chat is not None else QWEN3
+        text = "".join(fmt.call_text(call["function"]["name"], call["function"]["arguments"], closed=False)
+                       for call, _ in opened.values())
         opened.clear()
         return ol.chat_chunk(self.model_id, text)
 

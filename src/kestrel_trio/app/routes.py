@@ -29,15 +29,14 @@ from kestrel_trio.app.state import ServerState
 from kestrel_trio.errors import AuthenticationError, BadRequestError, EngineUnavailableError, ModelNotFoundError
 from kestrel_trio.http import Request, Response, Route, Router, StreamingResponse, answer_route
 from kestrel_trio.model import Model
-from kestrel_trio.app.chat import ChatOptions, CompletionJob, default_sampling, model_thinks
+from kestrel_trio.app.chat import ChatOptions, CompletionJob, default_sampling
 from kestrel_trio.app.responses import INPUT_TOKENS_PATH, RESPONSES_PATH, STORED_RESPONSES_PREFIX, ResponsesRoutes
 from kestrel_trio.app.messages import ANTHROPIC_PATHS, MessagesRoutes, anthropic_error_response
 from kestrel_trio.app.embeddings import EmbeddingRoutes
 from kestrel_trio.app.ollama import OLLAMA_PREFIX, add_ollama_routes, ollama_error_response
-from kestrel_trio.app.grammar import NO_THINKING as _NO_THINKING
-from kestrel_trio.app.grammar import chat_constraint, completion_constraint, reasoning_before_answer
+from kestrel_trio.app.grammar import chat_constraint, completion_constraint
 from kestrel_trio.app.images import prepare_images, template_parts
-from kestrel_trio.app.thinking import plan_thinking, reasoning_budget
+from kestrel_trio.app.thinking import chat_format, plan_thinking, reasoning_budget
 from kestrel_trio.text.constraint import Constraint
 from kestrel_trio.text.reasoning_budget import ReasoningBudget
 from kestrel_trio.text.images import expand_image_pads
@@ -245,27 +244,23 @@ class _Routes:
         tool_choice = chat.tool_choice or ("auto" if chat.tools else "none")
         tools = list(chat.tools) if chat.tools and tool_choice != "none" else None
         prompt = thinking_plan.finish_prompt(await self._off_loop(_render_chat, model, chat, tools))
-        thinking = model_thinks(model)
-        forced = oa.forced_tool_prefix(tool_choice) if tools else ""
-        closed = prompt.endswith(_NO_THINKING)  # reasoning off: the block is rendered empty and closed
+        fmt = chat_format(model)  # the family's markers: reasoning block, tool-call tags
+        forced = fmt.forced_tool_prefix(tool_choice) if tools else ""
+        closed = fmt.is_closed(prompt)  # reasoning off: the block is rendered empty and closed
         if forced:
-            if thinking and not prompt.endswith(_NO_THINKING):
-                prompt += _NO_THINKING  # a forced call skips reasoning, as enable_thinking=False renders it
-            prompt += forced
+            prompt = fmt.skip_reasoning(prompt) + forced  # a forced call skips reasoning, as the switch off does
             closed = True
         elif chat.structured is not None:  # an answer constrained from its first token: reasoning only if asked
-            prompt += reasoning_before_answer(prompt, thinking=thinking, template_kwargs=chat.chat_template_kwargs)
-            closed = prompt.endswith(_NO_THINKING)
+            prompt += fmt.reasoning_before_answer(prompt, chat.chat_template_kwargs)
+            closed = fmt.is_closed(prompt)
         elif prefill:  # the answer continues the prefill: reasoning, if any, is over
-            if thinking and not prompt.endswith(_NO_THINKING):
-                prompt += _NO_THINKING
-            prompt += prefill
+            prompt = fmt.skip_reasoning(prompt) + prefill
             closed = True
-        in_reasoning = thinking and prompt.rstrip().endswith("<think>")
+        in_reasoning = fmt.ends_in_reasoning(prompt)
         budget = reasoning_budget(model, chat, prompt, closed=closed)
-        options = ChatOptions(reasoning=thinking, starts_in_reasoning=in_reasoning,
+        options = ChatOptions(reasoning=fmt.reasons, starts_in_reasoning=in_reasoning,
                               parse_tools=tools is not None, forced_prefix=forced,
-                              parallel_tool_calls=chat.parallel_tool_calls,
+                              parallel_tool_calls=chat.parallel_tool_calls, chat_format=fmt,
                               **({} if make_id is None else {"make_id": make_id}))
         constraint = None
         if chat.structured is not None or tools:  # a schema that cannot be enforced: 400 here, before any compute

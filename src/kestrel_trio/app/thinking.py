@@ -31,12 +31,13 @@ from __future__ import annotations
 import attrs
 
 from kestrel_trio import openai as oa
-from kestrel_trio.app.grammar import NO_THINKING as _CLOSED_BLOCK  # Qwen3's template's enable_thinking=False
 from kestrel_trio.errors import BadRequestError, KestrelError
 from kestrel_trio.model import Model
+from kestrel_trio.text.chat_formats import QWEN3, ChatFormat, format_for
 from kestrel_trio.text.reasoning_budget import ReasoningBudget
 
-__all__ = ["REASONING_DEFAULTS", "check_reasoning_default", "ThinkingPlan", "plan_thinking", "reasoning_budget"]
+__all__ = ["REASONING_DEFAULTS", "check_reasoning_default", "ThinkingPlan", "plan_thinking", "reasoning_budget",
+           "chat_format", "model_thinks"]
 
 REASONING_DEFAULTS = ("auto", "on", "off")
 
@@ -57,12 +58,14 @@ class ThinkingPlan:
         close_block: close the reasoning block in the rendered prompt (off, on a template without the switch).
         require_open: the rendered prompt must open a reasoning block (an explicit on without the switch).
         param: the request field named by a refusal.
+        chat_format: the model's chat format (its reasoning markers and prompt edits).
     """
 
     template_value: bool | None = None
     close_block: bool = False
     require_open: bool = False
     param: str = "reasoning_effort"
+    chat_format: ChatFormat = QWEN3
 
     def template_kwargs(self, chat: oa.ChatRequest) -> dict:
         """The request's template variables, with the switch when the template gets it."""
@@ -72,13 +75,10 @@ class ThinkingPlan:
 
     def finish_prompt(self, prompt: str) -> str:
         """The rendered prompt with the choice applied (a closed block appended), or a 400 if it cannot hold."""
-        opened = prompt.rstrip().endswith("<think>")
-        if self.require_open and not opened:
+        if self.require_open and not self.chat_format.ends_in_reasoning(prompt):
             raise BadRequestError(f"'{self.param}' asks for reasoning, but this model's chat template has no "
                                   "reasoning switch and does not open a reasoning block", param=self.param)
-        if not self.close_block or prompt.endswith(_CLOSED_BLOCK):
-            return prompt
-        return prompt.rstrip() + "\n\n</think>\n\n" if opened else prompt + _CLOSED_BLOCK
+        return self.chat_format.close_reasoning(prompt) if self.close_block else prompt
 
 
 def plan_thinking(model: Model, chat: oa.ChatRequest, default: str) -> ThinkingPlan:
@@ -90,18 +90,19 @@ def plan_thinking(model: Model, chat: oa.ChatRequest, default: str) -> ThinkingP
     explicit = chat.thinking is not None
     wanted = chat.thinking if explicit else {"on": True, "off": False}.get(default)
     param = chat.thinking_param
+    fmt = chat_format(model)
     if wanted is None:
-        return ThinkingPlan(param=param)
+        return ThinkingPlan(param=param, chat_format=fmt)
     if _has_switch(model):
-        return ThinkingPlan(template_value=wanted, param=param)
+        return ThinkingPlan(chat_format=fmt, template_value=wanted, param=param)
     if not model_thinks(model):
         if wanted and explicit:
             raise BadRequestError(f"'{param}' asks for reasoning, but model {model.name!r} has no reasoning mode "
                                   "(no <think> token): it answers directly", param=param)
-        return ThinkingPlan(param=param)
+        return ThinkingPlan(param=param, chat_format=fmt)
     if wanted:
-        return ThinkingPlan(require_open=explicit, param=param)
-    return ThinkingPlan(close_block=True, param=param)
+        return ThinkingPlan(chat_format=fmt, require_open=explicit, param=param)
+    return ThinkingPlan(chat_format=fmt, close_block=True, param=param)
 
 
 def reasoning_budget(model: Model, chat: oa.ChatRequest, prompt: str, *, closed: bool) -> ReasoningBudget | None:
@@ -116,20 +117,27 @@ def reasoning_budget(model: Model, chat: oa.ChatRequest, prompt: str, *, closed:
     Raises:
         BadRequestError: the model reasons but ``</think>`` is not one token of its vocabulary.
     """
-    if chat.thinking_budget is None or closed or not model_thinks(model):
+    fmt = chat_format(model)
+    if chat.thinking_budget is None or closed or fmt.reasoning is None:
         return None
     tokenizer = model.require_tokenizer()
-    end = tokenizer.token_to_id("</think>")
+    end = tokenizer.token_to_id(fmt.reasoning.end)
     if end is None:
         raise BadRequestError(f"'{chat.thinking_budget_param}' cannot be enforced on model {model.name!r}: its "
-                              "end of reasoning, </think>, is not a single token", param=chat.thinking_budget_param)
-    return ReasoningBudget(chat.thinking_budget, end, open_token=tokenizer.token_to_id("<think>"),
-                           starts_inside=prompt.rstrip().endswith("<think>"))
+                              f"end of reasoning, {fmt.reasoning.end}, is not a single token",
+                              param=chat.thinking_budget_param)
+    return ReasoningBudget(chat.thinking_budget, end, open_token=tokenizer.token_to_id(fmt.reasoning.start),
+                           starts_inside=fmt.ends_in_reasoning(prompt))
+
+
+def chat_format(model: Model) -> ChatFormat:
+    """The served model's chat format, chosen from its vocabulary (:func:`kestrel_trio.text.chat_formats.format_for`)."""
+    return format_for(None if model.tokenizer is None else model.tokenizer.token_to_id)
 
 
 def model_thinks(model: Model) -> bool:
-    """Whether the model's vocabulary has Qwen3's ``<think>`` (its output is split into reasoning and answer)."""
-    return model.tokenizer is not None and model.tokenizer.token_to_id("<think>") is not None
+    """Whether the model reasons (its output is split into reasoning and answer): its chat format has a block."""
+    return chat_format(model).reasons
 
 
 def _has_switch(model: Model) -> bool:

@@ -6,7 +6,6 @@ Imports neither trio nor numpy.
 from kestrel_trio.errors import error_body, error_body_for, error_object
 from kestrel_trio.openai.choices import ChatChoice, CompletionChoice
 from kestrel_trio.openai.logprobs import LogprobToken, TokenLogprob
-from kestrel_trio.openai.reasoning import ReasoningSplitter, split_reasoning
 from kestrel_trio.openai.requests import (
     ChatRequest,
     CompletionRequest,
@@ -35,14 +34,6 @@ from kestrel_trio.openai.responses import (
 from kestrel_trio.openai.sampling_fields import COMPLETIONS_DEFAULT_MAX_TOKENS, default_max_tokens
 from kestrel_trio.openai.sse import SSE_DONE, SSEFormatError, parse_sse, sse_error, sse_event
 from kestrel_trio.openai.structured import StructuredOutput, parse_structured_output
-from kestrel_trio.openai.tool_calls import (
-    CallArguments,
-    CallStart,
-    ToolCall,
-    ToolCallParser,
-    forced_tool_prefix,
-    parse_tool_calls,
-)
 
 __all__ = [
     "ChatChoice",
@@ -51,12 +42,6 @@ __all__ = [
     "TokenLogprob",
     "StructuredOutput",
     "parse_structured_output",
-    "ToolCall",
-    "CallStart",
-    "CallArguments",
-    "ToolCallParser",
-    "forced_tool_prefix",
-    "parse_tool_calls",
     "chat_chunk",
     "chat_completion_of",
     "completion_of",
@@ -64,8 +49,6 @@ __all__ = [
     "error_object",
     "error_body",
     "error_body_for",
-    "ReasoningSplitter",
-    "split_reasoning",
     "SamplingFields",
     "COMPLETIONS_DEFAULT_MAX_TOKENS",
     "default_max_tokens",

@@ -2,11 +2,12 @@
 
 Theory of operation (sans-IO; the route feeds it each engine delta in order):
 
-* Text goes through the :class:`ReasoningSplitter` (when the model can
-  reason), then its content part through the :class:`ToolCallParser` (when
-  tool calls are parsed). :meth:`ChatChoice.push` returns the streaming
-  ``choices[i]`` items that became final; :meth:`ChatChoice.finish` flushes
-  both machines and returns the rest, ending with the ``finish_reason`` item.
+* Text goes through the model family's output parser (the app layer picks it:
+  :mod:`kestrel_trio.text.chat_formats`), which splits it into reasoning, content
+  and tool-call pieces; this module only turns those pieces into OpenAI's shapes.
+  :meth:`ChatChoice.push` returns the streaming ``choices[i]`` items that became
+  final; :meth:`ChatChoice.finish` ends the parse and returns the rest, ending
+  with the ``finish_reason`` item.
 * Every item is also accumulated, so :meth:`ChatChoice.message_choice` (the
   non-streaming ``choices[i]``) is exactly the sum of the streamed items: the
   two paths cannot disagree.
@@ -27,13 +28,26 @@ Theory of operation (sans-IO; the route feeds it each engine delta in order):
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import attrs
 
 from kestrel_trio.openai.logprobs import CompletionLogprobs, TokenLogprob, chat_logprobs
-from kestrel_trio.openai.reasoning import ReasoningSplitter
-from kestrel_trio.openai.tool_calls import CallStart, ToolCall, ToolCallParser, new_call_id
 
-__all__ = ["ChatChoice", "CompletionChoice"]
+__all__ = ["ChatChoice", "CompletionChoice", "OutputParser"]
+
+
+class OutputParser(Protocol):
+    """What :class:`ChatChoice` reads its text through (``kestrel_trio.text.chat_formats.ChatOutputParser``).
+
+    Each call returns ``(reasoning, pieces)``: reasoning text, then content strings and tool-call pieces in
+    order. A piece of kind ``"call"`` starts a call (its ``id`` and ``name``); one of kind ``"arguments"``
+    is the next ``text`` of the arguments (JSON) of the call started last.
+    """
+
+    def push(self, text: str) -> tuple[str, list]: ...
+
+    def finish(self) -> tuple[str, list]: ...
 
 
 @attrs.define
@@ -42,41 +56,22 @@ class ChatChoice:
 
     Args:
         index: the choice's ``index``.
-        reasoning: split ``<think>`` blocks into ``reasoning_content``.
-        starts_in_reasoning: the prompt left a ``<think>`` block open.
-        parse_tools: turn ``<tool_call>`` blocks into ``tool_calls``.
-        forced_prefix: output text the prompt already holds (a forced tool-call
-            opening); the parser reads it first, it is never sent as content.
+        output: the parser of the model's output (reasoning, tool calls), or None: all of it is content.
         logprobs: report logprobs (``logprobs: true``).
-        make_id: the tool-call id generator.
         parallel_tool_calls: False: return only the first tool call.
     """
 
     index: int = 0
-    reasoning: bool = False
-    starts_in_reasoning: bool = False
-    parse_tools: bool = False
-    forced_prefix: str = ""
+    output: OutputParser | None = None
     logprobs: bool = False
-    make_id: object = new_call_id
     parallel_tool_calls: bool = True
-    _splitter: ReasoningSplitter | None = attrs.field(init=False, default=None)
-    _parser: ToolCallParser | None = attrs.field(init=False, default=None)
     _pending: list = attrs.field(init=False, factory=list)
     _content: list = attrs.field(init=False, factory=list)
     _reasoning: list = attrs.field(init=False, factory=list)
     _calls: list = attrs.field(init=False, factory=list)  # [id, name, [argument pieces]] of each call sent
     _dropping: bool = attrs.field(init=False, default=False)  # inside a call parallel_tool_calls drops
-    _prefix_pieces: list = attrs.field(init=False, factory=list)  # what the forced prefix released, sent first
     _entries: list = attrs.field(init=False, factory=list)
     finish_reason: str | None = attrs.field(init=False, default=None)
-
-    def __attrs_post_init__(self) -> None:
-        if self.reasoning:
-            self._splitter = ReasoningSplitter(self.starts_in_reasoning)
-        if self.parse_tools:
-            self._parser = ToolCallParser(self.make_id)
-            self._prefix_pieces = self._parser.push(self.forced_prefix)
 
     def start(self) -> list[dict]:
         """The first streaming item: ``delta`` ``{"role": "assistant", "content": ""}``."""
@@ -89,16 +84,11 @@ class ChatChoice:
         self._entries.extend(entries)
         if not text:
             return []
-        reasoning, content = self._splitter.push(text) if self._splitter else ("", text)
-        return self._items(reasoning, content, self._parse(content))
+        return self._items(*(self.output.push(text) if self.output else ("", [text])))
 
     def finish(self, finish_reason: str) -> list[dict]:
         """End of output: the remaining items, the last one carrying the finish_reason."""
-        reasoning, content = self._splitter.flush() if self._splitter else ("", "")
-        pieces = None
-        if self._parser is not None:
-            pieces = self._parse(content) + self._parser.flush()
-        items = self._items(reasoning, content, pieces)
+        items = self._items(*(self.output.finish() if self.output else ("", [])))
         self.finish_reason = "tool_calls" if self._calls and finish_reason == "stop" else finish_reason
         items.append(self._item({}, self.finish_reason))
         return items
@@ -112,24 +102,13 @@ class ChatChoice:
         if self._reasoning:
             message["reasoning_content"] = "".join(self._reasoning)
         if self._calls:
-            message["tool_calls"] = [call.as_openai() for call in self.tool_calls()]
+            message["tool_calls"] = [{"id": id, "type": "function",
+                                      "function": {"name": name, "arguments": "".join(pieces)}}
+                                     for id, name, pieces in self._calls]
         logprobs = chat_logprobs(self._entries) if self.logprobs else None
         return {"index": self.index, "message": message, "logprobs": logprobs, "finish_reason": self.finish_reason}
 
-    def tool_calls(self) -> list[ToolCall]:
-        """The calls sent so far, each with its arguments as sent (joined pieces)."""
-        return [ToolCall(id, name, "".join(pieces)) for id, name, pieces in self._calls]
-
-    def _parse(self, content: str) -> list | None:
-        """The tool-call parser's pieces of ``content`` (None without a parser), the forced prefix's first."""
-        if self._parser is None:
-            return None
-        pieces, self._prefix_pieces = self._prefix_pieces, []
-        return pieces + (self._parser.push(content) if content else [])
-
-    def _items(self, reasoning: str, content: str, pieces: list | None) -> list[dict]:
-        if pieces is None:
-            pieces = [content] if content else []
+    def _items(self, reasoning: str, pieces: list) -> list[dict]:
         items: list[dict] = []
         delta: dict = {}
         if reasoning:
@@ -140,7 +119,7 @@ class ChatChoice:
                 self._content.append(piece)
                 delta["content"] = delta.get("content", "") + piece
                 continue
-            if isinstance(piece, CallStart):
+            if piece.kind == "call":
                 # One call was asked for: the model's later calls are dropped, from the stream and the message.
                 self._dropping = bool(self._calls) and not self.parallel_tool_calls
             if self._dropping:
@@ -155,7 +134,7 @@ class ChatChoice:
 
     def _call_delta(self, piece) -> dict:
         """The ``delta.tool_calls`` item of a call's start (id, type, name) or of a piece of its arguments."""
-        if isinstance(piece, CallStart):
+        if piece.kind == "call":
             self._calls.append((piece.id, piece.name, []))
             return {"index": len(self._calls) - 1, "id": piece.id, "type": "function",
                     "function": {"name": piece.name, "arguments": ""}}

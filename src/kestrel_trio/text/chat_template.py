@@ -10,7 +10,7 @@ clients send ``"content": null`` beside ``tool_calls``), a message's reasoning
 is aliased under ``reasoning_content`` and ``thinking``, and the tokenizer's
 named special tokens (``eos_token`` ...) are passed as variables.
 
-Tools on templates that cannot render them (see :mod:`kestrel_trio.text.tool_prompt`):
+Tools on templates that cannot render them (see :mod:`kestrel_trio.text.chat_formats.hermes`):
 
 * A request's ``tools`` are rendered by the template itself when it does so
   for this very request: rendered with and without them, each tool's name
@@ -44,7 +44,7 @@ import jinja2.nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from kestrel_trio.errors import BadRequestError, ModelLoadError
-from kestrel_trio.text.tool_prompt import (
+from kestrel_trio.text.chat_formats.hermes import (
     has_tool_turns,
     tool_names,
     tool_system_prompt,

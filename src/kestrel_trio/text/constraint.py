@@ -51,6 +51,7 @@ import llguidance
 import numpy as np
 
 from kestrel_trio.errors import BadRequestError
+from kestrel_trio.text.chat_formats import qwen3
 from kestrel_trio.text.grammar import clean_message, schema_error
 from kestrel_trio.text.tokenizer import Tokenizer
 
@@ -58,8 +59,10 @@ __all__ = ["GrammarVocab", "grammar_vocab", "Constraint", "ConstraintState", "co
 
 log = logging.getLogger("kestrel_trio.grammar")
 
-THINK_START = b"<think>"
-THINK_END = b"</think>"
+# The reasoning block's tags, watched for in the bytes written while waiting (Qwen3's, the one family that
+# reasons: kestrel_trio.text.chat_formats).
+THINK_START = qwen3.TAGS.start.encode()
+THINK_END = qwen3.TAGS.end.encode()
 _LIMITS = llguidance.LLParserLimits(verbose_errors=False)  # llguidance's defaults otherwise (fuel, grammar size)
 _MASK_THREADS = max(1, min(4, os.cpu_count() or 1))  # llguidance's own workers for a batch of masks
 

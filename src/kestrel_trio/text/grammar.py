@@ -40,6 +40,7 @@ from typing import Any
 import llguidance
 
 from kestrel_trio.errors import BadRequestError
+from kestrel_trio.text.chat_formats import hermes
 
 __all__ = [
     "JSON_LAYOUT",
@@ -145,7 +146,8 @@ def tool_calls_grammar(tools: Sequence[tuple[str, Mapping[str, Any]]], mode: str
         special_tags: ``<tool_call>`` and ``</tool_call>`` are single special tokens (Qwen) rather than text.
         answer: with mode ``"answer"``, the response_format schema of a content answer.
     """
-    open_tag, close_tag = ("<tool_call>", "</tool_call>") if special_tags else ('"<tool_call>"', '"</tool_call>"')
+    tags = hermes.TAGS
+    open_tag, close_tag = (tags.start, tags.end) if special_tags else (f'"{tags.start}"', f'"{tags.end}"')
     lines = ["%llguidance {}"]
     if mode == "named":
         (_, parameters), = tools

@@ -1,20 +1,21 @@
-"""The sans-IO Qwen3 tool-call parser: tags split anywhere, several calls, malformed JSON, text around calls."""
+"""The sans-IO tool-call parser at Hermes' tags (Qwen3's): tags split anywhere, several calls, malformed JSON, text
+around calls; and the prefix a forced tool_choice writes."""
 
 from __future__ import annotations
 
+import functools
 import json
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kestrel_trio.openai.tool_calls import (
-    CallArguments,
-    CallStart,
-    ToolCall,
-    ToolCallParser,
-    forced_tool_prefix,
-    parse_tool_calls,
-)
+from kestrel_trio.text.chat_formats import hermes, tool_calls
+from kestrel_trio.text.chat_formats.hermes import forced_tool_prefix
+from kestrel_trio.text.chat_formats.tool_calls import CallArguments, CallStart, ToolCall
+
+# The family-neutral parser at Hermes' tags, as the server runs it.
+ToolCallParser = functools.partial(tool_calls.ToolCallParser, hermes.TAGS)
+parse_tool_calls = functools.partial(tool_calls.parse_tool_calls, hermes.TAGS)
 
 WEATHER = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "°C"}}\n</tool_call>'
 TIME = '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'

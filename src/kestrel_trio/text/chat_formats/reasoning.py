@@ -1,4 +1,6 @@
-"""Splitting Qwen3 output into ``reasoning_content`` and ``content``.
+"""Splitting model output into reasoning and answer (content) at a family's reasoning tags.
+
+The tags are the family's (Qwen3's ``<think>`` / ``</think>``, :mod:`.qwen3`); the examples below use them.
 
 Theory of operation (a sans-IO state machine fed decoded text deltas):
 
@@ -23,12 +25,15 @@ from __future__ import annotations
 
 import attrs
 
-__all__ = ["ReasoningSplitter", "split_reasoning", "THINK_START", "THINK_END"]
+__all__ = ["ReasoningTags", "ReasoningSplitter", "split_reasoning"]
 
-THINK_START = "<think>"
-THINK_END = "</think>"
-_TAGS = (THINK_START, THINK_END)
-_MAX_PARTIAL = max(len(tag) for tag in _TAGS) - 1
+@attrs.frozen
+class ReasoningTags:
+    """The text that opens and closes a family's reasoning block (``<think>`` / ``</think>`` in Qwen3)."""
+
+    start: str
+    end: str
+
 
 # What to strip from the start of the text that follows a tag.
 _STRIP_NONE = 0
@@ -41,10 +46,12 @@ class ReasoningSplitter:
     """Streaming splitter of ``<think>...</think>`` output.
 
     Args:
+        tags: the family's reasoning tags.
         start_in_reasoning: the prompt ended inside an open ``<think>`` block.
         strip_newlines: strip the newline framing around the tags (see module doc).
     """
 
+    tags: ReasoningTags
     start_in_reasoning: bool
     strip_newlines: bool = True
     _in_reasoning: bool = attrs.field(init=False)
@@ -73,13 +80,13 @@ class ReasoningSplitter:
         reasoning: list[str] = []
         content: list[str] = []
         while True:
-            index, tag = _find_first_tag(text)
+            index, tag = _find_first_tag(text, self.tags)
             if tag is None:
                 break
             self._emit(text[:index], reasoning, content)
             self._apply_tag(tag)
             text = text[index + len(tag):]
-        keep = _partial_tag_length(text)
+        keep = _partial_tag_length(text, self.tags)
         self._pending = text[len(text) - keep:] if keep else ""
         self._emit(text[: len(text) - keep], reasoning, content)
         return "".join(reasoning), "".join(content)
@@ -97,7 +104,7 @@ class ReasoningSplitter:
         return "".join(reasoning), "".join(content)
 
     def _apply_tag(self, tag: str) -> None:
-        entering_reasoning = tag == THINK_START
+        entering_reasoning = tag == self.tags.start
         if entering_reasoning == self._in_reasoning:
             return  # stray tag: dropped, mode and pending strip unchanged
         self._in_reasoning = entering_reasoning
@@ -120,28 +127,30 @@ class ReasoningSplitter:
             (reasoning if self._in_reasoning else content).append(text)
 
 
-def _find_first_tag(text: str) -> tuple[int, str | None]:
+def _find_first_tag(text: str, tags: ReasoningTags) -> tuple[int, str | None]:
     best_index, best_tag = len(text), None
-    for tag in _TAGS:
+    for tag in (tags.start, tags.end):
         index = text.find(tag)
         if index != -1 and index < best_index:
             best_index, best_tag = index, tag
     return best_index, best_tag
 
 
-def _partial_tag_length(text: str) -> int:
+def _partial_tag_length(text: str, tags: ReasoningTags) -> int:
     """Length of the longest suffix of ``text`` that is a proper prefix of a tag."""
-    for length in range(min(len(text), _MAX_PARTIAL), 0, -1):
+    for length in range(min(len(text), max(len(tags.start), len(tags.end)) - 1), 0, -1):
         suffix = text[-length:]
-        if any(tag.startswith(suffix) for tag in _TAGS):
+        if tags.start.startswith(suffix) or tags.end.startswith(suffix):
             return length
     return 0
 
 
-def split_reasoning(text: str, start_in_reasoning: bool, *, strip_newlines: bool = True) -> tuple[str | None, str]:
+def split_reasoning(tags: ReasoningTags, text: str, start_in_reasoning: bool, *,
+                    strip_newlines: bool = True) -> tuple[str | None, str]:
     """Split a complete output into ``(reasoning_content, content)``.
 
     Args:
+        tags: the family's reasoning tags.
         text: the whole decoded output.
         start_in_reasoning: the prompt ended inside an open ``<think>`` block.
         strip_newlines: strip the newline framing around the tags.
@@ -150,7 +159,7 @@ def split_reasoning(text: str, start_in_reasoning: bool, *, strip_newlines: bool
         ``reasoning_content`` (None when no reasoning block was ever open)
         and ``content`` (possibly empty).
     """
-    splitter = ReasoningSplitter(start_in_reasoning, strip_newlines=strip_newlines)
+    splitter = ReasoningSplitter(tags, start_in_reasoning, strip_newlines=strip_newlines)
     reasoning, content = splitter.push(text)
     tail_reasoning, tail_content = splitter.flush()
     return (reasoning + tail_reasoning if splitter.saw_reasoning else None), content + tail_content

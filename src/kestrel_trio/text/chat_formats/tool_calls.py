@@ -1,4 +1,8 @@
-"""Qwen3 (Hermes-style) tool calls in model output -> OpenAI ``tool_calls``, streamed as they are written.
+"""Tool calls delimited by a family's tags in model output -> call pieces, streamed as they are written.
+
+The tags are the family's (Hermes' ``<tool_call>`` / ``</tool_call>``, used by Qwen2.5 and Qwen3:
+:mod:`.hermes`); the examples below use them. The pieces are API-neutral: the API layers turn them into
+their wire shapes (OpenAI's ``tool_calls``, Anthropic's ``tool_use``, Ollama's ``tool_calls``).
 
 Theory of operation (a sans-IO state machine fed decoded content deltas):
 
@@ -8,7 +12,7 @@ Theory of operation (a sans-IO state machine fed decoded content deltas):
   call, or between and after calls, is framing and is dropped; anywhere else
   it is released with the next text or at :meth:`ToolCallParser.flush`.
 * ``<tool_call>`` switches to *call* mode. The call's body is read as it
-  grows (:mod:`kestrel_trio.openai.call_json`): once it holds the head
+  grows (:mod:`.call_json`): once it holds the head
   ``{"name": "<name>", "arguments": {``, the call is committed: a
   :class:`CallStart` (a fresh id, the name) is released, then every piece of
   the arguments object as a :class:`CallArguments`, the model's own text, up
@@ -42,15 +46,18 @@ from typing import Union
 
 import attrs
 
-from kestrel_trio.openai.call_json import MISMATCH, PARTIAL, Head, ObjectEnd, match_head
+from kestrel_trio.text.chat_formats.call_json import MISMATCH, PARTIAL, Head, ObjectEnd, match_head
 
-__all__ = [
-    "ToolCall", "CallStart", "CallArguments", "ToolCallParser", "parse_tool_calls", "new_call_id",
-    "forced_tool_prefix", "TOOL_CALL_START", "TOOL_CALL_END",
-]
+__all__ = ["ToolCallTags", "ToolCall", "CallStart", "CallArguments", "ToolCallParser", "parse_tool_calls",
+           "assemble", "new_call_id"]
 
-TOOL_CALL_START = "<tool_call>"
-TOOL_CALL_END = "</tool_call>"
+
+@attrs.frozen
+class ToolCallTags:
+    """The text around one tool call's JSON body (``<tool_call>`` / ``</tool_call>`` in Hermes' format)."""
+
+    start: str
+    end: str
 
 
 def new_call_id() -> str:
@@ -72,17 +79,12 @@ class ToolCall:
     name: str
     arguments: str
 
-    def as_openai(self, index: int | None = None) -> dict:
-        """The OpenAI ``tool_calls`` item (with ``index`` when given, as in streams)."""
-        out: dict = {} if index is None else {"index": index}
-        out.update(id=self.id, type="function", function={"name": self.name, "arguments": self.arguments})
-        return out
-
 
 @attrs.frozen
 class CallStart:
     """A tool call begins: its id and function name (its arguments follow as :class:`CallArguments`)."""
 
+    kind = "call"  # how the API layers, which do not import this module, tell the pieces apart
     id: str
     name: str
 
@@ -91,6 +93,7 @@ class CallStart:
 class CallArguments:
     """The next piece of the arguments (JSON text) of the call begun last."""
 
+    kind = "arguments"
     text: str
 
 
@@ -105,9 +108,11 @@ class ToolCallParser:
     """Streaming extractor of ``<tool_call>...</tool_call>`` blocks (see module doc).
 
     Args:
+        tags: the family's tool-call tags.
         make_id: the id generator (tests pass a deterministic one).
     """
 
+    tags: ToolCallTags
     make_id: object = new_call_id
     _in_call: bool = attrs.field(init=False, default=False)
     _buffer: str = attrs.field(init=False, default="")  # held-back text: content, or a partial closing tag
@@ -130,17 +135,17 @@ class ToolCallParser:
         out: list[Piece] = []
         while text:
             if self._in_call:
-                end = text.find(TOOL_CALL_END)
+                end = text.find(self.tags.end)
                 if end == -1:
-                    keep = _partial_length(text, TOOL_CALL_END)
+                    keep = _partial_length(text, self.tags.end)
                     self._read_body(text[: len(text) - keep], out)
                     self._buffer = text[len(text) - keep:]
                     break
                 self._read_body(text[:end], out)
                 self._close_call(out, closed=True)
-                text = text[end + len(TOOL_CALL_END):]
+                text = text[end + len(self.tags.end):]
             else:
-                start = text.find(TOOL_CALL_START)
+                start = text.find(self.tags.start)
                 if start == -1:
                     self._hold_content(text, out)
                     break
@@ -149,7 +154,7 @@ class ToolCallParser:
                 self._emit_content(kept, out)
                 self._framing = before[len(kept):]
                 self._open_call()
-                text = text[start + len(TOOL_CALL_START):]
+                text = text[start + len(self.tags.start):]
         return out
 
     def flush(self) -> list[Piece]:
@@ -196,7 +201,7 @@ class ToolCallParser:
         out.append(start)
 
     def _hold_content(self, text: str, out: list[Piece]) -> None:
-        keep = _partial_length(text, TOOL_CALL_START)
+        keep = _partial_length(text, self.tags.start)
         body, partial = text[: len(text) - keep], text[len(text) - keep:]
         stripped = body.rstrip()
         self._emit_content(stripped, out)
@@ -222,7 +227,7 @@ class ToolCallParser:
         call = _parse_call(self._body)
         if call is None:
             self._strip_leading = False
-            literal = self._framing + TOOL_CALL_START + self._body + (TOOL_CALL_END if closed else "")
+            literal = self._framing + self.tags.start + self._body + (self.tags.end if closed else "")
             self._emit_content(literal, out)
             return
         name, arguments = call
@@ -259,9 +264,9 @@ def _partial_length(text: str, tag: str) -> int:
     return 0
 
 
-def parse_tool_calls(text: str, make_id=new_call_id) -> tuple[str, tuple[ToolCall, ...]]:
+def parse_tool_calls(tags: ToolCallTags, text: str, make_id=new_call_id) -> tuple[str, tuple[ToolCall, ...]]:
     """Split a complete output into ``(content, tool_calls)``; see :class:`ToolCallParser`."""
-    parser = ToolCallParser(make_id)
+    parser = ToolCallParser(tags, make_id)
     return assemble(parser.push(text) + parser.flush())
 
 
@@ -278,18 +283,3 @@ def assemble(pieces: list[Piece]) -> tuple[str, tuple[ToolCall, ...]]:
             calls[-1][2] += piece.text
     return "".join(content), tuple(ToolCall(*call) for call in calls)
 
-
-def forced_tool_prefix(tool_choice: str | dict | None) -> str:
-    """The start of the answer that ``tool_choice`` forces, appended to the prompt.
-
-    ``"required"`` opens a call (``<tool_call>\\n``); a named function also
-    writes its name up to the arguments, so the model continues inside a call
-    (to that function); the server's tool grammar then holds the rest to the
-    functions' schemas. ``"none"`` and ``"auto"`` force nothing.
-    """
-    if tool_choice == "required":
-        return TOOL_CALL_START + "\n"
-    if isinstance(tool_choice, dict):
-        name = json.dumps(tool_choice["function"]["name"], ensure_ascii=False)
-        return TOOL_CALL_START + '\n{"name": ' + name + ', "arguments": '
-    return ""

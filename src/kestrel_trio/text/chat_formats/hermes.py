@@ -1,4 +1,12 @@
-"""Tools for a chat template that cannot render them: the Hermes/Qwen convention, spelled as plain messages.
+"""Hermes' tool-call format (NousResearch; Qwen2.5's and Qwen3's templates use it): its tags, how a call is
+read from model output and written into a prompt, and the tools spelled as plain messages for a template
+that cannot render them.
+
+A call is ``<tool_call>\n{"name": <function>, "arguments": <object>}\n</tool_call>``, one JSON object
+between the tags; a tool result goes back inside ``<tool_response>`` tags. Model output is read by the
+family-neutral :class:`~.tool_calls.ToolCallParser` given :data:`TAGS`; :func:`forced_tool_prefix` is the
+start of an answer that ``tool_choice`` forces; :func:`call_text` writes one call (a past assistant turn, or
+a call cut off before its arguments closed, which Ollama's API sends back as text).
 
 Some chat templates (SmolLM2's, most base Llama ones) never read ``tools``
 and have no idea of ``tool_calls`` or a ``tool`` role. For them the
@@ -26,7 +34,13 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["tool_system_prompt", "with_tool_system_prompt", "tool_turns_as_text", "has_tool_turns", "tool_names"]
+from kestrel_trio.text.chat_formats.tool_calls import ToolCallTags
+
+__all__ = ["TAGS", "forced_tool_prefix", "call_text", "tool_system_prompt", "with_tool_system_prompt",
+           "tool_turns_as_text", "has_tool_turns", "tool_names"]
+
+TAGS = ToolCallTags("<tool_call>", "</tool_call>")
+_RESPONSE_START, _RESPONSE_END = "<tool_response>", "</tool_response>"
 
 _TOOLS_INTRO = (
     "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
@@ -42,6 +56,33 @@ _TOOLS_OUTRO = (
 def _json(value: Any) -> str:
     # As the templates' tojson writes it: key order kept, nothing escaped, ", " and ": " separators.
     return json.dumps(value, ensure_ascii=False)
+
+
+def forced_tool_prefix(tool_choice: str | dict | None) -> str:
+    """The start of the answer that ``tool_choice`` forces, appended to the prompt.
+
+    ``"required"`` opens a call (``<tool_call>\\n``); a named function also
+    writes its name up to the arguments, so the model continues inside a call
+    (to that function); the server's tool grammar then holds the rest to the
+    functions' schemas. ``"none"`` and ``"auto"`` force nothing.
+    """
+    if tool_choice == "required":
+        return TAGS.start + "\n"
+    if isinstance(tool_choice, dict):
+        return TAGS.start + '\n{"name": ' + _json(tool_choice["function"]["name"]) + ', "arguments": '
+    return ""
+
+
+def call_text(name: str, arguments: str, *, closed: bool = True) -> str:
+    """One call as the model writes it, its ``arguments`` JSON text as given.
+
+    Args:
+        name: the function name.
+        arguments: the arguments as JSON text (possibly cut off, with ``closed`` False).
+        closed: write the object's closing brace and the closing tag; False leaves the call as it was cut.
+    """
+    head = TAGS.start + '\n{"name": ' + _json(name) + ', "arguments": ' + arguments
+    return head + "}\n" + TAGS.end if closed else head
 
 
 def tool_names(tools: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -104,7 +145,7 @@ def tool_turns_as_text(messages: Sequence[Mapping[str, Any]]) -> list[dict]:
 
     for message in messages:
         if message.get("role") == "tool":
-            responses.append(f"<tool_response>\n{_text(message.get('content'))}\n</tool_response>")
+            responses.append(f"{_RESPONSE_START}\n{_text(message.get('content'))}\n{_RESPONSE_END}")
             continue
         end_run()
         if message.get("role") == "assistant" and message.get("tool_calls"):
@@ -123,7 +164,7 @@ def _call_text(call: Mapping[str, Any]) -> str:
     function = call.get("function", call)  # OpenAI nests the call under "function"
     arguments = function.get("arguments", {})
     written = arguments if isinstance(arguments, str) else _json(arguments)
-    return '<tool_call>\n{"name": ' + _json(function.get("name", "")) + ', "arguments": ' + written + "}\n</tool_call>"
+    return call_text(function.get("name", ""), written)
 
 
 def _text(content: Any) -> str:

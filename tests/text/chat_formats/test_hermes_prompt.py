@@ -1,22 +1,27 @@
-"""The Hermes/Qwen tool fallback as plain messages (kestrel_trio.text.tool_prompt), and its answers parsed back."""
+"""The Hermes/Qwen tool fallback as plain messages (kestrel_trio.text.chat_formats.hermes), and its answers parsed
+back."""
 
 from __future__ import annotations
 
 import copy
+import functools
 import itertools
 import json
 
 import pytest
 
-from kestrel_trio.openai import parse_tool_calls
 from kestrel_trio.text import ChatTemplate, Tokenizer
-from kestrel_trio.text.tool_prompt import (
+from kestrel_trio.text.chat_formats import hermes, tool_calls
+from kestrel_trio.text.chat_formats.hermes import (
+    call_text,
     has_tool_turns,
     tool_names,
     tool_system_prompt,
     tool_turns_as_text,
     with_tool_system_prompt,
 )
+
+parse_tool_calls = functools.partial(tool_calls.parse_tool_calls, hermes.TAGS)
 
 TOOLS = [
     {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city.",
@@ -97,10 +102,8 @@ def test_an_answer_in_the_prompts_format_parses_into_openai_tool_calls() -> None
     ids = (f"call_{i}" for i in itertools.count())
     content, calls = parse_tool_calls(answer, make_id=lambda: next(ids))
     assert content == "I will look it up."
-    assert [c.as_openai() for c in calls] == [
-        {"id": "call_0", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}},
-        {"id": "call_1", "type": "function", "function": {"name": "get_time", "arguments": "{}"}},
-    ]
+    assert calls == (tool_calls.ToolCall("call_0", "get_weather", '{"city": "Oslo"}'),
+                     tool_calls.ToolCall("call_1", "get_time", "{}"))
 
 
 @pytest.mark.parametrize("arguments", [{"city": "Zürich", "days": [1, 2]}, '{"city":"Zürich"}', {}])
@@ -110,3 +113,11 @@ def test_an_assistants_calls_written_as_text_parse_back_to_the_same_calls(argume
     content, calls = parse_tool_calls(rewritten["content"])
     expected = arguments if isinstance(arguments, dict) else json.loads(arguments)
     assert content == "Sure." and [(c.name, json.loads(c.arguments)) for c in calls] == [("get_weather", expected)]
+
+
+def test_a_call_cut_before_its_arguments_closed_is_written_as_the_model_wrote_it() -> None:
+    """``call_text(closed=False)`` stops where the arguments stop; closed, it parses back to the same call."""
+    assert call_text("f", '{"x": [1') == '<tool_call>\n{"name": "f", "arguments": {"x": [1}\n</tool_call>'
+    assert call_text("f", '{"x": [1', closed=False) == '<tool_call>\n{"name": "f", "arguments": {"x": [1'
+    _, calls = parse_tool_calls(call_text("f", '{"x": [1]}'))
+    assert [(c.name, c.arguments) for c in calls] == [("f", '{"x": [1]}')]

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import functools
 import re
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kestrel_trio.openai import ReasoningSplitter, split_reasoning
+from kestrel_trio.text.chat_formats import qwen3, reasoning
+
+# The family-neutral splitter at Qwen3's tags, as the server runs it for a Qwen3 model.
+ReasoningSplitter = functools.partial(reasoning.ReasoningSplitter, qwen3.TAGS)
+split_reasoning = functools.partial(reasoning.split_reasoning, qwen3.TAGS)
 
 
 def stream(pieces: list[str], start_in_reasoning: bool, strip_newlines: bool = True) -> tuple[str, str]:
