@@ -131,7 +131,7 @@ def reasoning_budget(model: Model, chat: oa.ChatRequest, prompt: str, *, closed:
 
 
 def chat_format(model: Model) -> ChatFormat:
-    """The served model's chat format, chosen from its vocabulary (:func:`kestrel_trio.text.chat_formats.format_for`)."""
+    """The served model's chat format, chosen from its vocabulary (:func:`.chat_formats.format_for`)."""
     return format_for(None if model.tokenizer is None else model.tokenizer.token_to_id)
 
 
