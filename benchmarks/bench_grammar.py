@@ -115,7 +115,7 @@ def time_steps(model, batch: int, constraint, mode: str, steps: int) -> dict:
         all_decoding = all(g.phase.value == "decode" for g in generations)
         on_path[0] = 0.0
         started = time.perf_counter()
-        batch_module.step_generations(model.decoder, generations)
+        batch_module.step_generations(model, generations)
         elapsed = time.perf_counter() - started
         timings = [t for g in generations if g.constraint is not None and (t := g.constraint.take_timing())]
         if all_decoding:

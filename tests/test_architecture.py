@@ -22,7 +22,8 @@ Relative imports are resolved, ``from kestrel_trio import x`` counts as an
 import of ``kestrel_trio.x`` when ``x`` is a module, and of the package root
 otherwise. Third-party rules per layer (and per module, where one module of a
 layer is held to more) are kept beside the ranks. ``_model`` is private: from
-outside it (the package and benchmarks/), only its ``__init__`` is imported.
+outside it (the package and benchmarks/), only its ``__init__`` is imported; the
+engine imports not even that, and steps the model through the public Model.
 No modules import one another in a circle as they load (imports inside
 functions aside: they run at a call, once every module has loaded).
 """
@@ -225,6 +226,24 @@ def private_violations(src: Path, benchmarks: Path | None = None) -> list[str]:
     return found
 
 
+# Layers that drive the model through the public Model (kestrel_trio.model, the seam) and import no _model module,
+# not even its __init__.
+THROUGH_THE_SEAM = {"engine"}
+
+
+def seam_violations(src: Path) -> list[str]:
+    """Imports of ``_model`` (its ``__init__`` or a submodule) from a layer of :data:`THROUGH_THE_SEAM`."""
+    found = []
+    for path in sorted(src.rglob("*.py")):
+        this = module_name(path, src)
+        if layer_of(this) not in THROUGH_THE_SEAM:
+            continue
+        for name in sorted(imports_of(path, src, this)):
+            if name == PRIVATE_PACKAGE or name.startswith(PRIVATE_PACKAGE + "."):
+                found.append(f"{this} imports {name}: step the model through kestrel_trio.model")
+    return found
+
+
 def import_cycles(src: Path) -> list[list[str]]:
     """Every circle of modules importing one another when they load, each as its modules' names, sorted.
 
@@ -288,6 +307,10 @@ def test_layers_keep_their_third_party_rules():
 
 def test_the_private_model_core_is_entered_through_its_init_only():
     assert private_violations(SRC, BENCHMARKS) == []
+
+
+def test_the_engine_steps_the_model_through_the_public_model():
+    assert seam_violations(SRC) == []
 
 
 def test_no_modules_import_one_another_in_a_circle():
@@ -375,6 +398,16 @@ def test_the_checker_sees_a_forbidden_third_party_import(package_copy: Path, fil
 def test_the_checker_sees_a_private_model_import(package_copy: Path, file: str, line: str):
     module, problems = problems_with(package_copy, file, line, private_violations)
     assert any(p.startswith(module) and "enter _model through its __init__" in p for p in problems), problems
+
+
+@pytest.mark.parametrize(("file", "line"), [
+    ("engine/step.py", "from kestrel_trio._model import forward"),
+    ("engine/kv_budget.py", "from .._model import BLOCK_TOKENS"),
+    ("engine/engine.py", "import kestrel_trio._model.prefix_cache"),
+])
+def test_the_checker_sees_the_engine_reach_past_the_seam(package_copy: Path, file: str, line: str):
+    module, problems = problems_with(package_copy, file, line, seam_violations)
+    assert any(p.startswith(module) and "through kestrel_trio.model" in p for p in problems), problems
 
 
 def test_the_checker_lets_model_import_its_own_submodules(package_copy: Path):

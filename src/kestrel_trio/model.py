@@ -11,7 +11,7 @@ import functools
 import json
 import logging
 from pathlib import Path
-from typing import Any, Callable, Literal, Sequence
+from typing import Any, Callable, Generator, Literal, Sequence
 
 import numpy as np
 
@@ -25,6 +25,8 @@ from kestrel_trio._model import (
     describe_weights, packed_matrices, resident_bytes, warm_fused_products, PREFILL_PRECISIONS,
     set_prefill_precision as _set_prefill_precision, prefill_precision, read_pooling, gguf_pooling,
 )
+# What the engine names of the core it steps through this module (kestrel_trio.engine imports no _model module).
+from kestrel_trio._model import BLOCK_TOKENS, KV_DTYPES, EmbeddingRun, PrefixCache, VLPrompt, mapped_bytes, normalize
 from kestrel_trio.checked_model import CheckedModel, check_model, vl_gguf_pair
 from kestrel_trio.text.images import ImageProcessorConfig, require_pillow
 from kestrel_trio.errors import BadRequestError, ContextLengthError, KestrelError, ModelLoadError
@@ -35,7 +37,8 @@ from kestrel_trio.text.generation import DEFAULT_PREFILL_CHUNK, check_context
 __all__ = ["Model", "load_model", "check_model", "CheckedModel", "check_model_folder", "check_context_cap",
            "check_draft_model", "is_qwen3_vl_folder", "is_vl_language_gguf", "set_blas_threads",
            "set_prefill_precision", "prefill_precision", "set_products", "load_demo_model", "DEMO_MODEL_ID",
-           "DEFAULT_PREFILL_CHUNK"]
+           "DEFAULT_PREFILL_CHUNK", "ModelConfig", "PrefixCache", "EmbeddingRun", "BLOCK_TOKENS", "KV_DTYPES",
+           "normalize"]
 
 log = logging.getLogger(__name__)
 
@@ -287,6 +290,76 @@ class Model:
         """Full-sequence logits, float32 [len(token_ids), vocab_size], in one forward pass."""
         ids = self.check_token_ids(token_ids)
         return self.step(self.new_cache(), ids, all_logits=True)
+
+    # The engine's seam: what its batched step, its embeddings and its KV budget ask of the model.
+
+    def step_batch(self, token_ids: np.ndarray, positions: np.ndarray, caches: Sequence[KVCache],
+                   lengths: Sequence[int], *, wanted: Sequence[bool] | None = None,
+                   all_logits: bool = False) -> np.ndarray:
+        """Feed new tokens of several sequences in one forward pass, extending each sequence's cache.
+
+        Args:
+            token_ids: [N] int64, every sequence's new tokens end to end.
+            positions: [N] int64, each token's position in its own sequence.
+            caches: one KV cache per sequence, each extended by its tokens.
+            lengths: new tokens per sequence, in order; they sum to N.
+            wanted: per sequence, whether its last row's logits are returned (a prompt chunk before the
+                last needs none); None: every sequence's. Ignored with ``all_logits``.
+            all_logits: return the logits of every row.
+
+        Returns:
+            float32 logits, [N, vocab] with ``all_logits``, else one row per wanted sequence.
+        """
+        return forward(self.decoder, token_ids, positions, caches, lengths, all_logits=all_logits, wanted=wanted)
+
+    def image_prompt_steps(self, token_ids: np.ndarray, pixel_values: np.ndarray,
+                           grid_thw: np.ndarray) -> Generator[None, None, VLPrompt]:
+        """Encode a prompt's images one vision block per ``next()``; the generator returns the prompt's rows.
+
+        Args:
+            token_ids: [T] int64, the prompt with each image's ``<|image_pad|>`` run expanded.
+            pixel_values: [n_patches, C*T*P*P] float32, every image's patches in order.
+            grid_thw: [n_images, 3] int64, each image's (temporal, height, width) patch grid.
+
+        Raises:
+            ValueError: the model has no vision tower.
+        """
+        if self.vision is None:
+            raise ValueError("a generation has images but the model has no vision tower")
+        return self.vision.prepare_steps(token_ids, pixel_values, grid_thw)
+
+    def prefill_image_rows(self, cache: KVCache, prompt: VLPrompt, start: int, end: int) -> np.ndarray:
+        """Feed rows ``start:end`` of an image prompt (the cache holds exactly ``start`` tokens).
+
+        Returns:
+            float32 logits of the last row, [vocab].
+        """
+        if self.vision is None:
+            raise ValueError("a generation has images but the model has no vision tower")
+        return self.vision.prefill(cache, prompt, start, end)
+
+    def embedding_run(self, inputs: Sequence[Sequence[int]], chunk: int,
+                      new_cache: Callable[[int], KVCache]) -> EmbeddingRun:
+        """The embeddings of ``inputs`` (token ids each), pooled as this model pools, ``chunk`` tokens a step.
+
+        Args:
+            inputs: each text's token ids (non-empty, within the context).
+            chunk: tokens per forward pass.
+            new_cache: makes one input's KV cache of at most the given number of tokens.
+        """
+        return EmbeddingRun(inputs, self.pooling, chunk, new_cache)
+
+    def step_embeddings(self, run: EmbeddingRun) -> bool:
+        """Feed ``run``'s next chunk; True once every input has its vector."""
+        return run.step(self.decoder)
+
+    def kv_token_bytes(self, dtype: str = "fp32") -> int:
+        """Bytes one token's keys and values take in a KV cache of ``dtype`` (all layers)."""
+        return self.decoder.kv_token_bytes(dtype)
+
+    def mapped_weight_bytes(self) -> int:
+        """Bytes of the weights read from the checkpoint file through a memory map (not copied into memory)."""
+        return mapped_bytes(self.decoder.weights)
 
     def prepare_products(self) -> None:
         """Choose how products of 2-32 rows run, now rather than in the first batched step.

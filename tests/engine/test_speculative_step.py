@@ -52,7 +52,7 @@ def _run(model, text, params, speculation=None):
     results = []
     steps = 0
     while g.phase is not Phase.DONE:
-        step = step_generations(model.decoder, [g])[0]
+        step = step_generations(model, [g])[0]
         steps += 1
         results.extend(r for r in step.tokens() if r.token_id is not None)
         if g.phase is Phase.DECODE:
@@ -159,7 +159,7 @@ def test_in_a_batch_of_two_nobody_drafts(model):
     params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
     pair = [_generation(model, REPEATING, params, _ngram(model)) for _ in range(2)]
     while any(g.phase is not Phase.DONE for g in pair):
-        results = step_generations(model.decoder, [g for g in pair if g.phase is not Phase.DONE])
+        results = step_generations(model, [g for g in pair if g.phase is not Phase.DONE])
         assert all(not r.before for r in results)
     assert all(g.speculation.steps == 0 for g in pair)
     alone, _, _ = _run(model, REPEATING, params)

@@ -33,7 +33,7 @@ def _generate(model, max_tokens: int, speculation=None) -> tuple[list[int], int]
                    vocab_size=model.config.vocab_size, speculation=speculation)
     steps = 0
     while g.phase is not Phase.DONE:
-        step_generations(model.decoder, [g])
+        step_generations(model, [g])
         steps += 1
     return g.generated_ids, steps
 

@@ -42,20 +42,20 @@ log = logging.getLogger("kestrel_trio.engine")
 Outcome = StepResult | KestrelError
 
 
-def step_contained(step: Callable[..., list[StepResult]], decoder, generations: Sequence[Generation],
+def step_contained(step: Callable[..., list[StepResult]], model, generations: Sequence[Generation],
                    *args: object) -> list[Outcome]:
-    """``step(decoder, generations, *args)``, with a MemoryError confined to the generations it belongs to.
+    """``step(model, generations, *args)``, with a MemoryError confined to the generations it belongs to.
 
     Returns:
         One outcome per generation, in order: its StepResult, or the error that ends it.
     """
     marks = [g.progress() for g in generations]
     try:
-        results: list[Outcome] = list(step(decoder, generations, *args))
+        results: list[Outcome] = list(step(model, generations, *args))
     except MemoryError:
         log.warning("a batched step of %d generation(s) ran out of memory; stepping them one by one",
                     len(generations))
-        return [_after_a_failed_batch(step, decoder, g, mark, len(generations), args)
+        return [_after_a_failed_batch(step, model, g, mark, len(generations), args)
                 for g, mark in zip(generations, marks)]
     for i, g in enumerate(generations):
         failure = g.take_memory_failure()  # sampling ran out of memory; the others' results stand
@@ -64,11 +64,11 @@ def step_contained(step: Callable[..., list[StepResult]], decoder, generations: 
         elif failure == "retry":
             g.roll_back()
             results[i] = (_out_of_memory(g, "in this generation's model step, even run alone") if len(generations) == 1
-                          else _alone(step, decoder, g, args))
+                          else _alone(step, model, g, args))
     return results
 
 
-def _after_a_failed_batch(step, decoder, g: Generation, mark: tuple, batch: int, args: tuple) -> Outcome:
+def _after_a_failed_batch(step, model, g: Generation, mark: tuple, batch: int, args: tuple) -> Outcome:
     """``g``'s outcome once its batched step raised MemoryError: stepped again alone when that can be done."""
     if g.progress() != mark or g.take_memory_failure() == "fatal":
         g.roll_back()
@@ -78,13 +78,13 @@ def _after_a_failed_batch(step, decoder, g: Generation, mark: tuple, batch: int,
     g.roll_back()
     if batch == 1:
         return _out_of_memory(g, "in this generation's model step, even run alone")
-    return _alone(step, decoder, g, args)
+    return _alone(step, model, g, args)
 
 
-def _alone(step, decoder, g: Generation, args: tuple) -> Outcome:
+def _alone(step, model, g: Generation, args: tuple) -> Outcome:
     """``g`` stepped alone (its cache already cut back); the one that still cannot get memory alone needed it."""
     try:
-        result = step(decoder, [g], *args)[0]
+        result = step(model, [g], *args)[0]
     except MemoryError:
         result = None
     except Exception:

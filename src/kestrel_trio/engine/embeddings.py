@@ -18,7 +18,7 @@ import attrs
 import numpy as np
 import trio
 
-from kestrel_trio._model import EmbeddingRun, normalize
+from kestrel_trio.model import EmbeddingRun, Model, normalize
 
 __all__ = ["EmbeddingRequest", "EmbeddingJob", "EmbeddingHandle", "Embeddings"]
 
@@ -83,11 +83,11 @@ class EmbeddingJob:
         self.results.close()
 
 
-def new_job(inputs: Sequence[Sequence[int]], pooling: str, chunk: int, new_cache, kv_bytes: int,
+def new_job(model: Model, inputs: Sequence[Sequence[int]], chunk: int, new_cache, kv_bytes: int,
             now: float) -> EmbeddingJob:
-    """A queued job for ``inputs`` (the engine's checks already passed)."""
+    """A queued job for ``inputs`` on ``model`` (the engine's checks already passed)."""
     send, recv = trio.open_memory_channel[object](1)
-    return EmbeddingJob(EmbeddingRun(inputs, pooling, chunk, new_cache), send, recv, now, kv_bytes)
+    return EmbeddingJob(model.embedding_run(inputs, chunk, new_cache), send, recv, now, kv_bytes)
 
 
 class EmbeddingHandle:

@@ -73,7 +73,6 @@ from typing import Sequence
 import attrs
 import trio
 
-from kestrel_trio._model import PrefixCache
 from kestrel_trio.engine.contained_step import step_contained
 from kestrel_trio.engine.embeddings import EmbeddingHandle, EmbeddingJob, EmbeddingRequest, Embeddings, new_job
 from kestrel_trio.engine.host_memory import release_free_memory
@@ -84,7 +83,7 @@ from kestrel_trio.engine.types import Delta, EngineLimits, GenerationRequest, KV
 from kestrel_trio.errors import (
     BadRequestError, ContextLengthError, EngineUnavailableError, KestrelError, OutOfMemoryError, QueueFullError,
 )
-from kestrel_trio.model import Model
+from kestrel_trio.model import Model, PrefixCache
 from kestrel_trio.engine.step import step_generations
 from kestrel_trio.text.generation import Generation, Phase, StepResult, check_context
 
@@ -313,7 +312,7 @@ class Engine:
             self.metrics.rejected.inc(reason="queue_full")
             raise QueueFullError(f"the request queue is full ({self.limits.max_queued} waiting); retry later",
                                  retry_after=self.retry_after())
-        job = new_job(request.inputs, self.model.pooling, self.limits.prefill_chunk,
+        job = new_job(self.model, request.inputs, self.limits.prefill_chunk,
                       lambda tokens: self.model.new_cache(self.kv.dtype, max_tokens=reserved),
                       reserved * self.kv.token_bytes, trio.current_time())
         try:
@@ -488,7 +487,7 @@ class Engine:
         self.step_started_at = trio.current_time()
         outcome: object = None
         try:
-            finished = await trio.to_thread.run_sync(job.run.step, self.model.decoder, limiter=self._limiter)
+            finished = await trio.to_thread.run_sync(self.model.step_embeddings, job.run, limiter=self._limiter)
         except MemoryError:
             outcome = OutOfMemoryError(f"The server ran out of memory while embedding {len(job.run.inputs)} "
                                        "input(s); retry later, or with fewer or shorter inputs")
@@ -596,8 +595,7 @@ class Engine:
         self._untidy = True
         try:
             results = await trio.to_thread.run_sync(
-                _contained, self.model.decoder, generations, self.prefix_cache, self.model.vision,
-                limiter=self._limiter,
+                _contained, self.model, generations, self.prefix_cache, limiter=self._limiter,
             )
         except Exception:
             log.exception("a model step failed; failing its %d generation(s)", len(batch))
@@ -748,9 +746,9 @@ class GenerationHandle:
         self.cancel()
 
 
-def _contained(decoder, generations, prefix_cache, vision) -> list:
+def _contained(model, generations, prefix_cache) -> list:
     """The engine's step (the module's ``step_generations``, so a test may wrap it), MemoryErrors contained."""
-    return step_contained(step_generations, decoder, generations, prefix_cache, vision)
+    return step_contained(step_generations, model, generations, prefix_cache)
 
 
 def _tidy(prefix_cache: PrefixCache) -> None:

@@ -9,7 +9,7 @@ Theory of operation (the policy; docs/operations.md says what a client sees):
   generation's memory, not the prefix cache's.
 * A generation reserves its worst case when it is admitted to the batch:
   prompt + max_tokens tokens, rounded up to whole blocks of
-  :data:`~kestrel_trio._model.kv_cache.BLOCK_TOKENS`. Its cache grows with
+  :data:`~kestrel_trio.model.BLOCK_TOKENS`. Its cache grows with
   its tokens (in blocks) and can never grow past that, so no admitted
   generation can run out of KV and the real bytes never exceed the
   reserved ones. Without max_tokens, a request gets as many tokens as the
@@ -37,11 +37,10 @@ from __future__ import annotations
 
 import attrs
 
-from kestrel_trio._model import BLOCK_TOKENS, ModelConfig, mapped_bytes
 from kestrel_trio.engine.host_memory import HostMemory, read_host_memory
 from kestrel_trio.engine.types import EngineLimits
 from kestrel_trio.errors import ContextLengthError, KestrelError
-from kestrel_trio.model import Model
+from kestrel_trio.model import BLOCK_TOKENS, Model, ModelConfig
 
 __all__ = ["KVBudget", "budget_for", "derive_budget_bytes", "step_temporaries_bytes", "most_kv_bytes",
            "HEADROOM_BYTES", "BUDGET_SHARE"]
@@ -126,14 +125,14 @@ def budget_for(model: Model, limits: EngineLimits, *, draft_token_bytes: int = 0
     Raises:
         KestrelError: no budget could be derived (see :func:`derive_budget_bytes`).
     """
-    token_bytes = model.decoder.kv_token_bytes(limits.kv_dtype)
+    token_bytes = model.kv_token_bytes(limits.kv_dtype)
     if limits.kv_cache_bytes is not None:
         return KVBudget(limits.kv_cache_bytes, token_bytes, limits.kv_dtype, source="set (kv_cache_bytes)")
     step_bytes = step_temporaries_bytes(model.config, prefill_chunk=limits.prefill_chunk, max_batch=limits.max_batch,
                                         max_model_len=model.context_length)
     most = most_kv_bytes(token_bytes + draft_token_bytes, max_batch=limits.max_batch,
                          max_model_len=model.context_length, prefix_cache_bytes=limits.prefix_cache_bytes)
-    budget, how = derive_budget_bytes(read_host_memory(), mapped_weight_bytes=mapped_bytes(model.decoder.weights),
+    budget, how = derive_budget_bytes(read_host_memory(), mapped_weight_bytes=model.mapped_weight_bytes(),
                                       step_bytes=step_bytes, most_bytes=most)
     return KVBudget(budget, token_bytes, limits.kv_dtype, source=how)
 

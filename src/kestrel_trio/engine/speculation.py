@@ -55,7 +55,7 @@ class Speculation:
     @property
     def draft_token_bytes(self) -> int:
         """KV bytes the draft model's cache takes per token (0 without a draft model)."""
-        return self.draft_model.decoder.kv_token_bytes(self._dtype) if self.draft_model is not None else 0
+        return self.draft_model.kv_token_bytes(self._dtype) if self.draft_model is not None else 0
 
     def state_for(self, request: GenerationRequest, reserved_tokens: int, room_bytes: int) -> SpeculationState | None:
         """The speculation of one new generation, or None where it decodes plainly.

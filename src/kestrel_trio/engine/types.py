@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import attrs
 
-from kestrel_trio._model import KV_DTYPES
+from kestrel_trio.model import KV_DTYPES
 from kestrel_trio.text.constraint import Constraint
 from kestrel_trio.text.generation import DEFAULT_PREFILL_CHUNK
 from kestrel_trio.text.images import ProcessedImage
