@@ -12,6 +12,9 @@ state machine or value type that the engine drives.
 - :class:`SamplingParams` and :class:`Sampler`: validated sampling options and
   the seeded next-token sampler.
 - :class:`StopStringMatcher`: withholds stop strings from streamed text.
+- :mod:`kestrel_trio.text.chat_formats`: each model family's markers (reasoning
+  blocks, tool calls), the parser of an answer into reasoning, content and
+  tool-call pieces, and the prompt edits that open or close reasoning.
 """
 
 from kestrel_trio.text.chat_template import ChatTemplate, missing_template_error
