@@ -34,7 +34,7 @@ def _ngram(model, **policy):
 
 
 def _draft(model, draft_model, k=4):
-    drafter = DraftModelDrafter(draft_model.decoder, draft_model.new_cache(max_tokens=512), prefill_chunk=64,
+    drafter = DraftModelDrafter(draft_model, draft_model.new_cache(max_tokens=512), prefill_chunk=64,
                                 vocab_size=model.tokenizer.vocab_size)
     return SpeculationState(drafter, k)
 
@@ -109,14 +109,14 @@ def test_a_draft_model_whose_drafts_are_partly_rejected_keeps_its_cache_in_step(
     expected = model.greedy(context, 3)
     assert _draft_from_scratch(model, context) == expected
     assert g.speculation.drafter.propose(context, 3) == expected  # the cache the run left, after its rejections
-    drafter = DraftModelDrafter(model.decoder, model.new_cache(max_tokens=512), prefill_chunk=64,
+    drafter = DraftModelDrafter(model, model.new_cache(max_tokens=512), prefill_chunk=64,
                                 vocab_size=model.tokenizer.vocab_size)
     drafter.propose(context[:30], 5)  # a cache part right, part wrong (the draft's 5 tokens are not context's)
     assert drafter.propose(context, 3) == expected
 
 
 def _draft_from_scratch(model, context):
-    drafter = DraftModelDrafter(model.decoder, model.new_cache(max_tokens=512), prefill_chunk=64,
+    drafter = DraftModelDrafter(model, model.new_cache(max_tokens=512), prefill_chunk=64,
                                 vocab_size=model.tokenizer.vocab_size)
     return drafter.propose(context, 3)
 
@@ -193,7 +193,7 @@ class _Always:
 
 
 def test_a_draft_model_drafts_no_further_than_its_own_context(model):
-    drafter = DraftModelDrafter(model.decoder, model.new_cache(max_tokens=1024), prefill_chunk=256,
+    drafter = DraftModelDrafter(model, model.new_cache(max_tokens=1024), prefill_chunk=256,
                                 vocab_size=model.tokenizer.vocab_size)
     window = model.config.max_position_embeddings  # 512 for the fixture
     context = (model.encode(REPEATING) * window)[: window - 2]

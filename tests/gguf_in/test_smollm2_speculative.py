@@ -48,7 +48,7 @@ def test_prompt_lookup_gives_plain_decodings_tokens_in_fewer_steps(smollm2):
 
 def test_the_model_drafting_for_itself_gives_plain_decodings_tokens(smollm2):
     plain, plain_steps = _generate(smollm2, 9)
-    drafter = DraftModelDrafter(smollm2.decoder, smollm2.new_cache(max_tokens=1024), prefill_chunk=256,
+    drafter = DraftModelDrafter(smollm2, smollm2.new_cache(max_tokens=1024), prefill_chunk=256,
                                 vocab_size=smollm2.tokenizer.vocab_size)
     fast, fast_steps = _generate(smollm2, 9, SpeculationState(drafter, 4))
     assert fast == plain

@@ -73,7 +73,7 @@ class Speculation:
         if reserved_tokens * self.draft_token_bytes > room_bytes:
             return None
         cache = self.draft_model.new_cache(self._dtype, max_tokens=reserved_tokens)
-        drafter = DraftModelDrafter(self.draft_model.decoder, cache, prefill_chunk=self._chunk,
+        drafter = DraftModelDrafter(self.draft_model, cache, prefill_chunk=self._chunk,
                                     vocab_size=self._vocab)
         return SpeculationState(drafter, self.tokens)
 

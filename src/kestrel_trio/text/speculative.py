@@ -56,7 +56,7 @@ from typing import Protocol, Sequence
 import attrs
 import numpy as np
 
-from kestrel_trio._model import Decoder, KVCache, feed_chunks
+from kestrel_trio._model import KVCache, ModelConfig
 
 __all__ = [
     "SPECULATIVE_MODES", "DEFAULT_SPECULATIVE_TOKENS", "Drafter", "NgramDrafter", "DraftModelDrafter",
@@ -166,18 +166,27 @@ class NgramDrafter:
         self._seen.clear()
 
 
+class DraftModel(Protocol):
+    """What a :class:`DraftModelDrafter` steps (the public ``kestrel_trio.model.Model``)."""
+
+    @property
+    def config(self) -> ModelConfig: ...
+
+    def prefill(self, cache: KVCache, token_ids: Sequence[int], chunk: int) -> np.ndarray: ...
+
+
 class DraftModelDrafter:
     """A small model with the target's vocabulary, run greedily over its own KV cache.
 
     Args:
-        decoder: the draft model (its vocabulary must be the target's; the caller checks).
+        model: the draft model (its vocabulary must be the target's; the caller checks).
         cache: its own empty KV cache for this sequence, with room for the sequence's reservation.
         prefill_chunk: tokens per forward pass while it catches up with the context (its prompt).
         vocab_size: ids at or past this (the tokenizer's size) are never proposed (padding rows).
     """
 
-    def __init__(self, decoder: Decoder, cache: KVCache, *, prefill_chunk: int, vocab_size: int) -> None:
-        self.decoder = decoder
+    def __init__(self, model: DraftModel, cache: KVCache, *, prefill_chunk: int, vocab_size: int) -> None:
+        self.model = model
         self.cache = cache
         self._chunk = prefill_chunk
         self._vocab = vocab_size
@@ -194,7 +203,7 @@ class DraftModelDrafter:
         del self._fed[common:]
         if self.cache.max_tokens is not None:
             k = min(k, self.cache.max_tokens - len(context) + 1)  # the cache's room: context + k - 1 tokens
-        k = min(k, self.decoder.config.max_position_embeddings - len(context))  # a shorter context than the target's
+        k = min(k, self.model.config.max_position_embeddings - len(context))  # a shorter context than the target's
         if k <= 0:
             return []
         pending = list(context[common:])
@@ -210,7 +219,7 @@ class DraftModelDrafter:
         """Feed ``tokens`` (in chunks) and return the last one's logits [vocab]; ``_fed`` follows the cache."""
         before = self.cache.length
         try:
-            return feed_chunks(self.decoder, self.cache, np.asarray(tokens, dtype=np.int64), self._chunk)  # [vocab]
+            return self.model.prefill(self.cache, tokens, self._chunk)  # [vocab]
         finally:
             self._fed.extend(tokens[: self.cache.length - before])  # the chunks fed, even if a later one failed
 
