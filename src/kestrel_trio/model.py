@@ -27,6 +27,7 @@ from kestrel_trio._model import (
 )
 from kestrel_trio.checked_model import CheckedModel, check_model, vl_gguf_pair
 from kestrel_trio.text.images import ImageProcessorConfig, require_pillow
+from kestrel_trio.text.videos import VideoProcessorConfig
 from kestrel_trio.errors import BadRequestError, ContextLengthError, KestrelError, ModelLoadError
 from kestrel_trio.hub import named_model_of_file
 from kestrel_trio.text import ChatTemplate, Tokenizer, missing_template_error
@@ -85,6 +86,7 @@ class Model:
         self._sampling_defaults = dict(sampling_defaults or {})
         self.vision: Qwen3VL | None = None  # a Qwen3-VL's whole model; None for text-only checkpoints
         self.image_config: ImageProcessorConfig | None = None  # its preprocessor_config.json
+        self.video_config: VideoProcessorConfig | None = None  # its video_preprocessor_config.json (or the above)
         self._template: ChatTemplate | None = None
         self._max_model_len: int | None = None  # a serving cap below the checkpoint's context (with_context_length)
         self._kernels: dict | None = None  # kernel_report's, made once
@@ -781,12 +783,17 @@ def _load_qwen3_vl_model(folder: Path, progress: Callable[[float], None] | None,
     except KestrelError as exc:
         raise ModelLoadError(f"{folder}: a Qwen3-VL checkpoint needs Pillow: {exc.message}") from None
     image_config = ImageProcessorConfig.read(folder)
+    video_config = VideoProcessorConfig.read(folder)
     residency = residency or resolve_residency(folder, weights)  # None: not resolved by a check
     vl = load_qwen3_vl(folder, progress, residency, quantized_cache=cache)
     v = vl.config.vision
     for name, ours, theirs in (("patch_size", image_config.patch_size, v.patch_size),
                                ("merge_size", image_config.merge_size, v.spatial_merge_size),
-                               ("temporal_patch_size", image_config.temporal_patch_size, v.temporal_patch_size)):
+                               ("temporal_patch_size", image_config.temporal_patch_size, v.temporal_patch_size),
+                               ("video patch_size", video_config.pixels.patch_size, v.patch_size),
+                               ("video merge_size", video_config.pixels.merge_size, v.spatial_merge_size),
+                               ("video temporal_patch_size", video_config.pixels.temporal_patch_size,
+                                v.temporal_patch_size)):
         if ours != theirs:
             raise ModelLoadError(
                 f"{folder}: preprocessor_config.json {name} {ours} differs from config.json's {theirs}")
@@ -795,7 +802,7 @@ def _load_qwen3_vl_model(folder: Path, progress: Callable[[float], None] | None,
         raise ModelLoadError(f"{folder}: tokenizer.json has {tokenizer.vocab_size} tokens but text_config's "
                              f"vocab_size is {vl.config.text.vocab_size}")
     model = Model(vl.decoder, name=folder.resolve().name, path=folder, tokenizer=tokenizer)
-    model.vision, model.image_config = vl, image_config
+    model.vision, model.image_config, model.video_config = vl, image_config, video_config
     return _ready(model, residency)
 
 
@@ -816,6 +823,10 @@ def _load_qwen3_vl_gguf_model(path: Path, mmproj: Path, progress: Callable[[floa
     lm, tower = vl_gguf_pair(path, mmproj)
     image_config = ImageProcessorConfig.from_dict(mmproj_image_fields(tower),
                                                   source=f"{mmproj.name} (mmproj metadata)")
+    # The file holds no video settings: the image fields over Qwen3VLVideoProcessor's defaults, as transformers
+    # reads a folder without video_preprocessor_config.json.
+    video_config = VideoProcessorConfig.from_dict(mmproj_image_fields(tower),
+                                                  source=f"{mmproj.name} (mmproj metadata)")
     residency = resolve_residency(None, weights, gguf=True)
     tokenizer = Tokenizer.from_gguf(lm.metadata, path.name) if "tokenizer.ggml.tokens" in lm.metadata else None
     vl = load_qwen3_vl_gguf(path, mmproj, progress, residency)
@@ -826,7 +837,7 @@ def _load_qwen3_vl_gguf_model(path: Path, mmproj: Path, progress: Callable[[floa
     named = named_model_of_file(path)
     model = Model(vl.decoder, name=path.name.removesuffix(".gguf"), path=path, tokenizer=tokenizer,
                   sampling_defaults=named.sampling_defaults if named is not None else None)
-    model.vision, model.image_config = vl, image_config
+    model.vision, model.image_config, model.video_config = vl, image_config, video_config
     return _ready(model, residency)
 
 
