@@ -185,3 +185,20 @@ async def test_a_video_to_a_text_only_model_is_a_400() -> None:
         async with running_server(load_model(FIXTURES / "qwen3_bf16_tied")) as server:
             error = await trio.to_thread.run_sync(refusal, server, video_url(b"x"))
     assert error["param"] == PARAM and "does not accept videos" in error["message"]
+
+
+async def test_a_second_video_and_frames_of_two_sizes_are_400s_naming_the_part(pair: Model) -> None:
+    clip = video_url(mp4(8))
+    small, large = url(png(frames(1)[0]), "image/png"), url(png(frames(1, 64, 32)[0]), "image/png")
+    with trio.fail_after(60):
+        async with running_server(pair) as server:
+            def send(parts: list[dict]) -> dict:
+                with pytest.raises(openai.BadRequestError) as caught, client_for(server) as client:
+                    client.chat.completions.create(model=server.state.model_id, max_tokens=1,
+                                                   messages=[{"role": "user", "content": parts}])
+                return caught.value.body
+
+            two = await trio.to_thread.run_sync(send, [clip, clip])
+            mixed = await trio.to_thread.run_sync(send, [{"type": "video", "video": [small, large]}])
+    assert two["param"] == "messages[0].content[1].video_url" and "at most 1 videos" in two["message"]
+    assert mixed["param"] == "messages[0].content[0].video[1]" and "share one size" in mixed["message"]
