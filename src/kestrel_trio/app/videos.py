@@ -18,8 +18,8 @@ server's rate (``--video-fps``, else the model's), so frame ``i`` is at ``i / fp
 
 from __future__ import annotations
 
-import numpy as np
 import attrs
+import numpy as np
 import trio
 
 from kestrel_trio.app.images import ImagePolicy, check_allowed_file, media_bytes
