@@ -142,7 +142,8 @@ def video_url(data: bytes, media: str = "video/mp4") -> dict:
 PARAM = "messages[0].content[0].video_url"
 REFUSALS = {
     "not_a_container": (video_url(b"RIFF0000AVI LIST"), PARAM, "not a supported video container"),
-    "corrupt": (video_url(b"\x00\x00\x00\x18ftypisom" + bytes(200)), PARAM, "video"),
+    "corrupt": (video_url(b"\x00\x00\x00\x18ftypisom" + bytes(200)), PARAM,
+                "the video cannot be opened (Invalid data found when processing input)"),
     "image_media_type": (video_url(b"x", "image/png"), PARAM, "only video/* is accepted"),
     "remote": ({"type": "video_url", "video_url": {"url": "https://example.com/a.mp4"}}, PARAM,
                "remote video URLs are not fetched"),

@@ -86,8 +86,8 @@ def decode_video(data: bytes, *, fps: float, min_frames: int, max_frames: int, m
     container_format = _container_format(data, param)
     try:
         container = av.open(io.BytesIO(data), mode="r", format=container_format)
-    except (av.FFmpegError, ValueError, OSError) as exc:
-        raise BadRequestError(f"'{param}': the video cannot be opened ({exc})", param=param,
+    except (av.error.FFmpegError, ValueError, OSError) as exc:
+        raise BadRequestError(f"'{param}': the video cannot be opened ({_reason(exc)})", param=param,
                               code="unsupported_video") from None
     with container:
         if not container.streams.video:
@@ -98,6 +98,11 @@ def decode_video(data: bytes, *, fps: float, min_frames: int, max_frames: int, m
         indices = sample_indices(total, rate, fps, min_frames=min_frames, max_frames=max_frames)  # [n]
         frames = _decode(container, stream, indices, param)
     return DecodedVideo(frames=frames, indices=indices, fps=rate)
+
+
+def _reason(exc: Exception) -> str:
+    """FFmpeg's own words for an error (``Invalid data found when processing input``), without errno noise."""
+    return getattr(exc, "strerror", None) or str(exc)
 
 
 def _check_stream(stream: Any, max_pixels: int, max_source_frames: int, param: str) -> None:
@@ -127,8 +132,8 @@ def _decode(container: Any, stream: Any, indices: np.ndarray, param: str) -> np.
                 kept.append(frame.to_ndarray(format="rgb24"))  # [H, W, 3] uint8
             if i >= last:
                 break
-    except (av.FFmpegError, ValueError) as exc:
-        raise BadRequestError(f"'{param}': the video stream is corrupt ({exc})", param=param) from None
+    except (av.error.FFmpegError, ValueError) as exc:
+        raise BadRequestError(f"'{param}': the video stream is corrupt ({_reason(exc)})", param=param) from None
     if len(kept) != len(indices):
         raise BadRequestError(f"'{param}': the video ended after {len(kept)} of the sampled frames; its header "
                               "promises more frames than it holds", param=param)
