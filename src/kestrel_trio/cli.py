@@ -380,7 +380,8 @@ def build_parser() -> argparse.ArgumentParser:
         "the model's")
     images = serve.add_argument_group("images (Qwen3-VL models)")
     images.add_argument("--allow-image-dir", metavar="DIR", type=_folder, default=None,
-                        help="let file:// image URLs name files under DIR (default: none; http(s) URLs are never fetched)")
+                        help="let file:// image and video URLs name files under DIR (default: none; http(s) URLs are "
+                             "never fetched)")
     images.add_argument("--max-image-bytes", type=_COUNT, default=image["max_bytes"],
                         help=f"largest encoded image in bytes (default {_mib(image['max_bytes'])})")
     side = math.isqrt(image["max_pixels"])
