@@ -59,9 +59,10 @@ def _weights(in_size: int, out_size: int) -> tuple[np.ndarray, np.ndarray, int]:
     return starts, ints, bits
 
 
-def _pass(frame: np.ndarray, out_size: int, axis: int) -> np.ndarray:
-    """Resample one int32 frame [H, W, C] along ``axis`` (0 rows, 1 columns) to ``out_size``."""
-    starts, ints, bits = _weights(frame.shape[axis], out_size)
+def _pass(frame: np.ndarray, weights: tuple[np.ndarray, np.ndarray, int], axis: int) -> np.ndarray:
+    """Resample one int32 frame [H, W, C] along ``axis`` (0 rows, 1 columns) with that axis's ``_weights``."""
+    starts, ints, bits = weights
+    out_size = starts.size
     src = np.moveaxis(frame, axis, 0)  # [in, other, C]
     padded = np.concatenate([src, np.zeros((ints.shape[1], *src.shape[1:]), dtype=src.dtype)])  # [in + taps, ...]
     # int32, as torch's own accumulators: 255 x the weights' absolute sum (about 1.2 x 2^bits, bits <= 22) < 2^31.
@@ -78,11 +79,13 @@ def resize_bicubic_uint8(frames: np.ndarray, height: int, width: int) -> np.ndar
     One frame at a time, so the int32 working copies stay one frame's size.
     """
     out = np.empty((frames.shape[0], height, width, frames.shape[3]), dtype=np.uint8)  # [n, height, width, C]
+    columns = _weights(frames.shape[2], width) if width != frames.shape[2] else None
+    rows = _weights(frames.shape[1], height) if height != frames.shape[1] else None
     for i, frame in enumerate(frames):
         values = frame.astype(np.int32)  # [H, W, C]
-        if width != values.shape[1]:
-            values = _pass(values, width, axis=1)  # [H, width, C]
-        if height != values.shape[0]:
-            values = _pass(values, height, axis=0)  # [height, width, C]
+        if columns is not None:
+            values = _pass(values, columns, axis=1)  # [H, width, C]
+        if rows is not None:
+            values = _pass(values, rows, axis=0)  # [height, width, C]
         out[i] = values
     return out
