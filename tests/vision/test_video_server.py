@@ -19,6 +19,7 @@ import pytest
 import trio
 
 from kestrel_trio.app.videos import VideoPolicy
+from kestrel_trio.errors import BadRequestError
 from kestrel_trio.model import Model, load_model
 from kestrel_trio.text.images import decode_image
 from kestrel_trio.text.video_decode import decode_video
@@ -203,3 +204,27 @@ async def test_a_second_video_and_frames_of_two_sizes_are_400s_naming_the_part(p
             mixed = await trio.to_thread.run_sync(send, [{"type": "video", "video": [small, large]}])
     assert two["param"] == "messages[0].content[1].video_url" and "at most 1 videos" in two["message"]
     assert mixed["param"] == "messages[0].content[0].video[1]" and "share one size" in mixed["message"]
+
+
+def test_a_webm_without_a_frame_count_has_its_packets_counted() -> None:
+    """Browsers' WebM files carry no frame count; the frames are counted from the packets, then sampled."""
+    codec = next((c for c in ("libvpx-vp9", "libvpx") if c in av.codecs_available), None)
+    if codec is None:
+        pytest.skip("this PyAV build has no VP9 or VP8 encoder to write a WebM with")
+    out = io.BytesIO()
+    with av.open(out, "w", format="webm") as container:
+        stream = container.add_stream(codec, rate=10)
+        stream.width, stream.height, stream.pix_fmt = 96, 64, "yuv420p"
+        for frame in frames(12):
+            container.mux(stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")))
+        container.mux(stream.encode())
+    data = out.getvalue()
+    with av.open(io.BytesIO(data), format="matroska") as container:
+        assert container.streams.video[0].frames == 0  # the header has none
+    decoded = decode_video(data, fps=2, min_frames=4, max_frames=32, max_pixels=10**6, max_source_frames=100,
+                           param="p")
+    assert decoded.indices.tolist() == [0, 4, 7, 11] and decoded.fps == 10  # 1.2 s at 2 fps: 2, raised to 4
+    assert decoded.frames.shape == (4, 64, 96, 3)
+    with pytest.raises(BadRequestError, match="more than 8 frames, the limit") as caught:
+        decode_video(data, fps=2, min_frames=4, max_frames=32, max_pixels=10**6, max_source_frames=8, param="p")
+    assert caught.value.param == "p"

@@ -5,7 +5,8 @@ QuickTime, Matroska / WebM) and opened with that demuxer forced, so FFmpeg
 never probes for playlist or concatenation formats that could open other
 files. The first video stream's header gives the frame count, frame rate and
 frame size, which are checked against the limits before any frame is
-decoded; the frames to keep are chosen as transformers' Qwen3-VL video
+decoded (a header without a frame count, as WebM files usually are, has its
+video packets counted instead, a demux without decoding); the frames to keep are chosen as transformers' Qwen3-VL video
 processor chooses them (:func:`kestrel_trio.text.videos.sample_indices`), and
 decoding stops after the last one. Frames become RGB with FFmpeg's own
 converter, as transformers' PyAV reader does (``frame.to_ndarray(format="rgb24")``).
@@ -94,7 +95,8 @@ def decode_video(data: bytes, *, fps: float, min_frames: int, max_frames: int, m
             raise BadRequestError(f"'{param}': the file has no video stream", param=param, code="unsupported_video")
         stream = container.streams.video[0]
         _check_stream(stream, max_pixels, max_source_frames, param)
-        total, rate = int(stream.frames), float(stream.average_rate)
+        total = int(stream.frames) or _count_packets(container, stream, max_source_frames, param)
+        rate = float(stream.average_rate)
         indices = sample_indices(total, rate, fps, min_frames=min_frames, max_frames=max_frames)  # [n]
         frames = _decode(container, stream, indices, param)
     return DecodedVideo(frames=frames, indices=indices, fps=rate)
@@ -114,12 +116,30 @@ def _check_stream(stream: Any, max_pixels: int, max_source_frames: int, param: s
     if width * height > max_pixels:
         raise BadRequestError(f"'{param}': video frames are {width}x{height} pixels, the limit is {max_pixels} "
                               "pixels", param=param, code="video_too_large")
-    if not stream.frames or not stream.average_rate:
-        raise BadRequestError(f"'{param}': the video's header gives no frame count or frame rate", param=param,
+    if not stream.average_rate:
+        raise BadRequestError(f"'{param}': the video's header gives no frame rate", param=param,
                               code="unsupported_video")
     if stream.frames > max_source_frames:
         raise BadRequestError(f"'{param}': the video has {stream.frames} frames, the limit is {max_source_frames}",
                               param=param, code="video_too_large")
+
+
+def _count_packets(container: Any, stream: Any, max_source_frames: int, param: str) -> int:
+    """The video's frame count from its packets (one per frame), then back to the start; a 400 past the limit."""
+    av = require_av(param)
+    count = 0
+    try:
+        for packet in container.demux(stream):
+            count += packet.size > 0  # the demuxer's final packet is an empty flush marker
+            if count > max_source_frames:
+                raise BadRequestError(f"'{param}': the video has more than {max_source_frames} frames, the limit",
+                                      param=param, code="video_too_large")
+        container.seek(0)
+    except (av.error.FFmpegError, ValueError) as exc:
+        raise BadRequestError(f"'{param}': the video stream is corrupt ({_reason(exc)})", param=param) from None
+    if count == 0:
+        raise BadRequestError(f"'{param}': the video stream holds no frames", param=param)
+    return count
 
 
 def _decode(container: Any, stream: Any, indices: np.ndarray, param: str) -> np.ndarray:
