@@ -210,6 +210,9 @@ def vl_gguf_table(context: int) -> list[str]:
 
 
 VIDEO_FRAMES = (8, 16, 32, 64)
+# Qwen3-VL's published pixel bounds (its preprocessor_config.json), which kestrel applies to a GGUF pair's
+# images and videos (the mmproj file holds none; _model/qwen3_vl_gguf.py's QWEN3_VL_MIN/MAX_PIXELS).
+VL_MIN_PIXELS, VL_MAX_PIXELS = 65536, 16777216
 VIDEO_SIZES = ((640, 360), (1280, 720))
 TIMESTAMP_TOKENS = 7  # "<12.5 seconds>" as Qwen's tokenizer splits it: <, 1, 2, ., 5, " seconds", >
 
@@ -225,11 +228,10 @@ def video_cost(key: dict, frames: int, width: int, height: int) -> tuple[int, in
     (8 x hidden per patch), the MLP's two intermediate arrays (2 x intermediate per patch), and one temporal
     patch's attention scores (heads x L x L, L its patches).
     """
-    from kestrel_trio._model.qwen3_vl_gguf import QWEN3_VL_MAX_PIXELS, QWEN3_VL_MIN_PIXELS
     from kestrel_trio.text.videos import video_smart_resize
 
-    h, w = video_smart_resize(frames, height, width, temporal_factor=2, factor=32, min_pixels=QWEN3_VL_MIN_PIXELS,
-                              max_pixels=QWEN3_VL_MAX_PIXELS, param="video")
+    h, w = video_smart_resize(frames, height, width, temporal_factor=2, factor=32, min_pixels=VL_MIN_PIXELS,
+                              max_pixels=VL_MAX_PIXELS, param="video")
     temporal, per_frame = -(-frames // 2), (h // 16) * (w // 16)
     tokens = temporal * (per_frame // 4 + 2 + TIMESTAMP_TOKENS)
     patches = temporal * per_frame
