@@ -228,3 +228,19 @@ def test_a_webm_without_a_frame_count_has_its_packets_counted() -> None:
     with pytest.raises(BadRequestError, match="more than 8 frames, the limit") as caught:
         decode_video(data, fps=2, min_frames=4, max_frames=32, max_pixels=10**6, max_source_frames=8, param="p")
     assert caught.value.param == "p"
+
+
+async def test_a_file_url_under_the_allowed_folder_reads_the_same_video(pair: Model, tmp_path: Path) -> None:
+    clip = mp4(8)
+    (tmp_path / "clip.mp4").write_bytes(clip)
+    with trio.fail_after(120):
+        async with running_server(pair, allow_image_dir=tmp_path) as server:
+            inline = await trio.to_thread.run_sync(
+                lambda: ask(server, user({"type": "video_url", "video_url": {"url": url(clip, "video/mp4")}})))
+            from_file = await trio.to_thread.run_sync(
+                lambda: ask(server, user({"type": "video_url",
+                                          "video_url": {"url": (tmp_path / "clip.mp4").as_uri()}})))
+            outside = await trio.to_thread.run_sync(
+                refusal, server, {"type": "video_url", "video_url": {"url": "file:///etc/hostname"}})
+    assert from_file[0] == inline[0] and from_file[1].prompt_tokens == inline[1].prompt_tokens
+    assert outside["param"] == PARAM and "outside the folder allowed for videos" in outside["message"]
