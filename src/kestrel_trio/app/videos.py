@@ -18,6 +18,8 @@ server's rate (``--video-fps``, else the model's), so frame ``i`` is at ``i / fp
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import attrs
 import numpy as np
 import trio
@@ -111,7 +113,8 @@ def _preprocess_all(config: VideoProcessorConfig, sources: list, policy: VideoPo
             else _from_frames(config, s, policy, images) for s in sources]
 
 
-def _from_file(config: VideoProcessorConfig, ref: ImageRef, policy: VideoPolicy, allow_dir) -> ProcessedVideo:
+def _from_file(config: VideoProcessorConfig, ref: ImageRef, policy: VideoPolicy,
+               allow_dir: Path | None) -> ProcessedVideo:
     data = media_bytes(ref, allow_dir, policy.max_bytes, "video")
     if len(data) > policy.max_bytes:
         raise BadRequestError(f"'{ref.param}': the video is {len(data)} bytes, the limit is {policy.max_bytes}",
