@@ -209,6 +209,54 @@ def vl_gguf_table(context: int) -> list[str]:
     return lines
 
 
+VIDEO_FRAMES = (8, 16, 32, 64)
+# Qwen3-VL's published pixel bounds (its preprocessor_config.json), which kestrel applies to a GGUF pair's
+# images and videos (the mmproj file holds none; _model/qwen3_vl_gguf.py's QWEN3_VL_MIN/MAX_PIXELS).
+VL_MIN_PIXELS, VL_MAX_PIXELS = 65536, 16777216
+VIDEO_SIZES = ((640, 360), (1280, 720))
+TIMESTAMP_TOKENS = 7  # "<12.5 seconds>" as Qwen's tokenizer splits it: <, 1, 2, ., 5, " seconds", >
+
+
+def video_cost(key: dict, frames: int, width: int, height: int) -> tuple[int, int, int, int]:
+    """(prompt tokens, vision patches, KV bytes, vision-activation bytes) of ``frames`` sampled frames.
+
+    Frames are sized as kestrel sizes them for a GGUF pair (the mmproj's pixel bounds, Qwen3-VL's published
+    image ones, over all frames: kestrel_trio.text.videos.video_smart_resize). Tokens: per temporal patch (2
+    frames) its h*w/4 pads, <|vision_start|>, <|vision_end|> and its timestamp text. KV: those tokens at
+    layers x kv_heads x head_dim x 2 x 4 bytes. Vision activations, the peak while one block runs over all
+    patches N (float32): the residual, qkv, rotated q and k, the attention output and the residual sum
+    (8 x hidden per patch), the MLP's two intermediate arrays (2 x intermediate per patch), and one temporal
+    patch's attention scores (heads x L x L, L its patches).
+    """
+    from kestrel_trio.text.videos import video_smart_resize
+
+    h, w = video_smart_resize(frames, height, width, temporal_factor=2, factor=32, min_pixels=VL_MIN_PIXELS,
+                              max_pixels=VL_MAX_PIXELS, param="video")
+    temporal, per_frame = -(-frames // 2), (h // 16) * (w // 16)
+    tokens = temporal * (per_frame // 4 + 2 + TIMESTAMP_TOKENS)
+    patches = temporal * per_frame
+    vision = key["vision"]
+    activations = 4 * patches * (8 * vision["hidden_size"] + 2 * vision["intermediate_size"])
+    activations += 4 * vision["num_heads"] * per_frame**2
+    kv = tokens * key["layers"] * key["kv"] * key["head_dim"] * 2 * 4
+    return tokens, patches, kv, activations
+
+
+def video_table() -> list[str]:
+    """What one video adds: its prompt tokens, their float32 KV, and the vision tower's peak activations."""
+    lines = ["| model | video | frames | prompt tokens | KV (float32) | vision activations (peak) |",
+             "|---|---|---:|---:|---:|---:|"]
+    for model, key in TEXT.items():
+        if "vision" not in key:
+            continue
+        for width, height in VIDEO_SIZES:
+            for frames in VIDEO_FRAMES:
+                tokens, _, kv, act = video_cost(key, frames, width, height)
+                lines.append(f"| {model} | {width}x{height} | {frames} | {tokens:,} | {kv / GIB:.2f} GiB | "
+                             f"{act / GIB:.2f} GiB |")
+    return lines
+
+
 def q4_k_m_mix(model: str) -> str:
     """How many of ``model``'s matrix weights Q4_K_M puts in Q6_K."""
     key = TEXT[model]
@@ -229,6 +277,8 @@ def main() -> None:
     print("\n".join(table(args.context)))
     print("\nQwen3-VL from a language-model GGUF and its mmproj GGUF (--mmproj, --weights gguf):\n")
     print("\n".join(vl_gguf_table(args.context)))
+    print("\nOne video on Qwen3-VL (GGUF pair sizing; frames = sampled frames):\n")
+    print("\n".join(video_table()))
     print("\nQ4_K_M mix: " + "; ".join(q4_k_m_mix(m) for m in TEXT))
 
 

@@ -30,6 +30,7 @@ EXPECTED = {
     "EngineUnavailableError",
     "OutOfMemoryError",
     "ImagePolicy",
+    "VideoPolicy",
 }
 
 

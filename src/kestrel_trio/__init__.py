@@ -18,7 +18,7 @@ from kestrel_trio.engine import Delta, Engine, EngineLimits, GenerationHandle, G
 from kestrel_trio.http import HttpLimits
 from kestrel_trio.hub import resolve_model
 from kestrel_trio.model import Model, load_demo_model, load_model
-from kestrel_trio.app import ImagePolicy
+from kestrel_trio.app import ImagePolicy, VideoPolicy
 from kestrel_trio.server import Server, serve
 from kestrel_trio.text import SamplingParams
 from kestrel_trio.text.repetition import RepetitionGuard
@@ -52,4 +52,5 @@ __all__ = [
     "EngineUnavailableError",
     "OutOfMemoryError",
     "ImagePolicy",
+    "VideoPolicy",
 ]

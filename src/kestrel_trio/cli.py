@@ -21,7 +21,7 @@ if sys.version_info < (3, 11):  # trio depends on the backport there
 import attrs
 
 from kestrel_trio._model import KV_DTYPES
-from kestrel_trio.app import ImagePolicy
+from kestrel_trio.app import ImagePolicy, VideoPolicy
 from kestrel_trio.app.state import OPEN_PATHS
 from kestrel_trio.engine import EngineLimits
 from kestrel_trio.errors import KestrelError
@@ -298,6 +298,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="TCP port; 0 picks a free one (default: $KESTREL_PORT, else 8000)")
     serve.add_argument("--model-id", default=None, help="the model id clients use (default: the folder name)")
     engine, http, image = _defaults(EngineLimits), _defaults(HttpLimits), _defaults(ImagePolicy)
+    video = _defaults(VideoPolicy)
     serving = {name: p.default for name, p in inspect.signature(serve_function).parameters.items()}
     serve.add_argument("--max-queued", type=_COUNT, default=engine["max_queued"],
                        help=f"requests that may wait; more get 429 (default {engine['max_queued']})")
@@ -379,7 +380,8 @@ def build_parser() -> argparse.ArgumentParser:
         "the model's")
     images = serve.add_argument_group("images (Qwen3-VL models)")
     images.add_argument("--allow-image-dir", metavar="DIR", type=_folder, default=None,
-                        help="let file:// image URLs name files under DIR (default: none; http(s) URLs are never fetched)")
+                        help="let file:// image and video URLs name files under DIR (default: none; http(s) URLs are "
+                             "never fetched)")
     images.add_argument("--max-image-bytes", type=_COUNT, default=image["max_bytes"],
                         help=f"largest encoded image in bytes (default {_mib(image['max_bytes'])})")
     side = math.isqrt(image["max_pixels"])
@@ -388,6 +390,17 @@ def build_parser() -> argparse.ArgumentParser:
                              f"{side}x{side})")
     images.add_argument("--max-images", type=_at_least(0), default=image["max_images"],
                         help=f"images per request (default {image['max_images']})")
+    videos = serve.add_argument_group("videos (Qwen3-VL models; video files need the 'video' extra, PyAV)")
+    videos.add_argument("--video-fps", type=_at_least(1e-3, float), default=None, metavar="FPS",
+                        help="frames sampled per second of video (default: the model's video config, 2 for Qwen3-VL)")
+    videos.add_argument("--max-video-frames", type=_at_least(2), default=video["max_frames"], metavar="N",
+                        help=f"most frames sampled from one video (default {video['max_frames']})")
+    videos.add_argument("--max-video-bytes", type=_COUNT, default=video["max_bytes"],
+                        help=f"largest encoded video in bytes (default {_mib(video['max_bytes'])})")
+    videos.add_argument("--max-video-pixels", type=_COUNT, default=video["max_pixels"],
+                        help=f"largest video frame width*height before resizing (default {video['max_pixels']})")
+    videos.add_argument("--max-videos", type=_at_least(0), default=video["max_videos"],
+                        help=f"videos per request (default {video['max_videos']})")
 
     generate = add_command("generate", "[--model MODEL] [options] PROMPT",
                            "stream one completion of a prompt to the terminal")
@@ -529,6 +542,8 @@ def _serve(args: argparse.Namespace, model: CheckedModel | None, draft: CheckedM
         http_limits=http_limits, grace=args.grace, drain_delay=args.drain_delay,
         image_policy=ImagePolicy(max_bytes=args.max_image_bytes, max_pixels=args.max_image_pixels,
                                  max_images=args.max_images),
+        video_policy=VideoPolicy(fps=args.video_fps, max_frames=args.max_video_frames, max_bytes=args.max_video_bytes,
+                                 max_pixels=args.max_video_pixels, max_videos=args.max_videos),
         allow_image_dir=args.allow_image_dir, default_max_tokens=args.default_max_tokens,
         sampling_defaults=_sampling_defaults(args), reasoning=args.reasoning,
         cors_origins=args.cors_origins, webui=args.webui, host_allowlist=_host_names(args.host_allowlist),

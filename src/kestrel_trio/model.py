@@ -29,6 +29,7 @@ from kestrel_trio._model import (
 from kestrel_trio._model import BLOCK_TOKENS, KV_DTYPES, EmbeddingRun, PrefixCache, VLPrompt, mapped_bytes, normalize
 from kestrel_trio.checked_model import CheckedModel, check_model, vl_gguf_pair
 from kestrel_trio.text.images import ImageProcessorConfig, require_pillow
+from kestrel_trio.text.videos import VideoProcessorConfig
 from kestrel_trio.errors import BadRequestError, ContextLengthError, KestrelError, ModelLoadError
 from kestrel_trio.hub import named_model_of_file
 from kestrel_trio.text import ChatTemplate, Tokenizer, missing_template_error
@@ -88,6 +89,7 @@ class Model:
         self._sampling_defaults = dict(sampling_defaults or {})
         self.vision: Qwen3VL | None = None  # a Qwen3-VL's whole model; None for text-only checkpoints
         self.image_config: ImageProcessorConfig | None = None  # its preprocessor_config.json
+        self.video_config: VideoProcessorConfig | None = None  # its video_preprocessor_config.json (or the above)
         self._template: ChatTemplate | None = None
         self._max_model_len: int | None = None  # a serving cap below the checkpoint's context (with_context_length)
         self._kernels: dict | None = None  # kernel_report's, made once
@@ -312,21 +314,25 @@ class Model:
         """
         return forward(self.decoder, token_ids, positions, caches, lengths, all_logits=all_logits, wanted=wanted)
 
-    def image_prompt_steps(self, token_ids: np.ndarray, pixel_values: np.ndarray,
-                           grid_thw: np.ndarray) -> Generator[None, None, VLPrompt]:
-        """Encode a prompt's images one vision block per ``next()``; the generator returns the prompt's rows.
+    def image_prompt_steps(self, token_ids: np.ndarray, pixel_values: np.ndarray | None, grid_thw: np.ndarray | None,
+                           pixel_values_videos: np.ndarray | None = None,
+                           video_grid_thw: np.ndarray | None = None) -> Generator[None, None, VLPrompt]:
+        """Encode a prompt's images and videos one vision block per ``next()``; the generator returns its rows.
 
         Args:
-            token_ids: [T] int64, the prompt with each image's ``<|image_pad|>`` run expanded.
-            pixel_values: [n_patches, C*T*P*P] float32, every image's patches in order.
-            grid_thw: [n_images, 3] int64, each image's (temporal, height, width) patch grid.
+            token_ids: [T] int64, the prompt with each image's ``<|image_pad|>`` (each video's ``<|video_pad|>``)
+                run expanded.
+            pixel_values: [n_patches, C*T*P*P] float32, every image's patches in order (None: no images).
+            grid_thw: [n_images, 3] int64, each image's (temporal, height, width) patch grid (None: no images).
+            pixel_values_videos: [n_patches, C*T*P*P] float32, every video's patches in order (None: no videos).
+            video_grid_thw: [n_videos, 3] int64, each video's (temporal, height, width) patch grid.
 
         Raises:
             ValueError: the model has no vision tower.
         """
         if self.vision is None:
             raise ValueError("a generation has images but the model has no vision tower")
-        return self.vision.prepare_steps(token_ids, pixel_values, grid_thw)
+        return self.vision.prepare_steps(token_ids, pixel_values, grid_thw, pixel_values_videos, video_grid_thw)
 
     def prefill_image_rows(self, cache: KVCache, prompt: VLPrompt, start: int, end: int) -> np.ndarray:
         """Feed rows ``start:end`` of an image prompt (the cache holds exactly ``start`` tokens).
@@ -854,12 +860,17 @@ def _load_qwen3_vl_model(folder: Path, progress: Callable[[float], None] | None,
     except KestrelError as exc:
         raise ModelLoadError(f"{folder}: a Qwen3-VL checkpoint needs Pillow: {exc.message}") from None
     image_config = ImageProcessorConfig.read(folder)
+    video_config = VideoProcessorConfig.read(folder)
     residency = residency or resolve_residency(folder, weights)  # None: not resolved by a check
     vl = load_qwen3_vl(folder, progress, residency, quantized_cache=cache)
     v = vl.config.vision
     for name, ours, theirs in (("patch_size", image_config.patch_size, v.patch_size),
                                ("merge_size", image_config.merge_size, v.spatial_merge_size),
-                               ("temporal_patch_size", image_config.temporal_patch_size, v.temporal_patch_size)):
+                               ("temporal_patch_size", image_config.temporal_patch_size, v.temporal_patch_size),
+                               ("video patch_size", video_config.pixels.patch_size, v.patch_size),
+                               ("video merge_size", video_config.pixels.merge_size, v.spatial_merge_size),
+                               ("video temporal_patch_size", video_config.pixels.temporal_patch_size,
+                                v.temporal_patch_size)):
         if ours != theirs:
             raise ModelLoadError(
                 f"{folder}: preprocessor_config.json {name} {ours} differs from config.json's {theirs}")
@@ -868,7 +879,7 @@ def _load_qwen3_vl_model(folder: Path, progress: Callable[[float], None] | None,
         raise ModelLoadError(f"{folder}: tokenizer.json has {tokenizer.vocab_size} tokens but text_config's "
                              f"vocab_size is {vl.config.text.vocab_size}")
     model = Model(vl.decoder, name=folder.resolve().name, path=folder, tokenizer=tokenizer)
-    model.vision, model.image_config = vl, image_config
+    model.vision, model.image_config, model.video_config = vl, image_config, video_config
     return _ready(model, residency)
 
 
@@ -889,6 +900,10 @@ def _load_qwen3_vl_gguf_model(path: Path, mmproj: Path, progress: Callable[[floa
     lm, tower = vl_gguf_pair(path, mmproj)
     image_config = ImageProcessorConfig.from_dict(mmproj_image_fields(tower),
                                                   source=f"{mmproj.name} (mmproj metadata)")
+    # The file holds no video settings: the image fields over Qwen3VLVideoProcessor's defaults, as transformers
+    # reads a folder without video_preprocessor_config.json.
+    video_config = VideoProcessorConfig.from_dict(mmproj_image_fields(tower),
+                                                  source=f"{mmproj.name} (mmproj metadata)")
     residency = resolve_residency(None, weights, gguf=True)
     tokenizer = Tokenizer.from_gguf(lm.metadata, path.name) if "tokenizer.ggml.tokens" in lm.metadata else None
     vl = load_qwen3_vl_gguf(path, mmproj, progress, residency)
@@ -899,7 +914,7 @@ def _load_qwen3_vl_gguf_model(path: Path, mmproj: Path, progress: Callable[[floa
     named = named_model_of_file(path)
     model = Model(vl.decoder, name=path.name.removesuffix(".gguf"), path=path, tokenizer=tokenizer,
                   sampling_defaults=named.sampling_defaults if named is not None else None)
-    model.vision, model.image_config = vl, image_config
+    model.vision, model.image_config, model.video_config = vl, image_config, video_config
     return _ready(model, residency)
 
 

@@ -32,7 +32,7 @@ from kestrel_trio.model import (
     DEMO_MODEL_ID, CheckedModel, Model, check_context_cap, check_draft_model, check_model, load_demo_model,
     load_model, set_blas_threads, set_prefill_precision, set_products,
 )
-from kestrel_trio.app import OPEN_PATHS, ImagePolicy, ServerState, build_router
+from kestrel_trio.app import OPEN_PATHS, ImagePolicy, ServerState, VideoPolicy, build_router
 from kestrel_trio.app.thinking import check_reasoning_default
 from kestrel_trio.text.sampling import SamplingDefaults
 from kestrel_trio.webui import PATHS as WEBUI_PATHS
@@ -129,6 +129,17 @@ def _accepts_images(model: Source) -> bool:
     return model is not None and model.vision
 
 
+def _accepts_videos(model: Source) -> bool:
+    """Video files need the model's vision tower and PyAV (frame lists need Pillow only)."""
+    if not _accepts_images(model):
+        return False
+    try:
+        import av  # noqa: F401  (the optional ``video`` extra)
+    except ImportError:
+        return False
+    return True
+
+
 def _image_policy(policy: ImagePolicy, allow_image_dir: str | Path | None) -> ImagePolicy:
     if allow_image_dir is None:
         return policy
@@ -144,9 +155,12 @@ def _cors_policy(origins: Iterable[str]) -> CorsPolicy:
         raise KestrelError(f"cors_origins: {exc}") from None
 
 
-def _room_for_images(limits: HttpLimits, policy: ImagePolicy) -> HttpLimits:
-    """HTTP limits whose body bound fits ``max_images`` base64 images of ``max_bytes`` each, plus 1 MiB of text."""
+def _room_for_images(limits: HttpLimits, policy: ImagePolicy, videos: VideoPolicy | None = None) -> HttpLimits:
+    """HTTP limits whose body bound fits ``max_images`` base64 images of ``max_bytes`` each (and ``max_videos``
+    base64 videos), plus 1 MiB of text."""
     needed = policy.max_images * (-(-policy.max_bytes // 3) * 4) + 2**20
+    if videos is not None:
+        needed += videos.max_videos * (-(-videos.max_bytes // 3) * 4)
     return limits if limits.max_body_bytes >= needed else attrs.evolve(limits, max_body_bytes=needed)
 
 
@@ -219,6 +233,7 @@ async def serve(
     grace: float = 10.0,
     drain_delay: float = 0.0,
     image_policy: ImagePolicy = ImagePolicy(),
+    video_policy: VideoPolicy = VideoPolicy(),
     allow_image_dir: str | Path | None = None,
     default_max_tokens: int | None = None,
     sampling_defaults: SamplingDefaults = SamplingDefaults(),
@@ -264,6 +279,8 @@ async def serve(
         drain_delay: seconds between the start of a shutdown (/health turns 503 "draining")
             and the listener's close; requests arriving meanwhile are still served.
         image_policy: image limits of chat requests (Qwen3-VL models only).
+        video_policy: video limits and sampling rate of chat requests (Qwen3-VL models only; video files
+            also need PyAV, the ``video`` extra).
         allow_image_dir: a folder whose files ``file://`` image URLs may name
             (overrides ``image_policy.allow_dir``); by default none may.
         default_max_tokens: the most new tokens (a count of tokens) of a request that sets no
@@ -325,10 +342,11 @@ async def serve(
     open_paths = frozenset(open_paths) | (WEBUI_PATHS if webui else frozenset())
     state = ServerState(model_id=_resolve_model_id(model, model_id), api_key=api_key, images=policy,
                         open_paths=open_paths, accepts_images=_accepts_images(model), webui=webui,
+                        videos=video_policy, accepts_videos=_accepts_videos(model),
                         default_max_tokens=default_max_tokens, sampling=sampling_defaults, reasoning=reasoning)
     http_limits = attrs.evolve(http_limits, shutdown_grace=grace + HTTP_GRACE_MARGIN)
     if _accepts_images(model):
-        http_limits = _room_for_images(http_limits, policy)
+        http_limits = _room_for_images(http_limits, policy, video_policy if _accepts_videos(model) else None)
     async with trio.open_nursery() as nursery:
         http_done = trio.Event()
 

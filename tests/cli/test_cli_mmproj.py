@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import urllib.request
 from pathlib import Path
 
 from cli_kit import run_cli, start_serve, stop
+
+# Video files are listed where the server can decode them (PyAV, the video extra).
+VIDEO = ["video"] if importlib.util.find_spec("av") is not None else []
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 LM = FIXTURES / "qwen3_vl_gguf" / "lm-f16.gguf"
@@ -40,4 +44,4 @@ def test_serve_with_mmproj_says_it_takes_images():
             listed = json.loads(response.read())
     finally:
         stop(process)
-    assert listed["data"][0]["input_modalities"] == ["text", "image"]
+    assert listed["data"][0]["input_modalities"] == ["text", "image", *VIDEO]

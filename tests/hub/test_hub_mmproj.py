@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import io
 from pathlib import Path
 
@@ -12,6 +13,9 @@ from hub_server import FakeHub
 from kestrel_trio.cli import _take_repo_mmproj
 from kestrel_trio.hub import HubSettings, resolve_model
 from kestrel_trio.hub.gguf_files import select_mmproj
+
+# Video files are listed where the server can decode them (PyAV, the video extra).
+VIDEO = ["video"] if importlib.util.find_spec("av") is not None else []
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 REPO = "Tiny/Tiny-VL-GGUF"
@@ -95,5 +99,5 @@ def test_serve_a_qwen3_vl_gguf_repo_takes_images_through_its_projector(fake_hub:
             listed = json.load(response)["data"][0]
     finally:
         stop(process)
-    assert listed["id"] == f"{repo}:F16" and listed["input_modalities"] == ["text", "image"]
+    assert listed["id"] == f"{repo}:F16" and listed["input_modalities"] == ["text", "image", *VIDEO]
     assert fake_hub.downloaded(repo) == {"Qwen3VL-Tiny-F16.gguf", "mmproj-Qwen3VL-Tiny-F16.gguf"}

@@ -106,6 +106,23 @@ def test_image_parts_are_checked_structurally_first():
              "messages[0].content[0].image_url.url", "required")
 
 
+
+def test_video_parts_as_vllm_sends_them_and_as_frame_lists():
+    clip = {"type": "video_url", "video_url": {"url": "data:video/mp4;base64,AAAA"}}
+    frames = {"type": "video", "video": ["data:image/png;base64,AAAA", "file:///tmp/f.png"]}
+    error = rejected([{"role": "user", "content": [clip]}], "messages[0].content[0]")
+    assert "videos are not supported by this model" in error.message
+    allowed = parse([{"role": "user", "content": [clip, frames, {"type": "text", "text": "what happens?"}]}],
+                    allow_images=True)
+    assert allowed.messages[0]["content"][:2] == [clip, frames]
+    rejected([{"role": "system", "content": [clip]}], "messages[0].content[0]", "videos", allow_images=True)
+    rejected([{"role": "user", "content": [{"type": "video_url", "video_url": {"url": "x", "fps": 4}}]}],
+             "messages[0].content[0].video_url.fps", allow_images=True)  # refused, never silently ignored
+    rejected([{"role": "user", "content": [{"type": "video", "video": []}]}], "messages[0].content[0].video",
+             "non-empty array", allow_images=True)
+    rejected([{"role": "user", "content": [{"type": "video", "video": ["data:,", 3]}]}],
+             "messages[0].content[0].video[1]", "string", allow_images=True)
+
 def test_tool_round_trip_messages():
     messages = [
         USER,

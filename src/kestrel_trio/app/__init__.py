@@ -6,7 +6,8 @@ structured-output constraint and its reasoning; ``state`` is what every route re
 """
 
 from kestrel_trio.app.images import ImagePolicy
+from kestrel_trio.app.videos import VideoPolicy
 from kestrel_trio.app.routes import build_router
 from kestrel_trio.app.state import OPEN_PATHS, ServerState
 
-__all__ = ["ImagePolicy", "OPEN_PATHS", "ServerState", "build_router"]
+__all__ = ["ImagePolicy", "OPEN_PATHS", "ServerState", "VideoPolicy", "build_router"]

@@ -24,7 +24,7 @@ from kestrel_trio.model import Model
 from kestrel_trio.openai.image_urls import ImageRef, decode_data_url, image_parts, parse_image_url
 from kestrel_trio.text.images import ProcessedImage, preprocess_image
 
-__all__ = ["ImagePolicy", "prepare_images", "template_parts"]
+__all__ = ["ImagePolicy", "prepare_images", "template_parts", "check_allowed_file", "media_bytes"]
 
 
 def _absolute(folder: str | Path | None) -> Path | None:
@@ -50,11 +50,13 @@ class ImagePolicy:
 
 
 def template_parts(messages: list[dict]) -> list[dict]:
-    """``messages`` with each ``image_url`` part replaced by ``{"type": "image"}``, as Qwen-VL templates expect."""
+    """``messages`` with each ``image_url`` part replaced by ``{"type": "image"}`` and each ``video_url`` or
+    ``video`` part by ``{"type": "video"}``, as Qwen-VL templates expect."""
+    kinds = {"image_url": "image", "video_url": "video", "video": "video"}
     for message in messages:
         content = message.get("content")
         if isinstance(content, list):
-            message["content"] = [{"type": "image"} if p["type"] == "image_url" else p for p in content]
+            message["content"] = [{"type": kinds[p["type"]]} if p["type"] in kinds else p for p in content]
     return messages
 
 
@@ -90,15 +92,19 @@ async def prepare_images(model: Model, messages: tuple[dict, ...], policy: Image
 
 
 def _check_allowed(ref: ImageRef, policy: ImagePolicy) -> None:
-    # Lexical check first, so a path outside the folder is refused without touching the filesystem.
-    if policy.allow_dir is None:
-        raise BadRequestError(f"'{ref.param}': file:// image URLs are not allowed on this server "
+    check_allowed_file(ref, policy.allow_dir)
+
+
+def check_allowed_file(ref: ImageRef, allow_dir: Path | None, what: str = "image") -> None:
+    """Refuse (400 naming the part) a ``file://`` reference outside ``allow_dir``, without touching the filesystem."""
+    if allow_dir is None:
+        raise BadRequestError(f"'{ref.param}': file:// {what} URLs are not allowed on this server "
                               "(it can be started with --allow-image-dir DIR)", param=ref.param,
-                              code="image_url_not_allowed")
+                              code=f"{what}_url_not_allowed")
     path = Path(os.path.normpath(ref.file_path))
-    if not (_under(path, policy.allow_dir) or _under(path, policy.allow_dir.resolve())):
-        raise BadRequestError(f"'{ref.param}': the file is outside the folder allowed for images",
-                              param=ref.param, code="image_url_not_allowed")
+    if not (_under(path, allow_dir) or _under(path, allow_dir.resolve())):
+        raise BadRequestError(f"'{ref.param}': the file is outside the folder allowed for {what}s",
+                              param=ref.param, code=f"{what}_url_not_allowed")
 
 
 def _open_beneath(folder: Path, path: Path) -> int:
@@ -137,24 +143,33 @@ def _preprocess_all(model: Model, refs: list[ImageRef], policy: ImagePolicy) -> 
 
 
 def _image_bytes(ref: ImageRef, policy: ImagePolicy) -> bytes:
+    return media_bytes(ref, policy.allow_dir, policy.max_bytes)
+
+
+def media_bytes(ref: ImageRef, allow_dir: Path | None, max_bytes: int, what: str = "image") -> bytes:
+    """The bytes of a ``data:`` reference, or of an allowed file (at most ``max_bytes + 1`` read).
+
+    Raises:
+        BadRequestError: bad base64, a missing, unreadable or irregular file, or one outside ``allow_dir``.
+    """
     if ref.data_b64 is not None:
         return decode_data_url(ref)
-    assert ref.file_path is not None and policy.allow_dir is not None
+    assert ref.file_path is not None and allow_dir is not None
     try:
         resolved = Path(ref.file_path).resolve(strict=True)
     except (OSError, RuntimeError):
-        raise BadRequestError(f"'{ref.param}': no such image file", param=ref.param) from None
-    if not _under(resolved, policy.allow_dir.resolve()):  # a symlink pointing out of the folder
-        raise BadRequestError(f"'{ref.param}': the file is outside the folder allowed for images",
-                              param=ref.param, code="image_url_not_allowed")
+        raise BadRequestError(f"'{ref.param}': no such {what} file", param=ref.param) from None
+    if not _under(resolved, allow_dir.resolve()):  # a symlink pointing out of the folder
+        raise BadRequestError(f"'{ref.param}': the file is outside the folder allowed for {what}s",
+                              param=ref.param, code=f"{what}_url_not_allowed")
     try:
-        fd = _open_beneath(policy.allow_dir.resolve(), resolved)
+        fd = _open_beneath(allow_dir.resolve(), resolved)
         try:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
                 raise BadRequestError(f"'{ref.param}': not a regular file", param=ref.param)
             with open(fd, "rb", closefd=False) as file:
-                return file.read(policy.max_bytes + 1)  # one byte over is enough for the limit's error
+                return file.read(max_bytes + 1)  # one byte over is enough for the limit's error
         finally:
             os.close(fd)
     except OSError as exc:
-        raise BadRequestError(f"'{ref.param}': cannot read the image file ({exc.strerror})", param=ref.param) from None
+        raise BadRequestError(f"'{ref.param}': cannot read the {what} file ({exc.strerror})", param=ref.param) from None

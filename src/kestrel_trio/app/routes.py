@@ -36,10 +36,12 @@ from kestrel_trio.app.embeddings import EmbeddingRoutes
 from kestrel_trio.app.ollama import OLLAMA_PREFIX, add_ollama_routes, ollama_error_response
 from kestrel_trio.app.grammar import chat_constraint, completion_constraint
 from kestrel_trio.app.images import prepare_images, template_parts
+from kestrel_trio.app.videos import prepare_videos
 from kestrel_trio.app.thinking import chat_format, plan_thinking, reasoning_budget
 from kestrel_trio.text.constraint import Constraint
 from kestrel_trio.text.reasoning_budget import ReasoningBudget
 from kestrel_trio.text.images import expand_image_pads
+from kestrel_trio.text.videos import expand_video_placeholders
 from kestrel_trio.webui import add_webui_routes
 from kestrel_trio.stats import CONTENT_TYPE as PROMETHEUS_CONTENT_TYPE
 
@@ -169,7 +171,8 @@ class _Routes:
         return Response(status=200, body="".join(parts).encode(), content_type=PROMETHEUS_CONTENT_TYPE)
 
     def _input_modalities(self) -> tuple[str, ...]:
-        return ("text", "image") if self.state.accepts_images else ("text",)
+        return ("text",) + (("image",) if self.state.accepts_images else ()) + (
+            ("video",) if self.state.accepts_videos else ())
 
     def models(self, request: Request) -> Response:
         return _json(200, oa.models_list([self.state.model_id], self.state.created, max_model_len=self._max_model_len(),
@@ -241,6 +244,8 @@ class _Routes:
         chat = attrs.evolve(chat, chat_template_kwargs=thinking_plan.template_kwargs(chat))
         model.check_chat_template_kwargs(list(chat.chat_template_kwargs))
         images = await prepare_images(model, chat.messages, self.state.images, self.state.image_workers)
+        videos = await prepare_videos(model, chat.messages, self.state.videos, self.state.images,
+                                      self.state.image_workers)
         tool_choice = chat.tool_choice or ("auto" if chat.tools else "none")
         tools = list(chat.tools) if chat.tools and tool_choice != "none" else None
         prompt = thinking_plan.finish_prompt(await self._off_loop(_render_chat, model, chat, tools))
@@ -266,11 +271,13 @@ class _Routes:
         if chat.structured is not None or tools:  # a schema that cannot be enforced: 400 here, before any compute
             constraint = await self._off_loop(functools.partial(
                 chat_constraint, model, chat.structured, tools, tool_choice, in_reasoning=in_reasoning))
-        ids = await self._off_loop(functools.partial(model.encode_prompt, prompt, param="messages"))
+        # Videos become per-frame timestamps and pads in the text, as Qwen3VLProcessor writes them.
+        tokenized = expand_video_placeholders(prompt, videos)
+        ids = await self._off_loop(functools.partial(model.encode_prompt, tokenized, param="messages"))
         if images:
             assert model.vision is not None
             ids = expand_image_pads(ids, model.vision.config.image_token_id, [image.num_tokens for image in images])
-        return PreparedChat(model, engine, ids, tuple(images), options, constraint, budget)
+        return PreparedChat(model, engine, ids, (*images, *videos), options, constraint, budget)
 
     def chat_job(self, prepared: PreparedChat, sampling: oa.SamplingFields) -> CompletionJob:
         """The job that runs a prepared chat request (a 400 for a bad sampling field)."""

@@ -8,6 +8,7 @@ import attrs
 import trio
 
 from kestrel_trio.app.images import ImagePolicy
+from kestrel_trio.app.videos import VideoPolicy
 from kestrel_trio.engine import Engine
 from kestrel_trio.engine.host_memory import process_memory
 from kestrel_trio.http import HttpServer
@@ -37,7 +38,8 @@ class ServerState:
         reasoning: the reasoning of a chat request that asks for none: "auto" (the model's own), "on" or "off"
             (``serve --reasoning``; :mod:`kestrel_trio.app.thinking`).
         images: what image input chat requests may carry (Qwen3-VL models only).
-        image_workers: requests whose images are being decoded at once (worker threads).
+        image_workers: requests whose images or videos are being decoded at once (worker threads).
+        videos: what video input chat requests may carry (Qwen3-VL models only).
         text_workers: requests whose prompt is being rendered and tokenized at once (worker
             threads, so a megabyte prompt never stalls the event loop and /health).
         text_calls: when (trio clock, s) each template render, tokenization or grammar compile now in a text
@@ -45,6 +47,7 @@ class ServerState:
         text_stall_seconds: how long one text-worker call may run before /health counts it stuck (a template's
             own render deadline is 10 s; a tokenization or compile of a prompt that fits takes well under one).
         accepts_images: the model takes images (Qwen3-VL); /v1/models says so.
+        accepts_videos: the model takes video files (Qwen3-VL with PyAV installed); /v1/models says so.
         webui: serve the built-in chat page at ``/``.
     """
 
@@ -59,11 +62,13 @@ class ServerState:
     sampling: SamplingDefaults = SamplingDefaults()
     reasoning: str = "auto"
     images: ImagePolicy = ImagePolicy()
+    videos: VideoPolicy = VideoPolicy()
     image_workers: trio.CapacityLimiter = attrs.field(factory=lambda: trio.CapacityLimiter(1))
     text_workers: trio.CapacityLimiter = attrs.field(factory=lambda: trio.CapacityLimiter(2))
     text_calls: dict = attrs.field(factory=dict)
     text_stall_seconds: float = 60.0
     accepts_images: bool = False
+    accepts_videos: bool = False
     webui: bool = False
     created: int = attrs.field(factory=lambda: int(time.time()))
 

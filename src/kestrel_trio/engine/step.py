@@ -35,6 +35,7 @@ import numpy as np
 from kestrel_trio.model import Model, PrefixCache
 from kestrel_trio.text.constraint import start_masks
 from kestrel_trio.text.generation import Generation, Phase, StepResult
+from kestrel_trio.text.videos import ProcessedVideo
 
 __all__ = ["step_generations"]
 
@@ -87,11 +88,20 @@ def _advance_vision(model: Model, g: Generation) -> bool:
     if model.vision is None:
         raise ValueError("a generation has images but the model has no vision tower")
     if not g.vision_started:
-        images = g.take_images()  # the pixels now live in the running encoder
-        pixels = np.concatenate([image.pixel_values for image in images])  # [n_patches, C*T*P*P]
-        grids = np.asarray([image.grid_thw for image in images], dtype=np.int64)  # [n_images, 3]
-        g.start_vision(model.image_prompt_steps(np.asarray(g.prompt_ids, dtype=np.int64), pixels, grids))
+        media = g.take_images()  # the pixels now live in the running encoder
+        images = [m for m in media if not isinstance(m, ProcessedVideo)]
+        videos = [m for m in media if isinstance(m, ProcessedVideo)]
+        g.start_vision(model.image_prompt_steps(np.asarray(g.prompt_ids, dtype=np.int64), *_stacked(images),
+                                                *_stacked(videos)))
     return g.step_vision()
+
+
+def _stacked(media: list) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """(pixel_values [n_patches, C*T*P*P], grid_thw [n, 3]) of images or of videos; Nones for none."""
+    if not media:
+        return None, None
+    return (np.concatenate([m.pixel_values for m in media]),  # [n_patches, C*T*P*P]
+            np.asarray([m.grid_thw for m in media], dtype=np.int64))  # [n, 3]
 
 
 def _forward_and_advance(model: Model, generations: Sequence[Generation]) -> list[StepResult]:

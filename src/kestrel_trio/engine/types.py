@@ -8,6 +8,7 @@ from kestrel_trio.model import KV_DTYPES
 from kestrel_trio.text.constraint import Constraint
 from kestrel_trio.text.generation import DEFAULT_PREFILL_CHUNK
 from kestrel_trio.text.images import ProcessedImage
+from kestrel_trio.text.videos import ProcessedVideo
 from kestrel_trio.text.reasoning_budget import ReasoningBudget
 from kestrel_trio.text.sampling import SamplingParams, TokenLogprobs
 from kestrel_trio.text.speculative import MAX_SPECULATIVE_TOKENS, SPECULATIVE_MODES
@@ -62,8 +63,9 @@ class GenerationRequest:
         prompt_ids: the prompt's token ids.
         params: sampling parameters (max_tokens None: as many as the context allows).
         prompt_param: the request field that carried the prompt, for error messages.
-        images: the prompt's images in prompt order, preprocessed (Qwen3-VL only);
-            ``prompt_ids`` then hold each image's expanded ``<|image_pad|>`` run.
+        images: the prompt's images, then its videos, each kind in prompt order, preprocessed (Qwen3-VL
+            only); ``prompt_ids`` then hold each image's expanded ``<|image_pad|>`` run and each video's
+            timestamped ``<|video_pad|>`` runs.
         constraint: the grammar the output must follow (structured outputs), compiled
             for this model; each choice of a request starts its own state from it.
         max_tokens_param: the request field that carried ``params.max_tokens``, for error messages.
@@ -74,7 +76,7 @@ class GenerationRequest:
     prompt_ids: tuple[int, ...]
     params: SamplingParams
     prompt_param: str = "prompt"
-    images: tuple[ProcessedImage, ...] = ()
+    images: tuple[ProcessedImage | ProcessedVideo, ...] = ()
     constraint: Constraint | None = None
     max_tokens_param: str = "max_tokens"
     reasoning_budget: ReasoningBudget | None = None

@@ -52,8 +52,8 @@ def validate_messages(value: Any, path: str = "messages", *, allow_images: bool 
     Args:
         value: the decoded ``messages`` field.
         path: its dotted path, for error messages.
-        allow_images: accept ``image_url`` parts in user messages (they are
-            then kept as a list of parts instead of being joined to a string).
+        allow_images: accept ``image_url``, ``video_url`` and ``video`` (a list of frame URLs) parts in
+            user messages (they are then kept as a list of parts instead of being joined to a string).
         endpoint: the endpoint whose no-op fields apply (see ``accepted_fields``).
 
     Returns:
@@ -128,17 +128,30 @@ def _content_part(value: Any, path: str, generic: str, images_ok: bool) -> dict:
     if kind == "text":
         check_keys(part, ("type", "text"), endpoint=CHAT, path=path, generic=generic)
         return {"type": "text", "text": check_str(require(part, "text", path), join_path(path, "text"))}
-    if kind == "image_url":
-        check_keys(part, ("type", "image_url"), endpoint=CHAT, path=path, generic=generic)
-        image = check_object(require(part, "image_url", path), join_path(path, "image_url"))
-        url = check_str(require(image, "url", join_path(path, "image_url")), join_path(path, "image_url.url"))
-        check_keys(image, ("url",), endpoint=CHAT, path=join_path(path, "image_url"),
-                   generic=join_path(generic, "image_url"))
-        if not images_ok:
-            raise BadRequestError(f"'{path}': images are not supported by this model", param=path)
-        return {"type": "image_url", "image_url": {"url": url}}
+    if kind in ("image_url", "video_url"):
+        check_keys(part, ("type", kind), endpoint=CHAT, path=path, generic=generic)
+        inner = check_object(require(part, kind, path), join_path(path, kind))
+        url = check_str(require(inner, "url", join_path(path, kind)), join_path(path, f"{kind}.url"))
+        check_keys(inner, ("url",), endpoint=CHAT, path=join_path(path, kind), generic=join_path(generic, kind))
+        _media_allowed(images_ok, kind, path)
+        return {"type": kind, kind: {"url": url}}
+    if kind == "video":  # a video sent as its frames: {"type": "video", "video": [image URL, ...]}
+        check_keys(part, ("type", "video"), endpoint=CHAT, path=path, generic=generic)
+        frames = require(part, "video", path)
+        frames_path = join_path(path, "video")
+        if not isinstance(frames, list) or not frames:
+            raise fail(frames_path, "a non-empty array of image URL strings", frames)
+        urls = [check_str(url, join_path(frames_path, k)) for k, url in enumerate(frames)]
+        _media_allowed(images_ok, kind, path)
+        return {"type": "video", "video": urls}
     field = join_path(path, "type")
-    raise BadRequestError(f"'{field}' must be 'text' or 'image_url'; got {kind!r}", param=field)
+    raise BadRequestError(f"'{field}' must be 'text', 'image_url', 'video_url' or 'video'; got {kind!r}", param=field)
+
+
+def _media_allowed(images_ok: bool, kind: str, path: str) -> None:
+    if not images_ok:
+        what = "images are" if kind == "image_url" else "videos are"
+        raise BadRequestError(f"'{path}': {what} not supported by this model", param=path)
 
 
 def _tool_call(value: Any, path: str, generic: str) -> dict:

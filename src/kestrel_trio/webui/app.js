@@ -28,10 +28,11 @@
   const state = {
     model: null,        // the served model's id, from /v1/models
     takesImages: false, // the model's card lists "image" in input_modalities (Qwen3-VL)
+    takesVideo: false,  // ... and "video" (Qwen3-VL on a server with PyAV)
     history: [],        // the conversation as OpenAI messages (the system prompt is added per request)
     conversation: 0,    // bumped by New chat: an answer still ending then belongs to the old one
     controller: null,   // the AbortController of the answer being streamed
-    images: [],         // data: URLs of images attached to the next message
+    images: [],         // data: URLs of images (and videos) attached to the next message
     keyPrompt: null,    // the pending API-key question, shared by concurrent requests
   };
 
@@ -158,6 +159,10 @@
       if (!card || typeof card.id !== "string") throw new Error("the server lists no model");
       state.model = card.id;
       state.takesImages = Array.isArray(card.input_modalities) && card.input_modalities.includes("image");
+      state.takesVideo = state.takesImages && card.input_modalities.includes("video");
+      ui.attach.accept = IMAGE_TYPES + (state.takesVideo ? "," + VIDEO_TYPES : "");
+      ui.attachLabel.title = state.takesVideo ? "attach images (PNG, JPEG, WebP) or a short video (MP4, WebM)"
+        : "attach images (PNG, JPEG, WebP)";
       showDefaults(card.sampling_defaults);
       ui.model.textContent = card.id;
       ui.attachLabel.hidden = !state.takesImages;
@@ -235,12 +240,7 @@
     article.append(element("div", "role", "You"));
     if (images.length) {
       const strip = element("div", "images");
-      for (const url of images) {
-        const img = element("img");
-        img.src = url;
-        img.alt = "attached image";
-        strip.append(img);
-      }
+      for (const url of images) strip.append(mediaElement(url, isVideo(url) ? "attached video" : "attached image"));
       article.append(strip);
     }
     if (text) article.append(element("div", "content", text));
@@ -390,7 +390,7 @@
     if (!state.model) await loadModel();
     if (!state.model) return;
     const content = images.length
-      ? [...images.map((url) => ({ type: "image_url", image_url: { url } })), ...(text.trim() ? [{ type: "text", text }] : [])]
+      ? [...images.map(mediaPart), ...(text.trim() ? [{ type: "text", text }] : [])]
       : text;
     const question = userMessage(text, images);
     const conversation = state.conversation;
@@ -444,7 +444,32 @@
     ui.prompt.focus();
   }
 
-  // -- images -------------------------------------------------------------
+  // -- images and videos --------------------------------------------------
+
+  const IMAGE_TYPES = "image/png,image/jpeg,image/webp";
+  const VIDEO_TYPES = "video/mp4,video/webm,video/quicktime";
+
+  function isVideo(url) {
+    return url.startsWith("data:video/");
+  }
+
+  // A video file goes as vLLM's video_url part; the server samples its frames.
+  function mediaPart(url) {
+    return isVideo(url) ? { type: "video_url", video_url: { url } } : { type: "image_url", image_url: { url } };
+  }
+
+  function mediaElement(url, label) {
+    const media = element(isVideo(url) ? "video" : "img");
+    media.src = url;
+    if (isVideo(url)) {
+      media.muted = true;
+      media.controls = true;
+      media.title = label;
+    } else {
+      media.alt = label;
+    }
+    return media;
+  }
 
   function readAsDataURL(file) {
     return new Promise((resolve, reject) => {
@@ -472,17 +497,15 @@
     ui.attachments.replaceChildren();
     state.images.forEach((url, index) => {
       const item = element("div", "attachment");
-      const img = element("img");
-      img.src = url;
-      img.alt = `image ${index + 1}`;
+      const media = mediaElement(url, `${isVideo(url) ? "video" : "image"} ${index + 1}`);
       const remove = element("button", "remove", "×");
       remove.type = "button";
-      remove.title = "remove this image";
+      remove.title = isVideo(url) ? "remove this video" : "remove this image";
       remove.addEventListener("click", () => {
         state.images.splice(index, 1);
         showAttachments();
       });
-      item.append(img, remove);
+      item.append(media, remove);
       ui.attachments.append(item);
     });
     ui.attachments.hidden = state.images.length === 0;
