@@ -24,12 +24,16 @@ fixed 32-block unroll into scalar code. A block, for one weight row:
   NEON, to ``vpmaddwd`` on x86-64);
 - Q6_K: one ``sdot`` a 16 weights, its lanes times the 16 weights' int8 scale
   (``mul``), the two added (exact in int32, and below 2**24);
-- the lanes converted to float32 and accumulated as ``acc = fma(lanes, d_w *
-  d_x, acc)``: four float32 lanes a row, no across-lanes add per block;
+- the four rows' lanes reduced to one int32 sum a row in one int32x4 vector
+  (three ``addp``), converted to float32 at once (one ``scvtf``); the rows'
+  float16 scales gathered into one vector and converted at once (``fcvtl``),
+  times ``d_x`` (one ``fmul``), and accumulated as ``acc = fma(sums, d_w * d_x,
+  acc)`` (one ``fmla``): one float32 a row, lane i row i's;
 - Q4_1, Q5_1, Q4_K, Q5_K: ``bias = fma(offset, s_x, bias)``, a float32 scalar a row;
-- at the row's end ``(acc0 + acc1) + (acc2 + acc3)`` (``+ bias``).
+- at the row's end its lane of ``acc`` (``+ bias``).
 
-Rows go four at a time, sharing the activation loads and the loop. Integer sums
+Rows go four at a time, sharing the activation loads, the loop and the block's
+float32 steps (a row left over goes alone, its sum by the same adds). Integer sums
 are exact, and every float32 step is the reference's in its order, so each
 variant equals the reference bit for bit. A weight's float16 scale is
 converted by the CPU (``fcvt``), which equals the reference's table on every
@@ -49,7 +53,6 @@ _I8x16 = ir.VectorType(ir.IntType(8), 16)
 _I32x4 = ir.VectorType(ir.IntType(32), 4)
 _I32x16 = ir.VectorType(ir.IntType(32), 16)
 _F32 = ir.FloatType()
-_F32x4 = ir.VectorType(_F32, 4)
 _I64 = ir.IntType(64)
 _ROWS = 4  # weight rows a pass
 
@@ -93,8 +96,8 @@ def _sub_blocks(builder, form: str, at):
     * -dmin``) or None, and Q6_K's int8 scales of weights 0-15 and 16-31 as int32 or None."""
     quants = FORMS[form][1]
     if form == "Q8_0":
-        return [(_load16(builder, at, _at(quants)), _load16(builder, at, _at(quants + 16)), _half_at(builder, at, 0),
-                 None, None)]
+        return [(_load16(builder, at, _at(quants)), _load16(builder, at, _at(quants + 16)),
+                 _half_at(builder, at, 0, raw=True), None, None)]
     if form in ("Q4_K", "Q5_K"):  # 8 sub-blocks: pair p's 32 bytes hold sub-block 2p in low nibbles, 2p + 1 in high
         d, minus_dmin = _half_at(builder, at, 0), builder.fneg(_half_at(builder, at, 2))
         fifths = (_load16(builder, at, _at(16)), _load16(builder, at, _at(32))) if form == "Q5_K" else None
@@ -116,10 +119,10 @@ def _sub_blocks(builder, form: str, at):
     low, high = _nibbles(builder, nibbles, False), _nibbles(builder, nibbles, True)
     if form == "Q4_0":
         eight = ir.Constant(_I8x16, [8] * 16)
-        return [(builder.sub(low, eight), builder.sub(high, eight), _half_at(builder, at, 0), None, None)]
+        return [(builder.sub(low, eight), builder.sub(high, eight), _half_at(builder, at, 0, raw=True), None, None)]
     if form in ("Q5_0", "Q5_1"):
         low, high = _fifth_bits(builder, at, quants - 4, low, high, form == "Q5_0")
-    return [(low, high, _half_at(builder, at, 0), _half_at(builder, at, 2), None)]
+    return [(low, high, _half_at(builder, at, 0, raw=True), _half_at(builder, at, 2), None)]
 
 
 def _fifth_bits(builder, at, offset: int, low, high, less_16: bool):
@@ -155,7 +158,7 @@ def _q6_k_sub_blocks(builder, at):
     128), quarter q the low (q < 2) or high nibbles of the half's first (q even) or second 32 bytes, or'ed with
     bits 2q, 2q + 1 of the high bytes moved to bits 4-5, less 32; its two int8 scales (bytes 192 + 2k, 193 + 2k
     of sub-block k); the float16 d at 208 its float scale."""
-    d = _half_at(builder, at, 208)
+    d = _half_at(builder, at, 208, raw=True)
     thirty_two, mask = ir.Constant(_I8x16, [32] * 16), ir.Constant(_I8x16, [0x30] * 16)
     found = []
     for half in range(2):
@@ -205,16 +208,50 @@ def _k_scale_min(builder, at, j: int):
     return scale, low_min
 
 
+def _row_sums(builder, lanes):
+    """The rows' int32 sums of their lanes (int32x4 each; one or four rows) as one int32 vector [rows]: four rows
+    by three pairwise adds (``addp``), lane i row i's sum (exact: integers)."""
+    def pairwise(a, b):  # [a0 + a1, a2 + a3, b0 + b1, b2 + b3]
+        return builder.add(builder.shuffle_vector(a, b, ir.Constant(_I32x4, [0, 2, 4, 6])),
+                           builder.shuffle_vector(a, b, ir.Constant(_I32x4, [1, 3, 5, 7])))
+
+    if len(lanes) == 4:
+        return pairwise(pairwise(lanes[0], lanes[1]), pairwise(lanes[2], lanes[3]))  # [4] int32
+    assert len(lanes) == 1
+    once = pairwise(lanes[0], lanes[0])  # [s01, s23, s01, s23]
+    twice = pairwise(once, once)  # [s, s, s, s]
+    return builder.shuffle_vector(twice, twice, ir.Constant(ir.VectorType(ir.IntType(32), 1), [0]))  # [1] int32
+
+
 def _splat_i32(builder, value):
     """An int32 in all four lanes of an int32x4 vector."""
     one = builder.insert_element(ir.Constant(_I32x4, None), value, ir.Constant(ir.IntType(32), 0))
     return builder.shuffle_vector(one, ir.Constant(_I32x4, None), ir.Constant(_I32x4, [0] * 4))
 
 
-def _half_at(builder, at, offset: int):
-    """The float16 at ``at + offset`` (bytes), as float32."""
+def _half_at(builder, at, offset: int, raw: bool = False):
+    """The float16 at ``at + offset`` (bytes), as float32 (``raw``: as float16, for :func:`_steps` to convert)."""
     pointer = builder.bitcast(builder.gep(at, [ir.Constant(_I64, offset)]), ir.HalfType().as_pointer())
-    return builder.fpext(builder.load(pointer, align=1), _F32)
+    value = builder.load(pointer, align=1)
+    return value if raw else builder.fpext(value, _F32)
+
+
+def _steps(builder, scales, d_x):
+    """The rows' ``scale_w * d_x`` as one float32 vector [len(scales)]: the weights' scales (float16 as stored,
+    or float32 where computed: Q4_K's, Q5_K's ``d * scale``) gathered into one vector, float16 ones converted
+    together (one ``fcvtl``), and multiplied by the activations' float32 ``d_x`` at once (one ``fmul``); each
+    lane is the reference's scalar ``scale_w * d_x``, rounded as it."""
+    kind = scales[0].type
+    vector = ir.Constant(ir.VectorType(kind, len(scales)), None)
+    for i, value in enumerate(scales):
+        vector = builder.insert_element(vector, value, ir.Constant(ir.IntType(32), i))
+    n = len(scales)
+    floats, indices = ir.VectorType(_F32, n), ir.VectorType(ir.IntType(32), n)
+    if isinstance(kind, ir.HalfType):
+        vector = builder.fpext(vector, floats)  # [rows] float32, exact
+    one = builder.insert_element(ir.Constant(floats, None), d_x, ir.Constant(ir.IntType(32), 0))
+    splat = builder.shuffle_vector(one, ir.Constant(floats, None), ir.Constant(indices, [0] * n))  # [rows] d_x
+    return builder.fmul(vector, splat)  # [rows] float32
 
 
 def _rows_dot(lanes_of, rows: int, form: str):
@@ -243,9 +280,10 @@ def _rows_dot(lanes_of, rows: int, form: str):
             d_ptr = cgutils.get_item_pointer(context, builder, xd_t, xd_a, [b, zero])  # float*
             s_ptr = cgutils.get_item_pointer(context, builder, xs_t, xs_a, [b, zero])  # float*
             units = builder.sdiv(builder.extract_value(xq_a.shape, 1), ir.Constant(_I64, 32 * subs))  # blocks
-            fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_F32x4, [_F32x4] * 3),
-                                                 "llvm.fma.v4f32")
-            accs = [cgutils.alloca_once_value(builder, ir.Constant(_F32x4, None)) for _ in range(rows)]
+            floats = ir.VectorType(_F32, rows)  # one float32 a row
+            fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(floats, [floats] * 3),
+                                                 f"llvm.fma.v{rows}f32")
+            acc = cgutils.alloca_once_value(builder, ir.Constant(floats, None))  # [rows] float32
             biases = [cgutils.alloca_once_value(builder, ir.Constant(_F32, 0.0)) for _ in range(rows)]
             fma1 = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_F32, [_F32] * 3), "llvm.fma.f32")
             with cgutils.for_range(builder, units) as loop:
@@ -258,26 +296,25 @@ def _rows_dot(lanes_of, rows: int, form: str):
                                         builder.load(builder.gep(d_ptr, [k])),
                                         builder.load(builder.gep(s_ptr, [k])) if has_min else None))
                 w_off = builder.mul(loop.index, _at(block_bytes))
-                for row_ptr, acc, bias in zip(row_ptrs, accs, biases):
-                    at = builder.gep(row_ptr, [w_off])  # the block: float16 d (and m or dmin), scales, quants
-                    for (w0, w1, scale_w, offset_w, halves), (x0, x1, d_x, s_x) in zip(
-                            _sub_blocks(builder, form, at), activations):
+                found = [_sub_blocks(builder, form, builder.gep(row_ptr, [w_off])) for row_ptr in row_ptrs]
+                for sub, (x0, x1, d_x, s_x) in enumerate(activations):
+                    all_lanes = []
+                    for i, bias in enumerate(biases):
+                        w0, w1, _, offset_w, halves = found[i][sub]
                         if has_min:
                             builder.store(builder.call(fma1, [offset_w, s_x, builder.load(bias)]), bias)
-                        scale = builder.fmul(scale_w, d_x)
-                        splat = builder.shuffle_vector(builder.insert_element(ir.Constant(_F32x4, None), scale, zero),
-                                                       ir.Constant(_F32x4, None), ir.Constant(_I32x4, [0] * 4))
                         if halves is None:
                             lanes = lanes_of(builder, [(w0, x0), (w1, x1)])  # [4] int32
                         else:  # Q6_K: each 16 weights' lane sums times their int8 scale, exact in int32
                             lanes = builder.add(*(builder.mul(lanes_of(builder, [pair]), _splat_i32(builder, s))
                                                   for pair, s in zip(((w0, x0), (w1, x1)), halves)))  # [4] int32
-                        lanes = builder.sitofp(lanes, _F32x4)  # [4] float32, exact (below 2**24)
-                        builder.store(builder.call(fma, [lanes, splat, builder.load(acc)]), acc)
-            for i, (acc, bias) in enumerate(zip(accs, biases)):
-                a = builder.load(acc)
-                parts = [builder.extract_element(a, ir.Constant(ir.IntType(32), j)) for j in range(4)]
-                total = builder.fadd(builder.fadd(parts[0], parts[1]), builder.fadd(parts[2], parts[3]))
+                        all_lanes.append(lanes)
+                    sums = builder.sitofp(_row_sums(builder, all_lanes), floats)  # [rows] float32, exact (< 2**24)
+                    steps = _steps(builder, [f[sub][2] for f in found], d_x)  # [rows] float32: scale_w * d_x
+                    builder.store(builder.call(fma, [sums, steps, builder.load(acc)]), acc)
+            totals = builder.load(acc)
+            for i, bias in enumerate(biases):
+                total = builder.extract_element(totals, ir.Constant(ir.IntType(32), i))
                 if has_min:
                     total = builder.fadd(total, builder.load(bias))
                 builder.store(total, cgutils.get_item_pointer(
