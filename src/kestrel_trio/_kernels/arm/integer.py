@@ -10,11 +10,12 @@ emits it as LLVM vector IR (numba ``intrinsic``s), since numba's loops over a
 fixed 32-block unroll into scalar code. A block, for one weight row:
 
 - its 32 weights as two int8x16 vectors: Q8_0's bytes as stored; Q4_0's 16
-  bytes of nibbles split (low nibbles: weights 0-15, high: 16-31) less 8;
+  bytes of nibbles split (low nibbles: weights 0-15, high: 16-31), unsigned,
+  their 8 taken off once for the four rows (the lanes start at ``-8 * x``'s);
   Q4_1's split, unsigned; Q4_K's sub-block pair's 32 bytes, low nibbles for the
   even sub-block, high for the odd; Q5_0 and Q5_1 as Q4_0 and Q4_1 with the
   fifth bits of their uint32 spread a byte to 8 lanes and tested lane by lane
-  (``cmtst``), Q5_0's weights less 16; Q5_K as Q4_K with sub-block ``j``'s fifth
+  (``cmtst``), Q5_0's 16 taken off as Q4_0's 8; Q5_K as Q4_K with sub-block ``j``'s fifth
   bits shifted from bit ``j`` of its 32 bytes to bit 4; Q6_K's nibbles or'ed
   with its 2-bit parts shifted to bits 4-5, less 32;
 - its 32 products summed into four int32 lanes, lane ``j`` holding bytes
@@ -57,17 +58,18 @@ _I64 = ir.IntType(64)
 _ROWS = 4  # weight rows a pass
 
 
-def _lanes_sdot(builder, pairs):
-    """The int32 lane sums of ``pairs`` (int8x16 weights, int8x16 activations; one or two) by one ``sdot`` each."""
+def _lanes_sdot(builder, pairs, init=None):
+    """``init`` (int32x4, default zeros) + the int32 lane sums of ``pairs`` (int8x16 weights, int8x16
+    activations; one or two) by one ``sdot`` each."""
     sdot = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_I32x4, [_I32x4, _I8x16, _I8x16]),
                                           "llvm.aarch64.neon.sdot.v4i32.v16i8")
-    lanes = ir.Constant(_I32x4, None)
+    lanes = ir.Constant(_I32x4, None) if init is None else init
     for w, x in pairs:
         lanes = builder.call(sdot, [lanes, w, x])  # [4] int32
     return lanes
 
 
-def _lanes_widening(builder, pairs):
+def _lanes_widening(builder, pairs, init=None):
     """The same lane sums without dotprod: bytes sign-extended, multiplied, each lane's four added."""
     products = None
     for w, x in pairs:
@@ -75,7 +77,8 @@ def _lanes_widening(builder, pairs):
         products = product if products is None else builder.add(products, product)
     parts = [builder.shuffle_vector(products, products, ir.Constant(_I32x4, [i, 4 + i, 8 + i, 12 + i]))
              for i in range(4)]  # [4] int32 each: the i-th byte of every lane's group
-    return builder.add(builder.add(parts[0], parts[1]), builder.add(parts[2], parts[3]))
+    lanes = builder.add(builder.add(parts[0], parts[1]), builder.add(parts[2], parts[3]))  # [4] int32
+    return lanes if init is None else builder.add(init, lanes)
 
 
 def _load16(builder, base, offset):
@@ -88,6 +91,10 @@ FORMS = {"Q8_0": (34, 2, False, 1), "Q4_0": (18, 2, False, 1), "Q4_1": (20, 4, T
          "Q5_0": (22, 6, False, 1), "Q5_1": (24, 8, True, 1), "Q5_K": (176, 48, True, 8), "Q6_K": (210, 0, False, 8)}
 # the kernels' ``form`` argument
 _FORM_IDS = {"Q8_0": 0, "Q4_0": 1, "Q4_1": 2, "Q4_K": 3, "Q5_0": 4, "Q5_1": 5, "Q5_K": 6, "Q6_K": 7}
+# Forms whose weights _sub_blocks gives as stored, unsigned: each weight is that less this. A block's products
+# are then sum(stored * x) - lift * sum(x): the second part, shared by the four rows, starts each row's lanes
+# (where a zero would), so the weights need no subtraction a row (exact: integers).
+_LIFTS = {"Q4_0": 8, "Q5_0": 16}
 
 
 def _sub_blocks(builder, form: str, at):
@@ -117,18 +124,16 @@ def _sub_blocks(builder, form: str, at):
         return _q6_k_sub_blocks(builder, at)
     nibbles = _load16(builder, at, _at(quants))  # [16] bytes: weight i low, weight 16 + i high
     low, high = _nibbles(builder, nibbles, False), _nibbles(builder, nibbles, True)
-    if form == "Q4_0":
-        eight = ir.Constant(_I8x16, [8] * 16)
-        return [(builder.sub(low, eight), builder.sub(high, eight), _half_at(builder, at, 0, raw=True), None, None)]
     if form in ("Q5_0", "Q5_1"):
-        low, high = _fifth_bits(builder, at, quants - 4, low, high, form == "Q5_0")
-    return [(low, high, _half_at(builder, at, 0, raw=True), _half_at(builder, at, 2), None)]
+        low, high = _fifth_bits(builder, at, quants - 4, low, high)
+    offset = _half_at(builder, at, 2) if FORMS[form][2] else None  # Q4_1's, Q5_1's m
+    return [(low, high, _half_at(builder, at, 0, raw=True), offset, None)]
 
 
-def _fifth_bits(builder, at, offset: int, low, high, less_16: bool):
-    """Q5_0's and Q5_1's weights from their nibbles ``low`` (weights 0-15), ``high`` (16-31) and the uint32 of
-    fifth bits at ``at + offset`` (bit i: weight i's): each of its bytes spread over 8 lanes, its bits tested
-    lane by lane (``cmtst``). Q5_0 (``less_16``): ``nibble - 16`` where the bit is clear, else the nibble."""
+def _fifth_bits(builder, at, offset: int, low, high):
+    """Q5_0's and Q5_1's weights as stored (0-31; Q5_0's less 16: _LIFTS) from their nibbles ``low`` (weights
+    0-15), ``high`` (16-31) and the uint32 of fifth bits at ``at + offset`` (bit i: weight i's): each of its
+    bytes spread over 8 lanes, its bits tested lane by lane (``cmtst``)."""
     word = builder.load(builder.bitcast(builder.gep(at, [_at(offset)]), ir.VectorType(ir.IntType(8), 4)
                                         .as_pointer()), align=1)  # [4] bytes: weights 0-7, 8-15, 16-23, 24-31
     bits = ir.Constant(_I8x16, [1 << (i % 8) for i in range(16)])
@@ -137,10 +142,7 @@ def _fifth_bits(builder, at, offset: int, low, high, less_16: bool):
     for nibbles, first in ((low, 0), (high, 2)):
         spread = builder.shuffle_vector(word, word, ir.Constant(_I32x16, [first + i // 8 for i in range(16)]))
         clear = builder.icmp_unsigned("==", builder.and_(spread, bits), zero)  # [16] bool: the fifth bit is 0
-        if less_16:
-            found.append(builder.sub(nibbles, builder.select(clear, ir.Constant(_I8x16, [16] * 16), zero)))
-        else:
-            found.append(builder.or_(nibbles, builder.select(clear, zero, ir.Constant(_I8x16, [16] * 16))))
+        found.append(builder.or_(nibbles, builder.select(clear, zero, ir.Constant(_I8x16, [16] * 16))))
     return found
 
 
@@ -298,13 +300,17 @@ def _rows_dot(lanes_of, rows: int, form: str):
                 w_off = builder.mul(loop.index, _at(block_bytes))
                 found = [_sub_blocks(builder, form, builder.gep(row_ptr, [w_off])) for row_ptr in row_ptrs]
                 for sub, (x0, x1, d_x, s_x) in enumerate(activations):
+                    init = None  # each row's lanes start here: zeros, or the weights' lift (_LIFTS) taken off
+                    if form in _LIFTS:
+                        minus = ir.Constant(_I8x16, [-_LIFTS[form]] * 16)
+                        init = lanes_of(builder, [(minus, x0), (minus, x1)])  # [4] int32: -lift * x's lanes
                     all_lanes = []
                     for i, bias in enumerate(biases):
                         w0, w1, _, offset_w, halves = found[i][sub]
                         if has_min:
                             builder.store(builder.call(fma1, [offset_w, s_x, builder.load(bias)]), bias)
                         if halves is None:
-                            lanes = lanes_of(builder, [(w0, x0), (w1, x1)])  # [4] int32
+                            lanes = lanes_of(builder, [(w0, x0), (w1, x1)], init)  # [4] int32
                         else:  # Q6_K: each 16 weights' lane sums times their int8 scale, exact in int32
                             lanes = builder.add(*(builder.mul(lanes_of(builder, [pair]), _splat_i32(builder, s))
                                                   for pair, s in zip(((w0, x0), (w1, x1)), halves)))  # [4] int32
