@@ -230,9 +230,11 @@ def arm_kernels() -> list:
 
 
 @pytest.mark.parametrize("form", FORMS)
-@pytest.mark.parametrize(("n", "rows", "cols"), [(1, 13, 1024), (2, 4, 768), (3, 9, 2048), (1, 3, 256)])
+@pytest.mark.parametrize(("n", "rows", "cols"), [(1, 13, 1024), (2, 4, 768), (3, 9, 2048), (1, 3, 256),
+                                                  (2, 21, 256)])
 def test_the_arm_kernels_equal_the_reference_bit_for_bit(form, n, rows, cols):
-    """Four rows a pass and the rows left one by one, into a strided view of a wider result."""
+    """Eight rows a pass (Q8_0, Q4_0 with sdot), four, and the rows left one by one, into a strided view of a
+    wider result."""
     rng = np.random.default_rng(rows * cols + n)
     data = block_rows(form, rng, rows + 3, cols)  # [rows + 3, ...]
     xq, xd = quantized(rng.standard_normal((n, cols), dtype=np.float32))

@@ -33,8 +33,9 @@ fixed 32-block unroll into scalar code. A block, for one weight row:
 - Q4_1, Q5_1, Q4_K, Q5_K: ``bias = fma(offset, s_x, bias)``, a float32 scalar a row;
 - at the row's end its lane of ``acc`` (``+ bias``).
 
-Rows go four at a time, sharing the activation loads, the loop and the block's
-float32 steps (a row left over goes alone, its sum by the same adds). Integer sums
+Rows go four at a time (Q8_0 and Q4_0 with sdot eight), sharing the activation
+loads, the loop and the block's float32 steps (a row left over goes alone, its
+sum by the same adds). Integer sums
 are exact, and every float32 step is the reference's in its order, so each
 variant equals the reference bit for bit. A weight's float16 scale is
 converted by the CPU (``fcvt``), which equals the reference's table on every
@@ -56,6 +57,7 @@ _I32x16 = ir.VectorType(ir.IntType(32), 16)
 _F32 = ir.FloatType()
 _I64 = ir.IntType(64)
 _ROWS = 4  # weight rows a pass
+_ROWS_WIDE = 8  # Q8_0's and Q4_0's with sdot
 
 
 def _lanes_sdot(builder, pairs, init=None):
@@ -211,12 +213,15 @@ def _k_scale_min(builder, at, j: int):
 
 
 def _row_sums(builder, lanes):
-    """The rows' int32 sums of their lanes (int32x4 each; one or four rows) as one int32 vector [rows]: four rows
-    by three pairwise adds (``addp``), lane i row i's sum (exact: integers)."""
+    """The rows' int32 sums of their lanes (int32x4 each; one, four or eight rows) as one int32 vector [rows]:
+    four rows by three pairwise adds (``addp``), eight as two fours, lane i row i's sum (exact: integers)."""
     def pairwise(a, b):  # [a0 + a1, a2 + a3, b0 + b1, b2 + b3]
         return builder.add(builder.shuffle_vector(a, b, ir.Constant(_I32x4, [0, 2, 4, 6])),
                            builder.shuffle_vector(a, b, ir.Constant(_I32x4, [1, 3, 5, 7])))
 
+    if len(lanes) == 8:  # two groups of four, end to end
+        first, second = _row_sums(builder, lanes[:4]), _row_sums(builder, lanes[4:])
+        return builder.shuffle_vector(first, second, ir.Constant(ir.VectorType(ir.IntType(32), 8), list(range(8))))
     if len(lanes) == 4:
         return pairwise(pairwise(lanes[0], lanes[1]), pairwise(lanes[2], lanes[3]))  # [4] int32
     assert len(lanes) == 1
@@ -344,6 +349,11 @@ def _rows_dot(lanes_of, rows: int, form: str):
 
 _KERNELS = {(lanes.__name__, form, rows): _rows_dot(lanes, rows, form)
             for lanes in (_lanes_sdot, _lanes_widening) for form in FORMS for rows in (_ROWS, 1)}
+# Q8_0 and Q4_0 with sdot also eight rows a pass: the activations' loads, the loop and the block's float32 steps
+# shared by twice the rows; the loop still fits NEON's 32 registers (no stack access in its assembly).
+# Counted as a Cortex-A76 on one 576 x 1536 product, instructions a weight: Q8_0 0.38 four rows a pass, 0.30
+# eight; Q4_0 0.43, 0.39.
+_q8_0_sdot_8, _q4_0_sdot_8 = _rows_dot(_lanes_sdot, _ROWS_WIDE, "Q8_0"), _rows_dot(_lanes_sdot, _ROWS_WIDE, "Q4_0")
 _q8_0_sdot, _q8_0_sdot_1 = _KERNELS["_lanes_sdot", "Q8_0", _ROWS], _KERNELS["_lanes_sdot", "Q8_0", 1]
 _q4_0_sdot, _q4_0_sdot_1 = _KERNELS["_lanes_sdot", "Q4_0", _ROWS], _KERNELS["_lanes_sdot", "Q4_0", 1]
 _q4_1_sdot, _q4_1_sdot_1 = _KERNELS["_lanes_sdot", "Q4_1", _ROWS], _KERNELS["_lanes_sdot", "Q4_1", 1]
@@ -368,8 +378,17 @@ _q6_k_wide, _q6_k_wide_1 = _KERNELS["_lanes_widening", "Q6_K", _ROWS], _KERNELS[
 def product_sdot(form, data, xq, xd, xs, start, stop, out):
     """``out`` [N, stop-start] = the quantized activations ``xq`` int8 [N, cols] / ``xd``, ``xs`` float32 [N,
     cols/32] (scales, block sums) @ rows ``data`` uint8 [start:stop, ...] of form ``form`` (0: Q8_0, 1: Q4_0,
-    2: Q4_1, 3: Q4_K, 4: Q5_0, 5: Q5_1, 6: Q5_K, 7: Q6_K), by ``sdot`` (needs dotprod), four rows a pass."""
+    2: Q4_1, 3: Q4_K, 4: Q5_0, 5: Q5_1, 6: Q5_K, 7: Q6_K), by ``sdot`` (needs dotprod), four rows a pass (Q8_0
+    and Q4_0 eight, then four), the rows left one at a time."""
     r = start
+    if form <= 1:  # Q8_0, Q4_0: eight rows a pass first
+        while r + 8 <= stop:
+            for b in range(xq.shape[0]):
+                if form == 0:
+                    _q8_0_sdot_8(data, r, xq, xd, xs, out, b, r - start)
+                else:
+                    _q4_0_sdot_8(data, r, xq, xd, xs, out, b, r - start)
+            r += 8
     while r + 4 <= stop:
         for b in range(xq.shape[0]):
             if form == 0:
