@@ -15,9 +15,9 @@ fixed 32-block unroll into scalar code. A block, for one weight row:
   Q4_1's split, unsigned; Q4_K's sub-block pair's 32 bytes, low nibbles for the
   even sub-block, high for the odd; Q5_0 and Q5_1 as Q4_0 and Q4_1 with the
   fifth bits of their uint32 spread a byte to 8 lanes and tested lane by lane
-  (``cmtst``), Q5_0's 16 taken off as Q4_0's 8; Q5_K as Q4_K with sub-block ``j``'s fifth
-  bits shifted from bit ``j`` of its 32 bytes to bit 4; Q6_K's nibbles or'ed
-  with its 2-bit parts shifted to bits 4-5, less 32;
+  (``cmtst``), Q5_0's 16 taken off as Q4_0's 8; Q5_K as Q4_K with sub-block
+  ``j``'s fifth bits shifted from bit ``j`` of its 32 bytes to bit 4; Q6_K's
+  nibbles or'ed with its 2-bit parts shifted to bits 4-5, less 32;
 - its 32 products summed into four int32 lanes, lane ``j`` holding bytes
   ``4j..4j+3`` and ``16+4j..16+4j+3``: two ``sdot`` (``llvm.aarch64.neon.sdot``;
   ARMv8.2-A dotprod: Cortex-A76, A55), or without dotprod the same lane sums from
@@ -35,11 +35,10 @@ fixed 32-block unroll into scalar code. A block, for one weight row:
 
 Rows go four at a time (Q8_0 and Q4_0 with sdot eight), sharing the activation
 loads, the loop and the block's float32 steps (a row left over goes alone, its
-sum by the same adds). Integer sums
-are exact, and every float32 step is the reference's in its order, so each
-variant equals the reference bit for bit. A weight's float16 scale is
-converted by the CPU (``fcvt``), which equals the reference's table on every
-finite and infinite value.
+sum by the same adds). Integer sums are exact, and every float32 step is the
+reference's in its order, so each variant equals the reference bit for bit. A
+weight's float16 scale is converted by the CPU (``fcvt``, ``fcvtl``), which
+equals the reference's table on every finite and infinite value.
 """
 
 from __future__ import annotations
