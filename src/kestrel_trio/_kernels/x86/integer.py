@@ -1,12 +1,13 @@
 """Every GGUF block form x int8 block dot products for x86-64: ``vpdpbusd`` (AVX-512 VNNI or AVX-VNNI), AVX2.
 
 Theory of operation: the portable reference (``_kernels.integer.product_blocks``)
-fixes the arithmetic: per 32-weight sub-block four int32 lane sums, lane ``j``
-holding bytes ``4j..4j+3`` and ``16+4j..16+4j+3`` (as two aarch64 ``sdot``
-group them; Q6_K's two halves each times its int8 scale first), converted to
-float32 and accumulated as ``acc = fma(lanes, d_w * d_x, acc)``; the forms
-with minimums add ``bias = fma(offset_w, s_x, bias)``; the row's value
-``(acc0 + acc1) + (acc2 + acc3)`` (``+ bias``). This file emits it as LLVM
+fixes the arithmetic: per 32-weight sub-block one int32 sum of its products
+(Q6_K's two halves each times its int8 scale first), here a row's four int32
+lanes added (lane ``j`` holding bytes ``4j..4j+3`` and ``16+4j..16+4j+3``, as
+``vpdpbusd`` groups them), converted to float32 and accumulated as ``acc =
+fma(sum, d_w * d_x, acc)``, one float32 a row; the forms with minimums add
+``bias = fma(offset_w, s_x, bias)``; the row's value ``acc`` (``+ bias``).
+This file emits it as LLVM
 vector IR (numba ``intrinsic``s), since numba's loops over a fixed 32-block
 unroll into scalar code. x86 has no signed x signed byte product:
 
@@ -29,7 +30,7 @@ weights lend their sign to the activations instead (llama.cpp's trick,
 
 The kernels take four activation rows a pass, so each block is decoded once
 for all of them (:func:`_emit_wide`), and a weight row's 16 bytes (four int32
-lanes, four float32 accumulators) in an xmm; Q4_K's and Q5_K's hold several
+lanes, one float32 accumulator) in an xmm; Q4_K's and Q5_K's hold several
 rows in one vector: four in a zmm ("vnni512"), two in a ymm ("vnni256",
 AVX-VNNI without AVX-512; "avx2"), as measured best (the drivers). Each driver
 takes the form as an argument, switched on inside the kernel
@@ -170,9 +171,17 @@ def _nibbles(builder, vector, high: bool):
 
 
 def _half_at(builder, at, offset: int):
-    """The float16 at ``at + offset`` (bytes), as float32."""
-    pointer = builder.bitcast(builder.gep(at, [ir.Constant(_I64, offset)]), ir.HalfType().as_pointer())
-    return builder.fpext(builder.load(pointer, align=1), _F32)
+    """The float16 at ``at + offset`` (bytes), as float32: converted with three of its block's neighbours as one
+    ``vcvtph2ps`` from memory (8 bytes, all in the block: from ``offset`` where it is below 6, else ending at
+    it; every block holds at least 18 bytes). A lone float16 would go through ``vpinsrw``, which merges into a
+    register LLVM may pick from the previous block's arithmetic: a false dependency that held the one-row loops
+    to its latency (with the one-accumulator sums, Q8_0 at one activation row 59 -> 34 us a 576 x 1536 product on
+    a Zen 5, with the pairwise sums below)."""
+    first = offset if offset < 6 else offset - 6
+    pointer = builder.bitcast(builder.gep(at, [ir.Constant(_I64, first)]), ir.VectorType(ir.HalfType(), 4)
+                              .as_pointer())
+    four = builder.fpext(builder.load(pointer, align=1), ir.VectorType(_F32, 4))  # [4] float32
+    return builder.extract_element(four, ir.Constant(ir.IntType(32), (offset - first) // 2))
 
 
 def _fifth_bits(builder, at, offset: int):
@@ -319,11 +328,10 @@ def _emit_wide(context, builder, signature, args, kind: str, form: str, acts: in
     ``vpmaddubsw`` would saturate on ``255 * 127 * 2``, so there Q8_0's weights lend their sign to the activations
     instead (``|w| * (sign(w) * x)``; ``|-128|`` is 128 unsigned). Q6_K's halves are scaled apart, in int32."""
     block_bytes, _, has_min, subs = FORMS[form]
-    width = slots * 4  # int32 lanes (float32 accumulators) a vector
+    width = slots * 4  # int32 lanes a vector
     sign_trick = kind == "avx2" and form == "Q8_0"
     offset = None if sign_trick else _OFFSETS.get(form)
-    i8s, i32s, f32s = (ir.VectorType(t, n) for t, n in ((ir.IntType(8), slots * 16), (ir.IntType(32), width),
-                                                         (_F32, width)))
+    i8s, i32s = ir.VectorType(ir.IntType(8), slots * 16), ir.VectorType(ir.IntType(32), width)
     f32r = ir.VectorType(_F32, slots)
     data_t, _, xq_t, xd_t, xs_t, out_t, _, _ = signature.args
     data_a = context.make_array(data_t)(context, builder, args[0])
@@ -341,10 +349,12 @@ def _emit_wide(context, builder, signature, args, kind: str, form: str, acts: in
                  cgutils.get_item_pointer(context, builder, xs_t, xs_a, [builder.add(b, _at(a)), zero]))
                 for a in range(acts)]  # (int8*, float*, float*) each
     units = builder.sdiv(builder.extract_value(xq_a.shape, 1), _at(32 * subs))  # blocks
-    fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f32s, [f32s] * 3), f"llvm.fma.v{width}f32")
     fma_r = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f32r, [f32r] * 3),
                                            f"llvm.fma.v{slots}f32")
-    accs = [cgutils.alloca_once_value(builder, ir.Constant(f32s, None)) for _ in range(acts)]  # [width]
+    accs = [cgutils.alloca_once_value(builder, ir.Constant(f32r, None)) for _ in range(acts)]  # [slots]
+    # the even and the odd lanes of [slots * 4], then of [slots * 2]: added, each slot's block sum [slots]
+    pairings = [[ir.Constant(ir.VectorType(ir.IntType(32), n // 2), list(range(parity, n, 2))) for parity in (0, 1)]
+                for n in (slots * 4, slots * 2)]
     biases = [cgutils.alloca_once_value(builder, ir.Constant(f32r, None)) for _ in range(acts)]  # [slots]
     spread16 = ir.Constant(ir.VectorType(ir.IntType(32), slots * 16), [i % 16 for i in range(slots * 16)])
     no_lanes = ir.Constant(i32s, None)
@@ -360,7 +370,7 @@ def _emit_wide(context, builder, signature, args, kind: str, form: str, acts: in
             if sign_trick:
                 negative = [builder.icmp_signed("<", w, ir.Constant(i8s, None)) for w in (w0, w1)]
                 w0, w1 = (builder.select(n, builder.neg(w), w) for n, w in zip(negative, (w0, w1)))
-            scales = _spread(builder, [f[2] for f in found], 4)  # [width]: row r's scale in slot r
+            scales = _spread(builder, [f[2] for f in found], 1)  # [slots]: row r's scale in slot r
             offsets = _spread(builder, [f[3] for f in found], 1) if has_min else None  # [slots]
             int_scales = [_spread(builder, [f[4][h] for f in found], 4) for h in (0, 1)] if form == "Q6_K" else None
             k = builder.add(builder.mul(loop.index, _at(subs)), _at(sub))  # the 32-block
@@ -386,13 +396,16 @@ def _emit_wide(context, builder, signature, args, kind: str, form: str, acts: in
                 if has_min:
                     s_x = _spread(builder, [builder.load(builder.gep(s_ptr, [k]))] * slots, 1)
                     builder.store(builder.call(fma_r, [offsets, s_x, builder.load(bias)]), bias)
-                step = builder.fmul(scales, _spread(builder, [d_x], width))  # [width]: scale_w * d_x
-                builder.store(builder.call(fma, [builder.sitofp(lanes, f32s), step, builder.load(acc)]), acc)
+                sums = lanes  # [slots * 4] int32: each slot's lanes summed pairwise twice, in vector registers
+                for even, odd in pairings:
+                    sums = builder.add(builder.shuffle_vector(sums, sums, even),
+                                       builder.shuffle_vector(sums, sums, odd))  # exact
+                step = builder.fmul(scales, _spread(builder, [d_x], slots))  # [slots]: scale_w * d_x
+                builder.store(builder.call(fma_r, [builder.sitofp(sums, f32r), step, builder.load(acc)]), acc)
     for a, (acc, bias) in enumerate(zip(accs, biases)):
         vector = builder.load(acc)
         for i in range(slots):
-            parts = [builder.extract_element(vector, ir.Constant(ir.IntType(32), 4 * i + j)) for j in range(4)]
-            total = builder.fadd(builder.fadd(parts[0], parts[1]), builder.fadd(parts[2], parts[3]))
+            total = builder.extract_element(vector, ir.Constant(ir.IntType(32), i))
             if has_min:
                 total = builder.fadd(total, builder.extract_element(builder.load(bias), ir.Constant(ir.IntType(32), i)))
             builder.store(total, cgutils.get_item_pointer(
