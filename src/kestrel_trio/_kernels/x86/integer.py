@@ -2,14 +2,14 @@
 
 Theory of operation: the portable reference (``_kernels.integer.product_blocks``)
 fixes the arithmetic: per 32-weight sub-block one int32 sum of its products
-(Q6_K's two halves each times its int8 scale first), here a row's four int32
-lanes added (lane ``j`` holding bytes ``4j..4j+3`` and ``16+4j..16+4j+3``, as
-``vpdpbusd`` groups them), converted to float32 and accumulated as ``acc =
-fma(sum, d_w * d_x, acc)``, one float32 a row; the forms with minimums add
-``bias = fma(offset_w, s_x, bias)``; the row's value ``acc`` (``+ bias``).
-This file emits it as LLVM
+(Q6_K's two halves each times its int8 scale first), converted to float32 and
+accumulated as ``acc = fma(sum, d_w * d_x, acc)``, one float32 a row and
+activation row; the forms with minimums add ``bias = fma(offset_w, s_x,
+bias)``; the row's value ``acc`` (``+ bias``). This file emits it as LLVM
 vector IR (numba ``intrinsic``s), since numba's loops over a fixed 32-block
-unroll into scalar code. x86 has no signed x signed byte product:
+unroll into scalar code. A weight row's 16-byte half of a block fills four
+int32 lanes (lane ``j``: bytes ``4j..4j+3``, as ``vpdpbusd`` groups them);
+x86 has no signed x signed byte product:
 
 - ``vnni``: ``vpdpbusd`` multiplies unsigned bytes by signed ones and adds each
   group of four into an int32 lane; on 128-bit vectors (``{vex}`` with AVX-VNNI,
@@ -28,18 +28,22 @@ instruction on a splat of it) come off the sum, exactly. On AVX2 Q8_0's
 weights lend their sign to the activations instead (llama.cpp's trick,
 ``|w| * (sign(w) * x)``), as 255 would saturate.
 
-The kernels take four activation rows a pass, so each block is decoded once
-for all of them (:func:`_emit_wide`), and a weight row's 16 bytes (four int32
-lanes, one float32 accumulator) in an xmm; Q4_K's and Q5_K's hold several
-rows in one vector: four in a zmm ("vnni512"), two in a ymm ("vnni256",
-AVX-VNNI without AVX-512; "avx2"), as measured best (the drivers). Each driver
-takes the form as an argument, switched on inside the kernel
-(:func:`_dispatching`). Integer sums are exact in any grouping, and every
-float32 step is the reference's in its order, so each kernel equals the
-reference bit for bit. A weight's float16 scale is converted by the CPU
-(``vcvtph2ps``, F16C), which equals the reference's table on every value. A
-kernel is compiled only for code that has its instructions and run only on a
-CPU that has them (:func:`usable_kernel`).
+A pass takes eight weight rows (four a zmm, "vnni512") or four (two a ymm:
+"vnni256", AVX-VNNI without AVX-512; "avx2") against four activation rows
+(:func:`_emit_wide`), so each block is decoded once for all of them, and
+reduces every (row, activation row)'s lanes together, by a tree of even + odd
+lane shuffles (:func:`_reduce_blocks`), into one int32 vector of block sums:
+one conversion, one ``vmulps`` (the rows' scales times the activation rows'
+``d_x``, each gathered by one permutation) and one ``vfmadd`` a block then
+serve all 32 (16) pairs, lane by lane, and the pairs' fma chains run side by
+side. The rows left over go one at a time in an xmm. Each driver takes the
+form as an argument, switched on inside the kernel (:func:`_dispatching`).
+Integer sums are exact in any grouping, and every float32 step is the
+reference's in its order, so each kernel equals the reference bit for bit.
+A weight's float16 scale is converted by the CPU (``vcvtph2ps``, F16C), which
+equals the reference's table on every value. A kernel is compiled only for
+code that has its instructions and run only on a CPU that has them
+(:func:`usable_kernel`).
 """
 
 from __future__ import annotations
@@ -202,7 +206,6 @@ def _fifth_bits(builder, at, offset: int):
 # ---------------------------------------------------------------- several rows in one vector
 
 _ACTS = 4  # activation rows a pass of the wide kernels (their weights decoded once for all of them)
-_SLOTS = {"vnni512": 4, "vnni256": 2, "avx2": 2}  # weight rows a vector holds, 16 bytes (4 int32 lanes) each
 
 
 def _half_lanes(builder, kind: str, slots: int, w, x, init):
@@ -319,20 +322,43 @@ def _sub_block_raw(builder, form: str, at, sub: int, k_scales=None):
 _OFFSETS = {"Q8_0": 128, "Q4_0": 8, "Q5_0": 16, "Q6_K": 32}
 
 
-def _emit_wide(context, builder, signature, args, kind: str, form: str, acts: int, slots: int):
-    """Rows ``data[r : r + slots]`` of ``form`` against activation rows ``b .. b + acts`` into ``out[b + a,
-    column + i]`` (arguments: :func:`_dispatching`'s after ``form``): one vector holds a lane group of every row,
-    each block's weights decoded once for all ``acts`` rows. The weights' bytes go in unsigned: the forms with
-    minimums' as they are, the signed forms' plus :data:`_OFFSETS` (Q8_0's ``^ 0x80``), so each activation's own
-    lanes times that offset (the same instruction on a splat of it) come off the sum, exactly; AVX2's
-    ``vpmaddubsw`` would saturate on ``255 * 127 * 2``, so there Q8_0's weights lend their sign to the activations
-    instead (``|w| * (sign(w) * x)``; ``|-128|`` is 128 unsigned). Q6_K's halves are scaled apart, in int32."""
+def _reduce_blocks(builder, vectors, slots: int):
+    """Each slot's four int32 lanes summed: ``vectors`` (a power of two of them, [slots * 4] int32 each, slot s
+    lanes 4s..4s+3) as one vector [len * slots], lane ``i * slots + s`` vector i's slot s. Two levels of
+    even + odd lanes: two vectors' concatenation (or one vector's own halves, once one is left), so each level is
+    two shuffles and one add (exact: integers)."""
+    for _ in range(2):
+        if len(vectors) == 1:
+            n = vectors[0].type.count
+            pairs = [(vectors[0], vectors[0], n // 2)]
+        else:
+            pairs = [(a, b, a.type.count) for a, b in zip(vectors[::2], vectors[1::2])]
+        vectors = [builder.add(*(builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(ir.IntType(32), n), list(
+            range(parity, 2 * n, 2))[:n])) for parity in (0, 1))) for a, b, n in pairs]
+    while len(vectors) > 1:  # the sums themselves, end to end
+        vectors = [_concat(builder, vectors[i : i + 2]) for i in range(0, len(vectors), 2)]
+    return vectors[0]
+
+
+def _emit_wide(context, builder, signature, args, kind: str, form: str, acts: int, slots: int, groups: int):
+    """Rows ``data[r : r + groups * slots]`` of ``form`` against activation rows ``b .. b + acts`` into ``out[b +
+    a, column + i]`` (arguments: :func:`_dispatching`'s after ``form``): a vector holds a lane group of ``slots``
+    rows, ``groups`` such vectors a pass, each block's weights decoded once for all ``acts`` rows. Each (group,
+    activation row)'s lanes reduced together (:func:`_reduce_blocks`) into one int32 vector of block sums, lane
+    ``(g * acts + a) * slots + s``, so one conversion, one ``fmul`` and one ``fma`` serve every (row, activation
+    row) of the pass (its float32 steps the reference's, lane by lane). The weights' bytes go in unsigned: the
+    forms with minimums' as they are, the signed forms' plus :data:`_OFFSETS` (Q8_0's ``^ 0x80``), so each
+    activation's own lanes times that offset (the same instruction on a splat of it) come off the sum, exactly;
+    AVX2's ``vpmaddubsw`` would saturate on ``255 * 127 * 2``, so there Q8_0's weights lend their sign to the
+    activations instead (``|w| * (sign(w) * x)``; ``|-128|`` is 128 unsigned). Q6_K's halves are scaled apart,
+    in int32."""
     block_bytes, _, has_min, subs = FORMS[form]
     width = slots * 4  # int32 lanes a vector
+    pairs = groups * acts * slots  # (row, activation row) pairs a pass: the lanes of the float32 vectors
     sign_trick = kind == "avx2" and form == "Q8_0"
     offset = None if sign_trick else _OFFSETS.get(form)
     i8s, i32s = ir.VectorType(ir.IntType(8), slots * 16), ir.VectorType(ir.IntType(32), width)
-    f32r = ir.VectorType(_F32, slots)
+    f32p = ir.VectorType(_F32, pairs)
     data_t, _, xq_t, xd_t, xs_t, out_t, _, _ = signature.args
     data_a = context.make_array(data_t)(context, builder, args[0])
     xq_a = context.make_array(xq_t)(context, builder, args[2])
@@ -343,78 +369,105 @@ def _emit_wide(context, builder, signature, args, kind: str, form: str, acts: in
     zero = _at(0)
     row_ptrs = [cgutils.get_item_pointer2(context, builder, data_a.data, cgutils.unpack_tuple(
         builder, data_a.shape, 2), cgutils.unpack_tuple(builder, data_a.strides, 2), "C",
-        [builder.add(r, _at(i)), zero]) for i in range(slots)]  # uint8* each
+        [builder.add(r, _at(i)), zero]) for i in range(groups * slots)]  # uint8* each
     act_ptrs = [(cgutils.get_item_pointer(context, builder, xq_t, xq_a, [builder.add(b, _at(a)), zero]),
                  cgutils.get_item_pointer(context, builder, xd_t, xd_a, [builder.add(b, _at(a)), zero]),
                  cgutils.get_item_pointer(context, builder, xs_t, xs_a, [builder.add(b, _at(a)), zero]))
                 for a in range(acts)]  # (int8*, float*, float*) each
     units = builder.sdiv(builder.extract_value(xq_a.shape, 1), _at(32 * subs))  # blocks
-    fma_r = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f32r, [f32r] * 3),
-                                           f"llvm.fma.v{slots}f32")
-    accs = [cgutils.alloca_once_value(builder, ir.Constant(f32r, None)) for _ in range(acts)]  # [slots]
-    # the even and the odd lanes of [slots * 4], then of [slots * 2]: added, each slot's block sum [slots]
-    pairings = [[ir.Constant(ir.VectorType(ir.IntType(32), n // 2), list(range(parity, n, 2))) for parity in (0, 1)]
-                for n in (slots * 4, slots * 2)]
-    biases = [cgutils.alloca_once_value(builder, ir.Constant(f32r, None)) for _ in range(acts)]  # [slots]
+    fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f32p, [f32p] * 3), f"llvm.fma.v{pairs}f32")
+    acc = cgutils.alloca_once_value(builder, ir.Constant(f32p, None))  # [pairs]
+    bias = cgutils.alloca_once_value(builder, ir.Constant(f32p, None))  # [pairs]
+    i32p = ir.VectorType(ir.IntType(32), pairs)
+    # lane (g * acts + a) * slots + s: the row's (g * slots + s) value, the activation row's (a)
+    rows_of = [(i // (acts * slots)) * slots + i % slots for i in range(pairs)]
+    row_of = ir.Constant(i32p, rows_of)
+    act_of = ir.Constant(i32p, [(i // slots) % acts for i in range(pairs)])
     spread16 = ir.Constant(ir.VectorType(ir.IntType(32), slots * 16), [i % 16 for i in range(slots * 16)])
     no_lanes = ir.Constant(i32s, None)
+    lifted = ir.Constant(i8s, [offset or 0] * (slots * 16))
     with cgutils.for_range(builder, units) as loop:
         w_off = builder.mul(loop.index, _at(block_bytes))
         blocks = [builder.gep(row_ptr, [w_off]) for row_ptr in row_ptrs]
         k_scales = [_k_scales(builder, at) if form in ("Q4_K", "Q5_K") else None for at in blocks]
+        if form in ("Q4_K", "Q5_K"):  # every row's eight scales, offsets end to end: [rows * 8] each
+            block_scales, block_offsets = (_concat(builder, [ks[i] for ks in k_scales]) for i in (0, 1))
+        if form == "Q6_K":  # each row's sixteen int8 scales (two a 32-block), as stored: [slots * 16] a group
+            q6_scales = [_concat(builder, [_load16(builder, at, _at(192))
+                                           for at in blocks[g * slots : (g + 1) * slots]]) for g in range(groups)]
         for sub in range(subs):
             found = [_sub_block_raw(builder, form, at, sub, ks) for at, ks in zip(blocks, k_scales)]
-            w0, w1 = (_concat(builder, [f[h] for f in found]) for h in (0, 1))  # [slots * 16] bytes each
-            if form == "Q8_0" and not sign_trick:
-                w0, w1 = (builder.xor(w, ir.Constant(i8s, [0x80] * (slots * 16))) for w in (w0, w1))
-            if sign_trick:
-                negative = [builder.icmp_signed("<", w, ir.Constant(i8s, None)) for w in (w0, w1)]
-                w0, w1 = (builder.select(n, builder.neg(w), w) for n, w in zip(negative, (w0, w1)))
-            scales = _spread(builder, [f[2] for f in found], 1)  # [slots]: row r's scale in slot r
-            offsets = _spread(builder, [f[3] for f in found], 1) if has_min else None  # [slots]
-            int_scales = [_spread(builder, [f[4][h] for f in found], 4) for h in (0, 1)] if form == "Q6_K" else None
             k = builder.add(builder.mul(loop.index, _at(subs)), _at(sub))  # the 32-block
-            for (x_ptr, d_ptr, s_ptr), acc, bias in zip(act_ptrs, accs, biases):
+            xs = []  # each activation row's two 16-byte halves in every slot, [slots * 16] each
+            for x_ptr, _, _ in act_ptrs:
                 x_at = builder.gep(x_ptr, [builder.mul(k, _at(32))])
-                x0, x1 = (builder.shuffle_vector(_load16(builder, x_at, _at(h)), ir.Constant(_I8x16, None),
-                                                 spread16) for h in (0, 16))  # [slots * 16] each
-                lifted = ir.Constant(i8s, [offset or 0] * (slots * 16))
-                if int_scales is not None:  # s0 * (w0 . x0 - 32 * sum x0) + s1 * (...), lane by lane, in int32
-                    halves = [builder.mul(builder.sub(_half_lanes(builder, kind, slots, w, x, no_lanes),
-                                                      _half_lanes(builder, kind, slots, lifted, x, no_lanes)), s)
-                              for w, x, s in zip((w0, w1), (x0, x1), int_scales)]
-                    lanes = builder.add(*halves)  # [width] int32
-                else:
-                    init = no_lanes
-                    if offset is not None:  # minus offset * the activation's lanes
-                        init = builder.neg(_half_lanes(builder, kind, slots, lifted, x1, _half_lanes(
-                            builder, kind, slots, lifted, x0, init)))
-                    if sign_trick:
-                        x0, x1 = (builder.select(n, builder.neg(x), x) for n, x in zip(negative, (x0, x1)))
-                    lanes = _half_lanes(builder, kind, slots, w1, x1, _half_lanes(builder, kind, slots, w0, x0, init))
-                d_x = builder.load(builder.gep(d_ptr, [k]))
-                if has_min:
-                    s_x = _spread(builder, [builder.load(builder.gep(s_ptr, [k]))] * slots, 1)
-                    builder.store(builder.call(fma_r, [offsets, s_x, builder.load(bias)]), bias)
-                sums = lanes  # [slots * 4] int32: each slot's lanes summed pairwise twice, in vector registers
-                for even, odd in pairings:
-                    sums = builder.add(builder.shuffle_vector(sums, sums, even),
-                                       builder.shuffle_vector(sums, sums, odd))  # exact
-                step = builder.fmul(scales, _spread(builder, [d_x], slots))  # [slots]: scale_w * d_x
-                builder.store(builder.call(fma_r, [builder.sitofp(sums, f32r), step, builder.load(acc)]), acc)
-    for a, (acc, bias) in enumerate(zip(accs, biases)):
-        vector = builder.load(acc)
-        for i in range(slots):
-            total = builder.extract_element(vector, ir.Constant(ir.IntType(32), i))
+                xs.append([builder.shuffle_vector(_load16(builder, x_at, _at(h)), ir.Constant(_I8x16, None), spread16)
+                           for h in (0, 16)])
+            corrections = []  # each activation row's lanes times the offset, [width] (the same in every slot)
+            if offset is not None and form != "Q6_K":
+                corrections = [_half_lanes(builder, kind, slots, lifted, x1, _half_lanes(
+                    builder, kind, slots, lifted, x0, no_lanes)) for x0, x1 in xs]
+            lane_vectors = []  # [width] int32 each, (group, activation row) in order
+            for g in range(groups):
+                mine = found[g * slots : (g + 1) * slots]
+                w0, w1 = (_concat(builder, [f[h] for f in mine]) for h in (0, 1))  # [slots * 16] bytes each
+                if form == "Q8_0" and not sign_trick:
+                    w0, w1 = (builder.xor(w, ir.Constant(i8s, [0x80] * (slots * 16))) for w in (w0, w1))
+                if sign_trick:
+                    negative = [builder.icmp_signed("<", w, ir.Constant(i8s, None)) for w in (w0, w1)]
+                    w0, w1 = (builder.select(n, builder.neg(w), w) for n, w in zip(negative, (w0, w1)))
+                int_scales = None
+                if form == "Q6_K":  # [width] int32 each: slot s's four lanes row s's scale of half h
+                    int_scales = [builder.sext(builder.shuffle_vector(q6_scales[g], q6_scales[g], ir.Constant(
+                        ir.VectorType(ir.IntType(32), width), [(i // 4) * 16 + 2 * sub + h for i in range(width)])),
+                        i32s) for h in (0, 1)]
+                for a, (x0, x1) in enumerate(xs):
+                    if int_scales is not None:  # s0 * (w0 . x0 - 32 * sum x0) + s1 * (...), lane by lane, in int32
+                        halves = [builder.mul(builder.sub(_half_lanes(builder, kind, slots, w, x, no_lanes),
+                                                          _half_lanes(builder, kind, slots, lifted, x, no_lanes)), s)
+                                  for w, x, s in zip((w0, w1), (x0, x1), int_scales)]
+                        lanes = builder.add(*halves)  # [width] int32
+                    else:
+                        if sign_trick:
+                            x0, x1 = (builder.select(n, builder.neg(x), x) for n, x in zip(negative, (x0, x1)))
+                        lanes = _half_lanes(builder, kind, slots, w1, x1,
+                                            _half_lanes(builder, kind, slots, w0, x0, no_lanes))
+                        if corrections:  # minus offset * the activation's lanes
+                            lanes = builder.sub(lanes, corrections[a])
+                    lane_vectors.append(lanes)
+            sums = _reduce_blocks(builder, lane_vectors, slots)  # [pairs] int32: each pair's block sum
+            d_x = _spread(builder, [builder.load(builder.gep(d_ptr, [k])) for _, d_ptr, _ in act_ptrs], 1)
+            if form in ("Q4_K", "Q5_K"):  # lane i: its row's scale of this sub-block, one permutation
+                scales = builder.shuffle_vector(block_scales, block_scales, ir.Constant(i32p, [
+                    row * 8 + sub for row in rows_of]))  # [pairs]
+            else:
+                scales = _spread(builder, [f[2] for f in found], 1)  # [groups * slots]
+                scales = builder.shuffle_vector(scales, scales, row_of)  # [pairs]
+            step = builder.fmul(scales, builder.shuffle_vector(d_x, d_x, act_of))  # [pairs]: scale_w * d_x
+            builder.store(builder.call(fma, [builder.sitofp(sums, f32p), step, builder.load(acc)]), acc)
             if has_min:
-                total = builder.fadd(total, builder.extract_element(builder.load(bias), ir.Constant(ir.IntType(32), i)))
-            builder.store(total, cgutils.get_item_pointer(
-                context, builder, out_t, out_a, [builder.add(b, _at(a)), builder.add(column, _at(i))]))
+                s_x = _spread(builder, [builder.load(builder.gep(s_ptr, [k])) for _, _, s_ptr in act_ptrs], 1)
+                if form in ("Q4_K", "Q5_K"):
+                    offsets = builder.shuffle_vector(block_offsets, block_offsets, ir.Constant(i32p, [
+                        row * 8 + sub for row in rows_of]))  # [pairs]
+                else:
+                    offsets = _spread(builder, [f[3] for f in found], 1)  # [groups * slots]
+                    offsets = builder.shuffle_vector(offsets, offsets, row_of)  # [pairs]
+                builder.store(builder.call(fma, [offsets, builder.shuffle_vector(s_x, s_x, act_of),
+                                                 builder.load(bias)]), bias)
+    total = builder.load(acc)
+    if has_min:
+        total = builder.fadd(total, builder.load(bias))
+    for i in range(pairs):
+        row, a = (i // (acts * slots)) * slots + i % slots, (i // slots) % acts
+        builder.store(builder.extract_element(total, ir.Constant(ir.IntType(32), i)), cgutils.get_item_pointer(
+            context, builder, out_t, out_a, [builder.add(b, _at(a)), builder.add(column, _at(row))]))
 
 
-def _dispatching(kind: str, acts: int, slots: int):
+def _dispatching(kind: str, acts: int, slots: int, groups: int = 1):
     """An intrinsic ``(form, data, r, xq, xd, xs, out, b, column) -> None``: :func:`_emit_wide` for the form
-    whose id (``_FORM_IDS``) ``form`` holds, by a switch over every form's code: rows ``data[r : r + slots]``
+    whose id (``_FORM_IDS``) ``form`` holds, by a switch over every form's code: rows ``data[r : r + groups *
+    slots]``
     (uint8 [rows, blocks * block bytes], C order) against activation rows ``b .. b + acts`` (``xq`` int8 [N,
     blocks * 32], ``xd`` float32 [N, blocks]; ``xs`` float32 [N, blocks], the blocks' sums ``d_x * sum(q_x)``,
     read for the forms with minimums only), into ``out[b + a, column + i]``."""
@@ -430,7 +483,7 @@ def _dispatching(kind: str, acts: int, slots: int):
                 case = builder.append_basic_block(f"form_{name}")
                 switch.add_case(ir.Constant(ir.IntType(64), number), case)
                 builder.position_at_end(case)
-                _emit_wide(context, builder, inner, args[1:], kind, name, acts, slots)
+                _emit_wide(context, builder, inner, args[1:], kind, name, acts, slots, groups)
                 builder.branch(done)
             builder.position_at_end(done)
             return context.get_dummy_value()
@@ -453,12 +506,21 @@ def _dispatching(kind: str, acts: int, slots: int):
     return dispatching
 
 
-# The kernels a driver below calls, named, as numba needs them (module globals): per kind, the wide pass (slots
-# rows x _ACTS activation rows) and its one-activation-row form; and one row in an xmm, against _ACTS activation
-# rows or one.
-_vnni512_wide, _vnni512_a1 = _dispatching("vnni512", _ACTS, 4), _dispatching("vnni512", 1, 4)
-_vnni256_wide, _vnni256_a1 = _dispatching("vnni256", _ACTS, 2), _dispatching("vnni256", 1, 2)
-_avx2_wide, _avx2_a1 = _dispatching("avx2", _ACTS, 2), _dispatching("avx2", 1, 2)
+# Weight rows a pass of each kind's wide kernels: (rows a vector, vectors a pass). Every form goes several rows a
+# pass, so that the one float32 fma a row and block serves many (row, activation row) pairs in one instruction;
+# measured on a Zen 5 EPYC (benchmarks/RESULTS.md).
+_PASS = {"vnni512": (4, 2), "vnni256": (2, 2), "avx2": (2, 2)}
+_ROWS512, _ROWS256 = _PASS["vnni512"][0] * _PASS["vnni512"][1], _PASS["vnni256"][0] * _PASS["vnni256"][1]
+_ROWS_AVX2 = _PASS["avx2"][0] * _PASS["avx2"][1]
+
+# The kernels a driver below calls, named, as numba needs them (module globals): per kind, the wide pass (_PASS
+# rows x _ACTS activation rows) and its one-activation-row form; and one row in an xmm (the rows left over),
+# against _ACTS activation rows or one.
+_vnni512_wide, _vnni512_a1 = _dispatching("vnni512", _ACTS, *_PASS["vnni512"]), _dispatching(
+    "vnni512", 1, *_PASS["vnni512"])
+_vnni256_wide, _vnni256_a1 = _dispatching("vnni256", _ACTS, *_PASS["vnni256"]), _dispatching(
+    "vnni256", 1, *_PASS["vnni256"])
+_avx2_wide, _avx2_a1 = _dispatching("avx2", _ACTS, *_PASS["avx2"]), _dispatching("avx2", 1, *_PASS["avx2"])
 _vnni_row, _vnni_row_a1 = _dispatching("vnni256", _ACTS, 1), _dispatching("vnni256", 1, 1)
 _avx2_row, _avx2_row_a1 = _dispatching("avx2", _ACTS, 1), _dispatching("avx2", 1, 1)
 
@@ -466,80 +528,71 @@ _avx2_row, _avx2_row_a1 = _dispatching("avx2", _ACTS, 1), _dispatching("avx2", 1
 # One compiled function a kind, the form chosen by an argument (``_FORM_IDS``) in the kernels' switch: numba
 # caches neither a function a factory makes nor one handed a kernel, so the kernels are named here. Compile (call)
 # one only where usable_kernel names its kind: LLVM cannot select an instruction for code without it.
-#
-# Several rows a vector only for Q4_K and Q5_K (form ids 3 and 6); every other form goes a row at a time. Measured
-# on a Zen 5 EPYC, one activation row against 64 Mi weights streamed from memory: Q8_0 4.6-5.5 GB/s four rows a
-# zmm, 30.7 GB/s a row at a time (Q4_0 3.9 / 19.5, Q4_1 10.6 / 22.1, Q5_0 2.2 / 15.0, Q5_1 6.3 / 16.2, Q6_K 3.6 /
-# 17.6), while Q4_K took 26.5 / 17.7 and Q5_K 29.1 / 17.4: the small blocks read four rows as four short streams
-# at once, which the CPU's prefetchers did not keep up with; the K-quants' 144 and 176 bytes a row and block did.
 @njit(nogil=True, cache=True)
 def product_vnni512(form, data, xq, xd, xs, start, stop, out):
     """``out`` [N, stop-start] = the quantized activations ``xq`` int8 [N, cols] / ``xd``, ``xs`` float32 [N,
     cols/32] (scales, block sums) @ rows ``data`` uint8 [start:stop, ...] of form ``form`` (``form_id``: 0 Q8_0,
-    1 Q4_0, 2 Q4_1, 3 Q4_K, 4 Q5_0, 5 Q5_1, 6 Q5_K, 7 Q6_K), by ``vpdpbusd``, four activation rows a pass: Q4_K
-    and Q5_K four rows in a zmm (AVX512-VNNI + BW), the other forms and the rows left one at a time in an xmm."""
+    1 Q4_0, 2 Q4_1, 3 Q4_K, 4 Q5_0, 5 Q5_1, 6 Q5_K, 7 Q6_K), by ``vpdpbusd``, four activation rows and eight
+    weight rows a pass (four a zmm: AVX512-VNNI + BW + VL), the rows left over one at a time in an xmm."""
     n = xq.shape[0]
     r = start
-    if form == 3 or form == 6:
-        while r + 4 <= stop:
-            b = 0
-            while b + 4 <= n:
-                _vnni512_wide(form, data, r, xq, xd, xs, out, b, r - start)
-                b += 4
-            for b in range(b, n):
-                _vnni512_a1(form, data, r, xq, xd, xs, out, b, r - start)
-            r += 4
+    while r + _ROWS512 <= stop:
+        b = 0
+        while b + _ACTS <= n:
+            _vnni512_wide(form, data, r, xq, xd, xs, out, b, r - start)
+            b += _ACTS
+        for b in range(b, n):
+            _vnni512_a1(form, data, r, xq, xd, xs, out, b, r - start)
+        r += _ROWS512
     for r in range(r, stop):
         b = 0
-        while b + 4 <= n:
+        while b + _ACTS <= n:
             _vnni_row(form, data, r, xq, xd, xs, out, b, r - start)
-            b += 4
+            b += _ACTS
         for b in range(b, n):
             _vnni_row_a1(form, data, r, xq, xd, xs, out, b, r - start)
 
 
 @njit(nogil=True, cache=True)
 def product_vnni256(form, data, xq, xd, xs, start, stop, out):
-    """As :func:`product_vnni512` with Q4_K's and Q5_K's rows two in a ymm (AVX-VNNI without AVX-512)."""
+    """As :func:`product_vnni512` with two rows a ymm, four a pass (AVX-VNNI without AVX-512)."""
     n = xq.shape[0]
     r = start
-    if form == 3 or form == 6:
-        while r + 2 <= stop:
-            b = 0
-            while b + 4 <= n:
-                _vnni256_wide(form, data, r, xq, xd, xs, out, b, r - start)
-                b += 4
-            for b in range(b, n):
-                _vnni256_a1(form, data, r, xq, xd, xs, out, b, r - start)
-            r += 2
+    while r + _ROWS256 <= stop:
+        b = 0
+        while b + _ACTS <= n:
+            _vnni256_wide(form, data, r, xq, xd, xs, out, b, r - start)
+            b += _ACTS
+        for b in range(b, n):
+            _vnni256_a1(form, data, r, xq, xd, xs, out, b, r - start)
+        r += _ROWS256
     for r in range(r, stop):
         b = 0
-        while b + 4 <= n:
+        while b + _ACTS <= n:
             _vnni_row(form, data, r, xq, xd, xs, out, b, r - start)
-            b += 4
+            b += _ACTS
         for b in range(b, n):
             _vnni_row_a1(form, data, r, xq, xd, xs, out, b, r - start)
 
 
 @njit(nogil=True, cache=True)
 def product_avx2(form, data, xq, xd, xs, start, stop, out):
-    """As :func:`product_vnni512` by ``vpmaddubsw`` + ``vpmaddwd``, Q4_K's and Q5_K's rows two in a ymm (AVX2)."""
+    """As :func:`product_vnni512` by ``vpmaddubsw`` + ``vpmaddwd``, two rows a ymm, four a pass (AVX2)."""
     n = xq.shape[0]
     r = start
-    if form == 3 or form == 6:
-        while r + 2 <= stop:
-            b = 0
-            while b + 4 <= n:
-                _avx2_wide(form, data, r, xq, xd, xs, out, b, r - start)
-                b += 4
-            for b in range(b, n):
-                _avx2_a1(form, data, r, xq, xd, xs, out, b, r - start)
-            r += 2
+    while r + _ROWS_AVX2 <= stop:
+        b = 0
+        while b + _ACTS <= n:
+            _avx2_wide(form, data, r, xq, xd, xs, out, b, r - start)
+            b += _ACTS
+        for b in range(b, n):
+            _avx2_a1(form, data, r, xq, xd, xs, out, b, r - start)
+        r += _ROWS_AVX2
     for r in range(r, stop):
         b = 0
-        while b + 4 <= n:
+        while b + _ACTS <= n:
             _avx2_row(form, data, r, xq, xd, xs, out, b, r - start)
-            b += 4
+            b += _ACTS
         for b in range(b, n):
             _avx2_row_a1(form, data, r, xq, xd, xs, out, b, r - start)
 
