@@ -393,9 +393,22 @@ def _emit_wide(context, builder, signature, args, kind: str, form: str, acts: in
     spread16 = ir.Constant(ir.VectorType(ir.IntType(32), slots * 16), [i % 16 for i in range(slots * 16)])
     no_lanes = ir.Constant(i32s, None)
     lifted = ir.Constant(i8s, [offset or 0] * (slots * 16))
+    # The next pass's rows (right after these in memory, as one stretch), prefetched a stretch a block along this
+    # pass: without it the rows' several short streams (18 bytes a row and block for Q4_0) outran the CPU's own
+    # prefetch when the weights come from memory (Zen 5, Qwen3-0.6B's layer, benchmarks/bench_integer.py).
+    stride = builder.extract_value(data_a.strides, 0)  # bytes a row
+    pass_bytes = groups * slots * block_bytes  # a block of each row of the pass
+    ahead = builder.add(builder.ptrtoint(row_ptrs[0], _I64), builder.mul(stride, _at(groups * slots)))
+    prefetch = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [
+        ir.IntType(8).as_pointer(), ir.IntType(32), ir.IntType(32), ir.IntType(32)]), "llvm.prefetch.p0i8")
     with cgutils.for_range(builder, units) as loop:
         w_off = builder.mul(loop.index, _at(block_bytes))
         blocks = [builder.gep(row_ptr, [w_off]) for row_ptr in row_ptrs]
+        stretch = builder.add(ahead, builder.mul(loop.index, _at(pass_bytes)))
+        for line in range(0, pass_bytes, 64):  # read, into every cache level; x86 prefetches never fault
+            builder.call(prefetch, [builder.inttoptr(builder.add(stretch, _at(line)), ir.IntType(8).as_pointer()),
+                                    ir.Constant(ir.IntType(32), 0), ir.Constant(ir.IntType(32), 3),
+                                    ir.Constant(ir.IntType(32), 1)])
         if form in ("Q4_K", "Q5_K"):  # every row's eight scales, offsets: [8 * rows] each, sub-block-major
             block_scales, block_offsets = _k_scales(builder, blocks)
         if form == "Q6_K":  # each row's sixteen int8 scales (two a 32-block), as stored: [slots * 16] a group
