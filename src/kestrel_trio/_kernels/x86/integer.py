@@ -36,7 +36,9 @@ lane shuffles (:func:`_reduce_blocks`), into one int32 vector of block sums:
 one conversion, one ``vmulps`` (the rows' scales times the activation rows'
 ``d_x``, each gathered by one permutation) and one ``vfmadd`` a block then
 serve all 32 (16) pairs, lane by lane, and the pairs' fma chains run side by
-side. The rows left over go one at a time in an xmm. Each driver takes the
+side. Each pass prefetches the next pass's rows as it goes (several rows'
+short streams outran the CPU's own prefetch). The rows left over go one at a
+time in an xmm. Each driver takes the
 form as an argument, switched on inside the kernel (:func:`_dispatching`).
 Integer sums are exact in any grouping, and every float32 step is the
 reference's in its order, so each kernel equals the reference bit for bit.
