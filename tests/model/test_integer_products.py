@@ -140,26 +140,25 @@ def fma32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
 
 
 def numpy_product(form: str, data: np.ndarray, xq: np.ndarray, xd: np.ndarray) -> np.ndarray:
-    """[N, rows]: per block four exact lane sums (lane j: weights 4j..4j+3 and 16+4j..16+4j+3), each accumulated
-    as fma(lane, d_w * d_x, acc) in float32, the blocks in order, and Q4_1's bias = fma(m_w, d_x * sum(q_x),
-    bias); then (acc0 + acc1) + (acc2 + acc3) (+ bias)."""
+    """[N, rows]: per block the exact sum of its 32 products (Q6_K's halves each times its int8 scale),
+    accumulated as fma(sum, d_w * d_x, acc) in float32, the blocks in order, and Q4_1's bias = fma(m_w, d_x *
+    sum(q_x), bias); then acc (+ bias)."""
     rows, n = data.shape[0], xq.shape[0]
     q_w, d_w, m_w, s_w = numpy_weights(form, data)
     q_x = xq.reshape(n, -1, 32).astype(np.int64)  # [N, blocks, 32]
-    halves = np.einsum("rkhji,nkhji->nrkhj", q_w.reshape(rows, -1, 2, 4, 4), q_x.reshape(n, -1, 2, 4, 4))
-    lanes = (halves * s_w[None, :, :, :, None]).sum(axis=3)  # [N, rows, blocks, 4]: Q6_K's halves scaled
-    assert np.abs(lanes).max(initial=0) < 2**24  # exact in float32
-    lanes = lanes.astype(np.float32)  # [N, rows, blocks, 4], exact
+    halves = np.einsum("rkhi,nkhi->nrkh", q_w.reshape(rows, -1, 2, 16), q_x.reshape(n, -1, 2, 16))
+    block_sums = (halves * s_w[None]).sum(axis=3)  # [N, rows, blocks]: Q6_K's halves scaled
+    assert np.abs(block_sums).max(initial=0) < 2**24  # exact in float32
+    block_sums = block_sums.astype(np.float32)  # [N, rows, blocks], exact
     scales = d_w[None] * xd[:, None, :]  # [N, rows, blocks], float32
     sums = xd * q_x.sum(-1).astype(np.float32)  # [N, blocks]: d_x * sum(q_x)
-    acc = np.zeros((n, rows, 4), dtype=np.float32)  # [N, rows, 4]
+    acc = np.zeros((n, rows), dtype=np.float32)  # [N, rows]
     bias = np.zeros((n, rows), dtype=np.float32)  # [N, rows]
-    for k in range(lanes.shape[2]):
+    for k in range(block_sums.shape[2]):
         if form in WITH_MINIMUMS:
             bias = fma32(np.broadcast_to(m_w[None, :, k], bias.shape), sums[:, k, None], bias)
-        acc = fma32(lanes[:, :, k], scales[:, :, k, None], acc)
-    total = (acc[..., 0] + acc[..., 1]) + (acc[..., 2] + acc[..., 3])
-    return total + bias if form in WITH_MINIMUMS else total
+        acc = fma32(block_sums[:, :, k], scales[:, :, k], acc)
+    return acc + bias if form in WITH_MINIMUMS else acc
 
 
 def quantized(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -231,9 +230,11 @@ def arm_kernels() -> list:
 
 
 @pytest.mark.parametrize("form", FORMS)
-@pytest.mark.parametrize(("n", "rows", "cols"), [(1, 13, 1024), (2, 4, 768), (3, 9, 2048), (1, 3, 256)])
+@pytest.mark.parametrize(("n", "rows", "cols"), [(1, 13, 1024), (2, 4, 768), (3, 9, 2048), (1, 3, 256),
+                                                  (2, 21, 256)])
 def test_the_arm_kernels_equal_the_reference_bit_for_bit(form, n, rows, cols):
-    """Four rows a pass and the rows left one by one, into a strided view of a wider result."""
+    """Eight rows a pass (Q8_0, Q4_0 with sdot), four, and the rows left one by one, into a strided view of a
+    wider result."""
     rng = np.random.default_rng(rows * cols + n)
     data = block_rows(form, rng, rows + 3, cols)  # [rows + 3, ...]
     xq, xd = quantized(rng.standard_normal((n, cols), dtype=np.float32))

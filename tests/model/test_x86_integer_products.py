@@ -71,7 +71,7 @@ def activations(rng, n: int, cols: int) -> np.ndarray:
 @pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize(("n", "rows", "cols", "start"), [
     (1, 13, 1024, 0), (2, 4, 768, 3), (3, 9, 2048, 1), (4, 8, 256, 2), (5, 7, 512, 0), (8, 16, 512, 5),
-    (16, 5, 256, 1), (1, 1, 256, 0), (7, 3, 256, 4),
+    (16, 5, 256, 1), (1, 1, 256, 0), (7, 3, 256, 4), (6, 21, 512, 2), (9, 12, 256, 1),
 ])
 def test_every_x86_kernel_equals_the_reference_bit_for_bit(form, n, rows, cols, start):
     rng = np.random.default_rng(rows * cols + n + start)

@@ -18,10 +18,13 @@ in int32 (exact: below 2**24, so exact in float32 too), the two halves of a
 32-block added, and ``d * d_x`` applied once a 32 weights, as for the others;
 llama.cpp's Q6_K x Q8_K product scales its 16-weight sums in integers too.
 
-These loops fix that arithmetic for every kernel (kestrel_trio._kernels.arm):
-four int32 lane sums a block, grouped as two ``sdot`` group them, accumulated
-into four float32 lanes by fused multiply-adds, the lanes added pairwise at
-the row's end. Integer sums are exact in any order and every float32 step is
+These loops fix that arithmetic for every kernel (kestrel_trio._kernels.arm,
+kestrel_trio._kernels.x86): one int32 sum a row and block (a kernel adds its
+``sdot`` lanes, in any grouping), converted to float32 and accumulated into one
+float32 a row by a fused multiply-add, the row's value that accumulator. One
+accumulator a row lets a kernel keep four rows' in one vector: their block sums
+reduced into one int32x4 (``addp``), their four scales converted and multiplied
+at once, one ``fmla`` a block for all four. Integer sums are exact in any order and every float32 step is
 written out (no fastmath), so each kernel equals these loops bit for bit on
 every CPU. The results differ from the exact products by the activations'
 rounding (about 1/254 of an activation, averaging down over a row), as
@@ -150,13 +153,11 @@ def product_blocks(form, data, f16, run, xq, xd, xs, start, stop, out):
     """``out`` [N, stop-start] = the quantized rows ``xq``/``xd`` [N, ...] (quantize_q8_rows; ``xs``, their block
     sums, for the forms with minimums) @ rows ``data`` [start:stop].T of ``form`` (0: Q8_0, 34 bytes a block of
     32; 1: Q4_0, 18; 2: Q4_1, 20; 3: Q4_K, 144 bytes a block of 256; 4: Q5_0, 22; 5: Q5_1, 24; 6: Q5_K, 176 a
-    block of 256; 7: Q6_K, 210 a block of 256). Per 32-weight sub-block: four int32 lane sums (lane j: weights
-    4j..4j+3 and 16+4j..16+4j+3, as two ``sdot`` group them; Q6_K: each half's sum times its 16 weights' int8
-    scale, ``s0 * sdot(0-15) + s1 * sdot(16-31)``, exact: at most 2 * 4 * 32 * 127 * 128 < 2**24), each
-    accumulated as ``acc[j] = fma(float32(lane), scale_w * d_x, acc[j])`` (scale_w: the block's d; Q4_K's and
-    Q5_K's d * scale; Q6_K's d), and where the form has minimums ``bias = fma(offset_w, s_x, bias)`` (Q4_1's and
-    Q5_1's m; Q4_K's and Q5_K's min * -dmin); the row's value ``(acc[0] + acc[1]) + (acc[2] + acc[3])``
-    (``+ bias``)."""
+    block of 256; 7: Q6_K, 210 a block of 256). Per 32-weight sub-block: the int32 sum of its 32 products (Q6_K:
+    each half's sum times its 16 weights' int8 scale, ``s0 * sum(0-15) + s1 * sum(16-31)``, exact: at most 2 *
+    16 * 32 * 127 * 128 < 2**24), accumulated as ``acc = fma(float32(sum), scale_w * d_x, acc)`` (scale_w: the
+    block's d; Q4_K's and Q5_K's d * scale; Q6_K's d), and where the form has minimums ``bias = fma(offset_w,
+    s_x, bias)`` (Q4_1's and Q5_1's m; Q4_K's and Q5_K's min * -dmin); the row's value ``acc`` (``+ bias``)."""
     n = xq.shape[0]
     subs = 8 if form == 3 or form >= 6 else 1
     size = (34, 18, 20, 144, 22, 24, 176, 210)[form]
@@ -165,7 +166,7 @@ def product_blocks(form, data, f16, run, xq, xd, xs, start, stop, out):
         row = data[r]
         for b in range(n):
             quants = xq[b]
-            acc = np.zeros(4, dtype=np.float32)
+            acc = np.float32(0.0)
             bias = np.float32(0.0)
             for k in range(xq.shape[1] // run):
                 at, sub = size * (k // subs), k % subs
@@ -183,13 +184,11 @@ def product_blocks(form, data, f16, run, xq, xd, xs, start, stop, out):
                     if has_min:
                         bias = _fma(_half(row, at + 2, f16), xs[b, k], bias)
                 step = scale_w * xd[b, k]
-                for j in range(4):
-                    lane = np.int32(0)
-                    for half in range(2):
-                        part = np.int32(0)
-                        for i in range(16 * half + 4 * j, 16 * half + 4 * j + 4):
-                            part += _weight(row, at, form, sub, i) * np.int32(quants[k * run + i])
-                        lane += part * (second_scale if half else first_scale)
-                    acc[j] = _fma(np.float32(lane), step, acc[j])
-            total = (acc[0] + acc[1]) + (acc[2] + acc[3])
-            out[b, r - start] = total + bias if has_min else total
+                total = np.int32(0)
+                for half in range(2):
+                    part = np.int32(0)
+                    for i in range(16 * half, 16 * half + 16):
+                        part += _weight(row, at, form, sub, i) * np.int32(quants[k * run + i])
+                    total += part * (second_scale if half else first_scale)
+                acc = _fma(np.float32(total), step, acc)
+            out[b, r - start] = acc + bias if has_min else acc
