@@ -134,7 +134,7 @@ def set_products(mode: str) -> None:
     """Which products quantized weights take, process-wide (before a model's first step): "exact" (expanded to
     float32, multiplied in float32: the reference), "integer" (activations quantized to int8 per block of 32,
     integer block sums as llama.cpp's) or "auto" (integer where this CPU has integer kernels of its own for the
-    form: aarch64's; x86-64's for products.X86_AUTO_FORMS; exact elsewhere). Forms a product was already made
+    form, as kestrel_trio._kernels.plan's integer_auto says; exact elsewhere). Forms a product was already made
     for keep it for the mode it was made in and take the new mode's at their next call
     (kestrel_trio._kernels.products.product_for).
 
@@ -333,6 +333,14 @@ def enable_tiles() -> str | None:
 
 
 def _load_tiles() -> tuple[object, str | None]:
+    from kestrel_trio._kernels.plan import this_plan
+
+    try:
+        planned = this_plan().tiles
+    except Exception as error:  # numba or llvmlite missing or unusable (the plan reads LLVM's host features)
+        return None, f"numba cannot be imported ({type(error).__name__}: {error})"
+    if planned.variant == "none":
+        return None, planned.why
     try:
         from kestrel_trio._kernels import tiles
     except Exception as error:  # numba or llvmlite missing or unusable
@@ -457,10 +465,10 @@ def _load_chunks() -> tuple[object, str | None]:
 def _chunks_unusable() -> str | None:
     if not ready():
         return unavailable_reason()
-    assembly = _products().f32_assembly()
-    if assembly != "avx512":
-        return f"needs the AVX-512 assembly of an Intel CPU (float32 rows here: {assembly or 'compiled loops'})"
-    return None
+    from kestrel_trio._kernels.plan import this_plan
+
+    planned = this_plan().chunk_products
+    return None if planned.variant == "avx512" else planned.why
 
 
 def _chunks_self_test(chunks) -> str | None:
@@ -580,11 +588,16 @@ def enable_prefill_attention() -> str | None:
     """
     if "attention" in _state or "attention_error" in _state:
         return _state.get("attention_error")
-    assembly = _products().f32_assembly() if ready() else None  # outside the state lock: ready() takes it
-    if assembly is None:
-        reason = unavailable_reason() or "needs the AVX-512 or AVX2 assembly of an x86-64 CPU"
+    if not ready():  # outside the state lock: ready() takes it
+        reason = unavailable_reason()
         return _enable_once("attention", lambda: (None, reason))
-    return _enable_once("attention", lambda: _load_attention(assembly == "avx512"))
+    from kestrel_trio._kernels.plan import this_plan
+
+    planned = this_plan().chunk_attention
+    _products().f32_assembly()  # readies LLVM's assembly parser where the plan has a block: the kernel is assembly
+    if planned.variant == "none":
+        return _enable_once("attention", lambda: (None, planned.why))
+    return _enable_once("attention", lambda: _load_attention(planned.variant == "avx512"))
 
 
 def _load_attention(wide: bool) -> tuple[object, str | None]:

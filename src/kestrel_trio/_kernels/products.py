@@ -77,13 +77,13 @@ function it calls changes in another file.
 from __future__ import annotations
 
 import functools
-import os
-import platform
 import threading
 
 import numpy as np
 from numba import njit, types
 from numba.extending import intrinsic
+
+from kestrel_trio._kernels import plan as _plan
 
 __all__ = ["FORMS", "INTEGER_FORMS", "product_for", "kernel_name", "warm", "quantize", "f16_table", "COLUMNS_PER_ITEM"]
 
@@ -1037,65 +1037,25 @@ def _f32_wide_blocks(data, x, start, stop, out):
 WIDE_BLOCK_ROWS = 12
 
 
-# Host CPU names whose code has AVX2 and FMA (NUMBA_CPU_NAME set to one of them still allows the AVX2 block).
-_AVX2_CPU_NAMES = frozenset({"haswell", "broadwell", "skylake", "skylake-avx512", "cascadelake", "cooperlake",
-                             "icelake-client", "icelake-server", "tigerlake", "sapphirerapids", "alderlake",
-                             "raptorlake", "znver1", "znver2", "znver3", "znver4", "znver5", "x86-64-v3", "x86-64-v4"})
 _f32_assembly_state: list = []  # [str | None]: the assembly F32 uses in this process
-# Host CPUs with AVX-512 that take the AVX2 block below WIDE_BLOCK_ROWS rows and the 6x4 zmm block from there
-# ("avx2+avx512"), instead of the 3x8 zmm block: on Zen 5 the 3x4 ymm block beat the 3x8 zmm one, alternated in one
-# process, cold weights, one thread: 16 rows 0.32-0.41 ns a weight against 0.36-0.45, and a 16-row decode step of
-# Qwen3-0.6B's shapes 109-118 tok/s against 97-110 (2026-12-02); on Zen 4 (two 256-bit halves a zmm vector) the 3x8
-# zmm block lost to the 6x4 one at every row count measured (see WIDE_BLOCK_ROWS). Every Zen with AVX-512 is a
-# Zen 4 or later. Intel's AVX-512 CPUs keep the 3x8 zmm block below WIDE_BLOCK_ROWS rows: on the 2-core Xeon with
-# AMX, 8-row decode steps ran at 61-66 tok/s with it, 62 with the ymm block, 61 with the AVX2 block alone.
-_AVX2_FIRST = ("znver",)
 
 
 def f32_assembly() -> str | None:
     """The assembly blocks this process multiplies float32 weights with: "avx512", "avx2", "avx2+avx512" or None.
 
-    None: the compiled loops. Made once, on first call. Needs x86-64 and a CPU
-    with the instructions (AVX-512F; or AVX2 and FMA); AMD's Zen CPUs with
-    AVX-512 (Zen 4, Zen 5) take "avx2+avx512", which measured faster there
-    (:data:`_AVX2_FIRST`): the AVX2 block below WIDE_BLOCK_ROWS activation
-    rows, the 6x4 zmm block from there. The code numba compiles must have them too:
-    "avx512" and "avx2+avx512" only for ``NUMBA_CPU_NAME`` unset or "host", "avx2" also for a
-    named CPU with AVX2 (``haswell``, ``znver3``...), and
-    ``NUMBA_CPU_FEATURES``, where set, must list the features (+avx512f;
-    +avx2 and +fma). The check is the only gate: LLVM reports an instruction
-    it cannot assemble as a fatal error, which ends the process rather than
-    raising.
+    None: the compiled loops. The plan's choice (kestrel_trio._kernels.plan: which CPUs, and why AMD's Zen with
+    AVX-512 takes "avx2+avx512"), made once, on first call; LLVM's assembly parser is readied here for it.
     """
     if not _f32_assembly_state:
-        _f32_assembly_state.append(_usable_f32_assembly())
+        from kestrel_trio._kernels.plan import this_plan
+
+        variant = this_plan().f32.variant
+        if variant != "portable":
+            import llvmlite.binding as llvm_binding
+
+            llvm_binding.initialize_native_asmparser()  # the blocks are assembly that LLVM assembles
+        _f32_assembly_state.append(None if variant == "portable" else variant)
     return _f32_assembly_state[0]
-
-
-def _usable_f32_assembly() -> str | None:
-    if platform.machine() not in ("x86_64", "AMD64"):
-        return None
-    import llvmlite.binding as llvm_binding
-
-    host = llvm_binding.get_host_cpu_features()
-    name = os.environ.get("NUMBA_CPU_NAME", "host")
-    features = os.environ.get("NUMBA_CPU_FEATURES", "")
-    listed = set(features.split(",")) if features else None
-
-    def allowed(*wanted: str) -> bool:
-        return all(host.get(f, False) for f in wanted) and (listed is None or all(f"+{f}" in listed for f in wanted))
-
-    cpu = llvm_binding.get_host_cpu_name()
-    if name == "host" and allowed("avx512f") and not cpu.startswith(_AVX2_FIRST):
-        found = "avx512"
-    elif name == "host" and allowed("avx512f"):  # a Zen with AVX-512
-        found = "avx2+avx512"
-    elif (name == "host" or name in _AVX2_CPU_NAMES) and allowed("avx2", "fma"):
-        found = "avx2"
-    else:
-        return None
-    llvm_binding.initialize_native_asmparser()  # the blocks are assembly that LLVM assembles
-    return found
 
 
 # ---------------------------------------------------------------- the products, one per form
@@ -1418,7 +1378,7 @@ _compile_lock = threading.Lock()
 
 # Integer products (activations quantized per block; kestrel_trio._kernels.integer): the forms that have them.
 # The mode that chooses them is kestrel_trio._kernels.set_products's.
-INTEGER_FORMS = frozenset(("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q5_1", "Q5_K", "Q6_K"))
+INTEGER_FORMS = _plan.INTEGER_FORMS
 
 
 def product_for(form: str):
@@ -1435,8 +1395,8 @@ def product_for(form: str):
             found = _compiled.get((form, name))
             if found is None:
                 _, expand, storage, scales, view = _PRODUCTS[form]
-                if product is None:  # an integer kernel (its name "avx2" is also bf16's float32 block's)
-                    compiled = _integer_product(name, form)
+                if product is None:  # an integer kernel (its label "avx2" is also bf16's float32 block's)
+                    compiled = _integer_product(_integer_kernel(form), form)
                 else:
                     compiled = njit(_signature(storage, scales), **_COMPILE)(product)
                 found = _compiled[(form, name)] = (
@@ -1448,86 +1408,68 @@ def product_for(form: str):
 
 
 def _chosen(form: str):
-    """(the Python function of ``form``'s product in this process, the name of its kernel).
+    """(the Python function of ``form``'s product in this process, the label of its kernel).
 
-    The name says what runs from four activation rows up: "portable" (the compiled loops above, for whatever
+    The label says what runs from four activation rows up: "portable" (the compiled loops above, for whatever
     CPU numba compiles for) or an assembly block's (:func:`f32_assembly`; bf16 and int8 rows take AVX2's 3x4
-    block on every CPU that has one). Below four rows every form runs the portable loops. A form of
+    block on every CPU that has one: the plan's). Below four rows every form runs the portable loops. A form of
     INTEGER_FORMS in the integer mode (kestrel_trio._kernels.set_products) names its integer kernel at every row
-    count (:func:`_integer_kernel_name`): "sdot" and "neon" (aarch64 with and without dotprod), "vnni" and "avx2"
-    (x86-64), "int8" (the portable reference, where this CPU has no kernel of its own for the form).
+    count (:func:`_integer_kernel`; labels kestrel_trio._kernels.plan.INTEGER_LABELS: "sdot" and "neon" on
+    aarch64 with and without dotprod, "vnni" and "avx2" on x86-64, "int8" the portable reference).
     """
     if form in INTEGER_FORMS:
-        integer = _integer_kernel_name(form)
+        integer = _integer_kernel(form)
         if integer is not None:
-            return None, integer
+            return None, _plan.INTEGER_LABELS[integer]
     assembly = f32_assembly()
     if form == "F32" and assembly:  # the assembly blocks where they apply
         return {"avx512": product_f32_avx512, "avx2": product_f32_avx2, "avx2+avx512": product_f32_zen}[assembly], \
-            assembly
-    if form in ("bf16", "BF16", "int8") and assembly:  # every such CPU has AVX2's block
+            _plan.F32_LABELS[assembly]
+    if form in ("bf16", "BF16", "int8") and _plan.this_plan().bf16.variant == "avx2":
         return (product_int8_avx2 if form == "int8" else product_bf16_avx2), "avx2"
     return _PRODUCTS[form][0], "portable"
 
 
-# The forms whose x86-64 integer kernel "auto" takes: every form kestrel_trio._kernels.x86 has kernels for, so x86
-# runs the same integer math as the board. On Qwen3-0.6B's shapes (benchmarks/bench_integer.py, a loaded Zen 5)
-# they beat or tie the exact products except Q8_0 at one activation row (0.85x; 1.40x under AVX2 alone), where
-# the exact loop already streams near the memory's rate. load_model(..., products="exact") keeps the exact ones.
-X86_AUTO_FORMS: frozenset = frozenset(("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q5_1", "Q5_K", "Q6_K"))
-
-
-def _arch_kernel(form: str) -> tuple[str, bool] | None:
-    """(the name of this CPU's own integer kernel for ``form``, whether "auto" takes it), or None where it has
-    none: kestrel_trio._kernels.arm's on aarch64 (auto takes it), kestrel_trio._kernels.x86's on x86-64 where the
-    code numba compiles and the CPU both have its instructions (auto takes it for X86_AUTO_FORMS). Each module's
-    FORMS says which forms it has kernels for."""
-    arch, kind = _this_cpus_kernel()
-    if arch == "arm":
+def _own_integer(form: str) -> tuple[str, bool] | None:
+    """(this CPU's own integer kernel for ``form``, the plan's variant; whether "auto" takes it), or None where it
+    has none. The plan chooses the kernel (kestrel_trio._kernels.plan); the arm or x86 module's FORMS says which
+    forms it has kernels for."""
+    chosen = _plan.this_plan()
+    variant = chosen.integer.variant
+    if variant == "portable":
+        return None
+    if variant.startswith("neon"):
         from kestrel_trio._kernels.arm import integer as arm
 
-        return (kind, True) if form in arm.FORMS else None
-    if arch == "x86" and kind is not None:
+        forms = arm.FORMS
+    else:
         from kestrel_trio._kernels.x86 import integer as x86
 
-        return (x86.KINDS[kind], form in X86_AUTO_FORMS) if form in x86.FORMS else None
-    return None
+        forms = x86.FORMS
+    return (variant, form in chosen.integer_auto) if form in forms else None
 
 
-@functools.lru_cache(maxsize=1)  # the CPU and numba's target are fixed for the process; asked on every product
-def _this_cpus_kernel() -> tuple[str, str | None]:
-    """("arm", "sdot" or "neon"), ("x86", kestrel_trio._kernels.x86's usable kernel or None), or ("", None)."""
-    from kestrel_trio._kernels import cpu
-
-    if platform.machine() in ("aarch64", "arm64"):
-        return "arm", "sdot" if cpu.this_cpu().has("dotprod") else "neon"
-    if platform.machine() in ("x86_64", "AMD64"):
-        from kestrel_trio._kernels.x86 import integer as x86
-
-        return "x86", x86.usable_kernel(cpu.this_cpu().has)
-    return "", None
-
-
-def _integer_kernel_name(form: str) -> str | None:
-    """The integer kernel of ``form`` in this process's mode on this CPU, or None for the exact products: "auto"
-    takes this CPU's own kernel where it wins (:func:`_arch_kernel`), "integer" that or else the reference."""
+def _integer_kernel(form: str) -> str | None:
+    """The integer kernel (the plan's variant name) of ``form`` in this process's mode on this CPU, or None for
+    the exact products: "auto" takes this CPU's own kernel where the plan says it wins (:func:`_own_integer`),
+    "integer" that or else the portable reference."""
     from kestrel_trio._kernels import product_mode
 
     mode = product_mode()
     if mode == "exact" or form not in INTEGER_FORMS:
         return None
-    own = _arch_kernel(form)
+    own = _own_integer(form)
     if own is not None and (mode == "integer" or own[1]):
         return own[0]
-    return "int8" if mode == "integer" else None
+    return "portable" if mode == "integer" else None
 
 
-def _integer_product(name: str, form: str):
-    """``form``'s integer product by kernel ``name``, with the products' arguments: the activations quantized
+def _integer_product(variant: str, form: str):
+    """``form``'s integer product by kernel ``variant`` (the plan's name), with the products' arguments: the activations quantized
     (kestrel_trio._kernels.integer; the block sums too where the form has minimums), then the kernel's block sums.
     Composed here in Python, not compiled as one function: numba would not see a change to either file in a cached
     caller."""
-    form_id, kernel, reference = _typed_kernel_of(name, form)
+    form_id, kernel, reference = _typed_kernel_of(variant, form)
 
     def product(data, scales, f16, run, x, start, stop, out, quantized=None):
         if quantized is None:
@@ -1566,22 +1508,23 @@ def _typed_kernel(kernel, reference: bool):
     return found
 
 
-def _typed_kernel_of(name: str, form: str):
-    """(the form's id in kernel ``name``'s numbering, that kernel as :func:`_typed_kernel` compiles it, whether it
-    is the portable reference "int8", which also takes the float16 table and the run after the rows; its form ids
-    are arm's)."""
-    from kestrel_trio._kernels import integer
-    from kestrel_trio._kernels.arm import integer as arm
+# The plan's integer variants -> (the module under kestrel_trio._kernels, its kernel's name).
+_INTEGER_KERNELS = {"avx512-vnni": ("x86.integer", "product_vnni512"), "avx-vnni": ("x86.integer", "product_vnni256"),
+                    "avx2": ("x86.integer", "product_avx2"), "neon-dotprod": ("arm.integer", "product_sdot"),
+                    "neon": ("arm.integer", "product_widening"), "portable": ("integer", "product_blocks")}
 
-    if name in ("vnni", "avx2"):
-        from kestrel_trio._kernels.x86 import integer as x86
 
-        kind = _this_cpus_kernel()[1]  # "vnni": the widest this CPU and numba's code take
-        kernel = {"vnni512": x86.product_vnni512, "vnni256": x86.product_vnni256, "avx2": x86.product_avx2}[kind]
-        return x86.form_id(form), _typed_kernel(kernel, False), False
-    if name == "int8":
-        return arm.form_id(form), _typed_kernel(integer.product_blocks, True), True
-    return arm.form_id(form), _typed_kernel(arm.product_sdot if name == "sdot" else arm.product_widening, False), False
+def _typed_kernel_of(variant: str, form: str):
+    """(the form's id in integer kernel ``variant``'s numbering, that kernel as :func:`_typed_kernel` compiles it,
+    whether it is the portable reference, which also takes the float16 table and the run after the rows; its form
+    ids are arm's)."""
+    import importlib
+
+    module, name = _INTEGER_KERNELS[variant]
+    kernels = importlib.import_module(f"kestrel_trio._kernels.{module}")
+    ids = kernels if module.startswith("x86") else importlib.import_module("kestrel_trio._kernels.arm.integer")
+    reference = variant == "portable"
+    return ids.form_id(form), _typed_kernel(getattr(kernels, name), reference), reference
 
 
 def integer_rows(form: str, data: np.ndarray, f16: np.ndarray) -> tuple | None:
@@ -1591,12 +1534,12 @@ def integer_rows(form: str, data: np.ndarray, f16: np.ndarray) -> tuple | None:
     has no minimums), into ``out`` [N, stop-start]. None where ``form`` takes the exact products. The compiled
     kernel is called directly (a ``functools.partial``, no Python frame): a decode step makes a dozen such calls
     a layer (kestrel_trio._model.decode_step)."""
-    name = _integer_kernel_name(form)
-    if name is None:
+    variant = _integer_kernel(form)
+    if variant is None:
         return None
     from kestrel_trio._kernels.arm import integer as arm
 
-    form_id, kernel, reference = _typed_kernel_of(name, form)
+    form_id, kernel, reference = _typed_kernel_of(variant, form)
     minimums = bool(arm.FORMS[form][2])
     if reference:
         return functools.partial(kernel, form_id, data, f16, 32), minimums
@@ -1607,7 +1550,7 @@ def quantize(x: np.ndarray, forms) -> tuple | None:
     """``x`` float32 [N, cols] quantized for the integer products of ``forms`` (names in FORMS), once for all:
     (int8 [N, cols], float32 scales [N, cols / 32], the blocks' sums [N, cols / 32] or None where no form
     needs them); None where none of ``forms`` takes an integer product in this process."""
-    integer_forms = [form for form in forms if _integer_kernel_name(form) is not None]
+    integer_forms = [form for form in forms if _integer_kernel(form) is not None]
     if not integer_forms:
         return None
     from kestrel_trio._kernels import integer
@@ -1624,8 +1567,8 @@ def quantize(x: np.ndarray, forms) -> tuple | None:
 
 
 def kernel_name(form: str) -> str:
-    """The kernel ``form``'s products take in this process ("portable", "avx512", "avx2", "avx2+avx512"; "sdot",
-    "neon", "vnni", "avx2", "int8" for the integer products: :func:`_integer_kernel_name`)."""
+    """The label of the kernel ``form``'s products take in this process ("portable", "avx512", "avx2",
+    "avx2+avx512"; "sdot", "neon", "vnni", "avx2", "int8" for the integer products: :func:`_chosen`)."""
     return _chosen(form)[1]
 
 
