@@ -1,6 +1,7 @@
 """Float32 products of prefill chunks in kestrel's own AVX-512 kernel (kestrel_trio._kernels.f32_chunks): float32's
 accuracy at every shape, the rows and columns past whole blocks included, and taken by linear() for prefill rows
-only. Only an Intel CPU with AVX-512 runs them; elsewhere the tests skip with the reason."""
+only. Wherever the CPU executes them (the plan's runnable variants: x86-64 with AVX-512, chosen on Intel's, played as
+chosen on others); elsewhere the tests skip with the reason."""
 
 from __future__ import annotations
 
@@ -10,12 +11,17 @@ import pytest
 from kestrel_trio import _kernels
 from kestrel_trio._model import matmul
 
-_UNUSABLE = _kernels._chunks_unusable()  # this CPU's reason (not the kernel's self-test, which must pass)
-pytestmark = [pytest.mark.host_cpu, pytest.mark.skipif(_UNUSABLE is not None, reason=str(_UNUSABLE))]
+from kernel_plan_kit import enable_chunk_kernel, runnable
+
+_RUNNABLE = runnable("chunk_products")
+pytestmark = [pytest.mark.host_cpu, pytest.mark.skipif(
+    "avx512" not in _RUNNABLE, reason=f"this host does not execute the AVX-512 chunk kernel "
+                                      f"({_kernels.unavailable_reason() or _kernels._chunks_unusable()})")]
 
 
-def test_the_kernel_runs_where_the_cpu_has_it():
-    assert _kernels.enable_chunk_products() is None
+@pytest.fixture(autouse=True)
+def _enabled(monkeypatch):
+    enable_chunk_kernel(monkeypatch)
 
 
 def _serially(tasks):

@@ -1,6 +1,7 @@
 """Attention's softmax numerators in AVX-512 assembly (kestrel_trio._kernels.f32_exp) against exp.py's loops and
-float64: equal numerators, the causal count of each row, zeros past it, special values. Only a CPU whose float32
-rows take the AVX-512 assembly runs it; elsewhere the tests skip with the reason."""
+float64: equal numerators, the causal count of each row, zeros past it, special values. Wherever the CPU executes
+it (the plan's runnable softmax variants: an x86-64 CPU with AVX-512, chosen or not); elsewhere the tests skip with
+the reason."""
 
 from __future__ import annotations
 
@@ -9,9 +10,16 @@ import pytest
 
 from kestrel_trio import _kernels
 
-_ASSEMBLY = _kernels._products().f32_assembly() if _kernels.ready() else None
-pytestmark = [pytest.mark.host_cpu,
-              pytest.mark.skipif(_ASSEMBLY != "avx512", reason=f"needs the AVX-512 assembly (here: {_ASSEMBLY})")]
+from kernel_plan_kit import runnable
+
+_RUNNABLE = runnable("softmax")
+pytestmark = [pytest.mark.host_cpu, pytest.mark.skipif(
+    "avx512" not in _RUNNABLE, reason=f"this host does not execute the AVX-512 softmax (runnable: {_RUNNABLE})")]
+
+
+@pytest.fixture(autouse=True)
+def _assembler():
+    _kernels._products().f32_assembly()  # readies LLVM's assembly parser: the kernel is assembly
 
 
 def _assembly(scores: np.ndarray, counts: list[int], width: int) -> tuple[np.ndarray, np.ndarray]:

@@ -14,13 +14,21 @@ import pytest
 from kestrel_trio import _kernels, load_model
 from kestrel_trio._model.layers import rms_norm, swiglu
 
+from kernel_plan_kit import enable_chunk_kernel, runnable
+
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+_RUNNABLE = "avx512" in runnable("chunk_products")  # chosen here, or executed and played as chosen
 pytestmark = [pytest.mark.host_cpu,
-              pytest.mark.skipif(_kernels.enable_chunk_products() is not None,
-                                 reason=f"the chunk kernel does not run here: {_kernels.enable_chunk_products()}")]
+              pytest.mark.skipif(not _RUNNABLE, reason=f"the chunk kernel does not run here: "
+                                                       f"{_kernels.unavailable_reason() or _kernels._chunks_unusable()}")]
 forward_module = importlib.import_module("kestrel_trio._model.forward")  # the package's ``forward`` is the function
-if _kernels.enable_chunk_products() is None:
+if _RUNNABLE:
     from kestrel_trio._kernels import f32_chunks, packed_rows
+
+
+@pytest.fixture(autouse=True)
+def _enabled(monkeypatch):
+    enable_chunk_kernel(monkeypatch)
 
 
 def _serially(tasks):
