@@ -32,7 +32,8 @@ def _enabled():
     assert _kernels.enable_prefill_attention() is None
 
 
-@pytest.fixture(params=[pytest.param(v, marks=pytest.mark.skipif(v not in _RUNNABLE, reason=f"this host cannot run {v}"))
+@pytest.fixture(params=[pytest.param(v, marks=pytest.mark.skipif(v not in _RUNNABLE,
+                                                                  reason=f"this host cannot run {v}"))
                         for v in _LANES], ids=lambda variant: f"{_LANES[variant]}-lanes")
 def lanes(request, monkeypatch):
     """Each register block the CPU executes (the plan's runnable variants), as the one prefill_attention takes."""
