@@ -57,7 +57,7 @@ def compiled_kernels_description() -> str:
     from kestrel_trio._kernels import products
 
     f32 = {"avx512": "AVX-512 assembly blocks", "avx2": "AVX2 assembly block",
-           "avx2+avx512": f"AVX2 assembly block, AVX-512 6x4 block from {products.WIDE_BLOCK_ROWS} rows"}.get(
+           "avx2+avx512": "AVX2 assembly block, AVX-512 6x4 block from 12 rows"}.get(
         products.f32_assembly(), "compiled loops")
     return f"numba {numba.__version__} compiling for {target}; float32 rows from 4 up: {f32}"
 
@@ -209,7 +209,7 @@ def _fma_loop(vector: str, sums: int):
     from numba import njit, types
     from numba.extending import intrinsic
 
-    from kestrel_trio._kernels.products import _asm_codegen
+    from kestrel_trio._kernels.x86.assembly import _asm_codegen
 
     zero = "vpxord" if vector == "zmm" else "vpxor"
     registers = [f"{vector}{i}" for i in range(sums + 2)]

@@ -158,14 +158,15 @@ def _compiled(function):
 
 
 @pytest.mark.parametrize("variant", _each("f32", ["avx512", "avx2+avx512", "avx2"]))
-@pytest.mark.parametrize("rows_in", [4, 5, 8, 12, 13, 16, 31])
+@pytest.mark.parametrize("rows_in", [4, 5, 7, 8, 12, 13, 15, 16, 19, 24, 31, 32])  # 12 up: the 6x4 zmm block
 @pytest.mark.parametrize("cols", [1040, 40, 36])  # 40: of 8 (AVX2's lanes), not 16; 36: of neither
 def test_every_float32_variant_the_host_runs_equals_the_portable_loops(variant, rows_in, cols):
     from kestrel_trio._kernels import products
+    from kestrel_trio._kernels.x86 import f32_blocks
 
     products.f32_assembly()  # readies LLVM's assembly parser (the blocks are assembly)
-    product = _compiled({"avx512": products.product_f32_avx512, "avx2+avx512": products.product_f32_zen,
-                         "avx2": products.product_f32_avx2}[variant])
+    product = _compiled({"avx512": f32_blocks.product_f32_avx512, "avx2+avx512": f32_blocks.product_f32_zen,
+                         "avx2": f32_blocks.product_f32_avx2}[variant])
     reference = _compiled(products.product_f32)
     rng = np.random.default_rng(rows_in + cols)
     weights = rng.standard_normal((23, cols), dtype=np.float32)  # [23, in]
@@ -183,6 +184,7 @@ def test_every_float32_variant_the_host_runs_equals_the_portable_loops(variant, 
 @pytest.mark.parametrize("form", ["bf16", "int8"])
 def test_every_bf16_and_int8_variant_the_host_runs_equals_the_portable_loops(variant, rows_in, form):
     from kestrel_trio._kernels import products
+    from kestrel_trio._kernels.x86 import f32_blocks
 
     products.f32_assembly()
     rng = np.random.default_rng(rows_in)
@@ -190,11 +192,11 @@ def test_every_bf16_and_int8_variant_the_host_runs_equals_the_portable_loops(var
     if form == "bf16":
         data = (rng.standard_normal((23, cols), dtype=np.float32).view(np.uint32) >> 16).astype(np.uint16)
         scales = np.empty((23, 0), dtype=np.uint8)  # [rows, 0]
-        product, reference = products.product_bf16_avx2, products.product_bf16
+        product, reference = f32_blocks.product_bf16_avx2, products.product_bf16
     else:
         data = rng.integers(-127, 128, (23, cols), dtype=np.int8)  # [rows, in]
         scales = rng.uniform(0.001, 0.02, (23, 1)).astype(np.float32)  # [rows, 1]
-        product, reference = products.product_int8_avx2, products.product_int8
+        product, reference = f32_blocks.product_int8_avx2, products.product_int8
     x = rng.standard_normal((rows_in, cols), dtype=np.float32)  # [N, in]
     table = products.f16_table()  # [65536]
     got, want = (np.empty((rows_in, 21), dtype=np.float32) for _ in range(2))  # [N, 21]

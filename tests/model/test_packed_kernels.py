@@ -393,41 +393,8 @@ def test_a_bf16_or_int8_product_cut_anywhere_among_its_weight_rows_has_the_bits_
     np.testing.assert_array_equal(cut, whole)
 
 
-def _needs_an_avx512_host() -> None:
-    """Skip unless this is an x86-64 host with AVX-512F and numba compiles for it (the zmm blocks can run)."""
-    import llvmlite.binding as llvm_binding
-
-    from kestrel_trio._kernels import products
-
-    if not (platform.machine() in ("x86_64", "AMD64") and llvm_binding.get_host_cpu_features().get("avx512f")
-            and os.environ.get("NUMBA_CPU_NAME", "host") == "host" and products.f32_assembly()):
-        pytest.skip(f"needs an x86-64 host with AVX-512F and numba compiling for it (this host: "
-                    f"{llvm_binding.get_host_cpu_name()})")
-
-
-@pytest.mark.host_cpu
-@pytest.mark.parametrize("rows_in", [4, 7, 8, 12, 16, 31])
-def test_the_avx512_blocks_match_numpy_where_the_host_has_avx512_whichever_block_the_process_uses(rows_in):
-    from numba import njit
-
-    from kestrel_trio._kernels import products
-
-    _needs_an_avx512_host()
-    product = njit(nogil=True)(products.product_f32_avx512)  # the zmm blocks, even where the AVX2 one is chosen
-    _check_float32_product(lambda weights, x, out: product(weights, None, None, None, x, 1, 22, out), rows_in, 1040)
-
-
-@pytest.mark.host_cpu
-@pytest.mark.parametrize("rows_in", [12, 15, 16, 19, 24, 32])
-def test_the_wide_zmm_block_matches_numpy_where_the_host_has_avx512_whichever_block_the_process_uses(rows_in):
-    from numba import njit
-
-    from kestrel_trio._kernels import products
-
-    _needs_an_avx512_host()
-    assert rows_in >= products.WIDE_BLOCK_ROWS  # these rows take the 6x4 block: three of six weight rows, 3 left
-    product = njit(nogil=True)(products.product_f32_zen)
-    _check_float32_product(lambda weights, x, out: product(weights, None, None, None, x, 1, 22, out), rows_in, 1040)
+# Each float32 assembly block this host executes, chosen or not, against the portable loops:
+# tests/model/test_kernel_plan.py (the plan's runnable variants).
 
 
 def _f32_product_in_a_process_compiling_for(cpu_name: str) -> str:

@@ -1,4 +1,4 @@
-"""A prefill chunk held packed through its layers (kestrel_trio._kernels.packed_rows and
+"""A prefill chunk held packed through its layers (kestrel_trio._kernels.x86.packed_rows and
 kestrel_trio._model.packed_layers): the packed products, norm and layout against float64 and numpy, the forward
 pass's logits and cache against the layers over rows, which chunks take it, and the way back to rows where a
 layer's one q/k/v pass cannot run."""
@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.host_cpu,
                                  f"{_kernels.unavailable_reason() or _kernels._chunks_unusable()}")]
 forward_module = importlib.import_module("kestrel_trio._model.forward")  # the package's ``forward`` is the function
 if _RUNNABLE:
-    from kestrel_trio._kernels import f32_chunks, packed_rows
+    from kestrel_trio._kernels.x86 import f32_chunks, packed_rows
 
 
 @pytest.fixture(autouse=True)

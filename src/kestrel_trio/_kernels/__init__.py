@@ -323,7 +323,7 @@ def release_compiler_pages() -> int:
 
 # ---------------------------------------------------------------- bf16 tile products (AMX)
 
-TILE_BLOCK_ROWS = 32  # weight rows a tile product takes at a time (kestrel_trio._kernels.tiles.BLOCK_ROWS)
+TILE_BLOCK_ROWS = 32  # weight rows a tile product takes at a time (kestrel_trio._kernels.x86.tiles.BLOCK_ROWS)
 TILE_K_STEP = 32  # the product's K must be a multiple of this (tiles.K_STEP)
 
 
@@ -342,7 +342,7 @@ def _load_tiles() -> tuple[object, str | None]:
     if planned.variant == "none":
         return None, planned.why
     try:
-        from kestrel_trio._kernels import tiles
+        from kestrel_trio._kernels.x86 import tiles
     except Exception as error:  # numba or llvmlite missing or unusable
         return None, f"numba cannot be imported ({type(error).__name__}: {error})"
     try:
@@ -433,14 +433,14 @@ def tile_multiply(packed: np.ndarray, m: int, w: np.ndarray, out: np.ndarray,
 
 
 # ---------------------------------------------------------------- float32 prefill chunks (AVX-512)
-# The shapes kestrel_trio._kernels.f32_chunks blocks (known without numba): chunk_product takes any shape whose K
+# The shapes kestrel_trio._kernels.x86.f32_chunks blocks (known without numba): chunk_product takes any shape whose K
 # is a multiple of CHUNK_K_STEP, and multiplies with numpy the weight rows past whole blocks of CHUNK_WEIGHT_ROWS.
 CHUNK_WEIGHT_ROWS = 14
 CHUNK_K_STEP = 4
 
 
 def enable_chunk_products() -> str | None:
-    """Make the float32 chunk products (kestrel_trio._kernels.f32_chunks) usable: None if they are, else why not.
+    """Make the float32 chunk products (kestrel_trio._kernels.x86.f32_chunks) usable: None if they are, else why not.
 
     They run on CPUs whose float32 rows take the "avx512" assembly (Intel's AVX-512 CPUs); compiled (or loaded
     from numba's cache) and checked against numpy here, so that no prompt waits for a compilation.
@@ -453,7 +453,7 @@ def enable_chunk_products() -> str | None:
 
 def _load_chunks() -> tuple[object, str | None]:
     try:
-        from kestrel_trio._kernels import f32_chunks
+        from kestrel_trio._kernels.x86 import f32_chunks
 
         if (f32_chunks.WEIGHT_ROWS, f32_chunks.K_STEP) != (CHUNK_WEIGHT_ROWS, CHUNK_K_STEP):
             raise AssertionError("kestrel_trio._kernels' CHUNK_ shapes and f32_chunks' disagree")
@@ -474,7 +474,7 @@ def _chunks_unusable() -> str | None:
 def _chunks_self_test(chunks) -> str | None:
     """The kernels, gathered and packed, on 64 x 1028 times 28 x 1028 (two K chunks, two weight blocks) against
     float64; None if they agree. The packed layers' norm compiles (or loads) here too: no prompt waits for it."""
-    from kestrel_trio._kernels import packed_rows
+    from kestrel_trio._kernels.x86 import packed_rows
 
     rng = np.random.default_rng(0)
     x = rng.standard_normal((64, 1028)).astype(np.float32)  # [64, K]
@@ -580,7 +580,7 @@ def _chunk_product_by_weight_rows(x: np.ndarray, w: np.ndarray, out: np.ndarray,
 
 
 def enable_prefill_attention() -> str | None:
-    """Make the chunk attention (kestrel_trio._kernels.f32_attention) usable: None if it is, else why not.
+    """Make the chunk attention (kestrel_trio._kernels.x86.f32_attention) usable: None if it is, else why not.
 
     Its register block by the float32 assembly this CPU takes: AVX-512's on Intel's AVX-512 CPUs, AVX2's on the
     others with AVX2 (Zen 4 and Zen 5 included: not measured there with zmm). Compiled (or loaded from numba's
@@ -602,7 +602,7 @@ def enable_prefill_attention() -> str | None:
 
 def _load_attention(wide: bool) -> tuple[object, str | None]:
     try:
-        from kestrel_trio._kernels import f32_attention
+        from kestrel_trio._kernels.x86 import f32_attention
 
         lanes = f32_attention.LANES[0 if wide else 1]
         return lanes, _attention_self_test(f32_attention, lanes)
@@ -634,7 +634,7 @@ def _attention_self_test(attention, lanes: int) -> str | None:
 def prefill_attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, past: int, scale: float,
                       run: Callable[[list[Callable[[], None]]], None] | None,
                       shares: Callable[[int], list[tuple[int, int]]] | None) -> np.ndarray | None:
-    """Causal attention of T >= 2 new float32 queries in kestrel_trio._kernels.f32_attention, or None.
+    """Causal attention of T >= 2 new float32 queries in kestrel_trio._kernels.x86.f32_attention, or None.
 
     Args:
         q: [T, n_heads, head_dim], the newest tokens' queries.
@@ -653,7 +653,7 @@ def prefill_attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, past:
     shaped = keys.shape == values.shape == (keys.shape[0], past + t, head_dim) and n_heads % keys.shape[0] == 0
     if lanes is None or t < 2 or head_dim % 32 or not shaped or not q.dtype == keys.dtype == values.dtype == np.float32:
         return None
-    from kestrel_trio._kernels import f32_attention as attention  # loaded by enable_prefill_attention
+    from kestrel_trio._kernels.x86 import f32_attention as attention  # loaded by enable_prefill_attention
 
     out = np.empty((t, n_heads * head_dim), dtype=np.float32)  # [T, n_heads*head_dim]
     attend = _attend(attention, lanes)

@@ -44,7 +44,7 @@ _AVX2_CPU_NAMES = frozenset({"haswell", "broadwell", "skylake", "skylake-avx512"
 # ("avx2+avx512"), instead of the 3x8 zmm block: on Zen 5 the 3x4 ymm block beat the 3x8 zmm one, alternated in one
 # process, cold weights, one thread: 16 rows 0.32-0.41 ns a weight against 0.36-0.45, and a 16-row decode step of
 # Qwen3-0.6B's shapes 109-118 tok/s against 97-110 (2026-12-02); on Zen 4 (two 256-bit halves a zmm vector) the 3x8
-# zmm block lost to the 6x4 one at every row count measured (kestrel_trio._kernels.products.WIDE_BLOCK_ROWS). Every
+# zmm block lost to the 6x4 one at every row count measured (kestrel_trio._kernels.x86.f32_blocks.WIDE_BLOCK_ROWS). Every
 # Zen with AVX-512 is a Zen 4 or later. Intel's AVX-512 CPUs keep the 3x8 zmm block below WIDE_BLOCK_ROWS rows: on
 # the 2-core Xeon with AMX, 8-row decode steps ran at 61-66 tok/s with it, 62 with the ymm block, 61 with AVX2 alone.
 # Matched on LLVM's CPU name: the measured difference is the core's, which no feature bit tells.
@@ -111,10 +111,10 @@ class KernelPlan:
         exact: ggml quantized rows expanded to float32 (the "exact" products), every form.
         integer: the integer products of INTEGER_FORMS (activations quantized per block of 32).
         integer_auto: the forms whose own integer kernel the "auto" mode takes (the others: exact).
-        chunk_products: float32 prefill chunks' products (kestrel_trio._kernels.f32_chunks).
-        chunk_attention: a prefill chunk's causal attention (kestrel_trio._kernels.f32_attention).
-        softmax: the chunk attention's softmax numerators (kestrel_trio._kernels.f32_exp, else exp.py's loops).
-        tiles: bf16 tile products of prefill chunks (kestrel_trio._kernels.tiles), when asked for.
+        chunk_products: float32 prefill chunks' products (kestrel_trio._kernels.x86.f32_chunks).
+        chunk_attention: a prefill chunk's causal attention (kestrel_trio._kernels.x86.f32_attention).
+        softmax: the chunk attention's softmax numerators (kestrel_trio._kernels.x86.f32_exp, else exp.py's loops).
+        tiles: bf16 tile products of prefill chunks (kestrel_trio._kernels.x86.tiles), when asked for.
     """
 
     f32: Choice
