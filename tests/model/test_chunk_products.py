@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from kestrel_trio import _kernels
+from kestrel_trio._kernels.x86 import prefill
 from kestrel_trio._model import matmul
 
 from kernel_plan_kit import enable_chunk_kernel, runnable
@@ -16,7 +17,7 @@ from kernel_plan_kit import enable_chunk_kernel, runnable
 _RUNNABLE = runnable("chunk_products")
 pytestmark = [pytest.mark.host_cpu, pytest.mark.skipif(
     "avx512" not in _RUNNABLE, reason=f"this host does not execute the AVX-512 chunk kernel "
-                                      f"({_kernels.unavailable_reason() or _kernels._chunks_unusable()})")]
+                                      f"({_kernels.unavailable_reason() or prefill._chunks_unusable()})")]
 
 
 @pytest.fixture(autouse=True)
@@ -61,8 +62,8 @@ def test_the_product_has_float32_accuracy_over_whole_blocks_and_the_rest(m, n, k
 ])
 def test_the_rows_split_among_the_threads_when_they_split_evenly_a_group_each(monkeypatch, m, shares, by_rows):
     calls = []
-    real = _kernels._chunk_product_by_rows
-    monkeypatch.setattr(_kernels, "_chunk_product_by_rows", lambda *a: (calls.append(a[3]), real(*a)))
+    real = prefill._chunk_product_by_rows
+    monkeypatch.setattr(prefill, "_chunk_product_by_rows", lambda *a: (calls.append(a[3]), real(*a)))
     rng = np.random.default_rng(m)
     x = rng.standard_normal((m, 1028), dtype=np.float32)  # [m, K]: two K chunks
     w = rng.standard_normal((47, 1028), dtype=np.float32)  # [47, K]: 5 weight rows past whole blocks
@@ -112,7 +113,7 @@ def test_a_failed_self_test_keeps_the_kernel_off_on_every_later_call(monkeypatch
     for key in ("chunks", "chunks_error"):  # each restored (or removed again) when the test ends
         monkeypatch.setitem(_kernels._state, key, None)
         monkeypatch.delitem(_kernels._state, key)
-    monkeypatch.setattr(_kernels, "_chunks_self_test", lambda chunks: "disagrees with numpy (a stand-in)")
+    monkeypatch.setattr(prefill, "_chunks_self_test", lambda chunks: "disagrees with numpy (a stand-in)")
     assert _kernels.enable_chunk_products() == "disagrees with numpy (a stand-in)"
     assert _kernels.enable_chunk_products() == "disagrees with numpy (a stand-in)"
     assert "chunks" not in _kernels._state
@@ -130,6 +131,6 @@ def test_the_self_test_finds_either_kernel_wrong(monkeypatch, broken, named):
         real(w, packed, out, *rest)
         out += 1
     monkeypatch.setattr(f32_chunks, broken, off_by_one)
-    assert f"the float32 {named} product disagrees" in _kernels._chunks_self_test(f32_chunks)
+    assert f"the float32 {named} product disagrees" in prefill._chunks_self_test(f32_chunks)
     monkeypatch.setattr(f32_chunks, broken, real)
-    assert _kernels._chunks_self_test(f32_chunks) is None
+    assert prefill._chunks_self_test(f32_chunks) is None

@@ -15,6 +15,7 @@ import pytest
 from kestrel_trio import _kernels
 from kestrel_trio._kernels import plan as kplan
 from kestrel_trio._kernels.plan import SAMPLE_CPUS, Features, plan
+from kestrel_trio._kernels.x86 import prefill
 
 from kernel_plan_kit import runnable
 from slow_host import allowance
@@ -123,7 +124,7 @@ def test_this_hosts_plan_is_what_the_dispatch_runs():
     assert _kernels.product_kernels(["F32", "bf16", "int8", "F16"]) == {
         "F32": kplan.F32_LABELS[found.f32.variant], "bf16": found.bf16.variant, "int8": found.bf16.variant,
         "F16": "portable"}
-    assert (_kernels._chunks_unusable() is None) == (found.chunk_products.variant == "avx512")
+    assert (prefill._chunks_unusable() is None) == (found.chunk_products.variant == "avx512")
     assert (_kernels.enable_tiles() is None) <= (found.tiles.variant == "amx")
     try:
         _kernels.set_products("integer")
@@ -138,7 +139,7 @@ def test_the_command_prints_the_four_reference_cpus_and_this_host():
     assert out.returncode == 0, out.stderr
     for name in (*SAMPLE_CPUS, "this host"):
         assert f"{name}" in out.stdout
-    assert out.stdout.count("integer          neon-dotprod") == 1 and "integer          neon   " in out.stdout
+    assert out.stdout.count("  integer          neon-dotprod ") == 1 and "  integer          neon   " in out.stdout
     assert "f32              avx512 " in out.stdout
 
 

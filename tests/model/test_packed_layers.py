@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from kestrel_trio import _kernels, load_model
+from kestrel_trio._kernels.x86 import prefill
 from kestrel_trio._model.layers import rms_norm, swiglu
 
 from kernel_plan_kit import enable_chunk_kernel, runnable
@@ -20,7 +21,7 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 _RUNNABLE = "avx512" in runnable("chunk_products")  # chosen here, or executed and played as chosen
 pytestmark = [pytest.mark.host_cpu,
               pytest.mark.skipif(not _RUNNABLE, reason="the chunk kernel does not run here: "
-                                 f"{_kernels.unavailable_reason() or _kernels._chunks_unusable()}")]
+                                 f"{_kernels.unavailable_reason() or prefill._chunks_unusable()}")]
 forward_module = importlib.import_module("kestrel_trio._model.forward")  # the package's ``forward`` is the function
 if _RUNNABLE:
     from kestrel_trio._kernels.x86 import f32_chunks, packed_rows

@@ -134,11 +134,11 @@ class KernelPlan:
                 if isinstance(getattr(self, field.name), Choice)}
 
     def render(self) -> str:
-        """The plan as aligned text lines: kind, variant, runnable variants, why."""
-        lines = []
-        for kind, choice in self.kinds().items():
-            others = ", ".join(v for v in choice.runnable if v != choice.variant)
-            lines.append(f"  {kind:<16} {choice.variant:<13} {('also ' + others) if others else '':<24} {choice.why}")
+        """The plan as aligned text lines: kind, variant, the other variants the CPU executes, why."""
+        rows = [(kind, choice.variant, ", ".join(v for v in choice.runnable if v != choice.variant), choice.why)
+                for kind, choice in self.kinds().items()]
+        width = max(len("also runs"), *(len(also) for _, _, also, _ in rows))
+        lines = [f"  {'kind':<16} {'runs':<13} {'also runs':<{width}}  why"] + [f"  {kind:<16} {variant:<13} {also:<{width}}  {why}" for kind, variant, also, why in rows]
         auto = ", ".join(sorted(self.integer_auto)) or "none"
         lines.append(f"  {'integer (auto)':<16} {auto}")
         return "\n".join(lines)

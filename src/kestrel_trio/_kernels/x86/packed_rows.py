@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from kestrel_trio._kernels import _run_spans
+from kestrel_trio._kernels.layers import _run_spans
 
 __all__ = ["pack", "unpack", "product", "product_of_rows", "product_rows", "rms_norm", "swiglu", "LANES", "Then"]
 
