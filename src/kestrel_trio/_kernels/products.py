@@ -71,7 +71,12 @@ ggml block layouts are described in kestrel_trio._model.dequant.
 
 The expanders live in this file with the products on purpose: numba
 invalidates a cached function when its own file changes, not when a
-function it calls changes in another file.
+function it calls changes in another file. That is why this file is long:
+the portable products, their expanders and dot loops are one call graph
+(about 950 lines), kept whole so that an edit anywhere in it recompiles
+every cached product. The x86-64 assembly blocks are
+kestrel_trio._kernels.x86.f32_blocks; which kernel runs on a CPU,
+kestrel_trio._kernels.plan; the dispatch below reads it.
 """
 
 from __future__ import annotations
