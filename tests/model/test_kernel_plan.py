@@ -116,11 +116,11 @@ def test_the_plan_probes_nothing(monkeypatch):
 
 @pytest.mark.skipif(not _kernels.ready(), reason=_kernels.unavailable_reason())
 def test_this_hosts_plan_is_what_the_dispatch_runs():
-    from kestrel_trio._kernels import cpu, products
+    from kestrel_trio._kernels import cpu, dispatch
 
     found = kplan.this_plan()
     assert found == plan(cpu.kernel_features())
-    assert products.f32_assembly() == (None if found.f32.variant == "portable" else found.f32.variant)
+    assert dispatch.f32_assembly() == (None if found.f32.variant == "portable" else found.f32.variant)
     assert _kernels.product_kernels(["F32", "bf16", "int8", "F16"]) == {
         "F32": kplan.F32_LABELS[found.f32.variant], "bf16": found.bf16.variant, "int8": found.bf16.variant,
         "F16": "portable"}
@@ -137,10 +137,21 @@ def test_the_command_prints_the_four_reference_cpus_and_this_host():
     out = subprocess.run([sys.executable, "-m", "kestrel_trio._kernels.plan"], capture_output=True, text=True,
                          timeout=allowance(300))
     assert out.returncode == 0, out.stderr
-    for name in (*SAMPLE_CPUS, "this host"):
-        assert f"{name}" in out.stdout
-    assert out.stdout.count("  integer          neon-dotprod ") == 1 and "  integer          neon   " in out.stdout
-    assert "f32              avx512 " in out.stdout
+    sections = out.stdout.strip().split("\n\n")
+    assert len(sections) == len(SAMPLE_CPUS) + 1
+    for section, (name, features) in zip(sections, SAMPLE_CPUS.items()):
+        assert section == f"{name}:\n{plan(features).render()}"
+    assert sections[-1].startswith("this host (")
+    assert "  integer          neon-dotprod  neon, portable " in sections[0]  # the rendering, once by hand
+    assert "  integer          neon          portable " in sections[1]
+
+
+@pytest.mark.skipif(not _kernels.ready(), reason=_kernels.unavailable_reason())
+def test_the_commands_host_plan_is_this_processs():
+    out = subprocess.run([sys.executable, "-m", "kestrel_trio._kernels.plan"], capture_output=True, text=True,
+                         timeout=allowance(300))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().split("\n\n")[-1].split("\n", 1)[1] == kplan.this_plan().render()
 
 
 # ---------------------------------------------------------------- every variant the host executes
@@ -162,10 +173,10 @@ def _compiled(function):
 @pytest.mark.parametrize("rows_in", [4, 5, 7, 8, 12, 13, 15, 16, 19, 24, 31, 32])  # 12 up: the 6x4 zmm block
 @pytest.mark.parametrize("cols", [1040, 40, 36])  # 40: of 8 (AVX2's lanes), not 16; 36: of neither
 def test_every_float32_variant_the_host_runs_equals_the_portable_loops(variant, rows_in, cols):
-    from kestrel_trio._kernels import products
+    from kestrel_trio._kernels import dispatch, products
     from kestrel_trio._kernels.x86 import f32_blocks
 
-    products.f32_assembly()  # readies LLVM's assembly parser (the blocks are assembly)
+    dispatch.f32_assembly()  # readies LLVM's assembly parser (the blocks are assembly)
     product = _compiled({"avx512": f32_blocks.product_f32_avx512, "avx2+avx512": f32_blocks.product_f32_zen,
                          "avx2": f32_blocks.product_f32_avx2}[variant])
     reference = _compiled(products.product_f32)
@@ -184,10 +195,10 @@ def test_every_float32_variant_the_host_runs_equals_the_portable_loops(variant, 
 @pytest.mark.parametrize("rows_in", [4, 5, 8, 13])
 @pytest.mark.parametrize("form", ["bf16", "int8"])
 def test_every_bf16_and_int8_variant_the_host_runs_equals_the_portable_loops(variant, rows_in, form):
-    from kestrel_trio._kernels import products
+    from kestrel_trio._kernels import dispatch, products
     from kestrel_trio._kernels.x86 import f32_blocks
 
-    products.f32_assembly()
+    dispatch.f32_assembly()
     rng = np.random.default_rng(rows_in)
     cols = 520
     if form == "bf16":

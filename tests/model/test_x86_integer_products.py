@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.skipif(not _kernels.ready(), reason=_kernels.unavailab
               pytest.mark.skipif(platform.machine() != "x86_64", reason="x86-64's kernels"), pytest.mark.host_cpu]
 
 if _kernels.ready() and platform.machine() == "x86_64":
-    from kestrel_trio._kernels import cpu, integer, plan, products
+    from kestrel_trio._kernels import cpu, dispatch, integer, plan
     from kestrel_trio._kernels.products import f16_table
     from kestrel_trio._kernels.x86 import integer as x86
 
@@ -175,7 +175,7 @@ def test_a_product_through_the_dispatch_equals_the_reference():
             np.testing.assert_array_equal(wider[:, 1:12].view(np.uint32), want.view(np.uint32))
             assert np.isnan(wider[:, 0]).all() and np.isnan(wider[:, 12]).all()
         # one compiled version a kernel, made at first use: no call compiled another (after warming, none may)
-        assert products._typed_kernels and all(len(k.signatures) == 1 for k in products._typed_kernels.values())
+        assert dispatch._typed_kernels and all(len(k.signatures) == 1 for k in dispatch._typed_kernels.values())
     finally:
         _kernels.set_products("exact")
 

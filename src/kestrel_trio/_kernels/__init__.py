@@ -56,7 +56,7 @@ def ready() -> bool:
     with _state_lock:
         if "products" not in _state and "error" not in _state:  # not ``not _state``: the tiles keep theirs here too
             try:
-                from kestrel_trio._kernels import products
+                from kestrel_trio._kernels import dispatch as products  # the loops and what chooses among them
             except Exception as error:  # numba missing, or too old or too new for this Python or numpy
                 _state["error"] = f"numba cannot be imported ({type(error).__name__}: {error})"
             else:
@@ -134,7 +134,7 @@ def set_products(mode: str) -> None:
     integer block sums as llama.cpp's) or "auto" (integer where this CPU has integer kernels of its own for the
     form, as kestrel_trio._kernels.plan's integer_auto says; exact elsewhere). Forms a product was already made
     for keep it for the mode it was made in and take the new mode's at their next call
-    (kestrel_trio._kernels.products.product_for).
+    (kestrel_trio._kernels.dispatch.product_for).
 
     Raises:
         ValueError: an unknown mode.
@@ -193,7 +193,7 @@ def quantize_activations(x: np.ndarray, forms) -> tuple | None:
 def integer_rows(form: str, data: np.ndarray) -> tuple | None:
     """``form``'s integer product bound to its GGUF rows ``data`` (uint8 [rows, row_bytes]) and whether it reads
     the activations' block sums, or None where ``form`` takes the exact products here (or nothing is compiled):
-    kestrel_trio._kernels.products.integer_rows. For a decode step's calls without per-call dispatch."""
+    kestrel_trio._kernels.dispatch.integer_rows. For a decode step's calls without per-call dispatch."""
     if not ready() or form not in FORMS:
         return None
     return _products().integer_rows(form, data, _state["table"])
