@@ -144,8 +144,8 @@ def _integer_kernel(form: str) -> str | None:
 def _integer_product(variant: str, form: str):
     """``form``'s integer product by kernel ``variant`` (the plan's name), with the products' arguments: the
     activations quantized (kestrel_trio._kernels.integer; the block sums too where the form has minimums), then
-    the kernel's block sums. Composed here in Python, not compiled as one function: numba would not see a change to either file in a cached
-    caller."""
+    the kernel's block sums. Composed here in Python, not compiled as one function: numba would not see a change
+    to either file in a cached caller."""
     form_id, kernel, reference = _typed_kernel_of(variant, form)
 
     def product(data, scales, f16, run, x, start, stop, out, quantized=None):

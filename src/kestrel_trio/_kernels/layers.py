@@ -58,7 +58,8 @@ def qkv_rows(qkv: np.ndarray, n_heads: int, n_kv: int, head_dim: int, q_norm: np
     t = qkv.shape[0]
     norms = (q_norm, k_norm)
     floats = (qkv, cos, sin, keys, values) + (norms if q_norm is not None else ())
-    if not (_package.ready() and all(a.dtype == np.float32 for a in floats) and qkv.flags.c_contiguous and head_dim % 2 == 0
+    if not (_package.ready() and all(a.dtype == np.float32 for a in floats) and qkv.flags.c_contiguous
+            and head_dim % 2 == 0
             and qkv.shape == (t, (n_heads + 2 * n_kv) * head_dim) and cos.shape == sin.shape == (t, head_dim // 2)
             and keys.shape == values.shape and keys.shape[0] == n_kv and keys.shape[1] >= past + t
             and keys.shape[2] == head_dim and (q_norm is None) == (k_norm is None)
@@ -188,8 +189,8 @@ def decode_attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, scale:
 
     ``keys``, ``values``: float32 [n_kv, total, hd], each a prefix of a C-contiguous buffer (a KV cache's).
     Scores are ``(q * scale) . k``. With ``run_shared`` and ``shares_of`` (kestrel_trio._model.matmul's), a
-    long context's kv heads are shared among the product threads (from kestrel_trio._kernels.SHARED_DECODE_SCORES query-head x key
-    scores). None where the compiled loops cannot run or the arrays are not of that kind.
+    long context's kv heads are shared among the product threads (from kestrel_trio._kernels.SHARED_DECODE_SCORES
+    query-head x key scores). None where the compiled loops cannot run or the arrays are not of that kind.
     """
     from kestrel_trio import _kernels as _package  # the package imports this module: not at its top
 
@@ -220,7 +221,8 @@ def decode_buffers(q: np.ndarray, stored: Sequence[tuple[np.ndarray, np.ndarray]
     """
     from kestrel_trio import _kernels as _package  # the package imports this module: not at its top
 
-    if not (_package.ready() and q.dtype == np.float32 and q.ndim == 3 and q.flags.c_contiguous and out.flags.c_contiguous
+    if not (_package.ready() and q.dtype == np.float32 and q.ndim == 3 and q.flags.c_contiguous
+            and out.flags.c_contiguous
             and out.dtype == np.float32 and out.shape == q.shape and len(stored) == q.shape[0]):
         return None
     buffers = [_cache_buffers(keys, values) for keys, values in stored]

@@ -44,8 +44,8 @@ _AVX2_CPU_NAMES = frozenset({"haswell", "broadwell", "skylake", "skylake-avx512"
 # ("avx2+avx512"), instead of the 3x8 zmm block: on Zen 5 the 3x4 ymm block beat the 3x8 zmm one, alternated in one
 # process, cold weights, one thread: 16 rows 0.32-0.41 ns a weight against 0.36-0.45, and a 16-row decode step of
 # Qwen3-0.6B's shapes 109-118 tok/s against 97-110 (2026-12-02); on Zen 4 (two 256-bit halves a zmm vector) the 3x8
-# zmm block lost to the 6x4 one at every row count measured (kestrel_trio._kernels.x86.f32_blocks.WIDE_BLOCK_ROWS). Every
-# Zen with AVX-512 is a Zen 4 or later. Intel's AVX-512 CPUs keep the 3x8 zmm block below WIDE_BLOCK_ROWS rows: on
+# zmm block lost to the 6x4 one at every row count measured (kestrel_trio._kernels.x86.f32_blocks.WIDE_BLOCK_ROWS).
+# Every Zen with AVX-512 is a Zen 4 or later. Intel's AVX-512 CPUs keep the 3x8 zmm block below WIDE_BLOCK_ROWS rows: on
 # the 2-core Xeon with AMX, 8-row decode steps ran at 61-66 tok/s with it, 62 with the ymm block, 61 with AVX2 alone.
 # Matched on LLVM's CPU name: the measured difference is the core's, which no feature bit tells.
 _AVX2_FIRST = ("znver",)
@@ -138,7 +138,8 @@ class KernelPlan:
         rows = [(kind, choice.variant, ", ".join(v for v in choice.runnable if v != choice.variant), choice.why)
                 for kind, choice in self.kinds().items()]
         width = max(len("also runs"), *(len(also) for _, _, also, _ in rows))
-        lines = [f"  {'kind':<16} {'runs':<13} {'also runs':<{width}}  why"] + [f"  {kind:<16} {variant:<13} {also:<{width}}  {why}" for kind, variant, also, why in rows]
+        lines = [f"  {'kind':<16} {'runs':<13} {'also runs':<{width}}  why"]
+        lines += [f"  {kind:<16} {variant:<13} {also:<{width}}  {why}" for kind, variant, also, why in rows]
         auto = ", ".join(sorted(self.integer_auto)) or "none"
         lines.append(f"  {'integer (auto)':<16} {auto}")
         return "\n".join(lines)

@@ -56,8 +56,8 @@ def _enable_once(key: str, load: Callable[[], tuple[object, str | None]]) -> str
     """None if the kernels' state holds a usable module at ``key``, else why not: ``load`` (module, reason) runs once
     a process.
 
-    Under the state lock, so ``load`` must not call :func:`kestrel_trio._kernels.ready` (which takes it too). The module is kept only
-    when its reason is None.
+    Under the state lock, so ``load`` must not call :func:`kestrel_trio._kernels.ready` (which takes it too). The
+    module is kept only when its reason is None.
     """
     from kestrel_trio import _kernels as _package  # the package imports this module: not at its top
 
@@ -314,7 +314,7 @@ def enable_prefill_attention() -> str | None:
     from kestrel_trio._kernels.plan import this_plan
 
     planned = this_plan().chunk_attention
-    _package._products().f32_assembly()  # readies LLVM's assembly parser where the plan has a block: the kernel is assembly
+    _package._products().f32_assembly()  # readies LLVM's assembly parser where the plan has a block (assembly)
     if planned.variant == "none":
         return _enable_once("attention", lambda: (None, planned.why))
     return _enable_once("attention", lambda: _load_attention(planned.variant == "avx512"))
