@@ -54,11 +54,11 @@ def compiled_kernels_description() -> str:
     except ImportError as error:
         return f"numba not importable ({error}): numpy products"
     target = os.environ.get("NUMBA_CPU_NAME") or f"host ({binding.get_host_cpu_name()})"
-    from kestrel_trio._kernels import products
+    from kestrel_trio._kernels import dispatch
 
     f32 = {"avx512": "AVX-512 assembly blocks", "avx2": "AVX2 assembly block",
-           "avx2+avx512": f"AVX2 assembly block, AVX-512 6x4 block from {products.WIDE_BLOCK_ROWS} rows"}.get(
-        products.f32_assembly(), "compiled loops")
+           "avx2+avx512": "AVX2 assembly block, AVX-512 6x4 block from 12 rows"}.get(
+        dispatch.f32_assembly(), "compiled loops")
     return f"numba {numba.__version__} compiling for {target}; float32 rows from 4 up: {f32}"
 
 
@@ -175,7 +175,7 @@ def fma_peak(threads: int, seconds: float = 0.3) -> tuple[float, str] | None:
     import threading
 
     try:
-        from kestrel_trio._kernels.products import f32_assembly
+        from kestrel_trio._kernels.dispatch import f32_assembly
     except ImportError:
         return None
     form = f32_assembly()
@@ -209,7 +209,7 @@ def _fma_loop(vector: str, sums: int):
     from numba import njit, types
     from numba.extending import intrinsic
 
-    from kestrel_trio._kernels.products import _asm_codegen
+    from kestrel_trio._kernels.x86.assembly import _asm_codegen
 
     zero = "vpxord" if vector == "zmm" else "vpxor"
     registers = [f"{vector}{i}" for i in range(sums + 2)]

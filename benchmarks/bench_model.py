@@ -409,7 +409,7 @@ def chunk_product(model, rows: int):
     rows, o_proj's packed by each thread from rows, gate/up's and down's packed in and out (inputs packed here,
     untimed, as a prefill keeps them packed); else ``linear``.
     """
-    from kestrel_trio._kernels import packed_rows
+    from kestrel_trio._kernels.x86 import packed_rows
     from kestrel_trio._model.matmul import linear, run_shared, shares_of
     from kestrel_trio._model.packed_layers import takes_packed
 

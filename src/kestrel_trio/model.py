@@ -509,7 +509,7 @@ def set_prefill_precision(precision: str) -> None:
 
     "bf16" rounds the activations and weights of every product of more than
     32 rows (prefill chunks, and a Qwen3-VL's vision tower) to bf16 and
-    multiplies them in AMX tiles, float32 sums (kestrel_trio._kernels.tiles):
+    multiplies them in AMX tiles, float32 sums (kestrel_trio._kernels.x86.tiles):
     on the 2-core Xeon a 512-token Qwen3-0.6B prefill ran 1.7-1.85x faster
     with fp32 weights and 2.4x with bf16 ones (read in place), its logits
     within about 0.5% of the float32 ones. It needs a CPU with AMX (Intel

@@ -1,8 +1,8 @@
-"""Causal attention of float32 prefill chunks in kestrel's own kernel (kestrel_trio._kernels.f32_attention):
+"""Causal attention of float32 prefill chunks in kestrel's own kernel (kestrel_trio._kernels.x86.f32_attention):
 float32's accuracy at every shape (groups of 1 to 7 query heads a kv head, blocks of rows part-filled, keys before
-the chunk or none), the causal mask exact, and taken by causal_attention for chunks only. Both register blocks
-where the CPU runs them (AVX-512's and AVX2's on an Intel CPU with AVX-512, AVX2's on other x86-64 CPUs with AVX2);
-elsewhere the tests skip with the reason."""
+the chunk or none), the causal mask exact, and taken by causal_attention for chunks only. Each register block
+the CPU executes (the plan's runnable variants: AVX-512's and AVX2's on an x86-64 CPU with AVX-512, AVX2's on
+others with AVX2); elsewhere the tests skip with the reason."""
 
 from __future__ import annotations
 
@@ -12,11 +12,19 @@ import pytest
 from kestrel_trio import _kernels
 from kestrel_trio._model import layers
 
-_ASSEMBLY = _kernels._products().f32_assembly() if _kernels.ready() else None
-_WHY_NOT = f"no float32 assembly here: {_kernels.unavailable_reason() or 'not an x86-64 CPU with AVX2'}"
-pytestmark = [pytest.mark.host_cpu, pytest.mark.skipif(_ASSEMBLY is None, reason=_WHY_NOT)]
-# The register blocks this CPU runs: 32 lanes (AVX-512) where its assembly is AVX-512's, 16 (AVX2) wherever any is.
-_RUNNABLE = [32, 16] if _ASSEMBLY == "avx512" else [16]
+
+def _planned():
+    from kestrel_trio._kernels.plan import this_plan
+
+    return this_plan().chunk_attention
+
+
+_CHOICE = _planned() if _kernels.ready() else None
+_WHY_NOT = _kernels.unavailable_reason() if _CHOICE is None else _CHOICE.why
+pytestmark = [pytest.mark.host_cpu, pytest.mark.skipif(_CHOICE is None or _CHOICE.variant == "none", reason=_WHY_NOT)]
+# The register blocks by the plan's variants: 32 lanes (AVX-512), 16 (AVX2).
+_LANES = {"avx512": 32, "avx2": 16}
+_RUNNABLE = _CHOICE.runnable if _CHOICE is not None else ()
 
 
 @pytest.fixture(autouse=True)
@@ -24,15 +32,17 @@ def _enabled():
     assert _kernels.enable_prefill_attention() is None
 
 
-@pytest.fixture(params=_RUNNABLE, ids=lambda lanes: f"{lanes}-lanes")
+@pytest.fixture(params=[pytest.param(v, marks=pytest.mark.skipif(v not in _RUNNABLE,
+                                                                  reason=f"this host cannot run {v}"))
+                        for v in _LANES], ids=lambda variant: f"{_LANES[variant]}-lanes")
 def lanes(request, monkeypatch):
-    """Each register block the CPU runs, as the one prefill_attention takes."""
-    monkeypatch.setitem(_kernels._state, "attention", request.param)
-    return request.param
+    """Each register block the CPU executes (the plan's runnable variants), as the one prefill_attention takes."""
+    monkeypatch.setitem(_kernels._state, "attention", _LANES[request.param])
+    return _LANES[request.param]
 
 
-def test_the_block_enabled_is_the_cpus_widest():
-    assert _kernels._state["attention"] == _RUNNABLE[0]
+def test_the_block_enabled_is_the_plans_choice():
+    assert _kernels._state["attention"] == _LANES[_CHOICE.variant]
 
 
 def _serially(tasks):

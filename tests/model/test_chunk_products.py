@@ -1,6 +1,7 @@
-"""Float32 products of prefill chunks in kestrel's own AVX-512 kernel (kestrel_trio._kernels.f32_chunks): float32's
+"""Float32 products of prefill chunks in kestrel's own AVX-512 kernel (kestrel_trio._kernels.x86.f32_chunks): float32's
 accuracy at every shape, the rows and columns past whole blocks included, and taken by linear() for prefill rows
-only. Only an Intel CPU with AVX-512 runs them; elsewhere the tests skip with the reason."""
+only. Wherever the CPU executes them (the plan's runnable variants: x86-64 with AVX-512, chosen on Intel's, played as
+chosen on others); elsewhere the tests skip with the reason."""
 
 from __future__ import annotations
 
@@ -8,14 +9,20 @@ import numpy as np
 import pytest
 
 from kestrel_trio import _kernels
+from kestrel_trio._kernels.x86 import prefill
 from kestrel_trio._model import matmul
 
-_UNUSABLE = _kernels._chunks_unusable()  # this CPU's reason (not the kernel's self-test, which must pass)
-pytestmark = [pytest.mark.host_cpu, pytest.mark.skipif(_UNUSABLE is not None, reason=str(_UNUSABLE))]
+from kernel_plan_kit import enable_chunk_kernel, runnable
+
+_RUNNABLE = runnable("chunk_products")
+pytestmark = [pytest.mark.host_cpu, pytest.mark.skipif(
+    "avx512" not in _RUNNABLE, reason=f"this host does not execute the AVX-512 chunk kernel "
+                                      f"({_kernels.unavailable_reason() or prefill._chunks_unusable()})")]
 
 
-def test_the_kernel_runs_where_the_cpu_has_it():
-    assert _kernels.enable_chunk_products() is None
+@pytest.fixture(autouse=True)
+def _enabled(monkeypatch):
+    enable_chunk_kernel(monkeypatch)
 
 
 def _serially(tasks):
@@ -55,8 +62,8 @@ def test_the_product_has_float32_accuracy_over_whole_blocks_and_the_rest(m, n, k
 ])
 def test_the_rows_split_among_the_threads_when_they_split_evenly_a_group_each(monkeypatch, m, shares, by_rows):
     calls = []
-    real = _kernels._chunk_product_by_rows
-    monkeypatch.setattr(_kernels, "_chunk_product_by_rows", lambda *a: (calls.append(a[3]), real(*a)))
+    real = prefill._chunk_product_by_rows
+    monkeypatch.setattr(prefill, "_chunk_product_by_rows", lambda *a: (calls.append(a[3]), real(*a)))
     rng = np.random.default_rng(m)
     x = rng.standard_normal((m, 1028), dtype=np.float32)  # [m, K]: two K chunks
     w = rng.standard_normal((47, 1028), dtype=np.float32)  # [47, K]: 5 weight rows past whole blocks
@@ -106,7 +113,7 @@ def test_a_failed_self_test_keeps_the_kernel_off_on_every_later_call(monkeypatch
     for key in ("chunks", "chunks_error"):  # each restored (or removed again) when the test ends
         monkeypatch.setitem(_kernels._state, key, None)
         monkeypatch.delitem(_kernels._state, key)
-    monkeypatch.setattr(_kernels, "_chunks_self_test", lambda chunks: "disagrees with numpy (a stand-in)")
+    monkeypatch.setattr(prefill, "_chunks_self_test", lambda chunks: "disagrees with numpy (a stand-in)")
     assert _kernels.enable_chunk_products() == "disagrees with numpy (a stand-in)"
     assert _kernels.enable_chunk_products() == "disagrees with numpy (a stand-in)"
     assert "chunks" not in _kernels._state
@@ -116,7 +123,7 @@ def test_a_failed_self_test_keeps_the_kernel_off_on_every_later_call(monkeypatch
 
 @pytest.mark.parametrize("broken, named", [("product", "chunk"), ("packed_product", "packed")])
 def test_the_self_test_finds_either_kernel_wrong(monkeypatch, broken, named):
-    from kestrel_trio._kernels import f32_chunks
+    from kestrel_trio._kernels.x86 import f32_chunks
 
     real = getattr(f32_chunks, broken)
 
@@ -124,6 +131,6 @@ def test_the_self_test_finds_either_kernel_wrong(monkeypatch, broken, named):
         real(w, packed, out, *rest)
         out += 1
     monkeypatch.setattr(f32_chunks, broken, off_by_one)
-    assert f"the float32 {named} product disagrees" in _kernels._chunks_self_test(f32_chunks)
+    assert f"the float32 {named} product disagrees" in prefill._chunks_self_test(f32_chunks)
     monkeypatch.setattr(f32_chunks, broken, real)
-    assert _kernels._chunks_self_test(f32_chunks) is None
+    assert prefill._chunks_self_test(f32_chunks) is None

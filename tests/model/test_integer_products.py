@@ -223,16 +223,26 @@ def test_the_integer_product_is_the_exact_one_within_the_activations_rounding(fo
     assert error.max() > 0  # the activations were rounded: not the exact product
 
 
-def arm_kernels() -> list:
-    """The aarch64 kernels this CPU can run: the widening one anywhere, ``sdot`` where the CPU has dotprod (compiled
-    elsewhere, LLVM could not select the instruction)."""
-    return [arm.product_widening] + ([arm.product_sdot] if cpu.this_cpu().has("dotprod") else [])
+def _sdot_runs() -> bool:
+    """Whether this host executes the sdot kernel: the plan's runnable integer variants (kestrel_trio._kernels.plan);
+    compiled elsewhere, LLVM could not even select the instruction."""
+    from kestrel_trio._kernels.plan import this_plan
+
+    return _kernels.ready() and "neon-dotprod" in this_plan().integer.runnable
+
+
+# The aarch64 kernels by the plan's names: the widening one is plain vector IR that any CPU runs (x86-64's too),
+# sdot only where the CPU has dotprod (skipped elsewhere, marked host_cpu).
+ARM_KERNELS = {"neon": "product_widening", "neon-dotprod": "product_sdot"}
+EACH_ARM_KERNEL = ["neon", pytest.param("neon-dotprod", marks=[pytest.mark.host_cpu, pytest.mark.skipif(
+    not _sdot_runs(), reason="no dotprod on this CPU (or not aarch64): sdot cannot run")])]
 
 
 @pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize(("n", "rows", "cols"), [(1, 13, 1024), (2, 4, 768), (3, 9, 2048), (1, 3, 256),
                                                   (2, 21, 256)])
-def test_the_arm_kernels_equal_the_reference_bit_for_bit(form, n, rows, cols):
+@pytest.mark.parametrize("variant", EACH_ARM_KERNEL)
+def test_the_arm_kernels_equal_the_reference_bit_for_bit(variant, form, n, rows, cols):
     """Eight rows a pass (Q8_0, Q4_0 with sdot), four, and the rows left one by one, into a strided view of a
     wider result."""
     rng = np.random.default_rng(rows * cols + n)
@@ -241,19 +251,19 @@ def test_the_arm_kernels_equal_the_reference_bit_for_bit(form, n, rows, cols):
     xs = sums_of(xq, xd)
     want = np.empty((n, rows), dtype=np.float32)
     integer.product_blocks(arm.form_id(form), data, f16_table(), 32, xq, xd, xs, 2, 2 + rows, want)
-    for kernel in arm_kernels():
-        out = np.full((n, rows + 2), np.nan, dtype=np.float32)
-        kernel(arm.form_id(form), data, xq, xd, xs, 2, 2 + rows, out[:, 1 : 1 + rows])
-        np.testing.assert_array_equal(out[:, 1 : 1 + rows].view(np.uint32), want.view(np.uint32))
-        assert np.isnan(out[:, 0]).all() and np.isnan(out[:, -1]).all()
+    out = np.full((n, rows + 2), np.nan, dtype=np.float32)
+    getattr(arm, ARM_KERNELS[variant])(arm.form_id(form), data, xq, xd, xs, 2, 2 + rows, out[:, 1 : 1 + rows])
+    np.testing.assert_array_equal(out[:, 1 : 1 + rows].view(np.uint32), want.view(np.uint32))
+    assert np.isnan(out[:, 0]).all() and np.isnan(out[:, -1]).all()
 
 
 @pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("n", [1, 6, 16])
-def test_extreme_scales_zero_blocks_and_up_to_16_activation_rows_bit_for_bit(form, n):
+@pytest.mark.parametrize("variant", EACH_ARM_KERNEL)
+def test_extreme_scales_zero_blocks_and_up_to_16_activation_rows_bit_for_bit(variant, form, n):
     """Float16 scales from 0 through subnormals to 65504 of either sign, every fourth block all zeros,
     activations spanning six decades a block with a block of zeros, an odd row count from an odd start: numpy,
-    the reference and every kernel this CPU runs agree bit for bit."""
+    the reference and each kernel this CPU runs agree bit for bit."""
     rng = np.random.default_rng(n + 100 * FORMS.index(form))
     rows, cols = 11, 1024
     data = extreme_rows(form, rng, rows + 4, cols)  # [rows + 4, ...]
@@ -266,10 +276,9 @@ def test_extreme_scales_zero_blocks_and_up_to_16_activation_rows_bit_for_bit(for
     integer.product_blocks(arm.form_id(form), data, f16_table(), 32, xq, xd, xs, 3, 3 + rows, want)
     assert np.isfinite(want).all() and (want != 0).any()
     np.testing.assert_array_equal(want.view(np.uint32), numpy_product(form, data[3 : 3 + rows], xq, xd).view(np.uint32))
-    for kernel in arm_kernels():
-        out = np.full((n, rows), np.nan, dtype=np.float32)
-        kernel(arm.form_id(form), data, xq, xd, xs, 3, 3 + rows, out)
-        np.testing.assert_array_equal(out.view(np.uint32), want.view(np.uint32))
+    out = np.full((n, rows), np.nan, dtype=np.float32)
+    getattr(arm, ARM_KERNELS[variant])(arm.form_id(form), data, xq, xd, xs, 3, 3 + rows, out)
+    np.testing.assert_array_equal(out.view(np.uint32), want.view(np.uint32))
 
 
 def _assembly(kernel, *args) -> str:

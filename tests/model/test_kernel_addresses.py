@@ -28,7 +28,7 @@ from kestrel_trio import _kernels
 pytestmark = pytest.mark.skipif(not _kernels.ready(),
                                 reason=f"numba does not run here: {_kernels.unavailable_reason()}")
 if _kernels.ready():
-    from kestrel_trio._kernels.f32_chunks import _store_blocks
+    from kestrel_trio._kernels.x86.f32_chunks import _store_blocks
 
 
 def _python_function(value):
@@ -39,8 +39,10 @@ def _python_function(value):
 
 def _kernel_functions():
     """(module.name, function, its IR) for every function of the modules that numba's front end reads."""
-    for name in sorted(module.name for module in pkgutil.iter_modules(_kernels.__path__)):
-        module = importlib.import_module(f"kestrel_trio._kernels.{name}")
+    prefix = "kestrel_trio._kernels."
+    for full in sorted(m.name for m in pkgutil.walk_packages(_kernels.__path__, prefix) if not m.ispkg):
+        name = full[len(prefix):]  # "exp", "x86.f32_chunks"
+        module = importlib.import_module(full)
         for attribute, value in sorted(vars(module).items()):
             function = _python_function(value)
             if function is None or function.__module__ != module.__name__:
@@ -160,7 +162,7 @@ def _operands_of(scratch):
     return operands
 
 
-def _freed_early_through_a_call(n):  # the address taken by the callee, as products._block_operands takes it
+def _freed_early_through_a_call(n):  # the address taken by the callee, as f32_blocks._block_operands takes it
     scratch = np.empty(n, np.float32)
     operands = _operands_of(scratch)
     for _ in range(n):
@@ -191,7 +193,7 @@ KERNEL_FUNCTIONS = list(_kernel_functions()) if _kernels.ready() else []
 
 def test_the_check_reads_the_kernels_compiled_on_first_use():
     names = {name for name, _, _ in KERNEL_FUNCTIONS}
-    assert {"f32_chunks.product", "products.product_f32_avx512", "tiles.product"} <= names
+    assert {"x86.f32_chunks.product", "x86.f32_blocks.product_f32_avx512", "x86.tiles.product"} <= names
 
 
 @pytest.mark.parametrize("name, function, function_ir", KERNEL_FUNCTIONS,

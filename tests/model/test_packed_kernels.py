@@ -239,7 +239,7 @@ def test_warming_loads_the_products_and_hands_back_the_compilers_pages(tmp_path)
 def test_an_fp32_model_loads_at_most_the_float32_product_and_drops_the_compilers_pages():
     code = ("import sys; from kestrel_trio import load_model, _kernels; from pathlib import Path; "
             f"m = load_model(Path({str(FIXTURES / 'qwen3_fp32')!r})); m.logits([1, 2, 3]); "
-            "from kestrel_trio._kernels import products; print(sorted(form for form, _ in products._compiled))")
+            "from kestrel_trio._kernels import dispatch; print(sorted(form for form, _ in dispatch._compiled))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          timeout=allowance(120))
     assert out.stdout.strip() in ("[]", "['F32']")
@@ -251,9 +251,9 @@ def test_a_qwen3_vl_loads_its_vision_towers_forms_too(tmp_path):
     folder = tmp_path / "vl"
     shutil.copytree(FIXTURES / "qwen3_vl_bf16", folder)
     shutil.copy(FIXTURES / "qwen3_vl" / "preprocessor_config.json", folder)
-    code = ("from kestrel_trio import load_model; from kestrel_trio._kernels import products; "
+    code = ("from kestrel_trio import load_model; from kestrel_trio._kernels import dispatch; "
             f"load_model({str(folder)!r}, weights='int8', quantized_cache=False); "
-            "print(sorted(form for form, _ in products._compiled))")
+            "print(sorted(form for form, _ in dispatch._compiled))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          timeout=allowance(120))
     assert {"int8", "bf16"} <= set(ast.literal_eval(out.stdout.strip()))
@@ -298,9 +298,9 @@ def test_more_rows_than_the_fused_product_takes_expand_chunks_for_the_small_batc
 @pytest.mark.host_cpu
 @pytest.mark.skipif(platform.machine() in ("x86_64", "AMD64"), reason="x86-64 runs assembly blocks (the test below)")
 def test_off_x86_64_every_form_takes_the_portable_loops_whatever_numba_compiles_for():
-    from kestrel_trio._kernels import products
+    from kestrel_trio._kernels import dispatch
 
-    assert products.f32_assembly() is None
+    assert dispatch.f32_assembly() is None
     assert set(_kernels.product_kernels(_kernels.FORMS).values()) == {"portable"}
 
 
@@ -309,7 +309,7 @@ def test_off_x86_64_every_form_takes_the_portable_loops_whatever_numba_compiles_
 def test_the_float32_assembly_is_the_widest_the_cpu_and_the_compiled_code_both_have():
     import llvmlite.binding as llvm_binding
 
-    from kestrel_trio._kernels import products
+    from kestrel_trio._kernels import dispatch
 
     host = llvm_binding.get_host_cpu_features()
     features = os.environ.get("NUMBA_CPU_FEATURES", "")
@@ -329,7 +329,7 @@ def test_the_float32_assembly_is_the_widest_the_cpu_and_the_compiled_code_both_h
         expected = "avx2+avx512"
     elif name in ("host", "haswell", "znver3") and has("avx2", "fma"):
         expected = "avx2"
-    assert products.f32_assembly() == expected
+    assert dispatch.f32_assembly() == expected
 
 
 @pytest.mark.parametrize("rows_in", [4, 5, 7, 8, 9, 12, 15, 16, 24, 31, 32])
@@ -379,9 +379,9 @@ def test_a_bf16_or_int8_product_cut_anywhere_among_its_weight_rows_has_the_bits_
     differently, so there a cut may change the last bits of the rows around it (so do the GGUF forms' loops
     from four rows, and the float32 rows the blocks leave: product_f32_avx2's _f32_rest).
     """
-    from kestrel_trio._kernels import products
+    from kestrel_trio._kernels import dispatch
 
-    if not products.f32_assembly():
+    if not dispatch.f32_assembly():
         pytest.skip("the assembly blocks do not run here (x86-64 with AVX2 and numba compiling for it)")
     part = random_part(form, 23, cols, seed=rows_in + cols)
     x = np.random.default_rng(rows_in).standard_normal((rows_in, cols), dtype=np.float32)  # [N, in]
@@ -393,50 +393,17 @@ def test_a_bf16_or_int8_product_cut_anywhere_among_its_weight_rows_has_the_bits_
     np.testing.assert_array_equal(cut, whole)
 
 
-def _needs_an_avx512_host() -> None:
-    """Skip unless this is an x86-64 host with AVX-512F and numba compiles for it (the zmm blocks can run)."""
-    import llvmlite.binding as llvm_binding
-
-    from kestrel_trio._kernels import products
-
-    if not (platform.machine() in ("x86_64", "AMD64") and llvm_binding.get_host_cpu_features().get("avx512f")
-            and os.environ.get("NUMBA_CPU_NAME", "host") == "host" and products.f32_assembly()):
-        pytest.skip(f"needs an x86-64 host with AVX-512F and numba compiling for it (this host: "
-                    f"{llvm_binding.get_host_cpu_name()})")
-
-
-@pytest.mark.host_cpu
-@pytest.mark.parametrize("rows_in", [4, 7, 8, 12, 16, 31])
-def test_the_avx512_blocks_match_numpy_where_the_host_has_avx512_whichever_block_the_process_uses(rows_in):
-    from numba import njit
-
-    from kestrel_trio._kernels import products
-
-    _needs_an_avx512_host()
-    product = njit(nogil=True)(products.product_f32_avx512)  # the zmm blocks, even where the AVX2 one is chosen
-    _check_float32_product(lambda weights, x, out: product(weights, None, None, None, x, 1, 22, out), rows_in, 1040)
-
-
-@pytest.mark.host_cpu
-@pytest.mark.parametrize("rows_in", [12, 15, 16, 19, 24, 32])
-def test_the_wide_zmm_block_matches_numpy_where_the_host_has_avx512_whichever_block_the_process_uses(rows_in):
-    from numba import njit
-
-    from kestrel_trio._kernels import products
-
-    _needs_an_avx512_host()
-    assert rows_in >= products.WIDE_BLOCK_ROWS  # these rows take the 6x4 block: three of six weight rows, 3 left
-    product = njit(nogil=True)(products.product_f32_zen)
-    _check_float32_product(lambda weights, x, out: product(weights, None, None, None, x, 1, 22, out), rows_in, 1040)
+# Each float32 assembly block this host executes, chosen or not, against the portable loops:
+# tests/model/test_kernel_plan.py (the plan's runnable variants).
 
 
 def _f32_product_in_a_process_compiling_for(cpu_name: str) -> str:
     """The float32 assembly a process compiling for ``cpu_name`` uses, after checking its 8-row product."""
-    code = ("import numpy as np; from kestrel_trio import _kernels; from kestrel_trio._kernels import products; "
+    code = ("import numpy as np; from kestrel_trio import _kernels; from kestrel_trio._kernels import dispatch; "
             "assert _kernels.ready(); w = np.arange(96 * 64, dtype=np.float32).reshape(96, 64) % 7; "
             "x = np.ones((8, 64), np.float32); out = np.empty((8, 96), np.float32); "
             "_kernels.packed_product('F32', w, None, x, 0, 96, out); "
-            "assert np.array_equal(out, x @ w.T); print(products.f32_assembly())")
+            "assert np.array_equal(out, x @ w.T); print(dispatch.f32_assembly())")
     env = {**os.environ, "NUMBA_CPU_NAME": cpu_name, "NUMBA_CPU_FEATURES": ""}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=allowance(300), env=env)
     assert out.returncode == 0, out.stderr

@@ -1,4 +1,4 @@
-"""A prefill chunk held packed through its layers (kestrel_trio._kernels.packed_rows and
+"""A prefill chunk held packed through its layers (kestrel_trio._kernels.x86.packed_rows and
 kestrel_trio._model.packed_layers): the packed products, norm and layout against float64 and numpy, the forward
 pass's logits and cache against the layers over rows, which chunks take it, and the way back to rows where a
 layer's one q/k/v pass cannot run."""
@@ -12,15 +12,24 @@ import numpy as np
 import pytest
 
 from kestrel_trio import _kernels, load_model
+from kestrel_trio._kernels.x86 import prefill
 from kestrel_trio._model.layers import rms_norm, swiglu
 
+from kernel_plan_kit import enable_chunk_kernel, runnable
+
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+_RUNNABLE = "avx512" in runnable("chunk_products")  # chosen here, or executed and played as chosen
 pytestmark = [pytest.mark.host_cpu,
-              pytest.mark.skipif(_kernels.enable_chunk_products() is not None,
-                                 reason=f"the chunk kernel does not run here: {_kernels.enable_chunk_products()}")]
+              pytest.mark.skipif(not _RUNNABLE, reason="the chunk kernel does not run here: "
+                                 f"{_kernels.unavailable_reason() or prefill._chunks_unusable()}")]
 forward_module = importlib.import_module("kestrel_trio._model.forward")  # the package's ``forward`` is the function
-if _kernels.enable_chunk_products() is None:
-    from kestrel_trio._kernels import f32_chunks, packed_rows
+if _RUNNABLE:
+    from kestrel_trio._kernels.x86 import f32_chunks, packed_rows
+
+
+@pytest.fixture(autouse=True)
+def _enabled(monkeypatch):
+    enable_chunk_kernel(monkeypatch)
 
 
 def _serially(tasks):

@@ -1,5 +1,5 @@
 """bf16 tile products (AMX) for prefill: exact to the bf16-rounded float32 product where the CPU has them, a clear
-refusal where it does not (kestrel_trio._kernels.tiles, kestrel_trio._model.matmul)."""
+refusal where it does not (kestrel_trio._kernels.x86.tiles, kestrel_trio._model.matmul)."""
 
 from __future__ import annotations
 

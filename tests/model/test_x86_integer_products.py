@@ -5,6 +5,7 @@ for each form and mode; and the choice for code compiled for another CPU (NUMBA_
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import platform
 import subprocess
@@ -22,7 +23,7 @@ pytestmark = [pytest.mark.skipif(not _kernels.ready(), reason=_kernels.unavailab
               pytest.mark.skipif(platform.machine() != "x86_64", reason="x86-64's kernels"), pytest.mark.host_cpu]
 
 if _kernels.ready() and platform.machine() == "x86_64":
-    from kestrel_trio._kernels import cpu, integer, products
+    from kestrel_trio._kernels import cpu, dispatch, integer, plan
     from kestrel_trio._kernels.products import f16_table
     from kestrel_trio._kernels.x86 import integer as x86
 
@@ -32,15 +33,19 @@ DRIVERS = {"vnni512": "product_vnni512", "vnni256": "product_vnni256", "avx2": "
 
 
 def runnable() -> list[str]:
-    """The kinds of x86 kernel this host runs and numba's code holds: the best one and every narrower one."""
-    best = x86.usable_kernel(cpu.this_cpu().has)
-    order = ["vnni512", "vnni256", "avx2"]
-    if best is None:
-        return []
-    kinds = order[order.index(best):]
-    if best == "vnni512" and not cpu.this_cpu().has("avxvnni"):
-        kinds.remove("vnni256")
-    return kinds
+    """The kinds of x86 kernel this host runs and numba's code holds: the plan's runnable variants (the best one
+    and every narrower one)."""
+    from kestrel_trio._kernels.plan import this_plan
+
+    return [kind for kind, variant in PLAN_VARIANTS.items() if variant in this_plan().integer.runnable]
+
+
+# x86.usable_kernel's kinds -> the plan's variants (kestrel_trio._kernels.plan).
+PLAN_VARIANTS = {"vnni512": "avx512-vnni", "vnni256": "avx-vnni", "avx2": "avx2"}
+_RUNNABLE = runnable() if _kernels.ready() and platform.machine() == "x86_64" else []
+# Each kind as a parameter, those this host cannot run skipped with the reason (the module is marked host_cpu).
+EACH_KIND = [pytest.param(kind, marks=pytest.mark.skipif(kind not in _RUNNABLE, reason=f"this host cannot run {kind}"))
+             for kind in PLAN_VARIANTS]
 
 
 def extreme(form: str, data: np.ndarray, rng) -> np.ndarray:
@@ -73,7 +78,8 @@ def activations(rng, n: int, cols: int) -> np.ndarray:
     (1, 13, 1024, 0), (2, 4, 768, 3), (3, 9, 2048, 1), (4, 8, 256, 2), (5, 7, 512, 0), (8, 16, 512, 5),
     (16, 5, 256, 1), (1, 1, 256, 0), (7, 3, 256, 4), (6, 21, 512, 2), (9, 12, 256, 1),
 ])
-def test_every_x86_kernel_equals_the_reference_bit_for_bit(form, n, rows, cols, start):
+@pytest.mark.parametrize("kind", EACH_KIND)
+def test_every_x86_kernel_equals_the_reference_bit_for_bit(kind, form, n, rows, cols, start):
     rng = np.random.default_rng(rows * cols + n + start)
     data = extreme(form, block_rows(form, rng, start + rows + 2, cols), rng)  # [start + rows + 2, ...]
     xq, xd = quantized(activations(rng, n, cols))
@@ -81,13 +87,10 @@ def test_every_x86_kernel_equals_the_reference_bit_for_bit(form, n, rows, cols, 
     assert np.abs(xq.astype(np.int32)).max() <= 127  # the sign and offset tricks rely on it
     want = np.empty((n, rows), dtype=np.float32)
     integer.product_blocks(x86.form_id(form), data, f16_table(), 32, xq, xd, xs, start, start + rows, want)
-    kinds = runnable()
-    assert kinds, "this x86-64 host has no AVX2"
-    for kind in kinds:
-        out = np.full((n, rows + 2), np.nan, dtype=np.float32)
-        getattr(x86, DRIVERS[kind])(x86.form_id(form), data, xq, xd, xs, start, start + rows, out[:, 1 : 1 + rows])
-        np.testing.assert_array_equal(out[:, 1 : 1 + rows].view(np.uint32), want.view(np.uint32), err_msg=kind)
-        assert np.isnan(out[:, 0]).all() and np.isnan(out[:, -1]).all()
+    out = np.full((n, rows + 2), np.nan, dtype=np.float32)
+    getattr(x86, DRIVERS[kind])(x86.form_id(form), data, xq, xd, xs, start, start + rows, out[:, 1 : 1 + rows])
+    np.testing.assert_array_equal(out[:, 1 : 1 + rows].view(np.uint32), want.view(np.uint32), err_msg=kind)
+    assert np.isnan(out[:, 0]).all() and np.isnan(out[:, -1]).all()
 
 
 def _assembly(kernel) -> str:
@@ -100,16 +103,15 @@ def _assembly(kernel) -> str:
     return "\n".join(fresh.inspect_asm().values())
 
 
-@pytest.mark.host_cpu
-def test_the_kernels_compile_to_their_instructions():
-    kinds = runnable()
-    if "vnni512" in kinds:
-        text = _assembly(x86.product_vnni512)
+@pytest.mark.parametrize("kind", EACH_KIND)
+def test_the_kernels_compile_to_their_instructions(kind):
+    text = _assembly(getattr(x86, DRIVERS[kind]))
+    if kind == "vnni512":
         assert "vpdpbusd\t%zmm" in text  # four rows a zmm
-    if "vnni256" in kinds:
-        assert "vpdpbusd\t%ymm" in _assembly(x86.product_vnni256)
-    text = _assembly(x86.product_avx2)
-    assert "vpmaddubsw" in text and "vpmaddwd" in text and "vpdpbusd" not in text
+    elif kind == "vnni256":
+        assert "vpdpbusd\t%ymm" in text
+    else:
+        assert "vpmaddubsw" in text and "vpmaddwd" in text and "vpdpbusd" not in text
 
 
 def test_the_choice_follows_the_code_numba_compiles_and_the_cpu():
@@ -129,7 +131,8 @@ def test_the_choice_follows_the_code_numba_compiles_and_the_cpu():
 def test_the_dispatch_names_each_forms_kernel_in_each_mode(monkeypatch):
     own = x86.KINDS[x86.usable_kernel(cpu.this_cpu().has)]
     forms = FORMS + ["bf16"]
-    assert products.X86_AUTO_FORMS == frozenset(x86.FORMS) == frozenset(FORMS)  # auto takes every x86 kernel
+    assert plan.X86_AUTO_FORMS == frozenset(x86.FORMS) == frozenset(FORMS)  # auto takes every x86 kernel
+    assert plan.this_plan().integer_auto == plan.X86_AUTO_FORMS
     try:
         _kernels.set_products("exact")
         assert all(name in ("portable", "avx2", "avx512") for name in _kernels.product_kernels(forms).values())
@@ -144,8 +147,8 @@ def test_the_dispatch_names_each_forms_kernel_in_each_mode(monkeypatch):
         assert _kernels.product_kernels(["Q6_K", "Q4_0"]) == {"Q6_K": "portable", "Q4_0": own}
         _kernels.set_products("integer")
         assert _kernels.product_kernels(["Q6_K"]) == {"Q6_K": "int8"}
-        # and a form auto does not take on x86 (where it would not win)
-        monkeypatch.setattr(products, "X86_AUTO_FORMS", frozenset({"Q8_0"}))
+        # and a form auto does not take on x86 (where it would not win): the plan says which it takes
+        monkeypatch.setattr(plan, "_found", [dataclasses.replace(plan.this_plan(), integer_auto=frozenset({"Q8_0"}))])
         _kernels.set_products("auto")
         assert _kernels.product_kernels(["Q8_0", "Q4_K"]) == {"Q8_0": own, "Q4_K": "portable"}
     finally:
@@ -157,7 +160,7 @@ def test_a_product_through_the_dispatch_equals_the_reference():
     x = rng.standard_normal((6, 512), dtype=np.float32)  # [6, 512]
     xq, xd = quantized(x)
     try:
-        _kernels.set_products("auto")  # x86-64's kernels, every form (products.X86_AUTO_FORMS)
+        _kernels.set_products("auto")  # x86-64's kernels, every form (plan.X86_AUTO_FORMS)
         for form in FORMS:
             data = block_rows(form, rng, 11, 512)  # [11, ...]
             want = np.empty((6, 11), dtype=np.float32)
@@ -172,7 +175,7 @@ def test_a_product_through_the_dispatch_equals_the_reference():
             np.testing.assert_array_equal(wider[:, 1:12].view(np.uint32), want.view(np.uint32))
             assert np.isnan(wider[:, 0]).all() and np.isnan(wider[:, 12]).all()
         # one compiled version a kernel, made at first use: no call compiled another (after warming, none may)
-        assert products._typed_kernels and all(len(k.signatures) == 1 for k in products._typed_kernels.values())
+        assert dispatch._typed_kernels and all(len(k.signatures) == 1 for k in dispatch._typed_kernels.values())
     finally:
         _kernels.set_products("exact")
 

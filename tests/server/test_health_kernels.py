@@ -26,9 +26,9 @@ def _expected_kernel(form: str) -> str:
         return "numpy"
     if platform.machine() not in ("x86_64", "AMD64"):
         return "portable"  # no assembly of ours runs off x86-64 (yet)
-    from kestrel_trio._kernels import products
+    from kestrel_trio._kernels import dispatch
 
-    assembly = products.f32_assembly()
+    assembly = dispatch.f32_assembly()
     if form == "F32":
         return assembly or "portable"
     return "avx2" if form in ("bf16", "BF16", "int8") and assembly else "portable"

@@ -33,9 +33,12 @@ import dataclasses
 import os
 import platform
 import sys
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
-__all__ = ["Cpu", "detect", "this_cpu", "configure_numba", "read_hwcaps"]
+if TYPE_CHECKING:
+    from kestrel_trio._kernels.plan import Features
+
+__all__ = ["Cpu", "detect", "this_cpu", "configure_numba", "read_hwcaps", "kernel_features"]
 
 # Linux's auxiliary vector entries (elf.h) and arm64's bits in them (arch/arm64/include/uapi/asm/hwcap.h).
 AT_HWCAP = 16
@@ -191,3 +194,38 @@ def configure_numba() -> Cpu:
     for key, value in cpu.numba.items():
         os.environ.setdefault(key, value)
     return cpu
+
+
+# x86-64 features (LLVM's names) that choose a kernel (kestrel_trio._kernels.plan).
+_X86_KERNEL_FEATURES = ("avx2", "fma", "f16c", "avx512f", "avx512vl", "avx512bw", "avxvnni", "avx512vnni",
+                        "amx-tile", "amx-bf16")
+
+
+def kernel_features() -> Features:
+    """This host's facts for kestrel_trio._kernels.plan.plan: the probing its pure choice leaves out.
+
+    Imports llvmlite (LLVM's host CPU name and features) and, on x86-64, numba (the features numba's code holds,
+    kestrel_trio._kernels.x86.integer.compiled_features). On x86-64 a feature counts where LLVM's CPUID reading
+    has it and /proc/cpuinfo, where readable, lists it too (the kernel drops a feature there whose state it does
+    not save). On aarch64 the features are :func:`this_cpu`'s (``AT_HWCAP``).
+    """
+    import llvmlite.binding as llvm_binding
+
+    from kestrel_trio._kernels.plan import Features
+
+    cpu = this_cpu()
+    target = os.environ.get("NUMBA_CPU_NAME") or "host"
+    listed = os.environ.get("NUMBA_CPU_FEATURES")
+    wanted = frozenset(item[1:] for item in listed.split(",") if item.startswith("+")) if listed else None
+    name = llvm_binding.get_host_cpu_name()
+    if cpu.arch == "x86_64":
+        from kestrel_trio._kernels.x86.integer import compiled_features
+
+        host = llvm_binding.get_host_cpu_features()
+        runs = {f for f in _X86_KERNEL_FEATURES if host.get(f, False)}
+        if cpu.source != "none":  # the features cpu.detect reads from /proc/cpuinfo
+            runs = {f for f in runs if f not in _X86_FLAGS.values() or cpu.has(f)}
+        return Features(cpu.arch, sys.platform, name, frozenset(runs), target, wanted, compiled_features())
+    if cpu.arch == "aarch64" and cpu.name != "host":
+        name = cpu.name
+    return Features(cpu.arch, sys.platform, name, frozenset(cpu.features), target, wanted)

@@ -1,4 +1,4 @@
-"""A prefill chunk's rows held packed between its products (kestrel_trio._kernels.f32_chunks' layout).
+"""A prefill chunk's rows held packed between its products (kestrel_trio._kernels.x86.f32_chunks' layout).
 
 Theory of operation: f32_chunks' kernel packs a product's activations
 [M, K] into blocks of 32 rows side by side, [M/32, K, 32], and gathers its
@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from kestrel_trio._kernels import _run_spans
+from kestrel_trio._kernels.layers import _run_spans
 
 __all__ = ["pack", "unpack", "product", "product_of_rows", "product_rows", "rms_norm", "swiglu", "LANES", "Then"]
 
@@ -34,7 +34,7 @@ Then = Callable[[np.ndarray, int, int], None]
 
 def pack(x: np.ndarray, blocks: int) -> np.ndarray:
     """``x`` float32 [M, K] (M <= 32 blocks) packed: [blocks, K, 32], zero rows after the last."""
-    from kestrel_trio._kernels import f32_chunks
+    from kestrel_trio._kernels.x86 import f32_chunks
 
     return f32_chunks.pack(np.ascontiguousarray(x, dtype=np.float32), blocks * LANES)  # [blocks, K, 32]
 
@@ -65,7 +65,7 @@ def product_of_rows(x: np.ndarray, blocks: int, w: np.ndarray, run: Run, shares:
 
 def _product(source: np.ndarray, blocks: int, w: np.ndarray, run: Run, shares: Shares, then: Then | None) -> np.ndarray:
     """:func:`product` of ``source``: packed [blocks, K, 32], or rows [M, K] that each share packs for itself."""
-    from kestrel_trio._kernels import f32_chunks
+    from kestrel_trio._kernels.x86 import f32_chunks
 
     n = w.shape[0]
     blocked = n - n % f32_chunks.WEIGHT_ROWS
@@ -88,7 +88,7 @@ def _product(source: np.ndarray, blocks: int, w: np.ndarray, run: Run, shares: S
 
 def product_rows(packed: np.ndarray, w: np.ndarray, run: Run, shares: Shares) -> np.ndarray:
     """:func:`product` with its output in rows, [B * 32, N] (f32_chunks.product: the staging and gather)."""
-    from kestrel_trio._kernels import f32_chunks
+    from kestrel_trio._kernels.x86 import f32_chunks
 
     blocks, n = packed.shape[0], w.shape[0]
     blocked = n - n % f32_chunks.WEIGHT_ROWS

@@ -41,8 +41,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import platform
-import sys
 
 import llvmlite.binding as llvm_binding
 import numpy as np
@@ -224,13 +222,10 @@ def _block_product(weights_at, row_bytes, packed, m, scratch, out, n0):
 
 
 def enable() -> str | None:
-    """Ask Linux for the tile registers; None when this process may use them, else why not."""
-    if sys.platform != "linux" or platform.machine() not in ("x86_64", "AMD64"):
-        return f"AMX needs Linux on x86_64 (this is {sys.platform} on {platform.machine()})"
-    features = llvm_binding.get_host_cpu_features()
-    missing = [name for name in ("amx-tile", "amx-bf16") if not features.get(name, False)]
-    if missing:
-        return f"this CPU has no {' or '.join(missing)} ({llvm_binding.get_host_cpu_name()})"
+    """Ask Linux for the tile registers; None when this process may use them, else why not.
+
+    Only for a CPU whose plan has the tiles (kestrel_trio._kernels.plan: x86-64 Linux with amx-tile and amx-bf16).
+    """
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.syscall(_SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA) != 0:
         errno = ctypes.get_errno()

@@ -1,0 +1,36 @@
+"""The kernel plan in tests: the variants this host executes for a kind of work, and the chunk kernel played as
+the plan's choice on a host that executes it without choosing it (kestrel_trio._kernels.plan)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from kestrel_trio import _kernels
+
+
+def runnable(kind: str) -> tuple[str, ...]:
+    """This host's runnable variants of ``kind`` (a KernelPlan field); () where the compiled loops cannot run."""
+    if not _kernels.ready():
+        return ()
+    from kestrel_trio._kernels.plan import this_plan
+
+    return getattr(this_plan(), kind).runnable
+
+
+def enable_chunk_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The float32 chunk kernel enabled as the plan's choice: on a host that executes it without choosing it (AMD's
+    Zen with AVX-512), the plan replaced by one that chooses it and the kernel enabled afresh (undone at the test's
+    end), so that its tests run it there too."""
+    from kestrel_trio._kernels import plan
+
+    planned = plan.this_plan()
+    if planned.chunk_products.variant != "avx512":
+        chosen = plan.Choice("avx512", "chosen by the test", ("avx512",))
+        monkeypatch.setattr(plan, "_found", [dataclasses.replace(planned, chunk_products=chosen)])
+        for key in ("chunks", "chunks_error"):  # each restored (or removed again) when the test ends
+            monkeypatch.setitem(_kernels._state, key, None)
+            monkeypatch.delitem(_kernels._state, key)
+    _kernels._products().f32_assembly()  # readies LLVM's assembly parser: the kernel is assembly
+    assert _kernels.enable_chunk_products() is None  # compiled (or loaded) and its self-test passed
