@@ -39,6 +39,7 @@ import numpy as np
 
 from kestrel_trio import _kernels
 from kestrel_trio._model import matmul
+from kestrel_trio._model.decode_share import SharedOrAlone, choosers
 from kestrel_trio._model.kv_cache import KVCache
 from kestrel_trio._model.layers import embedding
 from kestrel_trio._model.matmul import linear
@@ -98,9 +99,10 @@ class _Matrix:
             else:
                 self.parts = parts
 
-    def calls(self, x: np.ndarray, quantized: tuple, out: np.ndarray, threads) -> list[Callable[[], None]]:
+    def calls(self, x: np.ndarray, quantized: tuple, out: np.ndarray, threads, chooser) -> list[Callable[[], None]]:
         """Calls without arguments that write ``out`` [1, rows] = ``x`` [1, cols] @ matrix.T (+ bias), for
-        ``quantized`` = (xq, xd, xs), the quantization of ``x`` that the calls before these leave in place."""
+        ``quantized`` = (xq, xd, xs), the quantization of ``x`` that the calls before these leave in place; shared
+        among ``threads`` or not as ``chooser`` (kestrel_trio._model.decode_share) says, where they are several."""
         if self.parts is None:
             return [functools.partial(_linear_into, x, self.matrix, self.bias, out)]
         xq, xd, xs = quantized
@@ -113,18 +115,10 @@ class _Matrix:
                                       out[:, max(start, lo) : min(stop, lo + n)])
                     for kernel, lo, n in self.parts if max(start, lo) < min(stop, lo + n)]
             tasks.append(task)
-        calls = tasks[0] if len(tasks) == 1 else [functools.partial(threads.run, [_sequence(t) for t in tasks])]
+        calls = tasks[0] if len(tasks) == 1 else [SharedOrAlone(threads, tasks, self.rows * self.cols, chooser)]
         if self.bias is not None:
             calls.append(functools.partial(np.add, out, self.bias, out=out))
         return calls
-
-
-def _sequence(calls: list[Callable[[], None]]) -> Callable[[], None]:
-    """One product thread's task: its calls in turn."""
-    def run() -> None:
-        for call in calls:
-            call()
-    return run
 
 
 def _linear_into(x: np.ndarray, matrix, bias: np.ndarray | None, out: np.ndarray) -> None:
@@ -214,7 +208,7 @@ class _Plan:
             call()
         cache.commit(1)
         logits = np.empty((1, self.head.rows), dtype=np.float32)  # [1, vocab]
-        for call in self.head.calls(b.h, b.hidden_q, logits, b.threads):
+        for call in self.head.calls(b.h, b.hidden_q, logits, b.threads, b.choosers["head"]):
             call()
         return logits
 
@@ -232,6 +226,7 @@ class _Buffers:
         c = plan.config
         hidden, heads = c.hidden_size, c.num_attention_heads * c.head_dim
         self.threads = threads
+        self.choosers = choosers()  # whether each kind of product is shared, from its recent costs both ways
         self.x = np.zeros((1, hidden), dtype=np.float32)  # [1, hidden], the residual stream
         self.h = np.empty((1, hidden), dtype=np.float32)  # [1, hidden], normed
         self.hidden_q = _quantized(hidden)
@@ -281,19 +276,21 @@ class _Buffers:
             before = norm(layer.input_norm, None if index == 0 else self.down)
             first = 0
             for m in layer.qkv:
-                before += m.calls(self.h, self.hidden_q, self.qkv[:, first : first + m.rows], threads)
+                before += m.calls(self.h, self.hidden_q, self.qkv[:, first : first + m.rows], threads,
+                                  self.choosers["qkv"])
                 first += m.rows
             before += head_norms(layer)
             after = [functools.partial(d.quantize_rows, attended, _RUN, *attended_q, sums)]
-            after += layer.o.calls(attended, attended_q, self.o, threads)
+            after += layer.o.calls(attended, attended_q, self.o, threads, self.choosers["o"])
             after += norm(layer.post_norm, self.o)
             first = 0
             for m in layer.gate_up:
-                after += m.calls(self.h, self.hidden_q, self.gate_up[:, first : first + m.rows], threads)
+                after += m.calls(self.h, self.hidden_q, self.gate_up[:, first : first + m.rows], threads,
+                                 self.choosers["gate_up"])
                 first += m.rows
             after.append(functools.partial(plan.exp.swiglu, self.gate_up, self.act))
             after.append(functools.partial(d.quantize_rows, self.act, _RUN, *act_q, sums))
-            after += layer.down.calls(self.act, act_q, self.down, threads)
+            after += layer.down.calls(self.act, act_q, self.down, threads, self.choosers["down"])
             self.layers.append((before, after))
         self.final = norm(plan.final_norm, self.down)
 

@@ -1,0 +1,72 @@
+"""A one-sequence decode step's weight product: shared among the product threads, or the caller's alone.
+
+Theory of operation: sharing a product hands a stretch of its rows to each
+product thread and waits for them all; a hand-off wakes a blocked thread,
+43 us of wall time (32 us of CPU) for two empty tasks on the 2-core Zen 5
+VM. A Qwen3-0.6B decode step shares 112 products, most of them 50-200 us of
+work: measured there, quiet, its Q4_K_M layers' products took 12.4 ms a
+token shared between two threads and 12.4 ms on one (the output head, 155 M
+weights, 7.5 ms alone and 3.75 ms shared). Beside other busy processes a
+hand-off also waits for the helper to get a core: the shared products cost
+several times the caller's own run.
+
+So each kind of product of the step (the q/k/v, the output projection,
+gate/up, down, the head) keeps the recent cost per weight of both ways and
+runs the cheaper, exploring the other now and then
+(kestrel_trio._model.share_choice, as the general path's plain products
+do). Both ways run the same compiled calls over the same rows, so the
+logits do not depend on the choice, bit for bit.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from typing import Callable
+
+from kestrel_trio._model.share_choice import ShareChooser
+
+__all__ = ["KINDS", "SharedOrAlone", "choosers"]
+
+KINDS = ("qkv", "o", "gate_up", "down", "head")  # a decode step's kinds of product, each timed on its own
+
+
+HEAD_EXPLORE_EVERY, HEAD_BURST = 64, 4  # the head is one product a step: the other way tried every 64 steps, for 4
+
+
+def choosers() -> dict[str, ShareChooser]:
+    """A chooser per kind of product, each starting shared (the way until timings say otherwise). The layers' kinds
+    come 20-100 times a step and explore as the general path's products do."""
+    found = {kind: ShareChooser(prefer_shared=True) for kind in KINDS}
+    found["head"] = ShareChooser(prefer_shared=True, explore_every=HEAD_EXPLORE_EVERY, burst_size=HEAD_BURST)
+    return found
+
+
+class SharedOrAlone:
+    """A call without arguments running one product's ``tasks`` (a list of calls per thread, each writing its own
+    stretch of the output) shared among ``threads``, or all of them in the caller, as ``chooser`` says; it times
+    the run for the chooser as ``weights`` (the matrix's rows times columns)."""
+
+    def __init__(self, threads, tasks: list[list[Callable[[], None]]], weights: int, chooser: ShareChooser) -> None:
+        self._shared = functools.partial(threads.run, [_sequence(task) for task in tasks])
+        self._alone = [call for task in tasks for call in task]
+        self._weights, self._chooser = weights, chooser
+
+    def __call__(self) -> None:
+        chooser = self._chooser
+        shared = chooser.shared()
+        start = time.perf_counter()
+        if shared:
+            self._shared()
+        else:
+            for call in self._alone:
+                call()
+        chooser.record(shared, time.perf_counter() - start, self._weights)
+
+
+def _sequence(calls: list[Callable[[], None]]) -> Callable[[], None]:
+    """One product thread's task: its calls in turn."""
+    def run() -> None:
+        for call in calls:
+            call()
+    return run
