@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from kestrel_trio._model import matmul
 from kestrel_trio._model.decode_share import HEAD_BURST, HEAD_EXPLORE_EVERY, KINDS, SharedOrAlone, choosers
 from kestrel_trio._model.share_choice import ShareChooser
 
@@ -12,7 +13,8 @@ class _Threads:
     def __init__(self) -> None:
         self.runs = 0
 
-    def run(self, tasks) -> None:
+    def run(self, tasks, blas=True) -> None:
+        assert not blas  # integer products: BLAS's thread count is left alone
         self.runs += 1
         for task in tasks:
             task()
@@ -67,3 +69,15 @@ def test_every_kind_has_its_chooser_starting_shared_and_the_head_explores_in_sho
         found["head"].record(way, 1e-6, 1000)
         ways.append(way)
     assert ways == [True] * HEAD_EXPLORE_EVERY + [False] * HEAD_BURST + [True]
+
+
+def test_the_product_threads_leave_blas_alone_for_tasks_without_it():
+    counts = []
+    threads = matmul._ProductThreads(2, counts.append)
+    try:
+        threads.run([lambda: None, lambda: None], blas=False)
+        assert counts == []
+        threads.run([lambda: None, lambda: None])
+        assert counts == [1, 2]  # one-thread BLAS while they ran, their count after
+    finally:
+        threads.stop()

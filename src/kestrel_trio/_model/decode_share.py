@@ -45,10 +45,11 @@ def choosers() -> dict[str, ShareChooser]:
 class SharedOrAlone:
     """A call without arguments running one product's ``tasks`` (a list of calls per thread, each writing its own
     stretch of the output) shared among ``threads``, or all of them in the caller, as ``chooser`` says; it times
-    the run for the chooser as ``weights`` (the matrix's rows times columns)."""
+    the run for the chooser as ``weights`` (the matrix's rows times columns). The calls are compiled integer
+    products: no BLAS, so the product threads leave its thread count as it is."""
 
     def __init__(self, threads, tasks: list[list[Callable[[], None]]], weights: int, chooser: ShareChooser) -> None:
-        self._shared = functools.partial(threads.run, [_sequence(task) for task in tasks])
+        self._shared = functools.partial(threads.run, [_sequence(task) for task in tasks], blas=False)
         self._alone = [call for task in tasks for call in task]
         self._weights, self._chooser = weights, chooser
 
