@@ -1,23 +1,30 @@
-"""A decode step's product runs shared or alone as its chooser says, the same calls either way, and is timed."""
+"""A decode step's product runs shared or alone as its chooser says, every row once either way, timed; shared, the
+caller's stretch grows while it waits for the helpers and shrinks while they finish first."""
 
 from __future__ import annotations
 
+import numpy as np
+import pytest
+
 from kestrel_trio._model import matmul
-from kestrel_trio._model.decode_share import HEAD_BURST, HEAD_EXPLORE_EVERY, KINDS, SharedOrAlone, choosers
+from kestrel_trio._model.decode_share import (
+    HEAD_BURST, HEAD_EXPLORE_EVERY, KINDS, LEVELS, Balance, SharedOrAlone, choosers, spans,
+)
 from kestrel_trio._model.share_choice import ShareChooser
 
 
 class _Threads:
-    """The product threads' run(), in turn here, counting its runs."""
+    """The product threads' run(), in turn here: counts its runs, keeps the stretches, says who finished first."""
 
-    def __init__(self) -> None:
-        self.runs = 0
+    def __init__(self, count: int = 2, helpers_first: bool = True) -> None:
+        self.count, self.helpers_first, self.runs = count, helpers_first, []
 
-    def run(self, tasks, blas=True) -> None:
+    def run(self, tasks, blas=True) -> bool:
         assert not blas  # integer products: BLAS's thread count is left alone
-        self.runs += 1
+        self.runs.append(len(tasks))
         for task in tasks:
             task()
+        return self.helpers_first
 
 
 class _Chooser(ShareChooser):
@@ -34,29 +41,67 @@ class _Chooser(ShareChooser):
         self.records.append((shared, seconds, weights))
 
 
-def test_both_ways_run_every_call_once_and_the_run_is_timed_for_the_chooser():
+def _product(rows: int, threads, chooser, balance):
+    """A SharedOrAlone over ``rows`` rows that counts, per row, how often it was written; and the stretches seen."""
+    written, seen = np.zeros(rows, dtype=np.int64), []
+
+    def tasks_for(stretches):
+        seen.append(list(stretches))
+        return [[lambda a=a, b=b: written.__setitem__(slice(a, b), written[a:b] + 1)] for a, b in stretches]
+
+    return SharedOrAlone(threads, rows, tasks_for, rows * 64, chooser, balance), written, seen
+
+
+def test_both_ways_write_every_row_once_and_the_run_is_timed_for_the_chooser():
     for way in (True, False):
-        done, threads, chooser = [], _Threads(), _Chooser(way)
-        tasks = [[lambda: done.append("a0"), lambda: done.append("a1")], [lambda: done.append("b0")]]
-        SharedOrAlone(threads, tasks, 4096, chooser)()
-        assert sorted(done) == ["a0", "a1", "b0"]
-        assert threads.runs == (1 if way else 0)  # alone: the product threads are not woken
-        assert [(shared, weights) for shared, _, weights in chooser.records] == [(way, 4096)]
-        assert chooser.records[0][1] >= 0
+        threads, chooser = _Threads(), _Chooser(way)
+        product, written, _ = _product(1024, threads, chooser, Balance())
+        product()
+        assert (written == 1).all()
+        assert threads.runs == ([2] if way else [])  # alone: the product threads are not woken
+        assert [(shared, weights) for shared, _, weights in chooser.records] == [(way, 1024 * 64)]
+
+
+@pytest.mark.parametrize("rows, count", [(4096, 2), (3072, 2), (1024, 3), (256, 2), (151936, 2)])
+def test_the_stretches_cover_the_rows_aligned_the_caller_s_growing_with_the_level(rows, count):
+    callers = []
+    for level in range(LEVELS):
+        found = spans(rows, count, level)
+        assert found[0][0] == 0 and found[-1][1] == rows and all(a[1] == b[0] for a, b in zip(found, found[1:]))
+        assert all(a < b for a, b in found) and all(a % matmul.SHARE_ALIGN == 0 for a, _ in found)
+        assert len(found) == count
+        callers.append(found[0][1])
+    assert found == spans(rows, count, LEVELS - 1) and spans(rows, count, 0) == matmul._share_bounds(rows, count)
+    assert callers == sorted(callers)
+    if rows >= 1024 * count:
+        assert callers[-1] >= rows * (1 / count + (LEVELS - 1) / 16) - matmul.SHARE_ALIGN  # a step of 1/16 a level
+
+
+def test_the_caller_s_share_grows_while_it_waits_and_shrinks_while_the_helpers_finish_first():
+    threads, balance = _Threads(helpers_first=False), Balance()
+    product, written, seen = _product(4096, threads, _Chooser(True), balance)
+    for _ in range(4 * (LEVELS - 1)):
+        product()
+    assert balance.index() == LEVELS - 1 and seen[-1] == spans(4096, 2, LEVELS - 1)
+    threads.helpers_first = True
+    for _ in range(16 * (LEVELS - 1)):
+        product()
+    assert balance.index() == 0 and balance.level == 0.0
+    assert (written == 20 * (LEVELS - 1)).all()  # every row once a run, whatever the stretches
 
 
 def test_the_choice_follows_the_costs():
     threads, chooser = _Threads(), ShareChooser(prefer_shared=True, explore_every=2, burst_size=2)
-    product = SharedOrAlone(threads, [[lambda: None], [lambda: None]], 1000, chooser)
+    product, _, _ = _product(1024, threads, chooser, Balance())
     for _ in range(2):  # two shared products, then a burst of two alone (the second timed)
         product()
     chooser._cost[True] = 1.0  # the shared way's smoothed cost made dear: the next timing alone wins
     for _ in range(2):
         product()
     assert not chooser.prefer_shared and chooser.costs()["blas_threads"] is not None
-    runs = threads.runs
+    runs = len(threads.runs)
     product()
-    assert threads.runs == runs  # alone now
+    assert len(threads.runs) == runs  # alone now
 
 
 def test_every_kind_has_its_chooser_starting_shared_and_the_head_explores_in_short_bursts():
@@ -71,13 +116,15 @@ def test_every_kind_has_its_chooser_starting_shared_and_the_head_explores_in_sho
     assert ways == [True] * HEAD_EXPLORE_EVERY + [False] * HEAD_BURST + [True]
 
 
-def test_the_product_threads_leave_blas_alone_for_tasks_without_it():
+def test_the_product_threads_leave_blas_alone_for_tasks_without_it_and_say_who_finished_first():
     counts = []
     threads = matmul._ProductThreads(2, counts.append)
     try:
-        threads.run([lambda: None, lambda: None], blas=False)
+        assert threads.run([lambda: None, lambda: None], blas=False) in (True, False)
         assert counts == []
         threads.run([lambda: None, lambda: None])
         assert counts == [1, 2]  # one-thread BLAS while they ran, their count after
+        done = []
+        assert threads.run([lambda: None, lambda: done.append(1)], blas=False) in (True, False) and done == [1]
     finally:
         threads.stop()

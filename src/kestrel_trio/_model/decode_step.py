@@ -39,7 +39,7 @@ import numpy as np
 
 from kestrel_trio import _kernels
 from kestrel_trio._model import matmul
-from kestrel_trio._model.decode_share import SharedOrAlone, choosers
+from kestrel_trio._model.decode_share import SharedOrAlone, balances, choosers
 from kestrel_trio._model.kv_cache import KVCache
 from kestrel_trio._model.layers import embedding
 from kestrel_trio._model.matmul import linear
@@ -99,23 +99,25 @@ class _Matrix:
             else:
                 self.parts = parts
 
-    def calls(self, x: np.ndarray, quantized: tuple, out: np.ndarray, threads, chooser) -> list[Callable[[], None]]:
+    def calls(self, x: np.ndarray, quantized: tuple, out: np.ndarray, threads, way) -> list[Callable[[], None]]:
         """Calls without arguments that write ``out`` [1, rows] = ``x`` [1, cols] @ matrix.T (+ bias), for
         ``quantized`` = (xq, xd, xs), the quantization of ``x`` that the calls before these leave in place; shared
-        among ``threads`` or not as ``chooser`` (kestrel_trio._model.decode_share) says, where they are several."""
+        among ``threads`` or not as ``way`` = (a ShareChooser, a Balance) (kestrel_trio._model.decode_share) says,
+        where they are several."""
         if self.parts is None:
             return [functools.partial(_linear_into, x, self.matrix, self.bias, out)]
         xq, xd, xs = quantized
-        spans = [(0, self.rows)]
-        if threads is not None and self.rows * self.cols >= matmul.SHARE_MIN_ELEMENTS:
-            spans = matmul._share_bounds(self.rows, threads.count)
-        tasks = []
-        for start, stop in spans:  # one task a thread: its stretch of the matrix's rows, across the parts
-            task = [functools.partial(kernel, xq, xd, xs, max(start, lo) - lo, min(stop, lo + n) - lo,
-                                      out[:, max(start, lo) : min(stop, lo + n)])
-                    for kernel, lo, n in self.parts if max(start, lo) < min(stop, lo + n)]
-            tasks.append(task)
-        calls = tasks[0] if len(tasks) == 1 else [SharedOrAlone(threads, tasks, self.rows * self.cols, chooser)]
+
+        def tasks_for(spans: list[tuple[int, int]]) -> list[list[Callable[[], None]]]:
+            """One task a thread: its stretch of the matrix's rows, across the parts."""
+            return [[functools.partial(kernel, xq, xd, xs, max(start, lo) - lo, min(stop, lo + n) - lo,
+                                       out[:, max(start, lo) : min(stop, lo + n)])
+                     for kernel, lo, n in self.parts if max(start, lo) < min(stop, lo + n)] for start, stop in spans]
+
+        if threads is None or self.rows * self.cols < matmul.SHARE_MIN_ELEMENTS or self.rows <= matmul.SHARE_ALIGN:
+            calls = tasks_for([(0, self.rows)])[0]
+        else:
+            calls = [SharedOrAlone(threads, self.rows, tasks_for, self.rows * self.cols, *way)]
         if self.bias is not None:
             calls.append(functools.partial(np.add, out, self.bias, out=out))
         return calls
@@ -208,7 +210,7 @@ class _Plan:
             call()
         cache.commit(1)
         logits = np.empty((1, self.head.rows), dtype=np.float32)  # [1, vocab]
-        for call in self.head.calls(b.h, b.hidden_q, logits, b.threads, b.choosers["head"]):
+        for call in self.head.calls(b.h, b.hidden_q, logits, b.threads, b.way("head")):
             call()
         return logits
 
@@ -222,11 +224,16 @@ class _Plan:
 class _Buffers:
     """One thread's activation buffers for a plan, and its layers' calls bound to them."""
 
+    def way(self, kind: str) -> tuple:
+        """(chooser, balance) of a kind of product (kestrel_trio._model.decode_share)."""
+        return self.choosers[kind], self.balances[kind]
+
     def __init__(self, plan: _Plan, threads) -> None:
         c = plan.config
         hidden, heads = c.hidden_size, c.num_attention_heads * c.head_dim
         self.threads = threads
         self.choosers = choosers()  # whether each kind of product is shared, from its recent costs both ways
+        self.balances = balances()  # shared, how much more of its rows the caller takes than the helpers
         self.x = np.zeros((1, hidden), dtype=np.float32)  # [1, hidden], the residual stream
         self.h = np.empty((1, hidden), dtype=np.float32)  # [1, hidden], normed
         self.hidden_q = _quantized(hidden)
@@ -277,20 +284,20 @@ class _Buffers:
             first = 0
             for m in layer.qkv:
                 before += m.calls(self.h, self.hidden_q, self.qkv[:, first : first + m.rows], threads,
-                                  self.choosers["qkv"])
+                                  self.way("qkv"))
                 first += m.rows
             before += head_norms(layer)
             after = [functools.partial(d.quantize_rows, attended, _RUN, *attended_q, sums)]
-            after += layer.o.calls(attended, attended_q, self.o, threads, self.choosers["o"])
+            after += layer.o.calls(attended, attended_q, self.o, threads, self.way("o"))
             after += norm(layer.post_norm, self.o)
             first = 0
             for m in layer.gate_up:
                 after += m.calls(self.h, self.hidden_q, self.gate_up[:, first : first + m.rows], threads,
-                                 self.choosers["gate_up"])
+                                 self.way("gate_up"))
                 first += m.rows
             after.append(functools.partial(plan.exp.swiglu, self.gate_up, self.act))
             after.append(functools.partial(d.quantize_rows, self.act, _RUN, *act_q, sums))
-            after += layer.down.calls(self.act, act_q, self.down, threads, self.choosers["down"])
+            after += layer.down.calls(self.act, act_q, self.down, threads, self.way("down"))
             self.layers.append((before, after))
         self.final = norm(plan.final_norm, self.down)
 
