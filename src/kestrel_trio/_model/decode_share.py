@@ -56,9 +56,10 @@ class Balance:
     the caller starts its own: with even stretches the caller nearly always
     finishes first and then waits for a second wake-up, its own (measured
     under load on the 2-core VM: 98.7% of Qwen3-0.6B's shared products, a
-    median 30 us wait after a 54 us half). Each time the caller waited, the
-    caller's share grows by a step's quarter; each time the helpers were done
-    first, it shrinks by a sixteenth: the caller waits about one run in five.
+    median 30 us wait after a 54 us half). Each time the caller waited, its
+    level rises a quarter (a level is LEVEL_STEP of the rows); each time the
+    helpers were done first, it falls a sixteenth: at the balance, the caller
+    waits about one run in five.
     """
 
     UP, DOWN = 0.25, 0.0625  # in levels, after a run the caller waited / the helpers had finished
