@@ -10,7 +10,7 @@ from kestrel_trio._model import matmul
 from kestrel_trio._model.decode_share import (
     HEAD_BURST, HEAD_EXPLORE_EVERY, KINDS, LEVELS, Balance, SharedOrAlone, choosers, spans,
 )
-from kestrel_trio._model.share_choice import ShareChooser
+from kestrel_trio._model.share_choice import BURST, ShareChooser
 
 
 class _Threads:
@@ -104,16 +104,23 @@ def test_the_choice_follows_the_costs():
     assert len(threads.runs) == runs  # alone now
 
 
-def test_every_kind_has_its_chooser_starting_shared_and_the_head_explores_in_short_bursts():
+def test_every_kind_times_the_other_way_first_then_prefers_shared_and_the_head_explores_in_short_bursts():
     found = choosers()
     assert set(found) == set(KINDS) and all(c.prefer_shared for c in found.values())
     assert (found["head"].explore_every, found["head"].burst_size) == (HEAD_EXPLORE_EVERY, HEAD_BURST)
     ways = []
-    for _ in range(HEAD_EXPLORE_EVERY + HEAD_BURST + 1):
+    for _ in range(2 * HEAD_BURST + HEAD_EXPLORE_EVERY + 1):
         way = found["head"].shared()
-        found["head"].record(way, 1e-6, 1000)
+        found["head"].record(way, 1e-6, 1000)  # both ways cost the same: shared stays preferred
         ways.append(way)
-    assert ways == [True] * HEAD_EXPLORE_EVERY + [False] * HEAD_BURST + [True]
+    assert ways == [False] * HEAD_BURST + [True] * HEAD_EXPLORE_EVERY + [False] * HEAD_BURST + [True]
+    layers = found["qkv"]
+    ways = []
+    for _ in range(BURST + 2):
+        way = layers.shared()
+        layers.record(way, (1e-6 if way else 0.5e-6) * 1000, 1000)  # alone cheaper: taken once both are timed
+        ways.append(way)
+    assert ways == [False] * BURST + [True, False] and not layers.prefer_shared
 
 
 def test_the_product_threads_leave_blas_alone_for_tasks_without_it_and_say_who_finished_first():

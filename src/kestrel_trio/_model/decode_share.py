@@ -26,7 +26,7 @@ import time
 from typing import Callable
 
 from kestrel_trio._model import matmul
-from kestrel_trio._model.share_choice import ShareChooser
+from kestrel_trio._model.share_choice import EXPLORE_EVERY, ShareChooser
 
 __all__ = ["KINDS", "Balance", "SharedOrAlone", "balances", "choosers", "spans"]
 
@@ -42,10 +42,12 @@ def balances() -> dict[str, Balance]:
 
 
 def choosers() -> dict[str, ShareChooser]:
-    """A chooser per kind of product, each starting shared (the way until timings say otherwise). The layers' kinds
+    """A chooser per kind of product, each preferring shared until timings say otherwise, and timing the other way
+    first of all (a burst at once), so that a model's first tokens already run the cheaper way. The layers' kinds
     come 20-100 times a step and explore as the general path's products do."""
-    found = {kind: ShareChooser(prefer_shared=True) for kind in KINDS}
-    found["head"] = ShareChooser(prefer_shared=True, explore_every=HEAD_EXPLORE_EVERY, burst_size=HEAD_BURST)
+    found = {kind: ShareChooser(prefer_shared=True, count=EXPLORE_EVERY) for kind in KINDS}
+    found["head"] = ShareChooser(prefer_shared=True, explore_every=HEAD_EXPLORE_EVERY, burst_size=HEAD_BURST,
+                                 count=HEAD_EXPLORE_EVERY)
     return found
 
 

@@ -164,6 +164,9 @@ class _Plan:
         self.qkv_width = (c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim
         self.inter = layers[0].down.cols
         self._local = threading.local()
+        # Per model, not per stepping thread (the engine's steps alternate between two): whether each kind of
+        # product is shared, from its recent costs both ways, and shared, how much more of its rows the caller takes.
+        self.choosers, self.balances = choosers(), balances()
 
     @classmethod
     def build(cls, decoder) -> "_Plan | None":
@@ -210,9 +213,13 @@ class _Plan:
             call()
         cache.commit(1)
         logits = np.empty((1, self.head.rows), dtype=np.float32)  # [1, vocab]
-        for call in self.head.calls(b.h, b.hidden_q, logits, b.threads, b.way("head")):
+        for call in self.head.calls(b.h, b.hidden_q, logits, b.threads, self.way("head")):
             call()
         return logits
+
+    def way(self, kind: str) -> tuple:
+        """(chooser, balance) of a kind of product (kestrel_trio._model.decode_share)."""
+        return self.choosers[kind], self.balances[kind]
 
     def _buffers(self) -> "_Buffers":
         b = getattr(self._local, "buffers", None)
@@ -224,16 +231,10 @@ class _Plan:
 class _Buffers:
     """One thread's activation buffers for a plan, and its layers' calls bound to them."""
 
-    def way(self, kind: str) -> tuple:
-        """(chooser, balance) of a kind of product (kestrel_trio._model.decode_share)."""
-        return self.choosers[kind], self.balances[kind]
-
     def __init__(self, plan: _Plan, threads) -> None:
         c = plan.config
         hidden, heads = c.hidden_size, c.num_attention_heads * c.head_dim
         self.threads = threads
-        self.choosers = choosers()  # whether each kind of product is shared, from its recent costs both ways
-        self.balances = balances()  # shared, how much more of its rows the caller takes than the helpers
         self.x = np.zeros((1, hidden), dtype=np.float32)  # [1, hidden], the residual stream
         self.h = np.empty((1, hidden), dtype=np.float32)  # [1, hidden], normed
         self.hidden_q = _quantized(hidden)
@@ -284,20 +285,20 @@ class _Buffers:
             first = 0
             for m in layer.qkv:
                 before += m.calls(self.h, self.hidden_q, self.qkv[:, first : first + m.rows], threads,
-                                  self.way("qkv"))
+                                  plan.way("qkv"))
                 first += m.rows
             before += head_norms(layer)
             after = [functools.partial(d.quantize_rows, attended, _RUN, *attended_q, sums)]
-            after += layer.o.calls(attended, attended_q, self.o, threads, self.way("o"))
+            after += layer.o.calls(attended, attended_q, self.o, threads, plan.way("o"))
             after += norm(layer.post_norm, self.o)
             first = 0
             for m in layer.gate_up:
                 after += m.calls(self.h, self.hidden_q, self.gate_up[:, first : first + m.rows], threads,
-                                 self.way("gate_up"))
+                                 plan.way("gate_up"))
                 first += m.rows
             after.append(functools.partial(plan.exp.swiglu, self.gate_up, self.act))
             after.append(functools.partial(d.quantize_rows, self.act, _RUN, *act_q, sums))
-            after += layer.down.calls(self.act, act_q, self.down, threads, self.way("down"))
+            after += layer.down.calls(self.act, act_q, self.down, threads, plan.way("down"))
             self.layers.append((before, after))
         self.final = norm(plan.final_norm, self.down)
 
