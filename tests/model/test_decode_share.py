@@ -1,30 +1,25 @@
-"""A decode step's product runs shared or alone as its chooser says, every row once either way, timed; shared, the
-caller's stretch grows while it waits for the helpers and shrinks while they finish first."""
+"""A decode step's product runs shared or alone as its chooser says, every row once either way, and is timed."""
 
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
 from kestrel_trio._model import matmul
-from kestrel_trio._model.decode_share import (
-    HEAD_BURST, HEAD_EXPLORE_EVERY, KINDS, LEVELS, Balance, SharedOrAlone, choosers, spans,
-)
+from kestrel_trio._model.decode_share import HEAD_BURST, HEAD_EXPLORE_EVERY, KINDS, SharedOrAlone, choosers
 from kestrel_trio._model.share_choice import BURST, ShareChooser
 
 
 class _Threads:
-    """The product threads' run(), in turn here: counts its runs, keeps the stretches, says who finished first."""
+    """The product threads' run(), in turn here, keeping each run's count of tasks."""
 
-    def __init__(self, count: int = 2, helpers_first: bool = True) -> None:
-        self.count, self.helpers_first, self.runs = count, helpers_first, []
+    def __init__(self, count: int = 2) -> None:
+        self.count, self.runs = count, []
 
-    def run(self, tasks, blas=True) -> bool:
+    def run(self, tasks, blas=True) -> None:
         assert not blas  # integer products: BLAS's thread count is left alone
         self.runs.append(len(tasks))
         for task in tasks:
             task()
-        return self.helpers_first
 
 
 class _Chooser(ShareChooser):
@@ -41,7 +36,7 @@ class _Chooser(ShareChooser):
         self.records.append((shared, seconds, weights))
 
 
-def _product(rows: int, threads, chooser, balance):
+def _product(rows: int, threads, chooser):
     """A SharedOrAlone over ``rows`` rows that counts, per row, how often it was written; and the stretches seen."""
     written, seen = np.zeros(rows, dtype=np.int64), []
 
@@ -49,50 +44,23 @@ def _product(rows: int, threads, chooser, balance):
         seen.append(list(stretches))
         return [[lambda a=a, b=b: written.__setitem__(slice(a, b), written[a:b] + 1)] for a, b in stretches]
 
-    return SharedOrAlone(threads, rows, tasks_for, rows * 64, chooser, balance), written, seen
+    return SharedOrAlone(threads, rows, tasks_for, rows * 64, chooser), written, seen
 
 
 def test_both_ways_write_every_row_once_and_the_run_is_timed_for_the_chooser():
     for way in (True, False):
         threads, chooser = _Threads(), _Chooser(way)
-        product, written, _ = _product(1024, threads, chooser, Balance())
+        product, written, seen = _product(1024, threads, chooser)
         product()
         assert (written == 1).all()
         assert threads.runs == ([2] if way else [])  # alone: the product threads are not woken
+        assert seen == [matmul._share_bounds(1024, 2), [(0, 1024)]]  # the stretches shared, and alone
         assert [(shared, weights) for shared, _, weights in chooser.records] == [(way, 1024 * 64)]
-
-
-@pytest.mark.parametrize("rows, count", [(4096, 2), (3072, 2), (1024, 3), (256, 2), (151936, 2)])
-def test_the_stretches_cover_the_rows_aligned_the_caller_s_growing_with_the_level(rows, count):
-    callers = []
-    for level in range(LEVELS):
-        found = spans(rows, count, level)
-        assert found[0][0] == 0 and found[-1][1] == rows and all(a[1] == b[0] for a, b in zip(found, found[1:]))
-        assert all(a < b for a, b in found) and all(a % matmul.SHARE_ALIGN == 0 for a, _ in found)
-        assert len(found) == count
-        callers.append(found[0][1])
-    assert found == spans(rows, count, LEVELS - 1) and spans(rows, count, 0) == matmul._share_bounds(rows, count)
-    assert callers == sorted(callers)
-    if rows >= 1024 * count:
-        assert callers[-1] >= rows * (1 / count + (LEVELS - 1) / 16) - matmul.SHARE_ALIGN  # a step of 1/16 a level
-
-
-def test_the_caller_s_share_grows_while_it_waits_and_shrinks_while_the_helpers_finish_first():
-    threads, balance = _Threads(helpers_first=False), Balance()
-    product, written, seen = _product(4096, threads, _Chooser(True), balance)
-    for _ in range(4 * (LEVELS - 1)):
-        product()
-    assert balance.index() == LEVELS - 1 and seen[-1] == spans(4096, 2, LEVELS - 1)
-    threads.helpers_first = True
-    for _ in range(16 * (LEVELS - 1)):
-        product()
-    assert balance.index() == 0 and balance.level == 0.0
-    assert (written == 20 * (LEVELS - 1)).all()  # every row once a run, whatever the stretches
 
 
 def test_the_choice_follows_the_costs():
     threads, chooser = _Threads(), ShareChooser(prefer_shared=True, explore_every=2, burst_size=2)
-    product, _, _ = _product(1024, threads, chooser, Balance())
+    product, _, _ = _product(1024, threads, chooser)
     for _ in range(2):  # two shared products, then a burst of two alone (the second timed)
         product()
     chooser._cost[True] = 1.0  # the shared way's smoothed cost made dear: the next timing alone wins
@@ -123,15 +91,13 @@ def test_every_kind_times_the_other_way_first_then_prefers_shared_and_the_head_e
     assert ways == [False] * BURST + [True, False] and not layers.prefer_shared
 
 
-def test_the_product_threads_leave_blas_alone_for_tasks_without_it_and_say_who_finished_first():
-    counts = []
+def test_the_product_threads_leave_blas_alone_for_tasks_without_it():
+    counts, done = [], []
     threads = matmul._ProductThreads(2, counts.append)
     try:
-        assert threads.run([lambda: None, lambda: None], blas=False) in (True, False)
-        assert counts == []
+        threads.run([lambda: done.append(0), lambda: done.append(1)], blas=False)
+        assert counts == [] and sorted(done) == [0, 1]
         threads.run([lambda: None, lambda: None])
         assert counts == [1, 2]  # one-thread BLAS while they ran, their count after
-        done = []
-        assert threads.run([lambda: None, lambda: done.append(1)], blas=False) in (True, False) and done == [1]
     finally:
         threads.stop()

@@ -92,9 +92,8 @@ def test_a_decode_step_on_its_own_path_is_the_general_one_bit_for_bit(name, inte
 
 
 @pytest.mark.parametrize("name", ["qwen3_quant"])
-def test_shared_or_alone_in_any_stretches_it_is_the_same(name, integer_mode, monkeypatch):
-    """Every kind of product tried both ways within the steps (a burst the other way every other product), shared
-    in every level of stretches (kestrel_trio._model.decode_share.Balance)."""
+def test_shared_or_alone_as_timings_choose_it_is_the_same(name, integer_mode, monkeypatch):
+    """Every kind of product tried both ways within the steps (a burst the other way every other product)."""
     general, _ = _decode(name, False, monkeypatch)
     monkeypatch.setattr(matmul, "SHARE_MIN_ELEMENTS", 0)
     made = []
@@ -104,13 +103,7 @@ def test_shared_or_alone_in_any_stretches_it_is_the_same(name, integer_mode, mon
         made.append(found)
         return found
 
-    class Cycling(decode_share.Balance):  # every level of stretches in turn
-        def index(self) -> int:
-            self.level = (self.level + 1) % decode_share.LEVELS
-            return int(self.level)
-
     monkeypatch.setattr(decode_step_module, "choosers", eager_choosers)
-    monkeypatch.setattr(decode_step_module, "balances", lambda: {kind: Cycling() for kind in decode_share.KINDS})
     matmul.set_product_threads(2)
     try:
         fast, taken = _decode(name, True, monkeypatch)

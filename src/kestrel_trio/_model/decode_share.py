@@ -14,31 +14,25 @@ So each kind of product of the step (the q/k/v, the output projection,
 gate/up, down, the head) keeps the recent cost per weight of both ways and
 runs the cheaper, exploring the other now and then
 (kestrel_trio._model.share_choice, as the general path's plain products
-do); shared, the caller takes a larger stretch than the helpers, by as much
-as their late start (:class:`Balance`). Every way runs the same compiled
-calls over the same rows, in stretches aligned as the general path's, so the
+do). Both ways run the same compiled calls over the same rows, so the
 logits do not depend on the choice, bit for bit.
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Callable
 
 from kestrel_trio._model import matmul
 from kestrel_trio._model.share_choice import EXPLORE_EVERY, ShareChooser
 
-__all__ = ["KINDS", "Balance", "SharedOrAlone", "balances", "choosers", "spans"]
+__all__ = ["KINDS", "SharedOrAlone", "choosers"]
 
 KINDS = ("qkv", "o", "gate_up", "down", "head")  # a decode step's kinds of product, each timed on its own
 
 
 HEAD_EXPLORE_EVERY, HEAD_BURST = 64, 4  # the head is one product a step: the other way tried every 64 steps, for 4
-
-
-def balances() -> dict[str, Balance]:
-    """A balance per kind of product, each starting with even stretches."""
-    return {kind: Balance() for kind in KINDS}
 
 
 def choosers() -> dict[str, ShareChooser]:
@@ -51,77 +45,26 @@ def choosers() -> dict[str, ShareChooser]:
     return found
 
 
-class Balance:
-    """How much more of a kind of product's rows the caller takes than its even share, from who finished first.
-
-    A helper starts its stretch a thread wake-up (tens of microseconds) after
-    the caller starts its own: with even stretches the caller nearly always
-    finishes first and then waits for a second wake-up, its own (measured
-    under load on the 2-core VM: 98.7% of Qwen3-0.6B's shared products, a
-    median 30 us wait after a 54 us half). Each time the caller waited, its
-    level rises a quarter (a level is LEVEL_STEP of the rows); each time the
-    helpers were done first, it falls a sixteenth: at the balance, the caller
-    waits about one run in five.
-    """
-
-    UP, DOWN = 0.25, 0.0625  # in levels, after a run the caller waited / the helpers had finished
-
-    def __init__(self) -> None:
-        self.level = 0.0  # 0 to LEVELS - 1; the caller's share is 1/count + level * LEVEL_STEP of the rows
-
-    def index(self) -> int:
-        """The level to run at, a whole number."""
-        return int(self.level + 0.5)
-
-    def record(self, helpers_first: bool) -> None:
-        self.level = max(0.0, self.level - self.DOWN) if helpers_first else min(LEVELS - 1.0, self.level + self.UP)
-
-
-LEVELS, LEVEL_STEP = 5, 1 / 16  # the caller's share: its even one plus 0 to 4/16 of the rows
-
-
-def spans(rows: int, count: int, level: int) -> list[tuple[int, int]]:
-    """[start, stop) stretches of ``rows`` for ``count`` threads, SHARE_ALIGN-aligned, the caller's (the first)
-    ``level`` steps of LEVEL_STEP larger than the others, which split the rest evenly."""
-    even = matmul._share_bounds(rows, count)
-    if level == 0 or len(even) < 2:
-        return even
-    align = matmul.SHARE_ALIGN
-    caller = -(-int(rows * (1 / count + level * LEVEL_STEP)) // align) * align
-    caller = min(caller, rows - align * (count - 1))  # every helper keeps a stretch
-    if caller <= even[0][1]:
-        return even
-    return [(0, caller)] + [(caller + a, caller + b) for a, b in matmul._share_bounds(rows - caller, count - 1)]
-
-
 class SharedOrAlone:
     """A call without arguments running one product, shared among ``threads`` or all in the caller, as ``chooser``
     says; it times the run for the chooser as ``weights`` (the matrix's rows times columns). ``tasks_for(spans)``
     gives the product's calls for row stretches (a list of calls per stretch, each writing its own part of the
-    output); the stretches follow ``balance``. The calls are compiled integer products: no BLAS, so the product
-    threads leave its thread count as it is."""
+    output). The calls are compiled integer products: no BLAS, so the product threads leave its thread count as
+    it is."""
 
-    def __init__(self, threads, rows: int, tasks_for: Callable, weights: int, chooser: ShareChooser,
-                 balance: Balance) -> None:
-        self._threads, self._rows, self._tasks_for = threads, rows, tasks_for
-        self._shared: list[list | None] = [None] * LEVELS  # each level's tasks, made at its first run
-        self._alone: list[Callable[[], None]] | None = None
-        self._weights, self._chooser, self._balance = weights, chooser, balance
+    def __init__(self, threads, rows: int, tasks_for: Callable, weights: int, chooser: ShareChooser) -> None:
+        self._shared = functools.partial(
+            threads.run, [_sequence(task) for task in tasks_for(matmul._share_bounds(rows, threads.count))], blas=False)
+        self._alone = [call for task in tasks_for([(0, rows)]) for call in task]
+        self._weights, self._chooser = weights, chooser
 
     def __call__(self) -> None:
         chooser = self._chooser
         shared = chooser.shared()
         start = time.perf_counter()
         if shared:
-            level = self._balance.index()
-            tasks = self._shared[level]
-            if tasks is None:
-                stretches = spans(self._rows, self._threads.count, level)
-                tasks = self._shared[level] = [_sequence(task) for task in self._tasks_for(stretches)]
-            self._balance.record(self._threads.run(tasks, blas=False))
+            self._shared()
         else:
-            if self._alone is None:
-                self._alone = [call for task in self._tasks_for([(0, self._rows)]) for call in task]
             for call in self._alone:
                 call()
         chooser.record(shared, time.perf_counter() - start, self._weights)

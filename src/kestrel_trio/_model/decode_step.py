@@ -39,7 +39,7 @@ import numpy as np
 
 from kestrel_trio import _kernels
 from kestrel_trio._model import matmul
-from kestrel_trio._model.decode_share import SharedOrAlone, balances, choosers
+from kestrel_trio._model.decode_share import SharedOrAlone, choosers
 from kestrel_trio._model.kv_cache import KVCache
 from kestrel_trio._model.layers import embedding
 from kestrel_trio._model.matmul import linear
@@ -99,11 +99,10 @@ class _Matrix:
             else:
                 self.parts = parts
 
-    def calls(self, x: np.ndarray, quantized: tuple, out: np.ndarray, threads, way) -> list[Callable[[], None]]:
+    def calls(self, x: np.ndarray, quantized: tuple, out: np.ndarray, threads, chooser) -> list[Callable[[], None]]:
         """Calls without arguments that write ``out`` [1, rows] = ``x`` [1, cols] @ matrix.T (+ bias), for
         ``quantized`` = (xq, xd, xs), the quantization of ``x`` that the calls before these leave in place; shared
-        among ``threads`` or not as ``way`` = (a ShareChooser, a Balance) (kestrel_trio._model.decode_share) says,
-        where they are several."""
+        among ``threads`` or not as ``chooser`` (kestrel_trio._model.decode_share) says, where they are several."""
         if self.parts is None:
             return [functools.partial(_linear_into, x, self.matrix, self.bias, out)]
         xq, xd, xs = quantized
@@ -117,7 +116,7 @@ class _Matrix:
         if threads is None or self.rows * self.cols < matmul.SHARE_MIN_ELEMENTS or self.rows <= matmul.SHARE_ALIGN:
             calls = tasks_for([(0, self.rows)])[0]
         else:
-            calls = [SharedOrAlone(threads, self.rows, tasks_for, self.rows * self.cols, *way)]
+            calls = [SharedOrAlone(threads, self.rows, tasks_for, self.rows * self.cols, chooser)]
         if self.bias is not None:
             calls.append(functools.partial(np.add, out, self.bias, out=out))
         return calls
@@ -165,8 +164,8 @@ class _Plan:
         self.inter = layers[0].down.cols
         self._local = threading.local()
         # Per model, not per stepping thread (the engine's steps alternate between two): whether each kind of
-        # product is shared, from its recent costs both ways, and shared, how much more of its rows the caller takes.
-        self.choosers, self.balances = choosers(), balances()
+        # product is shared, from its recent costs both ways.
+        self.choosers = choosers()
 
     @classmethod
     def build(cls, decoder) -> "_Plan | None":
@@ -213,13 +212,9 @@ class _Plan:
             call()
         cache.commit(1)
         logits = np.empty((1, self.head.rows), dtype=np.float32)  # [1, vocab]
-        for call in self.head.calls(b.h, b.hidden_q, logits, b.threads, self.way("head")):
+        for call in self.head.calls(b.h, b.hidden_q, logits, b.threads, self.choosers["head"]):
             call()
         return logits
-
-    def way(self, kind: str) -> tuple:
-        """(chooser, balance) of a kind of product (kestrel_trio._model.decode_share)."""
-        return self.choosers[kind], self.balances[kind]
 
     def _buffers(self) -> "_Buffers":
         b = getattr(self._local, "buffers", None)
@@ -285,20 +280,20 @@ class _Buffers:
             first = 0
             for m in layer.qkv:
                 before += m.calls(self.h, self.hidden_q, self.qkv[:, first : first + m.rows], threads,
-                                  plan.way("qkv"))
+                                  plan.choosers["qkv"])
                 first += m.rows
             before += head_norms(layer)
             after = [functools.partial(d.quantize_rows, attended, _RUN, *attended_q, sums)]
-            after += layer.o.calls(attended, attended_q, self.o, threads, plan.way("o"))
+            after += layer.o.calls(attended, attended_q, self.o, threads, plan.choosers["o"])
             after += norm(layer.post_norm, self.o)
             first = 0
             for m in layer.gate_up:
                 after += m.calls(self.h, self.hidden_q, self.gate_up[:, first : first + m.rows], threads,
-                                 plan.way("gate_up"))
+                                 plan.choosers["gate_up"])
                 first += m.rows
             after.append(functools.partial(plan.exp.swiglu, self.gate_up, self.act))
             after.append(functools.partial(d.quantize_rows, self.act, _RUN, *act_q, sums))
-            after += layer.down.calls(self.act, act_q, self.down, threads, plan.way("down"))
+            after += layer.down.calls(self.act, act_q, self.down, threads, plan.choosers["down"])
             self.layers.append((before, after))
         self.final = norm(plan.final_norm, self.down)
 

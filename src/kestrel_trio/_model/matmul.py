@@ -560,11 +560,10 @@ class _ProductThreads:
             else:
                 done.put(None)
 
-    def run(self, tasks: list[Callable[[], None]], blas: bool = True) -> bool:
+    def run(self, tasks: list[Callable[[], None]], blas: bool = True) -> None:
         """Run ``tasks[1:]`` on the helpers and ``tasks[0]`` here, with one-thread BLAS; raise the first error.
         ``blas`` False: the tasks call no BLAS (compiled integer products), so its thread count is left alone
-        (the switch there and back costs a few microseconds, a hundred times a decode step). Returns whether the
-        helpers had all finished when the caller's own task did (else the caller waited for them)."""
+        (the switch there and back costs a few microseconds, a hundred times a decode step)."""
         done: queue.SimpleQueue = queue.SimpleQueue()  # per call: forward may run in several threads at once
         with self.one_thread_blas() if blas else contextlib.nullcontext():
             for task in tasks[1:]:
@@ -574,11 +573,9 @@ class _ProductThreads:
                 tasks[0]()
             except BaseException as error:
                 errors.append(error)
-            helpers_first = done.qsize() == len(tasks) - 1
             errors += [e for e in (done.get() for _ in tasks[1:]) if e is not None]
         if errors:
             raise errors[0]
-        return helpers_first
 
     @contextlib.contextmanager
     def one_thread_blas(self) -> Iterator[None]:
