@@ -10,11 +10,14 @@ weights, 7.5 ms alone and 3.75 ms shared). Beside other busy processes a
 hand-off also waits for the helper to get a core: the shared products cost
 several times the caller's own run.
 
-So each kind of product of the step (the q/k/v, the output projection,
-gate/up, down, the head) keeps the recent cost per weight of both ways and
-runs the cheaper, exploring the other now and then
-(kestrel_trio._model.share_choice, as the general path's plain products
-do). Both ways run the same compiled calls over the same rows, so the
+So each kind of layer product of the step (the q/k/v, the output
+projection, gate/up, down: 28 of each a Qwen3-0.6B token) keeps the recent
+cost per weight of both ways and runs the cheaper, exploring the other now
+and then (kestrel_trio._model.share_choice, as the general path's plain
+products do). The head is always shared: one product a token gives too few
+timings to steady the choice (in a trial at load 2, a few noisy ones sent
+Q8_0's head alone for the next 64 tokens, at twice its shared cost), and
+beside busy processes its two ways cost about the same. Both ways run the same compiled calls over the same rows, so the
 logits do not depend on the choice, bit for bit.
 """
 
@@ -27,22 +30,15 @@ from typing import Callable
 from kestrel_trio._model import matmul
 from kestrel_trio._model.share_choice import EXPLORE_EVERY, ShareChooser
 
-__all__ = ["KINDS", "SharedOrAlone", "choosers"]
+__all__ = ["KINDS", "SharedOrAlone", "choosers", "in_turn"]
 
-KINDS = ("qkv", "o", "gate_up", "down", "head")  # a decode step's kinds of product, each timed on its own
-
-
-HEAD_EXPLORE_EVERY, HEAD_BURST = 64, 4  # the head is one product a step: the other way tried every 64 steps, for 4
+KINDS = ("qkv", "o", "gate_up", "down")  # a decode step's kinds of layer product, each timed on its own
 
 
 def choosers() -> dict[str, ShareChooser]:
-    """A chooser per kind of product, each preferring shared until timings say otherwise, and timing the other way
-    first of all (a burst at once), so that a model's first tokens already run the cheaper way. The layers' kinds
-    come 20-100 times a step and explore as the general path's products do."""
-    found = {kind: ShareChooser(prefer_shared=True, count=EXPLORE_EVERY) for kind in KINDS}
-    found["head"] = ShareChooser(prefer_shared=True, explore_every=HEAD_EXPLORE_EVERY, burst_size=HEAD_BURST,
-                                 count=HEAD_EXPLORE_EVERY)
-    return found
+    """A chooser per kind of layer product, each preferring shared until timings say otherwise, and timing the other
+    way first of all (a burst at once), so that a model's first tokens already run the cheaper way."""
+    return {kind: ShareChooser(prefer_shared=True, count=EXPLORE_EVERY) for kind in KINDS}
 
 
 class SharedOrAlone:
@@ -54,7 +50,7 @@ class SharedOrAlone:
 
     def __init__(self, threads, rows: int, tasks_for: Callable, weights: int, chooser: ShareChooser) -> None:
         self._shared = functools.partial(
-            threads.run, [_sequence(task) for task in tasks_for(matmul._share_bounds(rows, threads.count))], blas=False)
+            threads.run, [in_turn(task) for task in tasks_for(matmul._share_bounds(rows, threads.count))], blas=False)
         self._alone = [call for task in tasks_for([(0, rows)]) for call in task]
         self._weights, self._chooser = weights, chooser
 
@@ -70,7 +66,7 @@ class SharedOrAlone:
         chooser.record(shared, time.perf_counter() - start, self._weights)
 
 
-def _sequence(calls: list[Callable[[], None]]) -> Callable[[], None]:
+def in_turn(calls: list[Callable[[], None]]) -> Callable[[], None]:
     """One product thread's task: its calls in turn."""
     def run() -> None:
         for call in calls:

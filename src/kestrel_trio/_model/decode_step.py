@@ -39,7 +39,7 @@ import numpy as np
 
 from kestrel_trio import _kernels
 from kestrel_trio._model import matmul
-from kestrel_trio._model.decode_share import SharedOrAlone, choosers
+from kestrel_trio._model.decode_share import SharedOrAlone, in_turn, choosers
 from kestrel_trio._model.kv_cache import KVCache
 from kestrel_trio._model.layers import embedding
 from kestrel_trio._model.matmul import linear
@@ -102,7 +102,8 @@ class _Matrix:
     def calls(self, x: np.ndarray, quantized: tuple, out: np.ndarray, threads, chooser) -> list[Callable[[], None]]:
         """Calls without arguments that write ``out`` [1, rows] = ``x`` [1, cols] @ matrix.T (+ bias), for
         ``quantized`` = (xq, xd, xs), the quantization of ``x`` that the calls before these leave in place; shared
-        among ``threads`` or not as ``chooser`` (kestrel_trio._model.decode_share) says, where they are several."""
+        among ``threads`` or not as ``chooser`` (kestrel_trio._model.decode_share) says, where they are several
+        (None: always shared)."""
         if self.parts is None:
             return [functools.partial(_linear_into, x, self.matrix, self.bias, out)]
         xq, xd, xs = quantized
@@ -115,6 +116,9 @@ class _Matrix:
 
         if threads is None or self.rows * self.cols < matmul.SHARE_MIN_ELEMENTS or self.rows <= matmul.SHARE_ALIGN:
             calls = tasks_for([(0, self.rows)])[0]
+        elif chooser is None:  # always shared (integer products: no BLAS in them)
+            tasks = [in_turn(task) for task in tasks_for(matmul._share_bounds(self.rows, threads.count))]
+            calls = [functools.partial(threads.run, tasks, blas=False)]
         else:
             calls = [SharedOrAlone(threads, self.rows, tasks_for, self.rows * self.cols, chooser)]
         if self.bias is not None:
@@ -164,7 +168,7 @@ class _Plan:
         self.inter = layers[0].down.cols
         self._local = threading.local()
         # Per model, not per stepping thread (the engine's steps alternate between two): whether each kind of
-        # product is shared, from its recent costs both ways.
+        # layer product is shared, from its recent costs both ways.
         self.choosers = choosers()
 
     @classmethod
@@ -212,7 +216,7 @@ class _Plan:
             call()
         cache.commit(1)
         logits = np.empty((1, self.head.rows), dtype=np.float32)  # [1, vocab]
-        for call in self.head.calls(b.h, b.hidden_q, logits, b.threads, self.choosers["head"]):
+        for call in self.head.calls(b.h, b.hidden_q, logits, b.threads, None):  # (decode_share: why always shared)
             call()
         return logits
 

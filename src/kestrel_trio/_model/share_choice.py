@@ -40,21 +40,16 @@ class ShareChooser:
 
     Attributes:
         prefer_shared: the way run outside bursts, until timings say otherwise.
-        explore_every: products between two bursts the other way.
-        burst_size: products of a burst (the first half warms up, the second half is timed). A kind of product made
-            once a decode step (the output head) explores less often and more briefly than the default's.
     """
 
     prefer_shared: bool = False
-    explore_every: int = EXPLORE_EVERY
-    burst_size: int = BURST
     _cost: dict = attrs.field(factory=lambda: {False: None, True: None})  # seconds per weight, smoothed
     _count: int = 0  # products since the last burst ended
     _burst: int = -1  # products into the current burst, -1 outside one
 
     def shared(self) -> bool:
         """Whether the next product should be shared among the product threads."""
-        if self._burst < 0 and self._count >= self.explore_every:
+        if self._burst < 0 and self._count >= EXPLORE_EVERY:
             self._burst = 0
         if self._burst >= 0:
             return not self.prefer_shared
@@ -62,14 +57,14 @@ class ShareChooser:
 
     def record(self, shared: bool, seconds: float, weights: int) -> None:
         """Note that a product of ``weights`` weights (times rows) took ``seconds`` the way ``shared`` says."""
-        timed = self._burst < 0 or self._burst >= self.burst_size // 2
+        timed = self._burst < 0 or self._burst >= BURST // 2
         if timed and weights > 0:
             cost = seconds / weights
             old = self._cost[shared]
             self._cost[shared] = cost if old is None else old + SMOOTHING * (cost - old)
         if self._burst >= 0:
             self._burst += 1
-            if self._burst >= self.burst_size:
+            if self._burst >= BURST:
                 self._burst, self._count = -1, 0
                 self._choose()
         else:
