@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from kestrel_trio._model import matmul
 from kestrel_trio._model import share_choice
@@ -97,3 +98,21 @@ def test_the_product_threads_leave_blas_alone_for_tasks_without_it():
         assert counts == [1, 2]  # one-thread BLAS while they ran, their count after
     finally:
         threads.stop()
+
+
+def test_one_slow_run_does_not_send_a_kind_the_other_way_but_a_lasting_slowdown_does():
+    chooser = ShareChooser(prefer_shared=True)
+    chooser._cost[False] = 1.6e-9  # alone: 1.6 ns a weight, as a burst timed it
+    product, _, _ = _product(1000, _Threads(), chooser)  # 64,000 weights
+
+    def shared_run(seconds: float) -> None:
+        chooser.record(True, product._clipped(True, seconds), 64_000)
+
+    for _ in range(3):
+        shared_run(64e-6)  # 1 ns a weight
+    shared_run(6.4e-3)  # one run 100 times as slow (a helper kept off its core)
+    assert chooser.prefer_shared  # counted as 3 times the usual run: 1.5 ns a weight smoothed, alone still dearer
+    assert product._usual[True] == pytest.approx(64e-6 * 1.5)
+    for _ in range(4):
+        shared_run(6.4e-3)  # the machine stays busy: the shared way is left
+    assert not chooser.prefer_shared

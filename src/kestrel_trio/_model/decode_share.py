@@ -28,11 +28,12 @@ import time
 from typing import Callable
 
 from kestrel_trio._model import matmul
-from kestrel_trio._model.share_choice import EXPLORE_EVERY, ShareChooser
+from kestrel_trio._model.share_choice import EXPLORE_EVERY, SMOOTHING, ShareChooser
 
 __all__ = ["KINDS", "SharedOrAlone", "choosers", "in_turn"]
 
 KINDS = ("qkv", "o", "gate_up", "down")  # a decode step's kinds of layer product, each timed on its own
+OUTLIER = 3.0  # a run's timing counts at most this many times the product's usual one
 
 
 def choosers() -> dict[str, ShareChooser]:
@@ -53,6 +54,7 @@ class SharedOrAlone:
             threads.run, [in_turn(task) for task in tasks_for(matmul._share_bounds(rows, threads.count))], blas=False)
         self._alone = [call for task in tasks_for([(0, rows)]) for call in task]
         self._weights, self._chooser = weights, chooser
+        self._usual: dict[bool, float | None] = {False: None, True: None}  # seconds a run, each way, smoothed
 
     def __call__(self) -> None:
         chooser = self._chooser
@@ -63,7 +65,20 @@ class SharedOrAlone:
         else:
             for call in self._alone:
                 call()
-        chooser.record(shared, time.perf_counter() - start, self._weights)
+        chooser.record(shared, self._clipped(shared, time.perf_counter() - start), self._weights)
+
+    def _clipped(self, shared: bool, seconds: float) -> float:
+        """``seconds`` at most OUTLIER times this product's usual run that way: one run slowed by another process
+        (a helper kept off its core a moment) then moves the chooser's smoothed cost by half at most, not enough to
+        send the kind the slower way until its next burst; a lasting change still shows within a few runs."""
+        usual = self._usual[shared]
+        if usual is not None:
+            seconds = min(seconds, OUTLIER * usual)
+            seconds_usual = usual + SMOOTHING * (seconds - usual)
+        else:
+            seconds_usual = seconds
+        self._usual[shared] = seconds_usual
+        return seconds
 
 
 def in_turn(calls: list[Callable[[], None]]) -> Callable[[], None]:
