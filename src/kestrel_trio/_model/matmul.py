@@ -62,6 +62,7 @@ from collections.abc import Callable, Iterator, Sequence
 import numpy as np
 
 from kestrel_trio import _kernels
+from kestrel_trio._model.backend import current
 from kestrel_trio._model.dequant import Affine, apply_affine
 from kestrel_trio._model.packed import Bf16Rows, Matrix, PackedMatrix, Rows, grouped_integers, scratch_width
 from kestrel_trio._model.share_choice import ShareChooser
@@ -69,7 +70,7 @@ from kestrel_trio._model.share_choice import ShareChooser
 __all__ = [
     "linear", "linear_packed", "linear_bf16", "set_product_threads", "product_threads", "run_shared", "shares_of",
     "small_batch_call", "set_small_batch_call", "choose_small_batch_call", "SMALL_BATCH_CALLS", "one_thread_blas",
-    "warm_fused_products", "FUSED_MAX_ROWS", "set_prefill_precision", "prefill_precision", "PREFILL_PRECISIONS",
+    "warm_fused_products", "FUSED_MAX_ROWS",
 ]
 
 
@@ -91,41 +92,16 @@ def linear(x: np.ndarray, weight: Matrix, bias: np.ndarray | None = None) -> np.
     return y
 
 
-# How products of more than SMALL_BATCH_ROWS[1] rows (prefill chunks) multiply float32 weights: "fp32" (BLAS), or
-# "bf16": both operands rounded to bf16 and multiplied in AMX tiles (kestrel_trio._kernels.x86.tiles), on CPUs that
-# have them. Decode steps and speculative verify steps (at most 32 rows) stay float32 either way.
-PREFILL_PRECISIONS = ("fp32", "bf16")
-_prefill_precision = ["fp32"]
-
-
-def set_prefill_precision(precision: str) -> None:
-    """Set how prefill products multiply float32 weights, process-wide (one of PREFILL_PRECISIONS).
-
-    Raises:
-        ValueError: an unknown precision, or "bf16" where the tiles cannot run (the reason, in one line).
-    """
-    if precision not in PREFILL_PRECISIONS:
-        raise ValueError(f"unknown prefill precision {precision!r}; one of {', '.join(PREFILL_PRECISIONS)}")
-    if precision == "bf16":
-        reason = _kernels.enable_tiles()
-        if reason is not None:
-            raise ValueError(f"bf16 prefill needs AMX tiles: {reason}")
-    _prefill_precision[0] = precision
-
-
-def prefill_precision() -> str:
-    """The precision set by :func:`set_prefill_precision` ("fp32" until then)."""
-    return _prefill_precision[0]
-
-
 def _on_tiles(x: np.ndarray, weight: np.ndarray) -> bool:
-    """Whether this float32 product goes through bf16 tiles: bf16 prefill set, prefill rows, a shape they take."""
+    """Whether this float32 product goes through bf16 tiles: the model's prefill precision bf16, prefill rows, a
+    shape they take."""
     return weight.dtype == np.float32 and _tiles_take(x, weight)
 
 
 def _tiles_take(x: np.ndarray, storage: np.ndarray) -> bool:
-    """Whether the tiles multiply ``x`` by ``storage`` [rows, cols] (float32 or bf16 bits) when bf16 prefill is set."""
-    return (_prefill_precision[0] == "bf16" and x.shape[0] > SMALL_BATCH_ROWS[1] and storage.flags.c_contiguous
+    """Whether the tiles multiply ``x`` by ``storage`` [rows, cols] (float32 or bf16 bits): bf16 prefill is the
+    running model's (kestrel_trio._model.backend.current), and the rows and shape are the tiles'."""
+    return (current().prefill_precision == "bf16" and x.shape[0] > SMALL_BATCH_ROWS[1] and storage.flags.c_contiguous
             and storage.shape[0] % _kernels.TILE_BLOCK_ROWS == 0 and storage.shape[1] % _kernels.TILE_K_STEP == 0)
 
 
@@ -339,8 +315,8 @@ def _tile_parts(x: np.ndarray, weight: PackedMatrix) -> np.ndarray:
 FUSED_MAX_ROWS = 16
 
 
-def warm_fused_products(matrices: Sequence[PackedMatrix]) -> None:
-    """Load the compiled products ``matrices`` will use now, then drop the compiler's pages.
+def warm_fused_products(matrices: Sequence[PackedMatrix], mode: str) -> None:
+    """Load the compiled products ``matrices`` will use in products ``mode`` now, then drop the compiler's pages.
 
     Each form's product is compiled at its first use (about a second, once
     per machine: numba caches the machine code on disk) or loaded from
@@ -351,7 +327,7 @@ def warm_fused_products(matrices: Sequence[PackedMatrix]) -> None:
     """
     forms = {part.form for matrix in matrices for part in matrix.parts if _kernels.compiled(part.form)}
     if forms:
-        _kernels.prepare(forms)
+        _kernels.prepare(forms, mode)
 
 
 def _fused_forms(weight: PackedMatrix) -> bool:
@@ -363,8 +339,10 @@ def _fused_product(x: np.ndarray, weight: PackedMatrix) -> np.ndarray:
 
     Each product thread takes a contiguous stretch of the matrix's rows (the
     result's columns), across its parts, so it streams its own stretch of
-    the storage once.
+    the storage once. The products' mode is the running model's (read here, not in the product threads, which
+    do not see it).
     """
+    mode = current().products
     x = np.ascontiguousarray(x, dtype=np.float32)  # [N, in]
     out = np.empty((x.shape[0], weight.shape[0]), dtype=np.float32)  # [N, out]
     runs, first = [], 0  # (kernel args, first column)
@@ -372,13 +350,13 @@ def _fused_product(x: np.ndarray, weight: PackedMatrix) -> np.ndarray:
         runs.append((part.kernel_args(), first, first + part.rows))
         first += part.rows
     # Integer products (aarch64's default): x quantized once for every part and thread, not once a call.
-    quantized = _kernels.quantize_activations(x, [part.form for part in weight.parts])
+    quantized = _kernels.quantize_activations(x, [part.form for part in weight.parts], mode)
 
     def stretch(start: int, stop: int) -> None:
         for (form, data, scales), lo, hi in runs:
             a, b = max(start, lo), min(stop, hi)
             if a < b:
-                _kernels.packed_product(form, data, scales, x, a - lo, b - lo, out[:, a:b], quantized)
+                _kernels.packed_product(form, data, scales, x, a - lo, b - lo, out[:, a:b], quantized, mode=mode)
 
     threads = _threads
     if threads is None or weight.shape[0] * weight.shape[1] < SHARE_MIN_ELEMENTS:
@@ -746,5 +724,5 @@ def _compiled_float_products() -> bool:
     """Whether the compiled float32 product can run (loading it, and then dropping the compiler's pages)."""
     if not _kernels.ready():
         return False
-    _kernels.prepare({"F32"})
+    _kernels.prepare({"F32"}, "exact")  # F32 has no integer product: the same in every mode
     return True
