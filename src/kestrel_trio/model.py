@@ -13,6 +13,7 @@ import logging
 from pathlib import Path
 from typing import Any, Callable, Generator, Literal, Sequence
 
+import attrs
 import numpy as np
 
 from kestrel_trio import _kernels
@@ -23,7 +24,7 @@ from kestrel_trio._model import (
     product_threads, random_tensors, read_config,
     resolve_residency, set_product_threads, UPCAST_CHUNK, PackedMatrix, default_cache_dir,
     describe_weights, packed_matrices, resident_bytes, warm_fused_products, PREFILL_PRECISIONS,
-    Backend, default_products, prefill_precision, read_pooling, gguf_pooling, set_default_prefill_precision,
+    defaults, prefill_precision, read_pooling, gguf_pooling, set_default_prefill_precision,
     set_default_products,
 )
 # What the engine names of the core it steps through this module (kestrel_trio.engine imports no _model module).
@@ -66,9 +67,9 @@ class Model:
         name: the model id reported to clients.
         path: the checkpoint folder, if any.
         tokenizer: the checkpoint's tokenizer, if any.
-        blas_threads: threads that share each weight product, process-wide
-            (see :func:`set_blas_threads`); None keeps the count already set,
-            or at first BLAS's own default (one per core).
+        blas_threads: threads that share each of this model's weight products, and numpy's BLAS count,
+            process-wide (see :func:`set_blas_threads`); None keeps the decoder's own, and at first sets BLAS's
+            own default (one per core) for the models loaded later.
         sampling_defaults: sampling defaults for a checkpoint that carries none in its files
             (a named model's publisher's, see :attr:`generation_defaults`).
     """
@@ -77,10 +78,11 @@ class Model:
         self, decoder: Decoder, *, name: str, path: Path | None = None, tokenizer: Tokenizer | None = None,
         blas_threads: int | None = None, sampling_defaults: dict[str, Any] | None = None,
     ) -> None:
-        if blas_threads is not None:
-            set_blas_threads(blas_threads)
-        elif product_threads() is None:
-            set_blas_threads(_blas_at_start()[1])
+        if blas_threads is not None or product_threads() is None:  # given, or the process's first model
+            set_blas_threads(blas_threads if blas_threads is not None else _blas_at_start()[1])
+            given = defaults()  # the pool just made: this model's own product threads
+            decoder = attrs.evolve(decoder, backend=attrs.evolve(decoder.backend, threads=given.threads,
+                                                                 thread_count=given.thread_count))
         _keep_freed_temporaries()
         self.decoder = decoder
         self.weights_mode = "fp32"  # how the matrices are held: one of WEIGHTS_CHOICES but auto (see load_model)
@@ -385,6 +387,10 @@ class Model:
         numba's cache: milliseconds; a first compilation takes seconds), so
         that no request waits for one.
         """
+        with self.decoder.backend.active():  # the small-batch call is this model's own, timed on its threads
+            self._prepare_products()
+
+    def _prepare_products(self) -> None:
         w = self.decoder.weights
         matrices = packed_matrices(w) + (packed_matrices(self.vision.vision) if self.vision else [])
         warm_fused_products(matrices, self.decoder.backend.products)
@@ -406,8 +412,7 @@ class Model:
             weight = floats[0]  # [out, in]
             x = np.zeros((DEFAULT_PREFILL_CHUNK, weight.shape[1]), dtype=np.float32)  # [chunk, in]
             np.matmul(x, weight.T)  # [chunk, out]: BLAS itself, where linear may take kestrel's chunk kernel
-            with self.decoder.backend.active():  # the kernel this model's prefill takes (its precision's)
-                linear(x, weight)  # [chunk, out]: the chunk kernel compiled or loaded now where it runs
+            linear(x, weight)  # [chunk, out]: the chunk kernel compiled or loaded now where it runs
         self.kernel_report()  # made here, off the event loop (engines run this in a thread): /health only reads it
 
     def prefill(self, cache: KVCache, token_ids: Sequence[int], chunk: int = DEFAULT_PREFILL_CHUNK) -> np.ndarray:
@@ -462,7 +467,8 @@ _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (mal
 
 
 def set_blas_threads(threads: int) -> None:
-    """Run numpy's BLAS, and kestrel's own product threads, on ``threads`` threads, process-wide.
+    """Run numpy's BLAS on ``threads`` threads, process-wide, and kestrel's own product threads on as many in the
+    models loaded later without ``blas_threads`` (a model loaded before keeps its own).
 
     BLAS's threads compute single-row (decode) and many-row (prefill)
     products. A batched decode step's products are instead shared among
@@ -610,8 +616,9 @@ def load_model(
             carries the config, tokenizer and chat template; or either as
             :func:`check_model` checked it (not parsed again).
         progress: called with the fraction of weight bytes read (0 to 1).
-        blas_threads: threads that share each weight product, process-wide (None: the count
-            already set, at first one per core); numpy's BLAS then runs one thread per call.
+        blas_threads: threads that share each of this model's weight products (None: the count
+            already set, at first one per core), and numpy's BLAS count, process-wide (see
+            :func:`set_blas_threads`). A model loaded before keeps its own product threads.
         weights: how weights stay in memory (docs/memory.md).
             "fp32": float32 copies (4 bytes a weight; the fastest decode at batch 1).
             "bf16": bf16 bits memory-mapped from the checkpoint (2 bytes; shared page
@@ -645,16 +652,17 @@ def load_model(
     residency = checked.residency_for(weights) if checked is not None else None  # None: resolved below
     if blas_threads is not None:
         set_blas_threads(blas_threads)  # before reading: a bad value fails fast
+    elif product_threads() is None:
+        set_blas_threads(_blas_at_start()[1])  # the first load: BLAS's own count (one per core), before it changes
     backend = _backend(products, prefill_precision)  # before reading: a bad value fails fast
     with backend.active():  # the decoder built below holds it; the load's warm-up runs in it
         return _load(path, checked, residency, progress, weights, quantized_cache, mmproj)
 
 
-def _backend(products: str | None, precision: str | None) -> Backend:
-    """The kernel settings of a model being loaded: its arguments', else the defaults set."""
+def _backend(products: str | None, precision: str | None):
+    """The kernel settings of a model being loaded: its arguments', else the defaults set (product threads too)."""
     try:
-        backend = Backend(products=products if products is not None else default_products(),
-                          prefill_precision=precision if precision is not None else prefill_precision())
+        backend = defaults().for_model(products, precision)
     except ValueError as error:
         raise ModelLoadError(str(error)) from None
     if backend.prefill_precision != "fp32":

@@ -15,10 +15,11 @@ import pytest
 import trio
 
 from kestrel_trio import _kernels
-from kestrel_trio._model import Backend
-from kestrel_trio._model.backend import current
+from kestrel_trio._model import Backend, matmul
+from kestrel_trio._model.backend import current, product_threads
+from kestrel_trio._model.product_threads import ProductThreads
 from kestrel_trio.errors import ModelLoadError
-from kestrel_trio.model import load_model, set_products
+from kestrel_trio.model import load_model, set_blas_threads, set_products
 from kestrel_trio.server import serve
 
 GGUF = Path(__file__).resolve().parents[1] / "fixtures" / "gguf" / "qwen3_quant" / "qwen3_quant.gguf"
@@ -82,6 +83,39 @@ def test_the_defaults_go_to_models_loaded_later_and_leave_loaded_ones_alone():
         set_products("exact")
     assert before.decoder.backend.products == "exact" and after.decoder.backend.products == "integer"
     assert current().products == "exact"  # outside any model: the defaults, as set back
+
+
+def test_two_models_keep_their_own_product_threads_and_small_batch_call():
+    pytest.importorskip("threadpoolctl")
+    before = product_threads() or 1
+    try:
+        one = load_model(GGUF, blas_threads=1)
+        two = load_model(GGUF, blas_threads=2)  # once process-wide: the first model's products shared by 2 too
+        assert one.decoder.backend.threads is None and one.decoder.backend.thread_count == 1
+        assert two.decoder.backend.threads.count == 2
+        with one.decoder.backend.active():
+            assert matmul.shares_of(4) == [(0, 4)]
+            matmul.set_small_batch_call("weight_left")
+        with two.decoder.backend.active():
+            assert matmul.shares_of(4) == [(0, 2), (2, 4)]
+            matmul.set_small_batch_call("row_blocks")
+        with one.decoder.backend.active():
+            assert matmul.small_batch_call() == "weight_left"  # each model's own, whatever the other forced
+        assert two.decoder.backend.small_batch.call == "row_blocks"
+        assert current().small_batch is not one.decoder.backend.small_batch  # nor the defaults'
+    finally:
+        set_blas_threads(before)
+
+
+def test_a_pool_no_backend_holds_stops_its_threads():
+    others = set(threading.enumerate())
+    pool = ProductThreads(2)
+    helpers = [t for t in threading.enumerate() if t not in others]  # this pool's one helper
+    pool.run([lambda: None, lambda: None])
+    del pool  # the defaults replaced and its models gone: nothing holds it
+    for thread in helpers:
+        thread.join(THREAD_TIMEOUT)
+    assert [t.name for t in helpers] == ["kestrel-product-1"] and not helpers[0].is_alive()
 
 
 def test_a_bad_setting_is_refused_at_load_naming_it():

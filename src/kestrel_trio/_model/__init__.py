@@ -7,7 +7,7 @@ rest of kestrel-trio relies on is listed here, in one place.
 """
 
 from kestrel_trio._model.backend import (
-    PREFILL_PRECISIONS, Backend, default_products, prefill_precision, set_default_prefill_precision,
+    PREFILL_PRECISIONS, Backend, default_products, defaults, prefill_precision, set_default_prefill_precision,
     set_default_products,
 )
 from kestrel_trio._model.confine import check_folder_files, confined
@@ -61,7 +61,8 @@ __all__ = [
     "choose_small_batch_call", "product_threads", "set_product_threads", "small_batch_call", "UPCAST_CHUNK",
     "warm_fused_products", "packed_matrices",
     # one model's kernel settings, and the defaults of models loaded without their own
-    "Backend", "set_default_products", "default_products", "set_default_prefill_precision", "prefill_precision",
+    "Backend", "defaults", "set_default_products", "default_products", "set_default_prefill_precision",
+    "prefill_precision",
     "PREFILL_PRECISIONS",
     # quantized residency
     "PackedMatrix", "GgmlRows", "default_cache_dir", "describe_weights", "resident_bytes",

@@ -1,9 +1,10 @@
-"""One model's kernel settings: which products its quantized weights take and how its prefill multiplies.
+"""One model's kernel settings and state: its products mode, prefill precision, product threads, small-batch call.
 
-A :class:`Backend` is built when a model loads (kestrel_trio.model.load_model's ``products`` and
-``prefill_precision``) and held by its :class:`~kestrel_trio._model.forward.Decoder`, so that two models in one
-process (a main model and its speculative draft, or two servers) each keep their own: a second load never changes
-the first model's products.
+A :class:`Backend` is built when a model loads (kestrel_trio.model.load_model's ``products``,
+``prefill_precision`` and ``blas_threads``) and held by its :class:`~kestrel_trio._model.forward.Decoder`, so that
+two models in one process (a main model and its speculative draft, or two servers) each keep their own: a second
+load never changes the first model's products, its product threads, or the small-batch call timed on its weights
+and the share choices timed on its steps.
 
 How the settings reach the products: :func:`~kestrel_trio._model.forward.forward` (and the other entries that run
 a model's weights: its vision tower, the load's warm-up) runs inside ``decoder.backend.active()``, and
@@ -15,8 +16,10 @@ that model's.
 What stays process-wide, because it is the same for every model: the CPU's features and the kernel plan made
 from them (kestrel_trio._kernels.plan.this_plan), the compiled numba module and its float16 table
 (kestrel_trio._kernels), and the compiled products themselves, cached by (form, kernel), so that two modes can
-coexist. Code that runs outside any model (tools, tests calling ``linear`` directly) takes the defaults that
-:func:`set_default_products` and :func:`set_default_prefill_precision` set: also the settings of a model loaded
+coexist; and numpy's BLAS thread count, one per process (the product threads of each model switch it to one
+thread while they share a product and back to their own count after). Code that runs outside any model (tools,
+tests calling ``linear`` directly) takes the defaults that :func:`set_default_products`,
+:func:`set_default_prefill_precision` and :func:`set_product_threads` set: also the settings of a model loaded
 without its own.
 """
 
@@ -24,15 +27,19 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Generator, Iterator
+import threading
+from collections.abc import Callable, Generator, Iterator
 from typing import TypeVar
 
 import attrs
 
 from kestrel_trio import _kernels
+from kestrel_trio._model.product_threads import ProductThreads
+from kestrel_trio._model.share_choice import ShareChooser
 
-__all__ = ["Backend", "current", "PREFILL_PRECISIONS", "set_default_products", "default_products",
-           "set_default_prefill_precision", "prefill_precision"]
+__all__ = ["Backend", "SmallBatchChoice", "current", "defaults", "PREFILL_PRECISIONS", "set_default_products",
+           "default_products", "set_default_prefill_precision", "prefill_precision", "set_product_threads",
+           "product_threads"]
 
 T = TypeVar("T")
 
@@ -56,9 +63,31 @@ def _check_precision(_instance, _attribute, precision: str) -> None:
             raise ValueError(f"bf16 prefill needs AMX tiles: {reason}")
 
 
+@attrs.define(eq=False)
+class SmallBatchChoice:
+    """How one model's 2-32-row float32 products run (kestrel_trio._model.matmul.small_batch_call), once chosen.
+
+    Attributes:
+        call: one of matmul.SMALL_BATCH_CALLS, or None until chosen.
+        source: how it was chosen: "none", "synthetic" (stand-in weights), "sample" (the model's), "forced".
+        timed_bytes: the bytes of the sample it was timed on ("sample").
+        lock: held while timing (the first products may come from several threads at once).
+    """
+
+    call: str | None = None
+    source: str = "none"
+    timed_bytes: int = 0
+    lock: threading.Lock = attrs.field(factory=threading.Lock)
+
+
+def _share_choosers() -> dict[str, ShareChooser]:
+    """Per kind of plain product (one row, a batched decode step's few, a prefill chunk's many): the way it runs."""
+    return {kind: ShareChooser() for kind in ("one", "few", "many")}
+
+
 @attrs.frozen
 class Backend:
-    """The kernel settings of one loaded model (immutable: a model's settings are fixed at its load).
+    """The kernel settings of one loaded model (fixed at its load), and the timings its products keep.
 
     Attributes:
         products: which products quantized weights take, one of kestrel_trio._kernels.PRODUCT_MODES: "exact"
@@ -66,6 +95,13 @@ class Backend:
             32, integer block sums) or "auto" (integer where this CPU's kernel plan says it wins, else exact).
         prefill_precision: how products of more than 32 rows multiply float32 weights, one of
             PREFILL_PRECISIONS ("bf16" only where AMX tiles run).
+        threads: the product threads that share its large products, or None: the caller alone.
+        thread_count: the threads a product is shared among, the caller included (None: never set).
+        small_batch: its 2-32-row call, timed on its own weights at load (mutable: chosen once).
+        share_choosers: per kind of plain product, whether sharing has cost less lately on its steps (mutable).
+
+    Two backends are equal when their settings are: the threads, the small-batch call and the share choices are
+    left out.
 
     Raises:
         ValueError: an unknown mode or precision, or "bf16" where the tiles cannot run (the reason, in one line).
@@ -73,6 +109,21 @@ class Backend:
 
     products: str = attrs.field(default="auto", validator=_check_products)
     prefill_precision: str = attrs.field(default="fp32", validator=_check_precision)
+    threads: ProductThreads | None = attrs.field(default=None, eq=False, repr=False)
+    thread_count: int | None = attrs.field(default=None, eq=False)
+    small_batch: SmallBatchChoice = attrs.field(factory=SmallBatchChoice, eq=False, repr=False)
+    share_choosers: dict[str, ShareChooser] = attrs.field(factory=_share_choosers, eq=False, repr=False)
+
+    def for_model(self, products: str | None, prefill_precision: str | None) -> Backend:
+        """A new model's backend: these settings (the defaults') but the ones given, these product threads, and
+        a small-batch call and share choices of its own.
+
+        Raises:
+            ValueError: an unknown mode or precision, or "bf16" where the tiles cannot run.
+        """
+        return Backend(products=products if products is not None else self.products,
+                       prefill_precision=prefill_precision if prefill_precision is not None else self.prefill_precision,
+                       threads=self.threads, thread_count=self.thread_count)
 
     @contextlib.contextmanager
     def active(self) -> Iterator[Backend]:
@@ -100,6 +151,11 @@ _active: contextvars.ContextVar[Backend | None] = contextvars.ContextVar("kestre
 # The defaults: what code outside any model runs with, and what a model loaded without its own settings takes.
 # Replaced whole (a Backend is immutable), never changed in place: a model keeps the one it was built with.
 _defaults = [Backend()]
+
+
+def defaults() -> Backend:
+    """The defaults: what a model loaded without its own settings takes (:meth:`Backend.for_model`)."""
+    return _defaults[0]
 
 
 def current() -> Backend:
@@ -134,3 +190,33 @@ def set_default_prefill_precision(precision: str) -> None:
 def prefill_precision() -> str:
     """The precision :func:`set_default_prefill_precision` set ("fp32" until then)."""
     return _defaults[0].prefill_precision
+
+
+_threads_lock = threading.Lock()
+
+
+def set_product_threads(count: int, set_blas_threads: Callable[[int], None] | None = None) -> None:
+    """Share each large weight product among ``count`` threads (1: the caller alone), in the models loaded later
+    and in products run outside any model. A model loaded before keeps its own threads.
+
+    numpy's BLAS and its upcast ufuncs release the GIL, so the threads run on
+    separate cores. BLAS should run ``count`` threads of its own for the
+    products not shared (1 row, prefill) and one while these threads share
+    one; ``set_blas_threads`` lets them switch it.
+
+    Args:
+        count: threads per product, the caller included.
+        set_blas_threads: sets numpy's BLAS thread count, process-wide (None:
+            BLAS is left as it is, which oversubscribes the cores unless it
+            runs one thread).
+    """
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise ValueError(f"product threads must be a positive integer, got {count!r}")
+    with _threads_lock:  # the pool replaced stops once no model holds it (ProductThreads)
+        threads = ProductThreads(count, set_blas_threads) if count > 1 else None
+        _defaults[0] = attrs.evolve(_defaults[0], threads=threads, thread_count=count)
+
+
+def product_threads() -> int | None:
+    """The count last given to :func:`set_product_threads`, or None if it was never called."""
+    return _defaults[0].thread_count

@@ -222,8 +222,9 @@ class _Plan:
 
     def _buffers(self) -> "_Buffers":
         b = getattr(self._local, "buffers", None)
-        if b is None or b.threads is not matmul._threads:
-            b = self._local.buffers = _Buffers(self, matmul._threads)
+        threads = current().threads
+        if b is None or b.threads is not threads:
+            b = self._local.buffers = _Buffers(self, threads)
         return b
 
 
