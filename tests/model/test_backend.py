@@ -118,6 +118,22 @@ def test_a_pool_no_backend_holds_stops_its_threads():
     assert [t.name for t in helpers] == ["kestrel-product-1"] and not helpers[0].is_alive()
 
 
+def test_blas_goes_back_to_many_threads_only_when_no_pool_shares_a_product():
+    """numpy's BLAS count is one per process: two models' pools sharing at once must not undo each other's one
+    thread."""
+    counts = []
+    first, second = ProductThreads(2, counts.append), ProductThreads(3, counts.append)
+    try:
+        with first.one_thread_blas():
+            with second.one_thread_blas():  # another model's step, meanwhile (same thread here: the count is global)
+                assert counts == [1]
+            assert counts == [1]  # the second pool's window closed while the first's is open: still one thread
+        assert counts == [1, 2]
+    finally:
+        first.stop()
+        second.stop()
+
+
 def test_a_bad_setting_is_refused_at_load_naming_it():
     with pytest.raises(ValueError, match="products must be one of auto, exact, integer, got 'fast'"):
         Backend(products="fast")

@@ -15,6 +15,11 @@ from collections.abc import Callable, Iterator
 
 __all__ = ["ProductThreads"]
 
+# One-thread BLAS windows open (nested, from several forward threads, or from two models' pools at once): numpy's
+# BLAS thread count is one per process, so it goes back to a pool's count only when the last window closes.
+_windows = [0]
+_window_lock = threading.Lock()
+
 
 class ProductThreads:
     """The caller plus ``count - 1`` daemon helpers; :meth:`run` runs one task on each and waits for all.
@@ -28,8 +33,6 @@ class ProductThreads:
     def __init__(self, count: int, set_blas_threads: Callable[[int], None] | None = None) -> None:
         self.count = count
         self._set_blas_threads = set_blas_threads
-        self._one_thread_depth = 0  # windows open (nested, or from several forward threads)
-        self._depth_lock = threading.Lock()
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         for k in range(count - 1):
             threading.Thread(target=_serve, args=(self._jobs,), name=f"kestrel-product-{k + 1}", daemon=True).start()
@@ -54,6 +57,8 @@ class ProductThreads:
     def one_thread_blas(self) -> Iterator[None]:
         """numpy's BLAS on one thread (process-wide) inside, ``count`` after: these threads are its callers.
 
+        After the last window open in the process closes (another model's pool may have one open meanwhile).
+
         The setter must work from any thread: the engine steps in a worker
         thread, where OpenBLAS's ``openblas_set_num_threads`` leaves the count
         as it was (measured: every shared product of a batched step then ran
@@ -65,16 +70,16 @@ class ProductThreads:
         if self._set_blas_threads is None:
             yield
             return
-        with self._depth_lock:
-            self._one_thread_depth += 1
-            if self._one_thread_depth == 1:
+        with _window_lock:
+            _windows[0] += 1
+            if _windows[0] == 1:
                 self._set_blas_threads(1)  # a C call, about a microsecond
         try:
             yield
         finally:
-            with self._depth_lock:
-                self._one_thread_depth -= 1
-                if self._one_thread_depth == 0:
+            with _window_lock:
+                _windows[0] -= 1
+                if _windows[0] == 0:
                     self._set_blas_threads(self.count)
 
     def stop(self) -> None:
