@@ -188,3 +188,6 @@ async def test_serve_refuses_a_setting_that_a_loaded_model_does_not_have():
     with trio.fail_after(60):
         with pytest.raises(ModelLoadError, match="products='integer': the model was loaded with products='exact'"):
             await serve(model, port=0, products="integer")  # raises before anything listens
+        threads = model.decoder.backend.thread_count
+        with pytest.raises(ModelLoadError, match=f"blas_threads={threads + 1}: the model was loaded with"):
+            await serve(model, port=0, blas_threads=threads + 1)
