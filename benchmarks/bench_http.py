@@ -1,8 +1,8 @@
-"""Over HTTP, side by side: `kestrel-trio serve` and llama.cpp's llama-server on one GGUF file, concurrent streaming chats.
+"""Over HTTP, side by side: `kestrel-trio serve` and llama.cpp's llama-server on one GGUF file, streaming chats.
 
 Usage:
     python benchmarks/bench_http.py --llama-server PATH [--model FILE.gguf] [--streams 1,8] [--tokens 64]
-        [--rounds 2] [--max-batch 8] [--threads 2] [--cache DIR] [--keep-openblas-env]
+        [--rounds 2] [--max-batch 8] [--threads 2] [--cache DIR] [--keep-openblas-env] [--isa native|avx2]
 
 Both servers load the same file and stay up for the whole run; the
 measurements alternate between them (one server busy at a time), and each
@@ -33,6 +33,21 @@ OpenBLAS: the run re-executes itself without the machine's
 OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE (``--keep-openblas-env`` keeps them), so
 kestrel's BLAS picks its own kernel; the header prints it, the CPU's vector
 flags and the load average.
+
+``--isa avx2`` measures both sides as an AVX2-only x86 CPU (Haswell to Zen 3)
+would run them, on a CPU that has AVX-512: the run re-executes itself with
+``NUMBA_CPU_NAME=haswell NUMBA_CPU_FEATURES=`` (numba compiles for Haswell's
+own features, not the host's), ``NUMBA_CACHE_DIR`` in ``--cache``'s
+``numba-haswell`` (code compiled for the host is not reused) and
+``OPENBLAS_CORETYPE=Haswell`` (``OPENBLAS_L2_SIZE`` unset unless
+``--keep-openblas-env``); kestrel's server inherits them. ``--llama-server``
+must then be a build without AVX-512 and AVX-VNNI (``cmake -B build-avx2
+-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
+-DGGML_BMI2=ON``, the AVX-512 and VNNI options off). The run stops with an
+error naming the kernel if kestrel's ``/health`` names an AVX-512 or VNNI
+kernel for a form, or llama-server's ``system_info`` line reports AVX512 or
+AVX_VNNI on, or OpenBLAS runs another kernel than Haswell's; the header prints
+each side's kernels either way.
 """
 
 from __future__ import annotations
@@ -51,8 +66,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _bench_common import (  # noqa: E402
-    blas_description, compiled_kernels_description, cpu_vector_flags, load_average, openblas_overrides_note,
-    run_without_openblas_overrides,
+    OPENBLAS_OVERRIDES, blas_description, compiled_kernels_description, cpu_vector_flags, load_average,
+    openblas_overrides_note, run_without_openblas_overrides,
 )
 from bench_load import QWEN3_0_6B, build  # noqa: E402
 from bench_quant import build_dense_gguf  # noqa: E402
@@ -63,6 +78,11 @@ REQUEST_TIMEOUT_S = 600.0  # one wave of streams, whole
 TOPICS = ("a lighthouse keeper", "a clockmaker", "a river barge", "a mountain village", "a lost letter",
           "an old library", "a night train", "a glass blower", "a beekeeper", "a ferry pilot", "a cartographer",
           "a bell foundry", "a salt marsh", "a tram driver", "a kite maker", "a chess club")
+# What an AVX2-only x86-64 CPU runs (--isa avx2): numba's code for Haswell with Haswell's features only (an empty
+# NUMBA_CPU_FEATURES; unset, numba would add the host's AVX-512 to the name's), OpenBLAS's Haswell kernels.
+AVX2_ENV = {"NUMBA_CPU_NAME": "haswell", "NUMBA_CPU_FEATURES": "", "OPENBLAS_CORETYPE": "Haswell"}
+# llama.cpp's system_info features that an AVX2-only CPU lacks: on in --isa avx2's llama-server, the run stops.
+LLAMA_BEYOND_AVX2 = ("AVX512", "AVX512_VBMI", "AVX512_VNNI", "AVX512_BF16", "AVX_VNNI", "AMX_INT8")
 
 
 # ---------------------------------------------------------------- the model file
@@ -160,8 +180,8 @@ def health(port: int) -> dict:
 def start_kestrel(model: Path, args, log_dir: Path) -> Server:
     port = free_port()
     # The console script installed beside this interpreter (the package has no ``__main__``).
-    argv = [str(Path(sys.executable).with_name("kestrel-trio")), "serve", "--model", str(model), "--weights", args.weights,
-            "--port", str(port), "--model-id", "bench", "--max-batch", str(args.max_batch),
+    argv = [str(Path(sys.executable).with_name("kestrel-trio")), "serve", "--model", str(model),
+            "--weights", args.weights, "--port", str(port), "--model-id", "bench", "--max-batch", str(args.max_batch),
             "--max-queued", str(4 * args.max_batch), "--blas-threads", str(args.threads)]
     return Server("kestrel-trio", argv, port, log_dir / "kestrel.log")
 
@@ -173,6 +193,81 @@ def start_llama(model: Path, args, log_dir: Path) -> Server:
             "-np", str(args.max_batch), "-t", str(args.threads), "-tb", str(args.threads), "-c", str(context),
             "--alias", "bench", "--no-webui"]
     return Server("llama-server", argv, port, log_dir / "llama-server.log")
+
+
+# ---------------------------------------------------------------- the instruction set (--isa)
+
+
+def isa_environment(isa: str, environ: dict[str, str], keep_openblas: bool, cache: Path) -> dict[str, str]:
+    """The environment a run of ``--isa`` ``isa`` takes, from ``environ``: "native" as it is, "avx2" with AVX2_ENV,
+    ``NUMBA_CACHE_DIR`` at ``cache``/numba-haswell and, unless ``keep_openblas``, no ``OPENBLAS_L2_SIZE``."""
+    if isa == "native":
+        return dict(environ)
+    if isa != "avx2":
+        raise ValueError(f"--isa must be native or avx2, got {isa!r}")
+    env = {k: v for k, v in environ.items() if keep_openblas or k != "OPENBLAS_L2_SIZE"}
+    return {**env, **AVX2_ENV, "NUMBA_CACHE_DIR": str(cache / "numba-haswell")}
+
+
+def run_as_isa(isa: str, keep_openblas: bool, cache: Path) -> None:
+    """Re-execute this script in :func:`isa_environment` where this process's differs ("native": without the
+    machine's OpenBLAS overrides unless ``keep_openblas``, as run_without_openblas_overrides)."""
+    if isa == "native":
+        run_without_openblas_overrides(keep_openblas)
+        return
+    env = isa_environment(isa, dict(os.environ), keep_openblas, cache)
+    if env != dict(os.environ):
+        dropped = [f"{n}={os.environ[n]}" for n in OPENBLAS_OVERRIDES if n in os.environ and n not in env]
+        if dropped:
+            env["KESTREL_BENCH_UNSET"] = ", ".join(dropped)
+        os.execve(sys.executable, [sys.executable, *sys.argv], env)
+
+
+def blas_kernel() -> str:
+    """The kernel numpy's OpenBLAS runs in this process (threadpoolctl's architecture: "Haswell"), "?" if none."""
+    import numpy  # noqa: F401  (loads the BLAS so threadpoolctl can see it)
+    import threadpoolctl
+
+    found = [i for i in threadpoolctl.threadpool_info() if i.get("user_api") == "blas"]
+    return str(found[0].get("architecture", "?")) if found else "?"
+
+
+def plan_summary() -> str:
+    """The float32 and integer kernels kestrel_trio._kernels.plan chooses in this process's environment."""
+    from kestrel_trio._kernels.plan import this_plan
+
+    chosen = this_plan()
+    return f"float32 {chosen.f32.variant}, integer {chosen.integer.variant}, bf16 {chosen.bf16.variant}"
+
+
+def llama_system_info(log: str) -> dict[str, str]:
+    """llama-server's ``system_info`` line from its log text, as {feature: value} ("AVX2": "1"); {} if absent."""
+    for line in log.splitlines():
+        if "system_info:" in line:
+            found = {}
+            for item in line.split("|")[1:]:  # the first item is the thread counts
+                name, sep, value = item.rpartition("=")
+                if sep and name.strip():
+                    found[name.split(":")[-1].strip()] = value.strip()
+            return found
+    return {}
+
+
+def isa_violations(isa: str, kestrel_products: dict[str, str], llama_info: dict[str, str], blas_kernel: str) -> \
+        list[str]:
+    """What in a run of ``--isa`` ``isa`` is not that instruction set's code: kestrel's kernel by form (its
+    ``/health`` products), llama-server's system_info features, OpenBLAS's kernel (threadpoolctl's architecture).
+    Empty for "native", and where everything is AVX2's."""
+    if isa == "native":
+        return []
+    found = [f"kestrel-trio's {form} products take {kernel}" for form, kernel in sorted(kestrel_products.items())
+             if "avx512" in kernel or "vnni" in kernel]
+    if not llama_info:
+        found.append("llama-server's log has no system_info line to check its instruction sets by")
+    found += [f"llama-server has {name} = 1" for name in LLAMA_BEYOND_AVX2 if llama_info.get(name) == "1"]
+    if blas_kernel.lower() != "haswell":
+        found.append(f"OpenBLAS runs its {blas_kernel} kernel, not Haswell's")
+    return found
 
 
 # ---------------------------------------------------------------- the client
@@ -249,14 +344,24 @@ def main() -> int:
     parser.add_argument("--cache", type=Path, default=CACHE)
     parser.add_argument("--keep-openblas-env", action="store_true")
     parser.add_argument("--weights", default="auto", help="kestrel's --weights (default: as the file stores them)")
+    parser.add_argument("--isa", choices=("native", "avx2"), default="native",
+                        help="native: each side's own choice for this CPU; avx2: both sides as an AVX2-only CPU "
+                             "(kestrel held to Haswell here; --llama-server must be an AVX2-only build)")
     args = parser.parse_args()
-    run_without_openblas_overrides(args.keep_openblas_env)
+    run_as_isa(args.isa, args.keep_openblas_env, args.cache)
 
     model = args.model or default_model(args.cache)
     print(f"model: {model} ({model.stat().st_size / 2**30:.2f} GiB)")
     print(f"cpu vector flags: {cpu_vector_flags()}")
-    print(f"kestrel's BLAS (this process's numpy): {blas_description()}; OPENBLAS overrides {openblas_overrides_note()}")
+    print(f"kestrel's BLAS (this process's numpy): {blas_description()}; "
+          f"OPENBLAS overrides {openblas_overrides_note()}")
     print(f"kestrel's compiled products: {compiled_kernels_description()}")
+    print(f"instruction sets: {args.isa}" + (
+        f" (NUMBA_CPU_NAME={os.environ.get('NUMBA_CPU_NAME')!r} NUMBA_CPU_FEATURES="
+        f"{os.environ.get('NUMBA_CPU_FEATURES')!r} NUMBA_CACHE_DIR={os.environ.get('NUMBA_CACHE_DIR')!r} "
+        f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE')!r}; llama-server {args.llama_server})"
+        if args.isa != "native" else ""))
+    print(f"kestrel's kernel plan in this environment: {plan_summary()}")
     print(f"streams {args.streams}, {args.tokens} tokens each, max batch / slots {args.max_batch}, "
           f"threads {args.threads}, rounds {args.rounds}", flush=True)
     log_dir = args.cache / "bench_http_logs"
@@ -264,10 +369,22 @@ def main() -> int:
     servers = [start_kestrel(model, args, log_dir), start_llama(model, args, log_dir)]
     best: dict[tuple[str, int], dict] = {}
     try:
+        products: dict[str, str] = {}
+        llama_info: dict[str, str] = {}
         for server in servers:
             print(f"{server.name}: ready in {server.wait_ready():.1f} s (pid {server.process.pid})", flush=True)
             if server.name == "kestrel-trio":
-                print(f"kestrel-trio's products, by form: {health(server.port).get('products')}", flush=True)
+                products = health(server.port).get("products") or {}
+                print(f"kestrel-trio's products, by form: {products}", flush=True)
+            else:
+                llama_info = llama_system_info((log_dir / "llama-server.log").read_text(errors="replace"))
+                print("llama-server's CPU features (system_info): "
+                      + (" ".join(f"{k}={v}" for k, v in llama_info.items()) or "not found"),
+                      flush=True)
+        wrong = isa_violations(args.isa, products, llama_info, blas_kernel())
+        if wrong:
+            raise SystemExit(f"--isa {args.isa}: not an {args.isa}-only run: " + "; ".join(wrong))
+        for server in servers:
             wave(server.port, 1, 8, 0)  # a first request: lazily compiled or mapped code out of the figures
         for round_index in range(args.rounds):
             for streams in args.streams:

@@ -19,7 +19,8 @@ import pytest
 from kestrel_trio import _kernels, load_model
 from kestrel_trio.model import set_products
 from kestrel_trio._model import decode_step as decode_step_module
-from kestrel_trio._model import matmul
+from kestrel_trio._model import decode_share, matmul, share_choice
+from kestrel_trio._model.share_choice import ShareChooser
 
 pytestmark = pytest.mark.skipif(not _kernels.ready(), reason=_kernels.unavailable_reason())
 
@@ -89,6 +90,34 @@ def test_a_decode_step_on_its_own_path_is_the_general_one_bit_for_bit(name, inte
     fast, taken = _decode(name, True, monkeypatch)
     assert taken == len(fast)  # every step took the own path
     assert np.array_equal(fast, general)
+
+
+@pytest.mark.parametrize("name", ["qwen3_quant"])
+def test_shared_or_alone_as_timings_choose_it_is_the_same(name, integer_mode, monkeypatch):
+    """Every kind of product tried both ways within the steps (a burst the other way every other product)."""
+    general, _ = _decode(name, False, monkeypatch)
+    monkeypatch.setattr(matmul, "SHARE_MIN_ELEMENTS", 0)
+    made = []
+
+    monkeypatch.setattr(share_choice, "EXPLORE_EVERY", 2)
+    monkeypatch.setattr(share_choice, "BURST", 2)
+
+    def eager_choosers():
+        found = {kind: ShareChooser(prefer_shared=True) for kind in decode_share.KINDS}
+        made.append(found)
+        return found
+
+    monkeypatch.setattr(decode_step_module, "choosers", eager_choosers)
+    matmul.set_product_threads(2)
+    try:
+        fast, taken = _decode(name, True, monkeypatch)
+    finally:
+        matmul.set_product_threads(1)
+    assert taken == len(fast)
+    assert np.array_equal(fast, general)
+    used = {kind: chooser.costs() for found in made for kind, chooser in found.items() if chooser._cost != {
+        False: None, True: None}}  # the fixture's kinds with an integer product (not all its matrices have one)
+    assert "qkv" in used and all(None not in cost.values() for cost in used.values()), used
 
 
 @pytest.mark.parametrize("name", DENSE)

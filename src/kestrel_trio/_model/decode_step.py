@@ -40,6 +40,7 @@ import numpy as np
 from kestrel_trio import _kernels
 from kestrel_trio._model import matmul
 from kestrel_trio._model.backend import current
+from kestrel_trio._model.decode_share import SharedOrAlone, in_turn, choosers
 from kestrel_trio._model.kv_cache import KVCache
 from kestrel_trio._model.layers import embedding
 from kestrel_trio._model.matmul import linear
@@ -100,33 +101,31 @@ class _Matrix:
             else:
                 self.parts = parts
 
-    def calls(self, x: np.ndarray, quantized: tuple, out: np.ndarray, threads) -> list[Callable[[], None]]:
+    def calls(self, x: np.ndarray, quantized: tuple, out: np.ndarray, threads, chooser) -> list[Callable[[], None]]:
         """Calls without arguments that write ``out`` [1, rows] = ``x`` [1, cols] @ matrix.T (+ bias), for
-        ``quantized`` = (xq, xd, xs), the quantization of ``x`` that the calls before these leave in place."""
+        ``quantized`` = (xq, xd, xs), the quantization of ``x`` that the calls before these leave in place; shared
+        among ``threads`` or not as ``chooser`` (kestrel_trio._model.decode_share) says, where they are several
+        (None: always shared)."""
         if self.parts is None:
             return [functools.partial(_linear_into, x, self.matrix, self.bias, out)]
         xq, xd, xs = quantized
-        spans = [(0, self.rows)]
-        if threads is not None and self.rows * self.cols >= matmul.SHARE_MIN_ELEMENTS:
-            spans = matmul._share_bounds(self.rows, threads.count)
-        tasks = []
-        for start, stop in spans:  # one task a thread: its stretch of the matrix's rows, across the parts
-            task = [functools.partial(kernel, xq, xd, xs, max(start, lo) - lo, min(stop, lo + n) - lo,
-                                      out[:, max(start, lo) : min(stop, lo + n)])
-                    for kernel, lo, n in self.parts if max(start, lo) < min(stop, lo + n)]
-            tasks.append(task)
-        calls = tasks[0] if len(tasks) == 1 else [functools.partial(threads.run, [_sequence(t) for t in tasks])]
+
+        def tasks_for(spans: list[tuple[int, int]]) -> list[list[Callable[[], None]]]:
+            """One task a thread: its stretch of the matrix's rows, across the parts."""
+            return [[functools.partial(kernel, xq, xd, xs, max(start, lo) - lo, min(stop, lo + n) - lo,
+                                       out[:, max(start, lo) : min(stop, lo + n)])
+                     for kernel, lo, n in self.parts if max(start, lo) < min(stop, lo + n)] for start, stop in spans]
+
+        if threads is None or self.rows * self.cols < matmul.SHARE_MIN_ELEMENTS or self.rows <= matmul.SHARE_ALIGN:
+            calls = tasks_for([(0, self.rows)])[0]
+        elif chooser is None:  # always shared (integer products: no BLAS in them)
+            tasks = [in_turn(task) for task in tasks_for(matmul._share_bounds(self.rows, threads.count))]
+            calls = [functools.partial(threads.run, tasks, blas=False)]
+        else:
+            calls = [SharedOrAlone(threads, self.rows, tasks_for, self.rows * self.cols, chooser)]
         if self.bias is not None:
             calls.append(functools.partial(np.add, out, self.bias, out=out))
         return calls
-
-
-def _sequence(calls: list[Callable[[], None]]) -> Callable[[], None]:
-    """One product thread's task: its calls in turn."""
-    def run() -> None:
-        for call in calls:
-            call()
-    return run
 
 
 def _linear_into(x: np.ndarray, matrix, bias: np.ndarray | None, out: np.ndarray) -> None:
@@ -170,6 +169,9 @@ class _Plan:
         self.qkv_width = (c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim
         self.inter = layers[0].down.cols
         self._local = threading.local()
+        # Per model, not per stepping thread (the engine's steps alternate between two): whether each kind of
+        # layer product is shared, from its recent costs both ways.
+        self.choosers = choosers()
 
     @classmethod
     def build(cls, decoder) -> "_Plan | None":
@@ -216,7 +218,7 @@ class _Plan:
             call()
         cache.commit(1)
         logits = np.empty((1, self.head.rows), dtype=np.float32)  # [1, vocab]
-        for call in self.head.calls(b.h, b.hidden_q, logits, b.threads):
+        for call in self.head.calls(b.h, b.hidden_q, logits, b.threads, None):  # (decode_share: why always shared)
             call()
         return logits
 
@@ -284,19 +286,21 @@ class _Buffers:
             before = norm(layer.input_norm, None if index == 0 else self.down)
             first = 0
             for m in layer.qkv:
-                before += m.calls(self.h, self.hidden_q, self.qkv[:, first : first + m.rows], threads)
+                before += m.calls(self.h, self.hidden_q, self.qkv[:, first : first + m.rows], threads,
+                                  plan.choosers["qkv"])
                 first += m.rows
             before += head_norms(layer)
             after = [functools.partial(d.quantize_rows, attended, _RUN, *attended_q, sums)]
-            after += layer.o.calls(attended, attended_q, self.o, threads)
+            after += layer.o.calls(attended, attended_q, self.o, threads, plan.choosers["o"])
             after += norm(layer.post_norm, self.o)
             first = 0
             for m in layer.gate_up:
-                after += m.calls(self.h, self.hidden_q, self.gate_up[:, first : first + m.rows], threads)
+                after += m.calls(self.h, self.hidden_q, self.gate_up[:, first : first + m.rows], threads,
+                                 plan.choosers["gate_up"])
                 first += m.rows
             after.append(functools.partial(plan.exp.swiglu, self.gate_up, self.act))
             after.append(functools.partial(d.quantize_rows, self.act, _RUN, *act_q, sums))
-            after += layer.down.calls(self.act, act_q, self.down, threads)
+            after += layer.down.calls(self.act, act_q, self.down, threads, plan.choosers["down"])
             self.layers.append((before, after))
         self.final = norm(plan.final_norm, self.down)
 

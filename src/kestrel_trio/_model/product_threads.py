@@ -38,10 +38,12 @@ class ProductThreads:
             threading.Thread(target=_serve, args=(self._jobs,), name=f"kestrel-product-{k + 1}", daemon=True).start()
         self._stop = weakref.finalize(self, _stop, self._jobs, count - 1)
 
-    def run(self, tasks: list[Callable[[], None]]) -> None:
-        """Run ``tasks[1:]`` on the helpers and ``tasks[0]`` here, with one-thread BLAS; raise the first error."""
+    def run(self, tasks: list[Callable[[], None]], blas: bool = True) -> None:
+        """Run ``tasks[1:]`` on the helpers and ``tasks[0]`` here, with one-thread BLAS; raise the first error.
+        ``blas`` False: the tasks call no BLAS (compiled integer products), so its thread count is left alone
+        (the switch there and back costs a few microseconds, a hundred times a decode step)."""
         done: queue.SimpleQueue = queue.SimpleQueue()  # per call: forward may run in several threads at once
-        with self.one_thread_blas():
+        with self.one_thread_blas() if blas else contextlib.nullcontext():
             for task in tasks[1:]:
                 self._jobs.put((task, done))
             errors = []
