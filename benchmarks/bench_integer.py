@@ -90,17 +90,18 @@ class Pool:
 
 
 def layer_step(kernels, form: str, layer: list[np.ndarray], x_of: dict, outs: dict, pool: Pool | None,
-               integer: bool) -> None:
-    """One layer's four products of ``x_of[cols]`` [N, cols] (quantized once per matrix in the integer mode)."""
+               mode: str) -> None:
+    """One layer's four products of ``x_of[cols]`` [N, cols] in products ``mode`` (quantized once per matrix in the
+    integer mode)."""
     for data, (name, rows, cols) in zip(layer, MATRICES):
         x, out = x_of[cols], outs[name]
-        quantized = kernels.quantize_activations(x, [form]) if integer else None
+        quantized = kernels.quantize_activations(x, [form], mode)
         if pool is None:
-            kernels.packed_product(form, data, None, x, 0, rows, out, quantized)
+            kernels.packed_product(form, data, None, x, 0, rows, out, quantized, mode=mode)
         else:
             share = -(-rows // pool.count)
             pool.run([lambda a=a: kernels.packed_product(form, data, None, x, a, min(a + share, rows),
-                                                         out[:, a : min(a + share, rows)], quantized)
+                                                         out[:, a : min(a + share, rows)], quantized, mode=mode)
                       for a in range(0, rows, share)])
 
 
@@ -116,22 +117,19 @@ def measure(form: str, n: int, threads: int, repeats: int) -> dict:
     kernel = {}
     try:
         for mode in ("exact", "integer"):  # compile or load both before timing
-            _kernels.set_products(mode)
-            kernel[mode] = _kernels.product_kernels([form])[form]
-            layer_step(_kernels, form, layers[0], x_of, outs, pool, mode == "integer")
+            kernel[mode] = _kernels.product_kernels([form], mode)[form]
+            layer_step(_kernels, form, layers[0], x_of, outs, pool, mode)
         for _ in range(repeats):
             for mode in ("exact", "integer"):
-                _kernels.set_products(mode)
                 for layer in layers:
                     started, cpu_started = time.perf_counter(), time.process_time()
-                    layer_step(_kernels, form, layer, x_of, outs, pool, mode == "integer")
+                    layer_step(_kernels, form, layer, x_of, outs, pool, mode)
                     wall, cpu = time.perf_counter() - started, time.process_time() - cpu_started
                     best[mode] = min(best.get(mode, float("inf")), wall)
                     best[mode + "_cpu"] = min(best.get(mode + "_cpu", float("inf")), cpu)
     finally:
         if pool is not None:
             pool.stop()
-        _kernels.set_products("auto")
     weight_bytes = sum(d.nbytes for d in layers[0])
     return {"form": form, "n": n, "threads": threads, "kernel": kernel, "exact_ms": best["exact"] * 1e3,
             "integer_ms": best["integer"] * 1e3, "exact_cpu_ms": best["exact_cpu"] * 1e3,

@@ -345,8 +345,9 @@ def torch_side(folder: Path, args: argparse.Namespace) -> dict:
 
 def kestrel_prefill(model, args: argparse.Namespace) -> dict:
     """Prefill tok/s of each length, float32, then with ``prefill_precision="bf16"`` (AMX tiles) or why not."""
+    import attrs
+
     from kestrel_trio._kernels import enable_tiles
-    from kestrel_trio.model import set_prefill_precision
 
     prompts = {n: prompt(n, n) for n in PREFILL_LENGTHS[: 1 if args.quick else 2]}
 
@@ -360,11 +361,12 @@ def kestrel_prefill(model, args: argparse.Namespace) -> dict:
     reason = enable_tiles()
     if reason is not None:
         return {**result, "tiles": reason}
-    set_prefill_precision("bf16")
+    decoder = model.decoder  # the same weights, with the model's settings but bf16 prefill (a model keeps its own)
+    model.decoder = attrs.evolve(decoder, backend=attrs.evolve(decoder.backend, prefill_precision="bf16"))
     try:
         return {**result, **rates("prefill_bf16")}
     finally:
-        set_prefill_precision("fp32")
+        model.decoder = decoder
 
 
 def kestrel_prefill_products(model, prompts: dict) -> dict:

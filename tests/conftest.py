@@ -36,12 +36,13 @@ def _exact_products():
     """The exact products of quantized weights on every host (not the default "auto"): the suites compare
     logits with transformers' goldens within 1e-4 and greedy tokens exactly, which the integer products
     (the default on aarch64 and on x86-64 with AVX2) approach only within the activations' rounding. Their own
-    tests set them (tests/gguf_in/test_integer_fidelity.py, tests/model/test_integer_products.py)."""
-    from kestrel_trio import _kernels
+    tests set them (tests/gguf_in/test_integer_fidelity.py, tests/model/test_integer_products.py). The default
+    of models loaded without their own products, and of products run outside any model."""
+    from kestrel_trio.model import set_products
 
-    _kernels.set_products("exact")
+    set_products("exact")
     yield
-    _kernels.set_products("auto")
+    set_products("auto")
 
 
 @pytest.fixture(scope="module")

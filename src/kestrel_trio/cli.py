@@ -453,11 +453,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if getattr(args, "prefill_precision", None) is not None:
             from kestrel_trio.model import set_prefill_precision
 
-            set_prefill_precision(args.prefill_precision)  # process-wide; a CPU without AMX fails here, in one line
+            set_prefill_precision(args.prefill_precision)  # the models loaded next; a CPU without AMX fails here
         if getattr(args, "exact_products", False):
             from kestrel_trio.model import set_products
 
-            set_products("exact")  # process-wide, before any model loads
+            set_products("exact")  # the models loaded next (the model and its draft)
         if getattr(args, "draft_model", None) is not None:
             draft = _check_draft_model(args)
         if args.command == "serve":

@@ -13,6 +13,7 @@ import logging
 from pathlib import Path
 from typing import Any, Callable, Generator, Literal, Sequence
 
+import attrs
 import numpy as np
 
 from kestrel_trio import _kernels
@@ -23,7 +24,8 @@ from kestrel_trio._model import (
     product_threads, random_tensors, read_config,
     resolve_residency, set_product_threads, UPCAST_CHUNK, PackedMatrix, default_cache_dir,
     describe_weights, packed_matrices, resident_bytes, warm_fused_products, PREFILL_PRECISIONS,
-    set_prefill_precision as _set_prefill_precision, prefill_precision, read_pooling, gguf_pooling,
+    defaults, prefill_precision, read_pooling, gguf_pooling, set_default_prefill_precision,
+    set_default_products,
 )
 # What the engine names of the core it steps through this module (kestrel_trio.engine imports no _model module).
 from kestrel_trio._model import BLOCK_TOKENS, KV_DTYPES, EmbeddingRun, PrefixCache, VLPrompt, mapped_bytes, normalize
@@ -65,9 +67,9 @@ class Model:
         name: the model id reported to clients.
         path: the checkpoint folder, if any.
         tokenizer: the checkpoint's tokenizer, if any.
-        blas_threads: threads that share each weight product, process-wide
-            (see :func:`set_blas_threads`); None keeps the count already set,
-            or at first BLAS's own default (one per core).
+        blas_threads: threads that share each of this model's weight products, and numpy's BLAS count,
+            process-wide (see :func:`set_blas_threads`); None keeps the decoder's own, and at first sets BLAS's
+            own default (one per core) for the models loaded later.
         sampling_defaults: sampling defaults for a checkpoint that carries none in its files
             (a named model's publisher's, see :attr:`generation_defaults`).
     """
@@ -76,10 +78,11 @@ class Model:
         self, decoder: Decoder, *, name: str, path: Path | None = None, tokenizer: Tokenizer | None = None,
         blas_threads: int | None = None, sampling_defaults: dict[str, Any] | None = None,
     ) -> None:
-        if blas_threads is not None:
-            set_blas_threads(blas_threads)
-        elif product_threads() is None:
-            set_blas_threads(_blas_at_start()[1])
+        if blas_threads is not None or product_threads() is None:  # given, or the process's first model
+            set_blas_threads(blas_threads if blas_threads is not None else _blas_at_start()[1])
+            given = defaults()  # the pool just made: this model's own product threads
+            decoder = attrs.evolve(decoder, backend=attrs.evolve(decoder.backend, threads=given.threads,
+                                                                 thread_count=given.thread_count))
         _keep_freed_temporaries()
         self.decoder = decoder
         self.weights_mode = "fp32"  # how the matrices are held: one of WEIGHTS_CHOICES but auto (see load_model)
@@ -107,7 +110,8 @@ class Model:
             if self.vision is not None:
                 forms |= {part.form for matrix in packed_matrices(self.vision.vision) for part in matrix.parts}
             forms = {"F32" if form == "float32" else form for form in forms}
-            self._kernels = {"cpu": _kernels.describe_cpu(), "products": _kernels.product_kernels(forms)}
+            products = _kernels.product_kernels(forms, self.decoder.backend.products)
+            self._kernels = {"cpu": _kernels.describe_cpu(), "products": products}
         return self._kernels
 
     @property
@@ -383,8 +387,13 @@ class Model:
         numba's cache: milliseconds; a first compilation takes seconds), so
         that no request waits for one.
         """
+        with self.decoder.backend.active():  # the small-batch call is this model's own, timed on its threads
+            self._prepare_products()
+
+    def _prepare_products(self) -> None:
         w = self.decoder.weights
-        warm_fused_products(packed_matrices(w) + (packed_matrices(self.vision.vision) if self.vision else []))
+        matrices = packed_matrices(w) + (packed_matrices(self.vision.vision) if self.vision else [])
+        warm_fused_products(matrices, self.decoder.backend.products)
         layers = w.layers[:_SAMPLE_LAYERS]
         sample = [m for layer in layers for m in (layer.attn.qkv_proj, layer.attn.o_proj,
                                                  getattr(layer.mlp, "gate_up_proj", None),
@@ -458,7 +467,8 @@ _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (mal
 
 
 def set_blas_threads(threads: int) -> None:
-    """Run numpy's BLAS, and kestrel's own product threads, on ``threads`` threads, process-wide.
+    """Run numpy's BLAS on ``threads`` threads, process-wide, and kestrel's own product threads on as many in the
+    models loaded later without ``blas_threads`` (a model loaded before keeps its own).
 
     BLAS's threads compute single-row (decode) and many-row (prefill)
     products. A batched decode step's products are instead shared among
@@ -480,7 +490,10 @@ def set_blas_threads(threads: int) -> None:
 
 
 def set_products(mode: str) -> None:
-    """Which products quantized GGUF weights take, process-wide, before a model's first step.
+    """Which products quantized GGUF weights take in models loaded later without ``load_model(products=...)``.
+
+    A loaded model keeps the mode it was loaded with (its own :class:`kestrel_trio._model.Backend`), whatever
+    is set later or given to another model's load.
 
     "integer": each step's activations quantized to int8 per block of 32 with a
     float32 scale, as llama.cpp's, and multiplied with the weights' int8 blocks
@@ -496,16 +509,15 @@ def set_products(mode: str) -> None:
     Raises:
         ModelLoadError: an unknown mode.
     """
-    from kestrel_trio import _kernels
-
     try:
-        _kernels.set_products(mode)
+        set_default_products(mode)
     except ValueError as error:
         raise ModelLoadError(str(error)) from None
 
 
 def set_prefill_precision(precision: str) -> None:
-    """How prefill chunks multiply float32 weights, process-wide: "fp32" (the default) or "bf16".
+    """How prefill chunks multiply float32 weights in models loaded later without their own: "fp32" (the default)
+    or "bf16". A loaded model keeps the precision it was loaded with (``load_model(prefill_precision=...)``).
 
     "bf16" rounds the activations and weights of every product of more than
     32 rows (prefill chunks, and a Qwen3-VL's vision tower) to bf16 and
@@ -520,7 +532,7 @@ def set_prefill_precision(precision: str) -> None:
         ModelLoadError: an unknown precision, or "bf16" where AMX cannot run (saying why).
     """
     try:
-        _set_prefill_precision(precision)
+        set_default_prefill_precision(precision)
     except ValueError as error:
         raise ModelLoadError(str(error)) from None
     if precision != "fp32":
@@ -604,8 +616,9 @@ def load_model(
             carries the config, tokenizer and chat template; or either as
             :func:`check_model` checked it (not parsed again).
         progress: called with the fraction of weight bytes read (0 to 1).
-        blas_threads: threads that share each weight product, process-wide (None: the count
-            already set, at first one per core); numpy's BLAS then runs one thread per call.
+        blas_threads: threads that share each of this model's weight products (None: the count
+            already set, at first one per core), and numpy's BLAS count, process-wide (see
+            :func:`set_blas_threads`). A model loaded before keeps its own product threads.
         weights: how weights stay in memory (docs/memory.md).
             "fp32": float32 copies (4 bytes a weight; the fastest decode at batch 1).
             "bf16": bf16 bits memory-mapped from the checkpoint (2 bytes; shared page
@@ -621,10 +634,10 @@ def load_model(
         quantized_cache: where int8/int4 weights are cached, so that the next load
             maps them instead of quantizing: True for ``~/.cache/kestrel-trio/quantized``
             (``$XDG_CACHE_HOME`` if set), a folder, or False for no cache.
-        prefill_precision: "fp32" or "bf16", process-wide (see :func:`set_prefill_precision`;
-            None keeps what is set, at first "fp32").
-        products: "auto", "exact" or "integer", process-wide (see :func:`set_products`; None
-            keeps what is set, at first "auto").
+        prefill_precision: "fp32" or "bf16", this model's (see :func:`set_prefill_precision`;
+            None: what that set, at first "fp32"). Another model's load never changes it.
+        products: "auto", "exact" or "integer", this model's (see :func:`set_products`; None:
+            what that set, at first "auto"). Another model's load never changes it.
         mmproj: the vision tower of a Qwen3-VL language-model GGUF (``path``, architecture
             ``qwen3vl``): llama.cpp's ``mmproj`` GGUF file (projector ``qwen3vl_merger``; tensors
             F32, F16, BF16 or Q8_0, as stored, under ``weights`` as the language model's). Without
@@ -639,10 +652,27 @@ def load_model(
     residency = checked.residency_for(weights) if checked is not None else None  # None: resolved below
     if blas_threads is not None:
         set_blas_threads(blas_threads)  # before reading: a bad value fails fast
-    if prefill_precision is not None:
-        set_prefill_precision(prefill_precision)
-    if products is not None:
-        set_products(products)
+    elif product_threads() is None:
+        set_blas_threads(_blas_at_start()[1])  # the first load: BLAS's own count (one per core), before it changes
+    backend = _backend(products, prefill_precision)  # before reading: a bad value fails fast
+    with backend.active():  # the decoder built below holds it; the load's warm-up runs in it
+        return _load(path, checked, residency, progress, weights, quantized_cache, mmproj)
+
+
+def _backend(products: str | None, precision: str | None):
+    """The kernel settings of a model being loaded: its arguments', else the defaults set (product threads too)."""
+    try:
+        backend = defaults().for_model(products, precision)
+    except ValueError as error:
+        raise ModelLoadError(str(error)) from None
+    if backend.prefill_precision != "fp32":
+        log.info("prefill products: %s in AMX tiles (float32 sums)", backend.prefill_precision)
+    return backend
+
+
+def _load(path: str | Path | CheckedModel, checked: CheckedModel | None, residency: str | None,
+          progress: Callable[[float], None] | None, weights: str, quantized_cache: str | Path | bool,
+          mmproj: str | Path | None) -> Model:
     folder = checked.path if checked is not None else Path(path)
     cache = _cache_dir(quantized_cache)
     mmproj = mmproj if mmproj is not None else (checked.mmproj if checked is not None else None)

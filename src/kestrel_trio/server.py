@@ -140,6 +140,17 @@ def _accepts_videos(model: Source) -> bool:
     return True
 
 
+def _check_loaded_backend(model: Model, **settings: str | int | None) -> None:
+    """Refuse a kernel setting that differs from an already loaded ``model``'s: a model keeps the settings it was
+    loaded with, so the server would otherwise ignore it."""
+    backend = model.decoder.backend
+    for name, value in settings.items():
+        held = getattr(backend, "thread_count" if name == "blas_threads" else name)
+        if value is not None and value != held:
+            raise ModelLoadError(f"{name}={value!r}: the model was loaded with {name}={held!r}; "
+                                 f"give it to load_model, or pass a model path")
+
+
 def _image_policy(policy: ImagePolicy, allow_image_dir: str | Path | None) -> ImagePolicy:
     if allow_image_dir is None:
         return policy
@@ -268,11 +279,14 @@ async def serve(
         open_paths: the exact paths that never need the API key (probes for balancers and Prometheus).
         weights: "auto", "fp32", "bf16", "int8", "int4" or "gguf": how the weights stay in memory (see load_model).
         quantized_cache: where int8/int4 weights are cached (True: the default folder; False: no cache; see load_model).
-        blas_threads: threads numpy's BLAS may use, process-wide (None: one per core).
-        prefill_precision: "fp32" or "bf16" (AMX tiles), process-wide (None: as set, at first
-            "fp32"; see kestrel_trio.model.set_prefill_precision).
-        products: "auto", "exact" or "integer": the products of quantized weights, process-wide (None: as set,
-            at first "auto": integer on aarch64; see kestrel_trio.model.set_products).
+        blas_threads: threads numpy's BLAS may use, process-wide, and that share each product of the models
+            loaded here (None: one per core).
+        prefill_precision: "fp32" or "bf16" (AMX tiles), of the models loaded here (None: as set, at first
+            "fp32"; see kestrel_trio.model.set_prefill_precision). A ``model`` already loaded keeps its own: a
+            different one is refused.
+        products: "auto", "exact" or "integer": the products of quantized weights of the models loaded here
+            (None: as set, at first "auto": integer on aarch64; see kestrel_trio.model.set_products). A
+            ``model`` already loaded keeps its own (and its ``blas_threads``): a different one is refused.
         engine_limits: queue and batch bounds.
         http_limits: HTTP deadlines (seconds) and size limits (bytes).
         grace: seconds running requests may take to finish once the listener is closed.
@@ -332,6 +346,9 @@ async def serve(
     check_context_cap(model, engine_limits.max_model_len)  # so does a cap the config cannot hold
     engine_limits, draft_model = _speculative_limits(engine_limits, model, draft_model, weights)
     policy = _image_policy(image_policy, allow_image_dir)
+    if isinstance(model, Model):  # before the defaults change: a refusal leaves them as they were
+        _check_loaded_backend(model, products=products, prefill_precision=prefill_precision,
+                              blas_threads=blas_threads)
     if products is not None:
         set_products(products)  # an unknown mode fails now, before anything listens or loads
     default_max_tokens = _default_max_tokens(default_max_tokens, model)

@@ -190,9 +190,9 @@ class _Expansions:
         monkeypatch.setattr(GgmlRows, "integer", integer)
         product, expand = _kernels.packed_product, _kernels.packed_expand
 
-        def packed_product(form, data, scales, x, start, stop, out, quantized=None):
+        def packed_product(form, data, scales, x, start, stop, out, quantized=None, *, mode="exact"):
             self.calls.append((data.__array_interface__["data"][0], start, stop))
-            return product(form, data, scales, x, start, stop, out, quantized)
+            return product(form, data, scales, x, start, stop, out, quantized, mode=mode)
 
         def packed_expand(form, data, scales, start, stop, out):
             self.calls.append((data.__array_interface__["data"][0], start, stop))

@@ -34,15 +34,11 @@ def decode_logits(name: str, mode: str) -> tuple[np.ndarray, dict[str, str]]:
     """[steps, vocab] logits of each decode step along the golden greedy tokens, and the kernels that took them."""
     golden = np.load(GGUF_FIXTURES / name / "golden.npz")
     prompt, answer = golden["prompt_ids"].tolist(), golden["greedy_ids"].tolist()
-    _kernels.set_products(mode)
-    try:
-        model = load_model(GGUF_FIXTURES / name / f"{name}.gguf")
-        cache = model.new_cache()
-        rows = [model.step(cache, prompt, all_logits=True)[-1:]]
-        rows += [model.step(cache, [token], all_logits=True) for token in answer[:-1]]
-        return np.concatenate(rows), model.kernel_report()["products"]  # [len(answer), vocab]
-    finally:
-        _kernels.set_products("exact")
+    model = load_model(GGUF_FIXTURES / name / f"{name}.gguf", products=mode)
+    cache = model.new_cache()
+    rows = [model.step(cache, prompt, all_logits=True)[-1:]]
+    rows += [model.step(cache, [token], all_logits=True) for token in answer[:-1]]
+    return np.concatenate(rows), model.kernel_report()["products"]  # [len(answer), vocab]
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -8,6 +8,7 @@ import pytest
 from kestrel_trio._model import matmul
 from kestrel_trio._model import share_choice
 from kestrel_trio._model.decode_share import KINDS, SharedOrAlone, choosers
+from kestrel_trio._model.product_threads import ProductThreads
 from kestrel_trio._model.share_choice import BURST, ShareChooser
 
 
@@ -90,7 +91,7 @@ def test_every_kind_times_the_other_way_first_then_takes_the_cheaper():
 
 def test_the_product_threads_leave_blas_alone_for_tasks_without_it():
     counts, done = [], []
-    threads = matmul._ProductThreads(2, counts.append)
+    threads = ProductThreads(2, counts.append)
     try:
         threads.run([lambda: done.append(0), lambda: done.append(1)], blas=False)
         assert counts == [] and sorted(done) == [0, 1]

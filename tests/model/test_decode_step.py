@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from kestrel_trio import _kernels, load_model
+from kestrel_trio.model import set_products
 from kestrel_trio._model import decode_step as decode_step_module
 from kestrel_trio._model import decode_share, matmul, share_choice
 from kestrel_trio._model.share_choice import ShareChooser
@@ -77,9 +78,9 @@ def _decode(name: str, fast: bool, monkeypatch, steps: int = 6) -> tuple[np.ndar
 
 @pytest.fixture
 def integer_mode():
-    _kernels.set_products("integer")
+    set_products("integer")  # the models loaded in the test take it
     yield
-    _kernels.set_products("exact")
+    set_products("exact")
 
 
 @pytest.mark.parametrize("name", DENSE)
@@ -140,7 +141,7 @@ def test_it_declines_the_exact_products_a_moe_and_a_bf16_cache(integer_mode, mon
     cache = model.new_cache(dtype="bf16")
     model.prefill(cache, np.array([1, 2, 3]))
     assert decode_step_module.decode_step(model.decoder, 4, cache.length, cache) is None
-    _kernels.set_products("exact")
+    set_products("exact")
     _, taken = _decode("llama_quant", True, monkeypatch)
     assert taken == 0  # no integer product: nothing for this path to save
 

@@ -12,6 +12,8 @@ import pytest
 from kestrel_trio import load_model
 from kestrel_trio.model import set_blas_threads
 from kestrel_trio._model import forward, layers, matmul
+from kestrel_trio._model.backend import current
+from kestrel_trio._model.product_threads import ProductThreads
 from kestrel_trio._model.matmul import SMALL_BATCH_CALLS, linear, set_small_batch_call, small_batch_call
 from kestrel_trio._model.random_init import write_random_checkpoint
 from kestrel_trio._model.safetensors import SafetensorsCheckpoint
@@ -134,7 +136,7 @@ def test_products_shared_among_threads_equal_the_single_thread_ones(monkeypatch,
 
 
 def test_an_error_in_a_product_thread_reaches_the_caller_and_the_threads_go_on():
-    threads = matmul._ProductThreads(3)
+    threads = ProductThreads(3)
     ran = []
     try:
         with pytest.raises(ZeroDivisionError):
@@ -162,7 +164,7 @@ def test_blas_threads_is_applied_process_wide_and_validated(tmp_path):
         assert _blas_thread_counts() == {3}
         assert matmul.product_threads() == 3
         seen = []  # while the 3 product threads share a product, each calls one-thread BLAS
-        matmul._threads.run([lambda: seen.append(_blas_thread_counts())] * 3)
+        current().threads.run([lambda: seen.append(_blas_thread_counts())] * 3)
         assert seen == [{1}] * 3 and _blas_thread_counts() == {3}
         with pytest.raises(ModelLoadError, match="blas_threads"):
             load_model(tmp_path, blas_threads=0)
@@ -191,7 +193,7 @@ def test_product_threads_run_one_thread_blas_when_the_caller_is_a_worker_thread(
     seen, after = [], []
 
     def step_in_a_worker() -> None:
-        matmul._threads.run([lambda: seen.append(_blas_thread_counts())] * 2)
+        current().threads.run([lambda: seen.append(_blas_thread_counts())] * 2)
         after.append(_blas_thread_counts())
 
     try:
@@ -315,7 +317,6 @@ def test_a_batched_decode_step_shares_its_sequences_attention_and_changes_no_log
     from kestrel_trio import _kernels
 
     write_random_checkpoint(tmp_path, TINY, seed=11)
-    model = load_model(tmp_path)
     prompts = [[3, 4, 5, 6, 7, 8, 9], [10], [11, 12, 13], [14, 15, 16, 17, 18]]
     before = matmul.product_threads() or 1
 
@@ -329,6 +330,7 @@ def test_a_batched_decode_step_shares_its_sequences_attention_and_changes_no_log
 
     try:
         matmul.set_product_threads(2)
+        model = load_model(tmp_path)  # its product threads: the 2 just set
         calls = _recording_run_shared(monkeypatch)
         alone = batched_step()  # [B, vocab]
         assert calls == []  # a few keys: below the threshold
@@ -405,13 +407,14 @@ def test_a_sample_replaces_a_choice_timed_on_stand_in_weights_or_a_smaller_sampl
     try:
         set_small_batch_call(None)
         small_batch_call()  # a first small product before any model sample: stand-in weights
-        assert matmul._small_batch_call_source[0] == "synthetic"
+        choice = current().small_batch  # outside any model: the defaults'
+        assert choice.source == "synthetic"
         matmul.choose_small_batch_call(sample)
-        assert matmul._small_batch_call_source == ["sample", 256 * 64 * 4]
-        matmul.choose_small_batch_call(sample[:1] * 2)  # a larger model's sample: timed again
-        assert matmul._small_batch_call_source == ["sample", 2 * 256 * 64 * 4]
-        matmul.choose_small_batch_call(sample)  # a smaller one's: kept
-        assert matmul._small_batch_call_source == ["sample", 2 * 256 * 64 * 4]
+        assert (choice.source, choice.timed_bytes) == ("sample", 256 * 64 * 4)
+        matmul.choose_small_batch_call(sample[:1] * 2)  # a larger sample: timed again
+        assert (choice.source, choice.timed_bytes) == ("sample", 2 * 256 * 64 * 4)
+        matmul.choose_small_batch_call(sample)  # a smaller one: kept
+        assert (choice.source, choice.timed_bytes) == ("sample", 2 * 256 * 64 * 4)
     finally:
         set_small_batch_call(None)
 

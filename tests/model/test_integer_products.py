@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from kestrel_trio import _kernels
+from kestrel_trio._model import Backend
 
 pytestmark = pytest.mark.skipif(not _kernels.ready(), reason=_kernels.unavailable_reason())
 
@@ -320,23 +321,18 @@ def test_a_product_takes_the_integer_kernel_of_its_mode(form):
 
         kind = x86.usable_kernel(cpu.this_cpu().has)
         expected = x86.KINDS[kind] if kind is not None and form in x86.FORMS else "int8"
-    try:
-        _kernels.set_products("integer")
-        out = np.empty((2, 10), dtype=np.float32)
-        _kernels.packed_product(form, data, None, x, 0, 10, out)
-        assert _kernels.product_kernels([form]) == {form: expected}
-        np.testing.assert_array_equal(out.view(np.uint32), want.view(np.uint32))
-        shared = _kernels.quantize_activations(x, ["F32", form])  # once for every product taking x
-        again = np.empty((2, 10), dtype=np.float32)
-        _kernels.packed_product(form, data, None, x, 0, 10, again, shared)
-        np.testing.assert_array_equal(again.view(np.uint32), want.view(np.uint32))
-        assert (shared[2] is not None) == (form in WITH_MINIMUMS)  # the sums only where minimums take them
-        _kernels.set_products("exact")
-        assert _kernels.quantize_activations(x, [form]) is None
-        _kernels.packed_product(form, data, None, x, 0, 10, out)
-        assert _kernels.product_kernels([form]) == {form: "portable"}
-        assert not np.array_equal(out, want)  # the exact product: activations not rounded
-    finally:
-        _kernels.set_products("exact")
+    out = np.empty((2, 10), dtype=np.float32)
+    _kernels.packed_product(form, data, None, x, 0, 10, out, mode="integer")
+    assert _kernels.product_kernels([form], "integer") == {form: expected}
+    np.testing.assert_array_equal(out.view(np.uint32), want.view(np.uint32))
+    shared = _kernels.quantize_activations(x, ["F32", form], "integer")  # once for every product taking x
+    again = np.empty((2, 10), dtype=np.float32)
+    _kernels.packed_product(form, data, None, x, 0, 10, again, shared, mode="integer")
+    np.testing.assert_array_equal(again.view(np.uint32), want.view(np.uint32))
+    assert (shared[2] is not None) == (form in WITH_MINIMUMS)  # the sums only where minimums take them
+    assert _kernels.quantize_activations(x, [form], "exact") is None
+    _kernels.packed_product(form, data, None, x, 0, 10, out, mode="exact")
+    assert _kernels.product_kernels([form], "exact") == {form: "portable"}
+    assert not np.array_equal(out, want)  # the exact product: activations not rounded
     with pytest.raises(ValueError, match="products must be one of auto, exact, integer"):
-        _kernels.set_products("fast")
+        Backend(products="fast")

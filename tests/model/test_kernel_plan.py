@@ -121,16 +121,13 @@ def test_this_hosts_plan_is_what_the_dispatch_runs():
     found = kplan.this_plan()
     assert found == plan(cpu.kernel_features())
     assert dispatch.f32_assembly() == (None if found.f32.variant == "portable" else found.f32.variant)
-    assert _kernels.product_kernels(["F32", "bf16", "int8", "F16"]) == {
+    assert _kernels.product_kernels(["F32", "bf16", "int8", "F16"], "exact") == {
         "F32": kplan.F32_LABELS[found.f32.variant], "bf16": found.bf16.variant, "int8": found.bf16.variant,
         "F16": "portable"}
     assert (prefill._chunks_unusable() is None) == (found.chunk_products.variant == "avx512")
     assert (_kernels.enable_tiles() is None) <= (found.tiles.variant == "amx")
-    try:
-        _kernels.set_products("integer")
-        assert set(_kernels.product_kernels(ALL_INTEGER).values()) == {kplan.INTEGER_LABELS[found.integer.variant]}
-    finally:
-        _kernels.set_products("exact")
+    integer = {kplan.INTEGER_LABELS[found.integer.variant]}
+    assert set(_kernels.product_kernels(ALL_INTEGER, "integer").values()) == integer
 
 
 def test_the_command_prints_the_four_reference_cpus_and_this_host():

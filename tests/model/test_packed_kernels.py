@@ -199,7 +199,7 @@ assert llvmlite.__file__.startswith(COPY), llvmlite.__file__
 numba.njit(lambda n: n + 1)(1)  # a fresh compilation: the compiler's pages are resident
 compiled = _llvm_private_kib()
 weight = _matrix()
-matmul.warm_fused_products([weight])
+matmul.warm_fused_products([weight], "exact")
 warmed = _llvm_private_kib()
 x = np.ones((2, 1024), dtype=np.float32)
 np.testing.assert_allclose(matmul.linear_packed(x, weight), x @ weight.dense().T, rtol=1e-4, atol=1e-3)
@@ -301,7 +301,7 @@ def test_off_x86_64_every_form_takes_the_portable_loops_whatever_numba_compiles_
     from kestrel_trio._kernels import dispatch
 
     assert dispatch.f32_assembly() is None
-    assert set(_kernels.product_kernels(_kernels.FORMS).values()) == {"portable"}
+    assert set(_kernels.product_kernels(_kernels.FORMS, "exact").values()) == {"portable"}
 
 
 @pytest.mark.host_cpu

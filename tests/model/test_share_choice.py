@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from kestrel_trio._model import matmul
+from kestrel_trio._model.backend import current
 from kestrel_trio._model.share_choice import BURST, EXPLORE_EVERY, ShareChooser
 
 
@@ -53,7 +54,7 @@ def test_both_ways_compute_the_same_product():
     x = rng.standard_normal((1, 256)).astype(np.float32)  # [1, in]
     matmul.set_product_threads(2)
     try:
-        chooser = matmul._share_choosers["one"]
+        chooser = current().share_choosers["one"]  # outside any model: the defaults'
         before = chooser.prefer_shared
         results = {}
         for way in (False, True):

@@ -94,9 +94,9 @@ def test_bf16_prefill_runs_its_chunks_on_tiles_and_keeps_decode_in_float32(monke
     rows = []
     real = _kernels.tile_multiply
     monkeypatch.setattr(_kernels, "tile_multiply", lambda packed, m, *rest: rows.append(m) or real(packed, m, *rest))
-    set_prefill_precision("bf16")
-    cache = model.new_cache()
-    logits = model.prefill(cache, prompt)  # [vocab]
+    tiled = load_model(FP32_FIXTURE, weights=weights, prefill_precision="bf16")  # its own; model keeps fp32
+    cache = tiled.new_cache()
+    logits = tiled.prefill(cache, prompt)  # [vocab]
     products = len(rows)
     # Every layer's products on the chunk's 48 rows, but the last layer's past its queries, keys and values: its
     # output is wanted for the last row alone, a float32 row (forward's trimmed last layer)
@@ -104,8 +104,10 @@ def test_bf16_prefill_runs_its_chunks_on_tiles_and_keeps_decode_in_float32(monke
     assert set(rows) == {48}
     np.testing.assert_allclose(logits, reference, rtol=0, atol=0.05 * np.abs(reference).max())
     assert not np.array_equal(logits, reference)  # bf16 arithmetic did run
-    model.step(cache, [int(np.argmax(logits))])  # a decode step: 1 row, float32
-    model.step(cache, list(range(3, 35)))  # 32 rows, a speculative verify's most: float32 too
+    tiled.step(cache, [int(np.argmax(logits))])  # a decode step: 1 row, float32
+    tiled.step(cache, list(range(3, 35)))  # 32 rows, a speculative verify's most: float32 too
+    assert len(rows) == products
+    assert np.array_equal(model.prefill(model.new_cache(), prompt), reference)  # the first model: float32 still
     assert len(rows) == products
 
 

@@ -133,51 +133,40 @@ def test_the_dispatch_names_each_forms_kernel_in_each_mode(monkeypatch):
     forms = FORMS + ["bf16"]
     assert plan.X86_AUTO_FORMS == frozenset(x86.FORMS) == frozenset(FORMS)  # auto takes every x86 kernel
     assert plan.this_plan().integer_auto == plan.X86_AUTO_FORMS
-    try:
-        _kernels.set_products("exact")
-        assert all(name in ("portable", "avx2", "avx512") for name in _kernels.product_kernels(forms).values())
-        assert {f: _kernels.product_kernels([f])[f] for f in FORMS} == {f: "portable" for f in FORMS}
-        for mode in ("auto", "integer"):
-            _kernels.set_products(mode)
-            found = _kernels.product_kernels(forms)
-            assert {f: found[f] for f in FORMS} == {f: own for f in FORMS}
-        # a form the x86 module has no kernel for: the exact path in auto, the portable reference in integer
-        monkeypatch.setattr(x86, "FORMS", {f: v for f, v in x86.FORMS.items() if f != "Q6_K"})
-        _kernels.set_products("auto")
-        assert _kernels.product_kernels(["Q6_K", "Q4_0"]) == {"Q6_K": "portable", "Q4_0": own}
-        _kernels.set_products("integer")
-        assert _kernels.product_kernels(["Q6_K"]) == {"Q6_K": "int8"}
-        # and a form auto does not take on x86 (where it would not win): the plan says which it takes
-        monkeypatch.setattr(plan, "_found", [dataclasses.replace(plan.this_plan(), integer_auto=frozenset({"Q8_0"}))])
-        _kernels.set_products("auto")
-        assert _kernels.product_kernels(["Q8_0", "Q4_K"]) == {"Q8_0": own, "Q4_K": "portable"}
-    finally:
-        _kernels.set_products("exact")
+    assert all(name in ("portable", "avx2", "avx512") for name in _kernels.product_kernels(forms, "exact").values())
+    assert {f: _kernels.product_kernels([f], "exact")[f] for f in FORMS} == {f: "portable" for f in FORMS}
+    for mode in ("auto", "integer"):
+        found = _kernels.product_kernels(forms, mode)
+        assert {f: found[f] for f in FORMS} == {f: own for f in FORMS}
+    # a form the x86 module has no kernel for: the exact path in auto, the portable reference in integer
+    monkeypatch.setattr(x86, "FORMS", {f: v for f, v in x86.FORMS.items() if f != "Q6_K"})
+    assert _kernels.product_kernels(["Q6_K", "Q4_0"], "auto") == {"Q6_K": "portable", "Q4_0": own}
+    assert _kernels.product_kernels(["Q6_K"], "integer") == {"Q6_K": "int8"}
+    # and a form auto does not take on x86 (where it would not win): the plan says which it takes
+    monkeypatch.setattr(plan, "_found", [dataclasses.replace(plan.this_plan(), integer_auto=frozenset({"Q8_0"}))])
+    assert _kernels.product_kernels(["Q8_0", "Q4_K"], "auto") == {"Q8_0": own, "Q4_K": "portable"}
 
 
 def test_a_product_through_the_dispatch_equals_the_reference():
     rng = np.random.default_rng(3)
     x = rng.standard_normal((6, 512), dtype=np.float32)  # [6, 512]
     xq, xd = quantized(x)
-    try:
-        _kernels.set_products("auto")  # x86-64's kernels, every form (plan.X86_AUTO_FORMS)
-        for form in FORMS:
-            data = block_rows(form, rng, 11, 512)  # [11, ...]
-            want = np.empty((6, 11), dtype=np.float32)
-            integer.product_blocks(x86.form_id(form), data, f16_table(), 32, xq, xd, sums_of(xq, xd), 0, 11, want)
-            out = np.empty((6, 11), dtype=np.float32)
-            _kernels.packed_product(form, data, None, x, 0, 11, out, _kernels.quantize_activations(x, [form]))
-            np.testing.assert_array_equal(out.view(np.uint32), want.view(np.uint32))
-            # read-only rows (a mapped GGUF) into a column range of a larger result: the same kernel, no other
-            data.flags.writeable = False
-            wider = np.full((6, 13), np.nan, dtype=np.float32)  # [6, 13]
-            _kernels.packed_product(form, data, None, x, 0, 11, wider[:, 1:12])
-            np.testing.assert_array_equal(wider[:, 1:12].view(np.uint32), want.view(np.uint32))
-            assert np.isnan(wider[:, 0]).all() and np.isnan(wider[:, 12]).all()
-        # one compiled version a kernel, made at first use: no call compiled another (after warming, none may)
-        assert dispatch._typed_kernels and all(len(k.signatures) == 1 for k in dispatch._typed_kernels.values())
-    finally:
-        _kernels.set_products("exact")
+    for form in FORMS:
+        data = block_rows(form, rng, 11, 512)  # [11, ...]
+        want = np.empty((6, 11), dtype=np.float32)
+        integer.product_blocks(x86.form_id(form), data, f16_table(), 32, xq, xd, sums_of(xq, xd), 0, 11, want)
+        out = np.empty((6, 11), dtype=np.float32)
+        shared = _kernels.quantize_activations(x, [form], "auto")  # x86-64's kernels, every form (X86_AUTO_FORMS)
+        _kernels.packed_product(form, data, None, x, 0, 11, out, shared, mode="auto")
+        np.testing.assert_array_equal(out.view(np.uint32), want.view(np.uint32))
+        # read-only rows (a mapped GGUF) into a column range of a larger result: the same kernel, no other
+        data.flags.writeable = False
+        wider = np.full((6, 13), np.nan, dtype=np.float32)  # [6, 13]
+        _kernels.packed_product(form, data, None, x, 0, 11, wider[:, 1:12], mode="auto")
+        np.testing.assert_array_equal(wider[:, 1:12].view(np.uint32), want.view(np.uint32))
+        assert np.isnan(wider[:, 0]).all() and np.isnan(wider[:, 12]).all()
+    # one compiled version a kernel, made at first use: no call compiled another (after warming, none may)
+    assert dispatch._typed_kernels and all(len(k.signatures) == 1 for k in dispatch._typed_kernels.values())
 
 
 AVX2_CHILD = """
@@ -188,8 +177,7 @@ from kestrel_trio import _kernels
 from kestrel_trio._kernels import integer
 from kestrel_trio._kernels.products import f16_table
 from kestrel_trio._kernels.x86 import integer as x86
-_kernels.set_products("integer")
-print(_kernels.product_kernels(["Q4_0"])["Q4_0"])
+print(_kernels.product_kernels(["Q4_0"], "integer")["Q4_0"])
 rng = np.random.default_rng(4)
 data = block_rows("Q4_0", rng, 9, 256)
 x = rng.standard_normal((5, 256), dtype=np.float32)
@@ -197,7 +185,7 @@ xq, xd = quantized(x)
 want = np.empty((5, 9), dtype=np.float32)
 integer.product_blocks(1, data, f16_table(), 32, xq, xd, sums_of(xq, xd), 0, 9, want)
 out = np.empty((5, 9), dtype=np.float32)
-_kernels.packed_product("Q4_0", data, None, x, 0, 9, out)
+_kernels.packed_product("Q4_0", data, None, x, 0, 9, out, mode="integer")
 print(np.array_equal(out.view(np.uint32), want.view(np.uint32)))
 """
 

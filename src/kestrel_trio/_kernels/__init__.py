@@ -24,7 +24,7 @@ import numpy as np
 from kestrel_trio._kernels import cpu as _cpu
 
 __all__ = ["FORMS", "ready", "compiled", "unavailable_reason", "describe", "describe_cpu", "product_kernels",
-           "optional_kernels", "set_products", "product_mode", "PRODUCT_MODES", "prepare", "packed_product",
+           "optional_kernels", "PRODUCT_MODES", "prepare", "packed_product",
            "quantize_activations", "packed_expand", "packed_weights", "release_compiler_pages", "enable_tiles",
            "tile_product", "tile_pack", "tile_multiply", "enable_chunk_products", "chunk_product",
            "CHUNK_WEIGHT_ROWS", "CHUNK_K_STEP", "enable_prefill_attention", "prefill_attention", "qkv_rows",
@@ -34,7 +34,9 @@ __all__ = ["FORMS", "ready", "compiled", "unavailable_reason", "describe", "desc
 # The storage forms the compiled products know (kestrel_trio._kernels.products.FORMS), known without numba.
 FORMS = frozenset(("int8", "int4", "bf16", "F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K",
                     "Q5_K", "Q6_K"))
-PRODUCT_MODES = ("auto", "exact", "integer")  # set_products
+# Which products quantized weights take: a model's own setting (kestrel_trio._model.backend.Backend.products),
+# passed to each call here; nothing in this package holds a mode.
+PRODUCT_MODES = ("auto", "exact", "integer")
 _RUN = 32  # a block's inner loop length, an argument so that it stays a run-time value (products.py)
 
 log = logging.getLogger("kestrel_trio.kernels")
@@ -43,7 +45,9 @@ log = logging.getLogger("kestrel_trio.kernels")
 # reports (AT_HWCAP), not for what LLVM reads from /proc/cpuinfo (kestrel_trio._kernels.cpu says why).
 _cpu.configure_numba()
 
-_state: dict = {}  # "products": the compiled module, or "error": why it cannot be had
+# "products": the compiled module, or "error": why it cannot be had; "table": the float16 table. Facts of this
+# process (the same for every model), loaded once: no model's setting is kept here.
+_state: dict = {}
 _state_lock = threading.Lock()
 
 
@@ -115,8 +119,9 @@ def optional_kernels() -> dict[str, str | None]:
     }
 
 
-def product_kernels(forms) -> dict[str, str]:
-    """For each storage form of ``forms`` (names in FORMS), the kernel its products take in this process.
+def product_kernels(forms, mode: str) -> dict[str, str]:
+    """For each storage form of ``forms`` (names in FORMS), the kernel its products take in products ``mode``
+    (one of PRODUCT_MODES) on this CPU.
 
     "portable": the compiled reference loops (kestrel_trio._kernels.products), compiled for :func:`describe_cpu`;
     "avx512", "avx2", "avx2+avx512": an x86-64 assembly block, from four activation rows; "numpy": numba
@@ -125,28 +130,7 @@ def product_kernels(forms) -> dict[str, str]:
     wanted = sorted(set(forms) & FORMS)
     if not ready():
         return {form: "numpy" for form in wanted}
-    return {form: _products().kernel_name(form) for form in wanted}
-
-
-def set_products(mode: str) -> None:
-    """Which products quantized weights take, process-wide (before a model's first step): "exact" (expanded to
-    float32, multiplied in float32: the reference), "integer" (activations quantized to int8 per block of 32,
-    integer block sums as llama.cpp's) or "auto" (integer where this CPU has integer kernels of its own for the
-    form, as kestrel_trio._kernels.plan's integer_auto says; exact elsewhere). Forms a product was already made
-    for keep it for the mode it was made in and take the new mode's at their next call
-    (kestrel_trio._kernels.dispatch.product_for).
-
-    Raises:
-        ValueError: an unknown mode.
-    """
-    if mode not in PRODUCT_MODES:
-        raise ValueError(f"products must be one of {', '.join(PRODUCT_MODES)}, got {mode!r}")
-    _state["mode"] = mode
-
-
-def product_mode() -> str:
-    """The mode :func:`set_products` set ("auto" at first)."""
-    return _state.get("mode", "auto")
+    return {form: _products().kernel_name(form, mode) for form in wanted}
 
 
 def _products():
@@ -160,7 +144,7 @@ def _products():
 
 
 def packed_product(form: str, data: np.ndarray, scales: np.ndarray | None, x: np.ndarray, start: int, stop: int,
-                   out: np.ndarray, quantized: tuple | None = None) -> None:
+                   out: np.ndarray, quantized: tuple | None = None, *, mode: str = "exact") -> None:
     """``out`` [N, stop-start] = ``x`` [N, cols] @ W[start:stop].T for W stored as ``form`` (one of FORMS).
 
     Args:
@@ -173,30 +157,32 @@ def packed_product(form: str, data: np.ndarray, scales: np.ndarray | None, x: np
         out: float32 [N, stop-start], any strides.
         quantized: :func:`quantize_activations` of ``x`` for these forms, made once for every product that
             takes ``x`` (None: an integer product quantizes ``x`` itself).
+        mode: the products' mode (one of PRODUCT_MODES; the model's): "exact" expands every weight to float32.
     """
-    product, _, data, scales = _typed(form, data, scales)
+    product, _, data, scales = _typed(form, data, scales, mode)
     if quantized is not None and getattr(product, "takes_quantized", False):
         product(data, scales, _state["table"], _RUN, x, start, stop, out, quantized)
     else:
         product(data, scales, _state["table"], _RUN, x, start, stop, out)
 
 
-def quantize_activations(x: np.ndarray, forms) -> tuple | None:
+def quantize_activations(x: np.ndarray, forms, mode: str) -> tuple | None:
     """``x`` float32 [N, cols] (C-contiguous) quantized to int8 per block of 32 for the integer products of
-    ``forms`` (names in FORMS) that this process takes (:func:`set_products`), once for all of them; None where
-    none does. Hand it to :func:`packed_product` with the same ``x``."""
+    ``forms`` (names in FORMS) that products ``mode`` (one of PRODUCT_MODES) takes, once for all of them; None
+    where none does. Hand it to :func:`packed_product` with the same ``x`` and ``mode``."""
     if not ready():
         return None
-    return _products().quantize(x, forms)
+    return _products().quantize(x, forms, mode)
 
 
-def integer_rows(form: str, data: np.ndarray) -> tuple | None:
+def integer_rows(form: str, data: np.ndarray, mode: str) -> tuple | None:
     """``form``'s integer product bound to its GGUF rows ``data`` (uint8 [rows, row_bytes]) and whether it reads
-    the activations' block sums, or None where ``form`` takes the exact products here (or nothing is compiled):
+    the activations' block sums, or None where ``form`` takes the exact products in products ``mode`` (one of
+    PRODUCT_MODES) here (or nothing is compiled):
     kestrel_trio._kernels.dispatch.integer_rows. For a decode step's calls without per-call dispatch."""
     if not ready() or form not in FORMS:
         return None
-    return _products().integer_rows(form, data, _state["table"])
+    return _products().integer_rows(form, data, _state["table"], mode)
 
 
 def decode_loops():
@@ -213,12 +199,13 @@ def decode_loops():
 def packed_expand(form: str, data: np.ndarray, scales: np.ndarray | None, start: int, stop: int,
                   out: np.ndarray) -> None:
     """``out`` [stop-start, cols] (float32, C-contiguous) = W[start:stop], exactly (arguments as packed_product)."""
-    _, expand, data, scales = _typed(form, data, scales)
+    expand, data, scales = _expansion(form, data, scales)
     expand(data, scales, _state["table"], _RUN, start, stop, out)
 
 
-def prepare(forms) -> None:
-    """Compile, or load from numba's cache, the products and expansions of ``forms`` (names in FORMS) now.
+def prepare(forms, mode: str) -> None:
+    """Compile, or load from numba's cache, the products of ``forms`` (names in FORMS) in products ``mode`` (one
+    of PRODUCT_MODES), and their expansions, now.
 
     And the layers' loops every model steps with (exponentials, decode
     attention). Then hand back the compiler's pages
@@ -229,7 +216,7 @@ def prepare(forms) -> None:
     started = time.perf_counter()
     wanted = sorted(set(forms) & FORMS)
     for form in wanted:
-        products.warm(form, _state["table"])
+        products.warm(form, _state["table"], mode)
     _load_layer_loops()
     seconds = time.perf_counter() - started
     if seconds > 0.5:  # a compilation, not a load from numba's cache: say why the start took longer
@@ -257,19 +244,29 @@ def _load_layer_loops() -> None:
     enable_prefill_attention()
 
 
-def _typed(form: str, data: np.ndarray, scales: np.ndarray | None):
-    """(the form's product and expansion, its storage and scales as their signatures take them)."""
-    product, expand, view = _products().product_for(form)
+def _typed(form: str, data: np.ndarray, scales: np.ndarray | None, mode: str):
+    """(the form's product in ``mode`` and its expansion, its storage and scales as their signatures take them)."""
+    product, expand, view = _products().product_for(form, mode)
+    return (product, expand, *_as_typed(data, scales, view))
+
+
+def _expansion(form: str, data: np.ndarray, scales: np.ndarray | None):
+    """(the form's expansion, its storage and scales as its signature takes them): no product compiled for it."""
+    expand, view = _products().expansion_for(form)
+    return (expand, *_as_typed(data, scales, view))
+
+
+def _as_typed(data: np.ndarray, scales: np.ndarray | None, view) -> tuple[np.ndarray, np.ndarray]:
     if scales is None:
         scales = np.empty((data.shape[0], 0), dtype=np.uint8)  # [rows, 0]
     elif scales.dtype == np.float16:
         scales = scales.view(np.uint16)  # numba has no float16: the bits, looked up in the table
-    return product, expand, (data if view is None else data.view(view)), scales
+    return (data if view is None else data.view(view)), scales
 
 
 def packed_weights(form: str, data: np.ndarray, scales: np.ndarray | None, start: int, stop: int) -> np.ndarray:
     """Rows [start, stop) as the compiled code expands them, float32 [stop-start, cols] (tests, tools)."""
-    _, expand, data, scales = _typed(form, data, scales)
+    expand, data, scales = _expansion(form, data, scales)
     cols = round(_products().COLUMNS_PER_ITEM[form] * data.shape[1])  # data: [rows, items] as the expansion reads it
     out = np.empty((stop - start, cols), dtype=np.float32)  # [rows, cols]
     expand(data, scales, _state["table"], _RUN, start, stop, out)

@@ -1,8 +1,9 @@
 """Which compiled product each storage form takes in this process, compiled (or loaded from numba's cache) on
 first use: the dispatch over kestrel_trio._kernels.products' loops, the x86-64 assembly blocks
 (kestrel_trio._kernels.x86.f32_blocks) and the integer kernels (kestrel_trio._kernels.integer, .arm.integer,
-.x86.integer), as the plan of this CPU says (kestrel_trio._kernels.plan) and the products' mode
-(kestrel_trio._kernels.set_products).
+.x86.integer), as the plan of this CPU says (kestrel_trio._kernels.plan) and the products' mode, which every
+call is given (a model's own: kestrel_trio._model.backend). What is cached here is the same for every model: the
+plan's choices and the compiled functions, by form and kernel, so products of two modes live side by side.
 
 Plain Python (nothing here is compiled itself), so that products.py holds only the loops numba caches together.
 FORMS, COLUMNS_PER_ITEM and f16_table are products.py's, re-exported: this module is what kestrel_trio._kernels
@@ -21,7 +22,8 @@ from kestrel_trio._kernels import plan as _plan
 from kestrel_trio._kernels.products import (_COMPILE, _PRODUCTS, _RESULT, _TABLE, COLUMNS_PER_ITEM, FORMS,
                                             _expand_signature, _signature, _storage, f16_table)
 
-__all__ = ["FORMS", "INTEGER_FORMS", "COLUMNS_PER_ITEM", "f16_table", "f32_assembly", "product_for", "kernel_name",
+__all__ = ["FORMS", "INTEGER_FORMS", "COLUMNS_PER_ITEM", "f16_table", "f32_assembly", "product_for", "expansion_for",
+           "kernel_name",
            "warm", "quantize", "integer_rows"]
 
 _f32_assembly_state: list = []  # [str | None]: the assembly F32 uses in this process
@@ -45,52 +47,61 @@ def f32_assembly() -> str | None:
     return _f32_assembly_state[0]
 
 
-_compiled: dict = {}
+_compiled: dict = {}  # (form, kernel label) -> its compiled product
+_expansions: dict = {}  # form -> its compiled expansion (the same in every mode)
 _compile_lock = threading.Lock()
 
 # Integer products (activations quantized per block; kestrel_trio._kernels.integer): the forms that have them.
-# The mode that chooses them is kestrel_trio._kernels.set_products's.
+# The mode that chooses them is each call's (kestrel_trio._kernels.PRODUCT_MODES).
 INTEGER_FORMS = _plan.INTEGER_FORMS
 
 
-def product_for(form: str):
-    """(form's compiled product, its compiled expansion, how to view its storage), on first use.
+def product_for(form: str, mode: str):
+    """(form's compiled product in products ``mode``, its compiled expansion, how to view its storage), on first use.
 
     Compiled, or loaded from numba's cache. Only the forms a process uses are
     loaded: each costs about 1-3 MiB of resident memory, loaded or compiled
     (a compilation: about a second).
     """
-    product, name = _chosen(form)
+    product, name = _chosen(form, mode)
     found = _compiled.get((form, name))
     if found is None:
         with _compile_lock:
             found = _compiled.get((form, name))
             if found is None:
-                _, expand, storage, scales, view = _PRODUCTS[form]
+                _, _, storage, scales, _ = _PRODUCTS[form]
                 if product is None:  # an integer kernel (its label "avx2" is also bf16's float32 block's)
-                    compiled = _integer_product(_integer_kernel(form), form)
+                    found = _integer_product(_integer_kernel(form, mode), form)
                 else:
-                    compiled = njit(_signature(storage, scales), **_COMPILE)(product)
-                found = _compiled[(form, name)] = (
-                    compiled,
-                    njit(_expand_signature(storage, scales), **_COMPILE)(expand),
-                    view,
-                )
+                    found = njit(_signature(storage, scales), **_COMPILE)(product)
+                _compiled[(form, name)] = found
+    return (found, *expansion_for(form))
+
+
+def expansion_for(form: str):
+    """(form's compiled expansion, how to view its storage), on first use: the same in every mode."""
+    found = _expansions.get(form)
+    if found is None:
+        with _compile_lock:
+            found = _expansions.get(form)
+            if found is None:
+                _, expand, storage, scales, view = _PRODUCTS[form]
+                found = _expansions[form] = (njit(_expand_signature(storage, scales), **_COMPILE)(expand), view)
     return found
 
 
-def _chosen(form: str):
-    """(the Python function of ``form``'s product in this process, the label of its kernel).
+def _chosen(form: str, mode: str):
+    """(the Python function of ``form``'s product in products ``mode`` here, the label of its kernel).
 
     The label says what runs from four activation rows up: "portable" (the compiled loops above, for whatever
     CPU numba compiles for) or an assembly block's (:func:`f32_assembly`; bf16 and int8 rows take AVX2's 3x4
     block on every CPU that has one: the plan's). Below four rows every form runs the portable loops. A form of
-    INTEGER_FORMS in the integer mode (kestrel_trio._kernels.set_products) names its integer kernel at every row
+    INTEGER_FORMS in the integer mode names its integer kernel at every row
     count (:func:`_integer_kernel`; labels kestrel_trio._kernels.plan.INTEGER_LABELS: "sdot" and "neon" on
     aarch64 with and without dotprod, "vnni" and "avx2" on x86-64, "int8" the portable reference).
     """
     if form in INTEGER_FORMS:
-        integer = _integer_kernel(form)
+        integer = _integer_kernel(form, mode)
         if integer is not None:
             return None, _plan.INTEGER_LABELS[integer]
     assembly = f32_assembly()
@@ -126,13 +137,10 @@ def _own_integer(form: str) -> tuple[str, bool] | None:
     return (variant, form in chosen.integer_auto) if form in forms else None
 
 
-def _integer_kernel(form: str) -> str | None:
-    """The integer kernel (the plan's variant name) of ``form`` in this process's mode on this CPU, or None for
+def _integer_kernel(form: str, mode: str) -> str | None:
+    """The integer kernel (the plan's variant name) of ``form`` in products ``mode`` on this CPU, or None for
     the exact products: "auto" takes this CPU's own kernel where the plan says it wins (:func:`_own_integer`),
     "integer" that or else the portable reference."""
-    from kestrel_trio._kernels import product_mode
-
-    mode = product_mode()
     if mode == "exact" or form not in INTEGER_FORMS:
         return None
     own = _own_integer(form)
@@ -150,7 +158,7 @@ def _integer_product(variant: str, form: str):
 
     def product(data, scales, f16, run, x, start, stop, out, quantized=None):
         if quantized is None:
-            quantized = quantize(x, (form,))
+            quantized = quantize(x, (form,), "integer")  # this product is an integer one, whatever mode chose it
         xq, xd, xs = quantized
         xs = xd if xs is None else xs  # read by the forms with minimums only
         if reference:
@@ -204,14 +212,14 @@ def _typed_kernel_of(variant: str, form: str):
     return ids.form_id(form), _typed_kernel(getattr(kernels, name), reference), reference
 
 
-def integer_rows(form: str, data: np.ndarray, f16: np.ndarray) -> tuple | None:
-    """``form``'s integer product over the GGUF rows ``data`` (uint8 [rows, row_bytes]) in this process's mode,
+def integer_rows(form: str, data: np.ndarray, f16: np.ndarray, mode: str) -> tuple | None:
+    """``form``'s integer product over the GGUF rows ``data`` (uint8 [rows, row_bytes]) in products ``mode``,
     bound to them, and whether it reads the activations' block sums (a form with minimums): the callable takes
     ``(xq, xd, xs, start, stop, out)``, :func:`quantize`'s activations (``xs`` any float32 array where the form
     has no minimums), into ``out`` [N, stop-start]. None where ``form`` takes the exact products. The compiled
     kernel is called directly (a ``functools.partial``, no Python frame): a decode step makes a dozen such calls
     a layer (kestrel_trio._model.decode_step)."""
-    variant = _integer_kernel(form)
+    variant = _integer_kernel(form, mode)
     if variant is None:
         return None
     from kestrel_trio._kernels.arm import integer as arm
@@ -223,11 +231,11 @@ def integer_rows(form: str, data: np.ndarray, f16: np.ndarray) -> tuple | None:
     return functools.partial(kernel, form_id, data), minimums
 
 
-def quantize(x: np.ndarray, forms) -> tuple | None:
+def quantize(x: np.ndarray, forms, mode: str) -> tuple | None:
     """``x`` float32 [N, cols] quantized for the integer products of ``forms`` (names in FORMS), once for all:
     (int8 [N, cols], float32 scales [N, cols / 32], the blocks' sums [N, cols / 32] or None where no form
-    needs them); None where none of ``forms`` takes an integer product in this process."""
-    integer_forms = [form for form in forms if _integer_kernel(form) is not None]
+    needs them); None where none of ``forms`` takes an integer product in products ``mode``."""
+    integer_forms = [form for form in forms if _integer_kernel(form, mode) is not None]
     if not integer_forms:
         return None
     from kestrel_trio._kernels import integer
@@ -243,18 +251,19 @@ def quantize(x: np.ndarray, forms) -> tuple | None:
     return xq, xd, xs
 
 
-def kernel_name(form: str) -> str:
-    """The label of the kernel ``form``'s products take in this process ("portable", "avx512", "avx2",
+def kernel_name(form: str, mode: str) -> str:
+    """The label of the kernel ``form``'s products take in products ``mode`` here ("portable", "avx512", "avx2",
     "avx2+avx512"; "sdot", "neon", "vnni", "avx2", "int8" for the integer products: :func:`_chosen`)."""
-    return _chosen(form)[1]
+    return _chosen(form, mode)[1]
 
 
-def warm(form: str, f16: np.ndarray) -> None:
-    """Compile, or load from numba's cache, ``form``'s product and expansion now: for an integer product, by
+def warm(form: str, f16: np.ndarray, mode: str) -> None:
+    """Compile, or load from numba's cache, ``form``'s product in ``mode`` and its expansion now: for an integer
+    product, by
     running it once on one zero block (its kernels compile at their first call). ``f16``: :func:`f16_table`'s
     table, made once by the caller."""
-    product, _, view = product_for(form)
-    if _chosen(form)[0] is None:  # an integer kernel
+    product, _, view = product_for(form, mode)
+    if _chosen(form, mode)[0] is None:  # an integer kernel
         from kestrel_trio._kernels.arm import integer as arm
 
         size, _, _, subs = arm.FORMS[form]  # ggml's block: its bytes, its sub-blocks of 32 weights

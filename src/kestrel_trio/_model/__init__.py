@@ -6,6 +6,10 @@ its submodules (``tests/test_architecture.py`` holds the rule), so what the
 rest of kestrel-trio relies on is listed here, in one place.
 """
 
+from kestrel_trio._model.backend import (
+    PREFILL_PRECISIONS, Backend, default_products, defaults, prefill_precision, set_default_prefill_precision,
+    set_default_products,
+)
 from kestrel_trio._model.confine import check_folder_files, confined
 from kestrel_trio._model.config import ModelConfig, config_from_dict, read_config, read_config_json, read_json_object
 from kestrel_trio._model.embedding import POOLINGS, EmbeddingRun, gguf_pooling, normalize, read_pooling
@@ -17,8 +21,8 @@ from kestrel_trio._model.kv_cache import BLOCK_TOKENS, KVCache, KVCacheFull, kv_
 from kestrel_trio._model.kv_storage import KV_DTYPES, storage_dtype, to_storage
 from kestrel_trio._model.layers import linear
 from kestrel_trio._model.matmul import (
-    PREFILL_PRECISIONS, UPCAST_CHUNK, choose_small_batch_call, prefill_precision, product_threads,
-    set_prefill_precision, set_product_threads, small_batch_call, warm_fused_products,
+    UPCAST_CHUNK, choose_small_batch_call, product_threads, set_product_threads, small_batch_call,
+    warm_fused_products,
 )
 from kestrel_trio._model.gguf_names import gguf_name
 from kestrel_trio._model.packed import GgmlRows, PackedMatrix
@@ -55,7 +59,11 @@ __all__ = [
     "load_qwen3_vl_gguf", "mmproj_image_fields", "vl_config_from_gguf",
     # product threads and kernels
     "choose_small_batch_call", "product_threads", "set_product_threads", "small_batch_call", "UPCAST_CHUNK",
-    "warm_fused_products", "packed_matrices", "set_prefill_precision", "prefill_precision", "PREFILL_PRECISIONS",
+    "warm_fused_products", "packed_matrices",
+    # one model's kernel settings, and the defaults of models loaded without their own
+    "Backend", "defaults", "set_default_products", "default_products", "set_default_prefill_precision",
+    "prefill_precision",
+    "PREFILL_PRECISIONS",
     # quantized residency
     "PackedMatrix", "GgmlRows", "default_cache_dir", "describe_weights", "resident_bytes",
     # for the benchmarks' checkpoints and tables

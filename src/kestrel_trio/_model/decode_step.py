@@ -39,6 +39,7 @@ import numpy as np
 
 from kestrel_trio import _kernels
 from kestrel_trio._model import matmul
+from kestrel_trio._model.backend import current
 from kestrel_trio._model.decode_share import SharedOrAlone, in_turn, choosers
 from kestrel_trio._model.kv_cache import KVCache
 from kestrel_trio._model.layers import embedding
@@ -67,7 +68,7 @@ _plans_lock = threading.Lock()
 
 
 def _plan_of(decoder) -> "_Plan | None":
-    key = (id(decoder), _kernels.product_mode())
+    key = (id(decoder), current().products)
     try:
         return _plans[key]
     except KeyError:
@@ -90,7 +91,8 @@ class _Matrix:
         if isinstance(matrix, PackedMatrix) and self.cols % _RUN == 0:
             parts, first = [], 0
             for part in matrix.parts:
-                bound = _kernels.integer_rows(part.form, part.data) if isinstance(part, GgmlRows) else None
+                is_ggml = isinstance(part, GgmlRows)
+                bound = _kernels.integer_rows(part.form, part.data, current().products) if is_ggml else None
                 if bound is None:
                     break
                 parts.append((bound[0], first, part.rows))
@@ -222,8 +224,9 @@ class _Plan:
 
     def _buffers(self) -> "_Buffers":
         b = getattr(self._local, "buffers", None)
-        if b is None or b.threads is not matmul._threads:
-            b = self._local.buffers = _Buffers(self, matmul._threads)
+        threads = current().threads
+        if b is None or b.threads is not threads:
+            b = self._local.buffers = _Buffers(self, threads)
         return b
 
 

@@ -24,6 +24,7 @@ from typing import Sequence
 import attrs
 import numpy as np
 
+from kestrel_trio._model.backend import Backend, current
 from kestrel_trio._model.chunk_attention import chunk_attention
 from kestrel_trio._model.config import ModelConfig
 from kestrel_trio._model.decode_step import decode_step
@@ -40,11 +41,17 @@ __all__ = ["Decoder", "RowOverrides", "forward", "feed_chunks"]
 
 @attrs.frozen
 class Decoder:
-    """Immutable weights, config and rotary tables: everything shared by requests."""
+    """Immutable weights, config, rotary tables and kernel settings: everything shared by requests.
+
+    ``backend``: the model's kernel settings (kestrel_trio._model.backend), :func:`forward` runs in; by default
+    the backend current where the decoder is built (kestrel_trio.model.load_model builds it inside the one its
+    arguments make).
+    """
 
     config: ModelConfig
     weights: Weights
     rope: Rope
+    backend: Backend = attrs.field(factory=current)
 
     @classmethod
     def build(cls, config: ModelConfig, weights: Weights) -> "Decoder":
@@ -111,6 +118,13 @@ def forward(
         ([len(lengths), vocab] when ``wanted`` is None); with ``hidden``, the same rows of
         [.., hidden_size] instead.
     """
+    with decoder.backend.active():  # the products below take this model's settings, whatever another model's are
+        return _forward(decoder, token_ids, positions, caches, lengths, all_logits, wanted, overrides, hidden)
+
+
+def _forward(decoder: Decoder, token_ids: np.ndarray, positions: np.ndarray, caches: Sequence[KVCache],
+             lengths: Sequence[int], all_logits: bool, wanted: Sequence[bool] | None, overrides: RowOverrides | None,
+             hidden: bool) -> np.ndarray:
     if (overrides is None and not hidden and len(lengths) == 1 and int(lengths[0]) == 1
             and (all_logits or wanted is None or wanted[0])):  # (the one-token step gives logits, never hidden rows)
         logits = decode_step(decoder, int(token_ids[0]), int(positions[0]), caches[0])  # [1, vocab]

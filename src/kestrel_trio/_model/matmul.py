@@ -12,7 +12,7 @@ the product itself costs no more than the read. By rows:
   Whichever has cost less lately runs (kestrel_trio._model.share_choice).
 * 2-32 rows (a batched decode step): OpenBLAS packs a large weight before a
   small-M GEMM, which can cost 2-3x the read itself. The calls are timed
-  once per process (:func:`small_batch_call`): ``x @ W.T`` or ``W @ x.T``
+  once per model, on its weights (:func:`small_batch_call`): ``x @ W.T`` or ``W @ x.T``
   (run as 1 row is); "row_blocks": the product threads
   (:func:`set_product_threads`) each take a contiguous stretch of W's rows
   (the result's columns), view it as [rows/nb, nb, in] blocks and run one
@@ -54,22 +54,21 @@ products differ from those of the expanded weights only by float32 rounding
 from __future__ import annotations
 
 import contextlib
-import queue
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from kestrel_trio import _kernels
+from kestrel_trio._model.backend import Backend, current, product_threads, set_product_threads
 from kestrel_trio._model.dequant import Affine, apply_affine
 from kestrel_trio._model.packed import Bf16Rows, Matrix, PackedMatrix, Rows, grouped_integers, scratch_width
-from kestrel_trio._model.share_choice import ShareChooser
 
 __all__ = [
     "linear", "linear_packed", "linear_bf16", "set_product_threads", "product_threads", "run_shared", "shares_of",
     "small_batch_call", "set_small_batch_call", "choose_small_batch_call", "SMALL_BATCH_CALLS", "one_thread_blas",
-    "warm_fused_products", "FUSED_MAX_ROWS", "set_prefill_precision", "prefill_precision", "PREFILL_PRECISIONS",
+    "warm_fused_products", "FUSED_MAX_ROWS",
 ]
 
 
@@ -85,47 +84,23 @@ def linear(x: np.ndarray, weight: Matrix, bias: np.ndarray | None = None) -> np.
     elif _on_chunk_kernel(x, weight):
         y = _kernels.chunk_product(x, weight, run_shared, shares_of)  # [N, out]
     else:
-        y = _product(x, weight, small_batch_call() if _is_small_batch(x.shape[0]) else "weight_right")  # [N, out]
+        y = _product(x, weight, small_batch_call() if _is_small_batch(x.shape[0]) else "weight_right",
+                     current())  # [N, out]
     if bias is not None:
         y += bias
     return y
 
 
-# How products of more than SMALL_BATCH_ROWS[1] rows (prefill chunks) multiply float32 weights: "fp32" (BLAS), or
-# "bf16": both operands rounded to bf16 and multiplied in AMX tiles (kestrel_trio._kernels.x86.tiles), on CPUs that
-# have them. Decode steps and speculative verify steps (at most 32 rows) stay float32 either way.
-PREFILL_PRECISIONS = ("fp32", "bf16")
-_prefill_precision = ["fp32"]
-
-
-def set_prefill_precision(precision: str) -> None:
-    """Set how prefill products multiply float32 weights, process-wide (one of PREFILL_PRECISIONS).
-
-    Raises:
-        ValueError: an unknown precision, or "bf16" where the tiles cannot run (the reason, in one line).
-    """
-    if precision not in PREFILL_PRECISIONS:
-        raise ValueError(f"unknown prefill precision {precision!r}; one of {', '.join(PREFILL_PRECISIONS)}")
-    if precision == "bf16":
-        reason = _kernels.enable_tiles()
-        if reason is not None:
-            raise ValueError(f"bf16 prefill needs AMX tiles: {reason}")
-    _prefill_precision[0] = precision
-
-
-def prefill_precision() -> str:
-    """The precision set by :func:`set_prefill_precision` ("fp32" until then)."""
-    return _prefill_precision[0]
-
-
 def _on_tiles(x: np.ndarray, weight: np.ndarray) -> bool:
-    """Whether this float32 product goes through bf16 tiles: bf16 prefill set, prefill rows, a shape they take."""
+    """Whether this float32 product goes through bf16 tiles: the model's prefill precision bf16, prefill rows, a
+    shape they take."""
     return weight.dtype == np.float32 and _tiles_take(x, weight)
 
 
 def _tiles_take(x: np.ndarray, storage: np.ndarray) -> bool:
-    """Whether the tiles multiply ``x`` by ``storage`` [rows, cols] (float32 or bf16 bits) when bf16 prefill is set."""
-    return (_prefill_precision[0] == "bf16" and x.shape[0] > SMALL_BATCH_ROWS[1] and storage.flags.c_contiguous
+    """Whether the tiles multiply ``x`` by ``storage`` [rows, cols] (float32 or bf16 bits): bf16 prefill is the
+    running model's (kestrel_trio._model.backend.current), and the rows and shape are the tiles'."""
+    return (current().prefill_precision == "bf16" and x.shape[0] > SMALL_BATCH_ROWS[1] and storage.flags.c_contiguous
             and storage.shape[0] % _kernels.TILE_BLOCK_ROWS == 0 and storage.shape[1] % _kernels.TILE_K_STEP == 0)
 
 
@@ -153,8 +128,9 @@ SHARE_MIN_ELEMENTS = 1 << 18
 SHARE_ALIGN = 128
 
 
-def _product(x: np.ndarray, weight: np.ndarray, call: str) -> np.ndarray:
-    """``x`` [N, in] @ ``weight`` [out, in].T in ``call``, shared among the product threads when that is cheaper.
+def _product(x: np.ndarray, weight: np.ndarray, call: str, backend: Backend) -> np.ndarray:
+    """``x`` [N, in] @ ``weight`` [out, in].T in ``call``, shared among ``backend``'s product threads when that is
+    cheaper (its share choices).
 
     "row_blocks" and "compiled" are always shared. A plain call runs on BLAS's own threads or
     shared (each product thread multiplying its stretch of W's rows with
@@ -163,11 +139,11 @@ def _product(x: np.ndarray, weight: np.ndarray, call: str) -> np.ndarray:
     slower beside any other busy process (kestrel_trio._model.share_choice).
     """
     out = np.empty((x.shape[0], weight.shape[0]), dtype=np.float32)  # [N, out]
-    threads = _threads
+    threads = backend.threads
     if threads is None or weight.size < SHARE_MIN_ELEMENTS:
         _product_into(x, weight, out, call)
         return out
-    chooser = None if call in ("row_blocks", "compiled") else _share_choosers[_row_kind(x.shape[0])]
+    chooser = None if call in ("row_blocks", "compiled") else backend.share_choosers[_row_kind(x.shape[0])]
     shared = chooser is None or chooser.shared()
     started = time.perf_counter()
     if shared:
@@ -184,13 +160,10 @@ def _row_kind(rows: int) -> str:
     return "one" if rows == 1 else "few" if rows <= SMALL_BATCH_ROWS[1] else "many"
 
 
-# Per kind of plain product (one row, a batched decode step's few, a prefill chunk's many): the way it runs.
-_share_choosers = {kind: ShareChooser() for kind in ("one", "few", "many")}
-
-
 def run_shared(tasks: list[Callable[[], None]]) -> None:
-    """Run ``tasks`` on the product threads with one-thread BLAS (one per thread), or in turn if there are none."""
-    threads = _threads
+    """Run ``tasks`` on the running model's product threads with one-thread BLAS (one per thread), or in turn if
+    there are none."""
+    threads = current().threads
     if threads is None:
         for task in tasks:
             task()
@@ -205,13 +178,15 @@ def one_thread_blas() -> contextlib.AbstractContextManager:
     more than they save (a thread hand-off each call), and far more when the
     process competes for the cores.
     """
-    threads = _threads
+    threads = current().threads
     return threads.one_thread_blas() if threads is not None else contextlib.nullcontext()
 
 
 def shares_of(items: int) -> list[tuple[int, int]]:
-    """[start, stop) ranges splitting ``items`` among the product threads, as evenly as whole items allow."""
-    count = min(items, _threads.count if _threads is not None else 1) or 1
+    """[start, stop) ranges splitting ``items`` among the running model's product threads, as evenly as whole items
+    allow."""
+    threads = current().threads
+    count = min(items, threads.count if threads is not None else 1) or 1
     edges = [items * k // count for k in range(count + 1)]
     return list(zip(edges[:-1], edges[1:]))
 
@@ -226,15 +201,9 @@ def _share_bounds(rows: int, shares: int) -> list[tuple[int, int]]:
     return [(start, min(start + step, rows)) for start in range(0, rows, step)]
 
 
-def _product_into(x: np.ndarray, weight: np.ndarray, out: np.ndarray, call: str | None = None) -> None:
-    """``out`` [N, out] = ``x`` [N, in] @ ``weight`` [out, in].T in this thread, in ``call``.
-
-    None: the small-batch call for 2-32 rows once it is chosen (the chooser
-    times calls that share work, so it runs only at :func:`linear`'s entry,
-    never here in a product thread), else ``x @ W.T``.
-    """
-    if call is None:
-        call = _small_batch_call[0] if _small_batch_call and _is_small_batch(x.shape[0]) else "weight_right"
+def _product_into(x: np.ndarray, weight: np.ndarray, out: np.ndarray, call: str) -> None:
+    """``out`` [N, out] = ``x`` [N, in] @ ``weight`` [out, in].T in this thread, in ``call`` (one of
+    SMALL_BATCH_CALLS; chosen by the caller, since a product thread does not see the running model's backend)."""
     if call == "row_blocks":
         _row_blocks_into(x, weight, out)
     elif call == "compiled":
@@ -307,17 +276,17 @@ def linear_packed(x: np.ndarray, weight: PackedMatrix) -> np.ndarray:
         return _fused_product(x, weight)
     if _packed_on_tiles(x, weight):
         return _tile_parts(x, weight)
-    if _is_small_batch(x.shape[0]):
-        small_batch_call()  # chosen here, before the chunks go to the product threads
+    # Chosen here, before the chunks go to the product threads (which do not see the running model's backend).
+    call = small_batch_call() if _is_small_batch(x.shape[0]) else "weight_right"
     out = np.empty((x.shape[0], out_rows), dtype=np.float32)  # [N, out]
-    threads = _threads
+    threads = current().threads
     chunks = _chunk_plan(weight, max(1, _chunk_weights(weight, threads is not None) // width))
     inputs = _Inputs(x)
     if threads is None or len(chunks) == 1:
-        _run_chunks(inputs, chunks, out)
+        _run_chunks(inputs, chunks, out, call)
         return out
     share = -(-len(chunks) // threads.count)  # contiguous shares: each thread streams its own stretch of the file
-    threads.run([(lambda part=chunks[k : k + share]: _run_chunks(inputs, part, out))
+    threads.run([(lambda part=chunks[k : k + share]: _run_chunks(inputs, part, out, call))
                  for k in range(0, len(chunks), share)])
     return out
 
@@ -339,8 +308,8 @@ def _tile_parts(x: np.ndarray, weight: PackedMatrix) -> np.ndarray:
 FUSED_MAX_ROWS = 16
 
 
-def warm_fused_products(matrices: Sequence[PackedMatrix]) -> None:
-    """Load the compiled products ``matrices`` will use now, then drop the compiler's pages.
+def warm_fused_products(matrices: Sequence[PackedMatrix], mode: str) -> None:
+    """Load the compiled products ``matrices`` will use in products ``mode`` now, then drop the compiler's pages.
 
     Each form's product is compiled at its first use (about a second, once
     per machine: numba caches the machine code on disk) or loaded from
@@ -351,7 +320,7 @@ def warm_fused_products(matrices: Sequence[PackedMatrix]) -> None:
     """
     forms = {part.form for matrix in matrices for part in matrix.parts if _kernels.compiled(part.form)}
     if forms:
-        _kernels.prepare(forms)
+        _kernels.prepare(forms, mode)
 
 
 def _fused_forms(weight: PackedMatrix) -> bool:
@@ -363,8 +332,11 @@ def _fused_product(x: np.ndarray, weight: PackedMatrix) -> np.ndarray:
 
     Each product thread takes a contiguous stretch of the matrix's rows (the
     result's columns), across its parts, so it streams its own stretch of
-    the storage once.
+    the storage once. The products' mode is the running model's (read here, not in the product threads, which
+    do not see it).
     """
+    backend = current()
+    mode = backend.products
     x = np.ascontiguousarray(x, dtype=np.float32)  # [N, in]
     out = np.empty((x.shape[0], weight.shape[0]), dtype=np.float32)  # [N, out]
     runs, first = [], 0  # (kernel args, first column)
@@ -372,15 +344,15 @@ def _fused_product(x: np.ndarray, weight: PackedMatrix) -> np.ndarray:
         runs.append((part.kernel_args(), first, first + part.rows))
         first += part.rows
     # Integer products (aarch64's default): x quantized once for every part and thread, not once a call.
-    quantized = _kernels.quantize_activations(x, [part.form for part in weight.parts])
+    quantized = _kernels.quantize_activations(x, [part.form for part in weight.parts], mode)
 
     def stretch(start: int, stop: int) -> None:
         for (form, data, scales), lo, hi in runs:
             a, b = max(start, lo), min(stop, hi)
             if a < b:
-                _kernels.packed_product(form, data, scales, x, a - lo, b - lo, out[:, a:b], quantized)
+                _kernels.packed_product(form, data, scales, x, a - lo, b - lo, out[:, a:b], quantized, mode=mode)
 
-    threads = _threads
+    threads = backend.threads
     if threads is None or weight.shape[0] * weight.shape[1] < SHARE_MIN_ELEMENTS:
         stretch(0, weight.shape[0])
     else:
@@ -455,8 +427,9 @@ class _Inputs:
         return found
 
 
-def _run_chunks(inputs: _Inputs, chunks: list[_Chunk], out: np.ndarray) -> None:
-    """Expand and multiply ``chunks`` in this thread's scratch buffers, into their columns of ``out``.
+def _run_chunks(inputs: _Inputs, chunks: list[_Chunk], out: np.ndarray, call: str) -> None:
+    """Expand and multiply ``chunks`` in this thread's scratch buffers, into their columns of ``out``, each
+    product in ``call`` (:func:`_product_into`).
 
     Runs whose group scales go on partial sums are multiplied one by one as
     they come. The others are expanded side by side into one buffer, so that
@@ -475,7 +448,7 @@ def _run_chunks(inputs: _Inputs, chunks: list[_Chunk], out: np.ndarray) -> None:
             compiled = _kernels.compiled(part.form)
             if inputs.grouped(part) and not compiled:
                 if filled:
-                    _product_into(x, buffer[:filled], out[:, span : span + filled])
+                    _product_into(x, buffer[:filled], out[:, span : span + filled], call)
                     filled = 0
                 scratch = _scratch_buffer(take * scratch_width(part), "grouped")
                 values, affine = grouped_integers(part, start, start + take, scratch)  # [take, groups, group]
@@ -494,7 +467,7 @@ def _run_chunks(inputs: _Inputs, chunks: list[_Chunk], out: np.ndarray) -> None:
                 filled += take
             column += take
         if filled:
-            _product_into(x, buffer[:filled], out[:, span : span + filled])
+            _product_into(x, buffer[:filled], out[:, span : span + filled], call)
     for first, part, start, take in row_scaled:
         columns = out[:, first : first + take]  # [N, take]
         columns *= part.scale[start : start + take]
@@ -534,128 +507,11 @@ def _scratch_buffer(size: int, slot: str = "buffer") -> np.ndarray:
     return buffer[:size]
 
 
-class _ProductThreads:
-    """The caller plus ``count - 1`` daemon helpers; :meth:`run` runs one task on each and waits for all.
-
-    A job queue of C-implemented SimpleQueues: a hand-off costs tens of
-    microseconds (a thread wake-up), where a ThreadPoolExecutor costs more.
-    """
-
-    def __init__(self, count: int, set_blas_threads: Callable[[int], None] | None = None) -> None:
-        self.count = count
-        self._set_blas_threads = set_blas_threads
-        self._one_thread_depth = 0  # windows open (nested, or from several forward threads)
-        self._depth_lock = threading.Lock()
-        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
-        for k in range(count - 1):
-            threading.Thread(target=self._serve, name=f"kestrel-product-{k + 1}", daemon=True).start()
-
-    def _serve(self) -> None:
-        while (job := self._jobs.get()) is not None:
-            task, done = job
-            try:
-                task()
-            except BaseException as error:  # handed to the caller, who raises it
-                done.put(error)
-            else:
-                done.put(None)
-
-    def run(self, tasks: list[Callable[[], None]], blas: bool = True) -> None:
-        """Run ``tasks[1:]`` on the helpers and ``tasks[0]`` here, with one-thread BLAS; raise the first error.
-        ``blas`` False: the tasks call no BLAS (compiled integer products), so its thread count is left alone
-        (the switch there and back costs a few microseconds, a hundred times a decode step)."""
-        done: queue.SimpleQueue = queue.SimpleQueue()  # per call: forward may run in several threads at once
-        with self.one_thread_blas() if blas else contextlib.nullcontext():
-            for task in tasks[1:]:
-                self._jobs.put((task, done))
-            errors = []
-            try:
-                tasks[0]()
-            except BaseException as error:
-                errors.append(error)
-            errors += [e for e in (done.get() for _ in tasks[1:]) if e is not None]
-        if errors:
-            raise errors[0]
-
-    @contextlib.contextmanager
-    def one_thread_blas(self) -> Iterator[None]:
-        """numpy's BLAS on one thread (process-wide) inside, ``count`` after: these threads are its callers.
-
-        The setter must work from any thread: the engine steps in a worker
-        thread, where OpenBLAS's ``openblas_set_num_threads`` leaves the count
-        as it was (measured: every shared product of a batched step then ran
-        OpenBLAS's threaded GEMM, the threads' calls queueing on its one
-        lock: 298 ms a Qwen3-0.6B 8-row step under the Haswell kernel,
-        against 194 ms from the main thread). kestrel_trio.model passes
-        ``openblas_set_num_threads_local``, which does work from any thread.
-        """
-        if self._set_blas_threads is None:
-            yield
-            return
-        with self._depth_lock:
-            self._one_thread_depth += 1
-            if self._one_thread_depth == 1:
-                self._set_blas_threads(1)  # a C call, about a microsecond
-        try:
-            yield
-        finally:
-            with self._depth_lock:
-                self._one_thread_depth -= 1
-                if self._one_thread_depth == 0:
-                    self._set_blas_threads(self.count)
-
-    def stop(self) -> None:
-        for _ in range(self.count - 1):
-            self._jobs.put(None)
-
-
-_threads: _ProductThreads | None = None
-_threads_lock = threading.Lock()
-
-
-def set_product_threads(count: int, set_blas_threads: Callable[[int], None] | None = None) -> None:
-    """Share each large weight product among ``count`` threads, process-wide (1: the caller alone).
-
-    numpy's BLAS and its upcast ufuncs release the GIL, so the threads run on
-    separate cores. BLAS should run ``count`` threads of its own for the
-    products not shared (1 row, prefill) and one while these threads share
-    one; ``set_blas_threads`` lets them switch it.
-
-    Args:
-        count: threads per product, the caller included.
-        set_blas_threads: sets numpy's BLAS thread count, process-wide (None:
-            BLAS is left as it is, which oversubscribes the cores unless it
-            runs one thread).
-    """
-    global _threads
-    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-        raise ValueError(f"product threads must be a positive integer, got {count!r}")
-    with _threads_lock:
-        old, _threads = _threads, (_ProductThreads(count, set_blas_threads) if count > 1 else None)
-        _configured[:] = [count]
-    if old is not None:
-        old.stop()
-
-
-_configured: list[int] = []
-
-
-def product_threads() -> int | None:
-    """The count last given to :func:`set_product_threads`, or None if it was never called."""
-    return _configured[0] if _configured else None
-
-
 # Batch sizes of a batched decode step, and the calls timed for them.
 SMALL_BATCH_ROWS = (2, 32)
 SMALL_BATCH_CALLS = ("weight_left", "weight_right", "row_blocks", "compiled")
-_small_batch_call: list[str] = []  # the chosen call, once chosen
-# How the call was chosen: "none", "synthetic" (stand-in weights), "sample" (a model's), "forced"; and sample bytes.
-_small_batch_call_source: list = ["none", 0]
-_timing_lock = threading.Lock()  # the first products may come from several threads at once
-
-
 def small_batch_call() -> str:
-    """How 2-32-row products run, one of SMALL_BATCH_CALLS.
+    """How the running model's 2-32-row products run (outside any model: the defaults'), one of SMALL_BATCH_CALLS.
 
     Chosen on a model's own weights when it loads (:func:`choose_small_batch_call`);
     before that, a first small product times the calls on stand-in weights.
@@ -667,47 +523,50 @@ def small_batch_call() -> str:
     by four activation rows a pass), shared the same way, where numba can
     be imported. Each is timed as :func:`linear` runs it.
     """
-    if not _small_batch_call:
-        with _timing_lock:
-            if not _small_batch_call:
-                _small_batch_call.append(_time_small_batch_calls())
-                _small_batch_call_source[:] = ["synthetic", 0]
-    return _small_batch_call[0]
+    backend = current()
+    choice = backend.small_batch
+    if choice.call is None:
+        with choice.lock:
+            if choice.call is None:
+                choice.call, choice.source, choice.timed_bytes = _time_small_batch_calls(backend), "synthetic", 0
+    return choice.call
 
 
 def set_small_batch_call(call: str | None) -> None:
-    """Force the 2-32-row call (one of SMALL_BATCH_CALLS), or None to time it again on next use."""
+    """Force the running model's 2-32-row call (outside any model: the defaults'; one of SMALL_BATCH_CALLS), or
+    None to time it again on next use."""
     if call is not None and call not in SMALL_BATCH_CALLS:
         raise ValueError(f"unknown small-batch call {call!r}")
     if call == "compiled" and not _kernels.ready():
         raise ValueError(f"the compiled small-batch call cannot run here: {_kernels.unavailable_reason()}")
-    _small_batch_call.clear()
-    _small_batch_call_source[:] = ["forced" if call is not None else "none", 0]
-    if call is not None:
-        _small_batch_call.append(call)
+    choice = current().small_batch
+    with choice.lock:
+        choice.call, choice.source, choice.timed_bytes = call, ("forced" if call is not None else "none"), 0
 
 
 def choose_small_batch_call(sample: Sequence[np.ndarray]) -> str:
-    """Time the small-batch calls on ``sample``, float32 weights [out, in] of the model itself, and keep the fastest.
+    """Time the small-batch calls on ``sample``, float32 weights [out, in] of the running model itself, and keep
+    the fastest as its call (kestrel_trio._model.backend: each model has its own).
 
     Unless a call was forced (:func:`set_small_batch_call`) or chosen on a
     sample at least as large: a choice timed on stand-in weights at a first
-    small product, or on a smaller model loaded before, is replaced (the
-    process's largest model is the one whose steps cost). A sample of the
+    small product, or on a smaller sample before, is replaced. A sample of the
     model's own projections is what its decode steps multiply (the best call
     depends on the shapes and the BLAS kernel); a few hundred MiB, beyond L3,
     keeps the weights cold as in a step.
     """
     nbytes = sum(w.nbytes for w in sample)
-    with _timing_lock:
-        source, timed_bytes = _small_batch_call_source
-        if sample and (not _small_batch_call or source == "synthetic" or (source == "sample" and nbytes > timed_bytes)):
-            _small_batch_call[:] = [_time_small_batch_calls(sample)]
-            _small_batch_call_source[:] = ["sample", nbytes]
+    backend = current()
+    choice = backend.small_batch
+    with choice.lock:
+        if sample and (choice.call is None or choice.source == "synthetic"
+                       or (choice.source == "sample" and nbytes > choice.timed_bytes)):
+            choice.call, choice.source, choice.timed_bytes = _time_small_batch_calls(backend, sample), "sample", nbytes
     return small_batch_call()
 
 
-def _time_small_batch_calls(weights: Sequence[np.ndarray] | None = None, rounds: int = 3) -> str:
+def _time_small_batch_calls(backend: Backend, weights: Sequence[np.ndarray] | None = None, rounds: int = 3) -> str:
+    """The fastest call on ``weights`` (None: stand-ins) shared among ``backend``'s product threads."""
     if weights is None:  # 96 MiB shaped like a decoder's larger projections, beyond L3
         weights = [np.full((6144, 1024), 0.01, dtype=np.float32) for _ in range(4)]  # 4 x [out, in]
     inputs = {w.shape[1]: np.full((8, w.shape[1]), 0.5, dtype=np.float32) for w in weights}  # [8, in] by width
@@ -719,7 +578,7 @@ def _time_small_batch_calls(weights: Sequence[np.ndarray] | None = None, rounds:
         for timed in [False] + [True] * rounds:
             started = time.perf_counter()
             for w in weights:
-                _product(inputs[w.shape[1]], w, call)
+                _product(inputs[w.shape[1]], w, call, backend)
             if timed:
                 best[call] = min(best[call], time.perf_counter() - started)
     return _pick_small_batch_call(best)
@@ -748,5 +607,5 @@ def _compiled_float_products() -> bool:
     """Whether the compiled float32 product can run (loading it, and then dropping the compiler's pages)."""
     if not _kernels.ready():
         return False
-    _kernels.prepare({"F32"})
+    _kernels.prepare({"F32"}, "exact")  # F32 has no integer product: the same in every mode
     return True

@@ -44,7 +44,8 @@ from kestrel_trio._kernels.x86 import packed_rows
 from kestrel_trio._model.chunk_attention import chunk_attention
 from kestrel_trio._model.config import ModelConfig
 from kestrel_trio._model.kv_cache import KVCache
-from kestrel_trio._model.matmul import CHUNK_KERNEL_MAX_ROWS, SMALL_BATCH_ROWS, prefill_precision, run_shared, shares_of
+from kestrel_trio._model.backend import current
+from kestrel_trio._model.matmul import CHUNK_KERNEL_MAX_ROWS, SMALL_BATCH_ROWS, run_shared, shares_of
 from kestrel_trio._model.weights import DenseMLP, Layer
 
 __all__ = ["takes_packed", "packed_layers"]
@@ -55,7 +56,7 @@ def takes_packed(layers: Sequence[Layer], caches: Sequence[KVCache], lengths: Se
     if len(lengths) != 1 or not SMALL_BATCH_ROWS[1] < lengths[0] <= CHUNK_KERNEL_MAX_ROWS:
         return False
     t = lengths[0]
-    if -(-t // packed_rows.LANES) * packed_rows.LANES - t > t // 16 or prefill_precision() != "fp32":
+    if -(-t // packed_rows.LANES) * packed_rows.LANES - t > t // 16 or current().prefill_precision != "fp32":
         return False
     if caches[0].float32_buffers(0) is None or _kernels.enable_chunk_products() is not None:
         return False

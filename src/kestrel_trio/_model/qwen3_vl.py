@@ -385,7 +385,7 @@ class Qwen3VL:
             raise BadRequestError(
                 f"pixel_values has shape {list(pixels.shape)}, the grids imply "
                 f"[{int(grids.prod(axis=1).sum())}, {v.patch_dim}]", param="messages")
-        return encode_images_steps(v, self.vision, pixels, grids)
+        return self.decoder.backend.run_steps(encode_images_steps(v, self.vision, pixels, grids))  # its settings
 
     def prepare(self, token_ids: np.ndarray, pixel_values: np.ndarray | None = None,
                 image_grid_thw: np.ndarray | None = None, pixel_values_videos: np.ndarray | None = None,
