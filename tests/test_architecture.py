@@ -421,7 +421,7 @@ def test_the_checker_lets_model_import_its_own_submodules(package_copy: Path):
 PLANTED_CIRCLES = [
     ("_model/layers.py", "from kestrel_trio._model.forward import forward",
      ["kestrel_trio._model.forward", "kestrel_trio._model.layers"]),
-    ("_model/kv_cache.py", "if TYPE_CHECKING:\n    from .forward import Decoder",
+    ("_model/kv_cache.py", "if TYPE_CHECKING:\n    from kestrel_trio._model.forward import Decoder",
      ["kestrel_trio._model.forward", "kestrel_trio._model.kv_cache"]),
     ("text/stops.py", "from kestrel_trio.text import StopStringMatcher",
      ["kestrel_trio.text", "kestrel_trio.text.stops"]),
