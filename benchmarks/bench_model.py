@@ -407,13 +407,13 @@ def kestrel_prefill_products(model, prompts: dict) -> dict:
 def chunk_product(model, rows: int):
     """``call(x, m)``: the product a prefill chunk of ``rows`` tokens makes of ``x`` [rows, in] and weight ``m``.
 
-    Where its layers run packed (kestrel_trio._model.packed_layers): the q/k/v product packed in and gathered into
+    Where its layers run packed (kestrel_trio._model.decoder.packed_layers): the q/k/v product packed in and gathered into
     rows, o_proj's packed by each thread from rows, gate/up's and down's packed in and out (inputs packed here,
     untimed, as a prefill keeps them packed); else ``linear``.
     """
     from kestrel_trio._kernels.x86 import packed_rows
-    from kestrel_trio._model.matmul import linear, run_shared, shares_of
-    from kestrel_trio._model.packed_layers import takes_packed
+    from kestrel_trio._model.products.matmul import linear, run_shared, shares_of
+    from kestrel_trio._model.decoder.packed_layers import takes_packed
 
     cache = model.new_cache()
     cache.reserve(rows)
@@ -481,7 +481,7 @@ def gemm_side(folder: Path, args: argparse.Namespace) -> dict:
     """
     import numpy as np
 
-    from kestrel_trio._model import matmul
+    from kestrel_trio._model.products import matmul
     from kestrel_trio.model import set_blas_threads
 
     set_blas_threads(args.threads)
@@ -512,7 +512,7 @@ def step_products(folder: Path) -> dict:
     import numpy as np
 
     from kestrel_trio import load_model
-    from kestrel_trio._model import matmul
+    from kestrel_trio._model.products import matmul
 
     w = load_model(folder, weights="fp32").decoder.weights
     matrices = layer_matrices(w.layers) + [w.lm_head]

@@ -40,7 +40,7 @@ def main() -> None:
     import kestrel_trio  # noqa: F401  (before numpy: OPENBLAS_THREAD_TIMEOUT)
     import numpy as np
     from kestrel_trio import _kernels
-    from kestrel_trio._model.matmul import CHUNK_KERNEL_MAX_ROWS, run_shared, shares_of
+    from kestrel_trio._model.products.matmul import CHUNK_KERNEL_MAX_ROWS, run_shared, shares_of
     from kestrel_trio.model import set_blas_threads
 
     threads = blas_threads()

@@ -12,7 +12,7 @@ times; the figure is decode tokens/s (first token to last, so the identical
 prefill is left out), the median over repeats, with each run's figure beside
 it. ngram runs with k = 8 and k = 5 (the default): on Q4_1 weights a step of
 up to 6 rows multiplies the packed integers directly, more rows expand them
-to float32 first (kestrel_trio._model.matmul). Cases:
+to float32 first (kestrel_trio._model.products.matmul). Cases:
 
 (a) copy-heavy: "fix the typos" in a ~300-word paragraph, temperature 0; most
     of the answer copies the prompt, so prompt lookup (ngram) drafts well.

@@ -4,7 +4,7 @@ Usage:
     python benchmarks/memory_table.py [--context 4096] [--markdown]
 
 Computed, not measured: every tensor the model's published config implies
-(kestrel's own shape tables, kestrel_trio._model.shapes and .vision, from the
+(kestrel's own shape tables, kestrel_trio._model.checkpoints.shapes and .vision, from the
 key numbers below, copied from each model's config.json on the Hugging Face
 hub), times the bytes per weight of each form:
 
@@ -211,7 +211,7 @@ def vl_gguf_table(context: int) -> list[str]:
 
 VIDEO_FRAMES = (8, 16, 32, 64)
 # Qwen3-VL's published pixel bounds (its preprocessor_config.json), which kestrel applies to a GGUF pair's
-# images and videos (the mmproj file holds none; _model/qwen3_vl_gguf.py's QWEN3_VL_MIN/MAX_PIXELS).
+# images and videos (the mmproj file holds none; _model/vision/qwen3_vl_gguf.py's QWEN3_VL_MIN/MAX_PIXELS).
 VL_MIN_PIXELS, VL_MAX_PIXELS = 65536, 16777216
 VIDEO_SIZES = ((640, 360), (1280, 720))
 TIMESTAMP_TOKENS = 7  # "<12.5 seconds>" as Qwen's tokenizer splits it: <, 1, 2, ., 5, " seconds", >

@@ -338,8 +338,8 @@ PLANTED = [
     ("http/responses.py", "from ..openai.errors import error_body", "imports kestrel_trio.openai"),
     ("http/responses.py", "from kestrel_trio.model import Model", "imports kestrel_trio.model"),
     ("openai/sse.py", "from kestrel_trio.http import Response", "imports kestrel_trio.http"),
-    ("_model/forward.py", "from kestrel_trio.text import Tokenizer", "imports kestrel_trio.text"),
-    ("_model/forward.py", "from ..engine import Engine", "imports kestrel_trio.engine"),
+    ("_model/decoder/forward.py", "from kestrel_trio.text import Tokenizer", "imports kestrel_trio.text"),
+    ("_model/decoder/forward.py", "from ..engine import Engine", "imports kestrel_trio.engine"),
     ("errors.py", "from kestrel_trio.stats import Counter", "imports kestrel_trio.stats"),
     ("model.py", "from kestrel_trio.engine import Engine", "imports kestrel_trio.engine"),
     ("server.py", "from kestrel_trio.cli import main", "imports kestrel_trio.cli"),
@@ -379,7 +379,7 @@ def test_the_checker_sees_a_module_with_no_layer(package_copy: Path):
         stray.unlink()
 
 
-@pytest.mark.parametrize(("file", "line"), [("_model/forward.py", "import trio"), ("_model/forward.py", "import jinja2"),
+@pytest.mark.parametrize(("file", "line"), [("_model/decoder/forward.py", "import trio"), ("_model/decoder/forward.py", "import jinja2"),
                                             ("text/sampling.py", "import trio"), ("engine/engine.py", "import json"),
                                             ("openai/sse.py", "import numpy as np"), ("http/router.py", "import numpy"),
                                             ("engine/step.py", "import trio"), ("engine/step.py", "from trio import to_thread"),
@@ -390,10 +390,10 @@ def test_the_checker_sees_a_forbidden_third_party_import(package_copy: Path, fil
 
 
 @pytest.mark.parametrize(("file", "line"), [
-    ("model.py", "from kestrel_trio._model.weights import load_weights"),
+    ("model.py", "from kestrel_trio._model.weights.assemble import load_weights"),
     ("text/sampling.py", "from .._model.kv_cache import KVCache"),
-    ("engine/engine.py", "from kestrel_trio._model import prefix_cache"),
-    ("engine/step.py", "import kestrel_trio._model.forward"),
+    ("engine/engine.py", "from kestrel_trio._model.cache import prefix_cache"),
+    ("engine/step.py", "import kestrel_trio._model.decoder.forward"),
 ])
 def test_the_checker_sees_a_private_model_import(package_copy: Path, file: str, line: str):
     module, problems = problems_with(package_copy, file, line, private_violations)
@@ -403,7 +403,7 @@ def test_the_checker_sees_a_private_model_import(package_copy: Path, file: str, 
 @pytest.mark.parametrize(("file", "line"), [
     ("engine/step.py", "from kestrel_trio._model import forward"),
     ("engine/kv_budget.py", "from .._model import BLOCK_TOKENS"),
-    ("engine/engine.py", "import kestrel_trio._model.prefix_cache"),
+    ("engine/engine.py", "import kestrel_trio._model.cache.prefix_cache"),
 ])
 def test_the_checker_sees_the_engine_reach_past_the_seam(package_copy: Path, file: str, line: str):
     module, problems = problems_with(package_copy, file, line, seam_violations)
@@ -411,7 +411,7 @@ def test_the_checker_sees_the_engine_reach_past_the_seam(package_copy: Path, fil
 
 
 def test_the_checker_lets_model_import_its_own_submodules(package_copy: Path):
-    _, problems = problems_with(package_copy, "_model/forward.py", "from kestrel_trio._model.kv_cache import KVCache",
+    _, problems = problems_with(package_copy, "_model/decoder/forward.py", "from kestrel_trio._model.cache.kv_cache import KVCache",
                                 private_violations)
     assert problems == []
 
@@ -419,10 +419,10 @@ def test_the_checker_lets_model_import_its_own_submodules(package_copy: Path):
 # (file in the package, line planted at its end, modules of the circle that line closes; the modules the circle
 # passes through on its way are in it too)
 PLANTED_CIRCLES = [
-    ("_model/layers.py", "from kestrel_trio._model.forward import forward",
-     ["kestrel_trio._model.forward", "kestrel_trio._model.layers"]),
-    ("_model/kv_cache.py", "if TYPE_CHECKING:\n    from kestrel_trio._model.forward import Decoder",
-     ["kestrel_trio._model.forward", "kestrel_trio._model.kv_cache"]),
+    ("_model/decoder/layers.py", "from kestrel_trio._model.decoder.forward import forward",
+     ["kestrel_trio._model.decoder.forward", "kestrel_trio._model.decoder.layers"]),
+    ("_model/cache/kv_cache.py", "if TYPE_CHECKING:\n    from kestrel_trio._model.decoder.forward import Decoder",
+     ["kestrel_trio._model.decoder.forward", "kestrel_trio._model.cache.kv_cache"]),
     ("text/stops.py", "from kestrel_trio.text import StopStringMatcher",
      ["kestrel_trio.text", "kestrel_trio.text.stops"]),
 ]
@@ -436,6 +436,6 @@ def test_the_checker_sees_a_planted_import_circle(package_copy: Path, file: str,
 
 
 def test_the_checker_lets_a_function_import_its_caller(package_copy: Path):
-    line = "def _later():\n    from kestrel_trio._model.forward import forward\n    return forward"
-    _, circles = problems_with(package_copy, "_model/layers.py", line, import_cycles)
+    line = "def _later():\n    from kestrel_trio._model.decoder.forward import forward\n    return forward"
+    _, circles = problems_with(package_copy, "_model/decoder/layers.py", line, import_cycles)
     assert circles == []

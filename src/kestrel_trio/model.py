@@ -473,7 +473,7 @@ def set_blas_threads(threads: int) -> None:
     BLAS's threads compute single-row (decode) and many-row (prefill)
     products. A batched decode step's products are instead shared among
     kestrel's threads, each multiplying its own stretch of a weight with
-    BLAS set to one thread meanwhile (kestrel_trio._model.matmul), which
+    BLAS set to one thread meanwhile (kestrel_trio._model.products.matmul), which
     avoids the packing OpenBLAS does for a few rows. Needs threadpoolctl.
 
     Raises:

@@ -9,7 +9,7 @@ from typing import Any, Callable
 import numpy as np
 import tokenizers
 
-from kestrel_trio._model.dequant import GGML_TYPE_BY_NAME
+from kestrel_trio._model.forms.dequant import GGML_TYPE_BY_NAME
 from kestrel_trio.text import Tokenizer
 
 __all__ = ["TEXTS", "assert_same_ids", "random_rows", "finite_fp16_bits", "rewrite_gguf"]

@@ -9,7 +9,7 @@ gguf = pytest.importorskip("gguf")  # a test dependency: the reference dequantiz
 
 from gguf_kit import random_rows  # noqa: E402
 
-from kestrel_trio._model.dequant import GGML_TYPE_BY_NAME, expand_rows  # noqa: E402
+from kestrel_trio._model.forms.dequant import GGML_TYPE_BY_NAME, expand_rows  # noqa: E402
 
 SUPPORTED = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"]
 def reference(name: str, raw: np.ndarray) -> np.ndarray:
@@ -46,7 +46,7 @@ def test_any_set_of_rows_expands_on_its_own(name, monkeypatch):
     for rows in (np.arange(7, 19), np.array([49, 0, 13, 13, 2]), np.arange(50)[::-3]):
         assert_bits_equal(expand_rows(GGML_TYPE_BY_NAME[name], raw[rows]), whole[rows])
     # Chunked expansion (a few rows per step) into a slice of a larger buffer gives the same bits.
-    monkeypatch.setattr("kestrel_trio._model.dequant.CHUNK_WEIGHTS", 3 * 256)
+    monkeypatch.setattr("kestrel_trio._model.forms.dequant.CHUNK_WEIGHTS", 3 * 256)
     out = np.full((60, 256), np.nan, dtype=np.float32)
     expand_rows(GGML_TYPE_BY_NAME[name], raw, out[5:55])
     assert_bits_equal(out[5:55], whole)

@@ -1,7 +1,7 @@
 """weights="gguf": a GGUF's matrices stay as stored (views of the mapped file) and are expanded only at use.
 
 The products expand cache-sized chunks and may apply the blocks' scales to
-partial sums (kestrel_trio._model.matmul); the logits must still equal those
+partial sums (kestrel_trio._model.products.matmul); the logits must still equal those
 of the model expanded to fp32 at load, and the goldens, within 1e-4 relative.
 """
 
@@ -19,11 +19,13 @@ from gguf_kit import random_rows, rewrite_gguf
 gguf = pytest.importorskip("gguf")  # quantizes the products' test weights
 
 from kestrel_trio import _kernels, load_model
-from kestrel_trio._model import forward, layers, matmul
-from kestrel_trio._model.dequant import GGML_TYPE_BY_NAME, expand_rows
-from kestrel_trio._model.packed import GgmlRows, PackedMatrix
-from kestrel_trio._model.residency import resident_bytes
-from kestrel_trio._model.weights import DenseMLP
+from kestrel_trio._model import forward
+from kestrel_trio._model.decoder import layers
+from kestrel_trio._model.products import matmul
+from kestrel_trio._model.forms.dequant import GGML_TYPE_BY_NAME, expand_rows
+from kestrel_trio._model.forms.packed import GgmlRows, PackedMatrix
+from kestrel_trio._model.weights.residency import resident_bytes
+from kestrel_trio._model.weights.assemble import DenseMLP
 from kestrel_trio.errors import ModelLoadError
 
 GGUF_FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "gguf"
@@ -167,7 +169,7 @@ def test_nothing_is_expanded_at_load(name):
 
 
 def _gguf(name: str):
-    from kestrel_trio._model.gguf_reader import GgufFile
+    from kestrel_trio._model.checkpoints.gguf_reader import GgufFile
 
     return GgufFile(_file(name))
 
@@ -220,7 +222,7 @@ def test_moe_expands_only_the_routed_experts(monkeypatch):
         routed.append({int(e) for e in np.argsort(-logits, axis=-1, kind="stable")[:, :top_k].reshape(-1)})
         return original_moe(x, moe, top_k, norm_topk_prob)
 
-    monkeypatch.setattr(sys.modules["kestrel_trio._model.forward"], "sparse_moe", sparse_moe)
+    monkeypatch.setattr(sys.modules["kestrel_trio._model.decoder.forward"], "sparse_moe", sparse_moe)
     expansions = _Expansions(monkeypatch)
     model.step(cache, [42])  # one decode step: one token
     expanded = {address for address, _, _ in expansions.calls}

@@ -74,7 +74,7 @@ def test_a_video_on_the_folder_reproduces_transformers(reference) -> None:
 def test_a_video_is_one_run_of_pads_per_temporal_patch(reference) -> None:
     """Two temporal patches of a 4x6 grid: two runs of 6 pads, each placed as a one-frame image, with the
     timestamp text between them counted as text (transformers' get_rope_index)."""
-    from kestrel_trio._model.qwen3_vl import rope_index
+    from kestrel_trio._model.vision.qwen3_vl import rope_index
 
     _, golden = reference
     ids = golden["video_input_ids"]

@@ -36,7 +36,7 @@ def _link_out(tmp_path: Path, name: str) -> Path:
     outside.parent.mkdir()
     if name == "model.safetensors.index.json":
         # A valid index; the folder's own shard stays inside, only the index itself lies outside.
-        from kestrel_trio._model.safetensors import _read_header
+        from kestrel_trio._model.checkpoints.safetensors import _read_header
 
         names = [info.name for info in _read_header(folder / "model.safetensors")]
         outside.write_text(json.dumps({"weight_map": dict.fromkeys(names, "model.safetensors")}))

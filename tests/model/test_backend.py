@@ -1,6 +1,6 @@
 """One backend per loaded model: two models in one process keep their own kernel settings.
 
-A model's products mode and prefill precision are fixed at its load (kestrel_trio._model.backend) and held by its
+A model's products mode and prefill precision are fixed at its load (kestrel_trio._model.products.backend) and held by its
 decoder: another model's load, or the defaults changed later, leave it as it was, and two models stepping at the
 same time in two threads each run in their own.
 """
@@ -15,9 +15,10 @@ import pytest
 import trio
 
 from kestrel_trio import _kernels
-from kestrel_trio._model import Backend, matmul
-from kestrel_trio._model.backend import current, product_threads
-from kestrel_trio._model.product_threads import ProductThreads
+from kestrel_trio._model import Backend
+from kestrel_trio._model.products import matmul
+from kestrel_trio._model.products.backend import current, product_threads
+from kestrel_trio._model.products.product_threads import ProductThreads
 from kestrel_trio.errors import ModelLoadError
 from kestrel_trio.model import load_model, set_blas_threads, set_products
 from kestrel_trio.server import serve

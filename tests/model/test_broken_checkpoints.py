@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from kestrel_trio import KestrelError, ModelLoadError, load_model
-from kestrel_trio._model.random_init import random_tensors, write_random_checkpoint
-from kestrel_trio._model.config import config_from_dict
-from kestrel_trio._model.safetensors import save_safetensors
+from kestrel_trio._model.checkpoints.random_init import random_tensors, write_random_checkpoint
+from kestrel_trio._model.checkpoints.config import config_from_dict
+from kestrel_trio._model.checkpoints.safetensors import save_safetensors
 
 CONFIG = {
     "architectures": ["Qwen3ForCausalLM"], "vocab_size": 32, "hidden_size": 16, "num_hidden_layers": 2,
@@ -206,7 +206,7 @@ def test_llama3_rope_scaling_needs_its_factors(tmp_path):
 @pytest.mark.parametrize("shard", ["../outside.safetensors", "/etc/passwd", "sub/../../outside.safetensors",
                                    "link.safetensors"])
 def test_an_index_naming_a_shard_outside_the_folder_is_refused(tmp_path, shard):
-    from kestrel_trio._model.safetensors import SafetensorsCheckpoint
+    from kestrel_trio._model.checkpoints.safetensors import SafetensorsCheckpoint
 
     folder = tmp_path / "model"
     folder.mkdir()

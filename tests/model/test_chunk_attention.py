@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from kestrel_trio import _kernels
-from kestrel_trio._model import layers
+from kestrel_trio._model.decoder import layers
 
 
 def _planned():

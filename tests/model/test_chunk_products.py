@@ -10,7 +10,7 @@ import pytest
 
 from kestrel_trio import _kernels
 from kestrel_trio._kernels.x86 import prefill
-from kestrel_trio._model import matmul
+from kestrel_trio._model.products import matmul
 
 from kernel_plan_kit import enable_chunk_kernel, runnable
 

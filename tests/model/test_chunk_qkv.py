@@ -11,8 +11,8 @@ import pytest
 
 from kestrel_trio import _kernels, load_model
 from kestrel_trio._model import forward as forward_module
-from kestrel_trio._model.layers import rms_norm
-from kestrel_trio._model.rope import _apply_rope_numpy
+from kestrel_trio._model.decoder.layers import rms_norm
+from kestrel_trio._model.decoder.rope import _apply_rope_numpy
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 pytestmark = pytest.mark.skipif(not _kernels.ready(), reason=f"numba cannot run here: {_kernels.unavailable_reason()}")

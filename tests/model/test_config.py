@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from kestrel_trio import ModelLoadError
-from kestrel_trio._model.config import config_from_dict
-from kestrel_trio._model.rope import Rope
+from kestrel_trio._model.checkpoints.config import config_from_dict
+from kestrel_trio._model.decoder.rope import Rope
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kestrel_trio._model import matmul
-from kestrel_trio._model import share_choice
-from kestrel_trio._model.decode_share import KINDS, SharedOrAlone, choosers
-from kestrel_trio._model.product_threads import ProductThreads
-from kestrel_trio._model.share_choice import BURST, ShareChooser
+from kestrel_trio._model.products import matmul
+from kestrel_trio._model.products import share_choice
+from kestrel_trio._model.decoder.decode_share import KINDS, SharedOrAlone, choosers
+from kestrel_trio._model.products.product_threads import ProductThreads
+from kestrel_trio._model.products.share_choice import BURST, ShareChooser
 
 
 class _Threads:

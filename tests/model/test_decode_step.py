@@ -1,4 +1,4 @@
-"""One sequence's decode step on its own path (kestrel_trio._model.decode_step) computes the general path's logits.
+"""One sequence's decode step on its own path (kestrel_trio._model.decoder.decode_step) computes the general path's logits.
 
 Bit for bit: the step's one-call quantization (kestrel_trio._kernels.integer.quantize_rows) against the products' own, and whole decode
 steps of every GGUF fixture in the integer mode against the general forward pass, alone and with the products
@@ -18,13 +18,14 @@ import pytest
 
 from kestrel_trio import _kernels, load_model
 from kestrel_trio.model import set_products
-from kestrel_trio._model import decode_step as decode_step_module
-from kestrel_trio._model import decode_share, matmul, share_choice
-from kestrel_trio._model.share_choice import ShareChooser
+from kestrel_trio._model.decoder import decode_step as decode_step_module
+from kestrel_trio._model.decoder import decode_share
+from kestrel_trio._model.products import matmul, share_choice
+from kestrel_trio._model.products.share_choice import ShareChooser
 
 pytestmark = pytest.mark.skipif(not _kernels.ready(), reason=_kernels.unavailable_reason())
 
-forward_module = importlib.import_module("kestrel_trio._model.forward")  # the package exports the function
+forward_module = importlib.import_module("kestrel_trio._model.decoder.forward")  # the package exports the function
 GGUF_FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "gguf"
 DENSE = ["llama_quant", "qwen2_quant", "qwen3_quant"]  # Llama; Qwen2.5's q/k/v biases; Qwen3's head norms
 

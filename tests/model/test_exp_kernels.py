@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from kestrel_trio import _kernels
-from kestrel_trio._model import kv_storage, layers
+from kestrel_trio._model.cache import kv_storage
+from kestrel_trio._model.decoder import layers
 
 pytestmark = pytest.mark.skipif(not _kernels.ready(), reason="numba cannot run here: the numpy paths are the only ones")
 
@@ -80,7 +81,7 @@ def test_swiglu_without_the_compiled_loop_rounds_as_numpy(monkeypatch):
 
 
 def test_one_query_s_attention_over_a_kv_cache_takes_the_compiled_call_and_equals_numpy_s(monkeypatch):
-    from kestrel_trio._model.kv_cache import KVCache
+    from kestrel_trio._model.cache.kv_cache import KVCache
 
     rng = np.random.default_rng(3)
     cache = KVCache(1, 2, 16)  # 1 layer, 2 kv heads of 16

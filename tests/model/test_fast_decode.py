@@ -11,13 +11,15 @@ import pytest
 
 from kestrel_trio import load_model
 from kestrel_trio.model import set_blas_threads
-from kestrel_trio._model import forward, layers, matmul
-from kestrel_trio._model.backend import current
-from kestrel_trio._model.product_threads import ProductThreads
-from kestrel_trio._model.matmul import SMALL_BATCH_CALLS, linear, set_small_batch_call, small_batch_call
-from kestrel_trio._model.random_init import write_random_checkpoint
-from kestrel_trio._model.safetensors import SafetensorsCheckpoint
-from kestrel_trio._model.weights import Attention, DenseMLP, SparseMoE
+from kestrel_trio._model import forward
+from kestrel_trio._model.decoder import layers
+from kestrel_trio._model.products import matmul
+from kestrel_trio._model.products.backend import current
+from kestrel_trio._model.products.product_threads import ProductThreads
+from kestrel_trio._model.products.matmul import SMALL_BATCH_CALLS, linear, set_small_batch_call, small_batch_call
+from kestrel_trio._model.checkpoints.random_init import write_random_checkpoint
+from kestrel_trio._model.checkpoints.safetensors import SafetensorsCheckpoint
+from kestrel_trio._model.weights.assemble import Attention, DenseMLP, SparseMoE
 from kestrel_trio.errors import ModelLoadError
 from slow_host import allowance
 

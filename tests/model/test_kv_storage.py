@@ -7,13 +7,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import kestrel_trio._model.kv_cache as kv_cache_module
-import kestrel_trio._model.kv_storage as kv_storage
+import kestrel_trio._model.cache.kv_cache as kv_cache_module
+import kestrel_trio._model.cache.kv_storage as kv_storage
 from kestrel_trio import load_model
-from kestrel_trio._model.kv_cache import KVCache, KVCacheFull, kv_token_bytes
-from kestrel_trio._model.layers import _attend
-from kestrel_trio._model.prefix_cache import PrefixCache
-from kestrel_trio._model.safetensors import bf16_to_fp32, fp32_to_bf16_bits
+from kestrel_trio._model.cache.kv_cache import KVCache, KVCacheFull, kv_token_bytes
+from kestrel_trio._model.decoder.layers import _attend
+from kestrel_trio._model.cache.prefix_cache import PrefixCache
+from kestrel_trio._model.checkpoints.safetensors import bf16_to_fp32, fp32_to_bf16_bits
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 NAMES = sorted(p.name for p in FIXTURES.iterdir() if (p / "golden.npz").exists())

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from kestrel_trio import load_model
-from kestrel_trio._model.safetensors import SafetensorsCheckpoint, save_safetensors
+from kestrel_trio._model.checkpoints.safetensors import SafetensorsCheckpoint, save_safetensors
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "qwen3_moe"
 _EXPERT = re.compile(r"(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight")

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from kestrel_trio import _kernels
-from kestrel_trio._model import layers
+from kestrel_trio._model.decoder import layers
 
 pytestmark = pytest.mark.skipif(not _kernels.ready(), reason="numba cannot run here: the numpy path is the only one")
 

@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 
 from kestrel_trio import _kernels
-from kestrel_trio._model import matmul
-from kestrel_trio._model.dequant import GGML_TYPE_BY_NAME
-from kestrel_trio._model.packed import Bf16Rows, GgmlRows, Int4Rows, Int8Rows, PackedMatrix, expand_part
+from kestrel_trio._model.products import matmul
+from kestrel_trio._model.forms.dequant import GGML_TYPE_BY_NAME
+from kestrel_trio._model.forms.packed import Bf16Rows, GgmlRows, Int4Rows, Int8Rows, PackedMatrix, expand_part
 from slow_host import allowance
 
 pytestmark = pytest.mark.skipif(not _kernels.ready(), reason=_kernels.unavailable_reason())
@@ -194,7 +194,7 @@ def _pageout_drops_a_files_pages(folder: Path) -> bool:
 WARM_AND_MEASURE = """
 import llvmlite, numba, numpy as np
 from test_packed_kernels import _llvm_private_kib, _matrix
-from kestrel_trio._model import matmul
+from kestrel_trio._model.products import matmul
 assert llvmlite.__file__.startswith(COPY), llvmlite.__file__
 numba.njit(lambda n: n + 1)(1)  # a fresh compilation: the compiler's pages are resident
 compiled = _llvm_private_kib()

@@ -1,5 +1,5 @@
 """A prefill chunk held packed through its layers (kestrel_trio._kernels.x86.packed_rows and
-kestrel_trio._model.packed_layers): the packed products, norm and layout against float64 and numpy, the forward
+kestrel_trio._model.decoder.packed_layers): the packed products, norm and layout against float64 and numpy, the forward
 pass's logits and cache against the layers over rows, which chunks take it, and the way back to rows where a
 layer's one q/k/v pass cannot run."""
 
@@ -13,7 +13,7 @@ import pytest
 
 from kestrel_trio import _kernels, load_model
 from kestrel_trio._kernels.x86 import prefill
-from kestrel_trio._model.layers import rms_norm, swiglu
+from kestrel_trio._model.decoder.layers import rms_norm, swiglu
 
 from kernel_plan_kit import enable_chunk_kernel, runnable
 
@@ -22,7 +22,7 @@ _RUNNABLE = "avx512" in runnable("chunk_products")  # chosen here, or executed a
 pytestmark = [pytest.mark.host_cpu,
               pytest.mark.skipif(not _RUNNABLE, reason="the chunk kernel does not run here: "
                                  f"{_kernels.unavailable_reason() or prefill._chunks_unusable()}")]
-forward_module = importlib.import_module("kestrel_trio._model.forward")  # the package's ``forward`` is the function
+forward_module = importlib.import_module("kestrel_trio._model.decoder.forward")  # the package's ``forward`` is the function
 if _RUNNABLE:
     from kestrel_trio._kernels.x86 import f32_chunks, packed_rows
 
@@ -183,7 +183,7 @@ def test_two_sequences_in_one_pass_stay_in_rows(monkeypatch):
 def test_a_layer_whose_one_pass_cannot_run_goes_on_in_rows_from_there(monkeypatch):
     model = load_model(FIXTURES / "qwen3_fp32", weights="fp32")
     ids = np.arange(7, 7 + 64, dtype=np.int64)  # [T]
-    packed_layers = importlib.import_module("kestrel_trio._model.packed_layers")
+    packed_layers = importlib.import_module("kestrel_trio._model.decoder.packed_layers")
     real = packed_layers.chunk_attention
     monkeypatch.setattr(packed_layers, "chunk_attention",
                         lambda c, a, index, *rest: None if index == 1 else real(c, a, index, *rest))

@@ -10,8 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kestrel_trio import load_model
-from kestrel_trio._model.kv_cache import KVCache
-from kestrel_trio._model.prefix_cache import PrefixCache, common_prefix_length
+from kestrel_trio._model.cache.kv_cache import KVCache
+from kestrel_trio._model.cache.prefix_cache import PrefixCache, common_prefix_length
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "qwen3_fp32"
 

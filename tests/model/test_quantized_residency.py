@@ -26,12 +26,12 @@ import numpy as np
 import pytest
 
 from kestrel_trio import load_model
-from kestrel_trio._model import layers
-from kestrel_trio._model.packed import Int4Rows, Int8Rows, PackedMatrix
-from kestrel_trio._model.quantize import quantize_int4, quantize_int8, rows_from_arrays
-from kestrel_trio._model.random_init import write_random_checkpoint
-from kestrel_trio._model.safetensors import SafetensorsCheckpoint, save_safetensors
-from kestrel_trio._model.weights import Bf16Matrix
+from kestrel_trio._model.decoder import layers
+from kestrel_trio._model.forms.packed import Int4Rows, Int8Rows, PackedMatrix
+from kestrel_trio._model.weights.quantize import quantize_int4, quantize_int8, rows_from_arrays
+from kestrel_trio._model.checkpoints.random_init import write_random_checkpoint
+from kestrel_trio._model.checkpoints.safetensors import SafetensorsCheckpoint, save_safetensors
+from kestrel_trio._model.weights.assemble import Bf16Matrix
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 TEXT_FIXTURES = ["qwen3_fp32", "qwen3_bf16_tied", "qwen3_bf16_sharded", "qwen2_fp32", "llama_fp32", "qwen3_moe"]
@@ -223,7 +223,7 @@ def test_a_form_that_does_not_apply_is_refused_before_loading():
 @pytest.mark.parametrize("form", ["int8", "int4"])
 def test_shared_products_equal_the_single_thread_ones(form):
     """Several chunks over two parts; int8's column scales applied once per stretch, per thread."""
-    from kestrel_trio._model import matmul
+    from kestrel_trio._model.products import matmul
 
     rng = np.random.default_rng(11)
     first, second = ((rng.standard_normal((n, 512)) * 0.02).astype(np.float32) for n in (700, 333))

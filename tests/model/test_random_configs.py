@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kestrel_trio import load_model
-from kestrel_trio._model.random_init import write_random_checkpoint
+from kestrel_trio._model.checkpoints.random_init import write_random_checkpoint
 
 
 @st.composite

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from kestrel_trio import _kernels
-from kestrel_trio._model import rope as rope_module
-from kestrel_trio._model.rope import Rope, _apply_rope_numpy, apply_rope
-from kestrel_trio._model.config import RopeConfig
+from kestrel_trio._model.decoder import rope as rope_module
+from kestrel_trio._model.decoder.rope import Rope, _apply_rope_numpy, apply_rope
+from kestrel_trio._model.checkpoints.config import RopeConfig
 
 
 @pytest.mark.parametrize(("tokens", "heads", "head_dim"), [(1, 16, 128), (256, 8, 64), (7, 3, 32)])

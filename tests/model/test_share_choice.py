@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kestrel_trio._model import matmul
-from kestrel_trio._model.backend import current
-from kestrel_trio._model.share_choice import BURST, EXPLORE_EVERY, ShareChooser
+from kestrel_trio._model.products import matmul
+from kestrel_trio._model.products.backend import current
+from kestrel_trio._model.products.share_choice import BURST, EXPLORE_EVERY, ShareChooser
 
 
 def run(chooser: ShareChooser, products: int, cost: dict[bool, float]) -> list[bool]:

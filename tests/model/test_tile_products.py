@@ -1,5 +1,5 @@
 """bf16 tile products (AMX) for prefill: exact to the bf16-rounded float32 product where the CPU has them, a clear
-refusal where it does not (kestrel_trio._kernels.x86.tiles, kestrel_trio._model.matmul)."""
+refusal where it does not (kestrel_trio._kernels.x86.tiles, kestrel_trio._model.products.matmul)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from kestrel_trio import _kernels
-from kestrel_trio._model import matmul
+from kestrel_trio._model.products import matmul
 from kestrel_trio.errors import ModelLoadError
 from kestrel_trio.model import load_model, prefill_precision, set_prefill_precision
 from slow_host import allowance

@@ -11,12 +11,13 @@ import numpy as np
 import pytest
 
 from kestrel_trio import load_model
-from kestrel_trio._model import layers, matmul
-from kestrel_trio._model.random_init import write_random_checkpoint
-from kestrel_trio._model.safetensors import bf16_to_fp32, fp32_to_bf16_bits
-from kestrel_trio._model.residency import residency_bytes, resolve_residency
-from kestrel_trio._model.safetensors import SafetensorsCheckpoint
-from kestrel_trio._model.weights import Bf16Matrix
+from kestrel_trio._model.decoder import layers
+from kestrel_trio._model.products import matmul
+from kestrel_trio._model.checkpoints.random_init import write_random_checkpoint
+from kestrel_trio._model.checkpoints.safetensors import bf16_to_fp32, fp32_to_bf16_bits
+from kestrel_trio._model.weights.residency import residency_bytes, resolve_residency
+from kestrel_trio._model.checkpoints.safetensors import SafetensorsCheckpoint
+from kestrel_trio._model.weights.assemble import Bf16Matrix
 from kestrel_trio.errors import ModelLoadError
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -125,9 +126,9 @@ def test_auto_shrinks_the_weights_only_as_far_as_the_memory_needs():
 
 
 def test_bf16_products_shared_among_threads_equal_the_single_thread_ones() -> None:
-    from kestrel_trio._model.matmul import UPCAST_CHUNK, linear_bf16, set_product_threads
-    from kestrel_trio._model.safetensors import fp32_to_bf16_bits
-    from kestrel_trio._model.weights import Bf16Matrix
+    from kestrel_trio._model.products.matmul import UPCAST_CHUNK, linear_bf16, set_product_threads
+    from kestrel_trio._model.checkpoints.safetensors import fp32_to_bf16_bits
+    from kestrel_trio._model.weights.assemble import Bf16Matrix
 
     rng = np.random.default_rng(3)
     width = 256

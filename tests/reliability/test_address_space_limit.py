@@ -24,7 +24,7 @@ import pytest
 import trio
 from rel_kit import LatencyProbe, connected, fetch
 
-from kestrel_trio._model.random_init import write_random_checkpoint
+from kestrel_trio._model.checkpoints.random_init import write_random_checkpoint
 from kestrel_trio.model import DEMO_CONFIG
 
 # The longest /health wait over the long prompt's round trip, at most (a relative bound: the machine may be

@@ -22,7 +22,7 @@ from rel_kit import (
     wait_until,
 )
 
-from kestrel_trio._model.kv_cache import KVCache
+from kestrel_trio._model.cache.kv_cache import KVCache
 from kestrel_trio.engine import Engine, EngineLimits
 from kestrel_trio.engine.engine import Job
 from kestrel_trio.model import Model

@@ -11,7 +11,7 @@ import pytest
 
 from kestrel_trio import BadRequestError, ModelLoadError, load_model
 from kestrel_trio._model import forward
-from kestrel_trio._model.qwen3_vl import (
+from kestrel_trio._model.vision.qwen3_vl import (
     _forward_with_images,
     load_qwen3_vl,
     mrope_cos_sin,
@@ -19,9 +19,9 @@ from kestrel_trio._model.qwen3_vl import (
     rope_index,
     vl_config_from_dict,
 )
-from kestrel_trio._model.safetensors import SafetensorsCheckpoint, save_safetensors
-from kestrel_trio._model.vision import ImageFeatures
-from kestrel_trio._model.weights import Bf16Matrix
+from kestrel_trio._model.checkpoints.safetensors import SafetensorsCheckpoint, save_safetensors
+from kestrel_trio._model.vision.tower import ImageFeatures
+from kestrel_trio._model.weights.assemble import Bf16Matrix
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 PROMPTS = {"text": (), "image": ("up",), "two_images": ("up", "tall")}
@@ -239,7 +239,7 @@ def test_load_model_applies_the_weights_mode_to_qwen3_vl(tmp_path):
 
 @pytest.mark.parametrize("key", ["text", "image"])
 def test_int8_quantizes_the_language_model_and_keeps_the_vision_tower_bf16(pixels, key):
-    from kestrel_trio._model.packed import Int8Rows
+    from kestrel_trio._model.forms.packed import Int8Rows
 
     fp32, golden = _load("qwen3_vl_bf16")
     int8 = load_qwen3_vl(FIXTURES / "qwen3_vl_bf16", residency="int8")

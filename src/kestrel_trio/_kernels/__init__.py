@@ -34,7 +34,7 @@ __all__ = ["FORMS", "ready", "compiled", "unavailable_reason", "describe", "desc
 # The storage forms the compiled products know (kestrel_trio._kernels.products.FORMS), known without numba.
 FORMS = frozenset(("int8", "int4", "bf16", "F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K",
                     "Q5_K", "Q6_K"))
-# Which products quantized weights take: a model's own setting (kestrel_trio._model.backend.Backend.products),
+# Which products quantized weights take: a model's own setting (kestrel_trio._model.products.backend.Backend.products),
 # passed to each call here; nothing in this package holds a mode.
 PRODUCT_MODES = ("auto", "exact", "integer")
 _RUN = 32  # a block's inner loop length, an argument so that it stays a run-time value (products.py)
@@ -187,7 +187,7 @@ def integer_rows(form: str, data: np.ndarray, mode: str) -> tuple | None:
 
 def decode_loops():
     """(kestrel_trio._kernels.integer, .chunk_qkv, .exp, .norm): the compiled loops a decode step of one sequence calls
-    directly, without the wrappers' checks (kestrel_trio._model.decode_step checks its arrays once); None where
+    directly, without the wrappers' checks (kestrel_trio._model.decoder.decode_step checks its arrays once); None where
     the compiled loops cannot run."""
     if not ready():
         return None
@@ -237,7 +237,7 @@ def _load_layer_loops() -> None:
     for norm in (weight, None):  # Qwen3's heads, normed; Llama's and Qwen2.5's, not
         qkv_rows(np.zeros((1, 12), dtype=np.float32), 1, 1, 4, norm, norm, 1e-6, weight[None, :2], weight[None, :2],
                  cache, cache, 0, None, None)
-    from kestrel_trio._kernels import integer  # a decode step's one-call quantization (kestrel_trio._model.decode_step)
+    from kestrel_trio._kernels import integer  # a decode step's one-call quantization (kestrel_trio._model.decoder.decode_step)
 
     row = np.zeros((1, 32), dtype=np.float32)  # [1, 32]
     integer.quantize_rows(row, _RUN, np.empty((1, 32), np.int8), row[:, :1].copy(), row[:, :1].copy(), True)

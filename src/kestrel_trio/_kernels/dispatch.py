@@ -2,7 +2,7 @@
 first use: the dispatch over kestrel_trio._kernels.products' loops, the x86-64 assembly blocks
 (kestrel_trio._kernels.x86.f32_blocks) and the integer kernels (kestrel_trio._kernels.integer, .arm.integer,
 .x86.integer), as the plan of this CPU says (kestrel_trio._kernels.plan) and the products' mode, which every
-call is given (a model's own: kestrel_trio._model.backend). What is cached here is the same for every model: the
+call is given (a model's own: kestrel_trio._model.products.backend). What is cached here is the same for every model: the
 plan's choices and the compiled functions, by form and kernel, so products of two modes live side by side.
 
 Plain Python (nothing here is compiled itself), so that products.py holds only the loops numba caches together.
@@ -218,7 +218,7 @@ def integer_rows(form: str, data: np.ndarray, f16: np.ndarray, mode: str) -> tup
     ``(xq, xd, xs, start, stop, out)``, :func:`quantize`'s activations (``xs`` any float32 array where the form
     has no minimums), into ``out`` [N, stop-start]. None where ``form`` takes the exact products. The compiled
     kernel is called directly (a ``functools.partial``, no Python frame): a decode step makes a dozen such calls
-    a layer (kestrel_trio._model.decode_step)."""
+    a layer (kestrel_trio._model.decoder.decode_step)."""
     variant = _integer_kernel(form, mode)
     if variant is None:
         return None

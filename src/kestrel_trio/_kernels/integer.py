@@ -93,7 +93,7 @@ def block_sums(xq, xd, run, xs):
 @njit(nogil=True, cache=True)
 def quantize_rows(x, run, xq, xd, xs, sums):
     """:func:`quantize_q8_rows` and, with ``sums``, :func:`block_sums` into ``xs`` in one compiled call: a decode
-    step's quantization into its own buffers (kestrel_trio._model.decode_step), the same arithmetic bit for bit.
+    step's quantization into its own buffers (kestrel_trio._model.decoder.decode_step), the same arithmetic bit for bit.
     Beside them in this file, as numba re-validates a cached function when its own file changes only."""
     quantize_q8_rows(x, run, xq, xd)
     if sums:

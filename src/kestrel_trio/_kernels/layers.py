@@ -188,7 +188,7 @@ def decode_attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, scale:
     """One query's grouped attention, [n_heads * hd]: ``q`` float32 [n_heads, hd] over ``keys``, ``values``.
 
     ``keys``, ``values``: float32 [n_kv, total, hd], each a prefix of a C-contiguous buffer (a KV cache's).
-    Scores are ``(q * scale) . k``. With ``run_shared`` and ``shares_of`` (kestrel_trio._model.matmul's), a
+    Scores are ``(q * scale) . k``. With ``run_shared`` and ``shares_of`` (kestrel_trio._model.products.matmul's), a
     long context's kv heads are shared among the product threads (from kestrel_trio._kernels.SHARED_DECODE_SCORES
     query-head x key scores). None where the compiled loops cannot run or the arrays are not of that kind.
     """
@@ -257,7 +257,7 @@ def decode_attentions(q: np.ndarray, buffers: Sequence[tuple[np.ndarray, np.ndar
 def norm_span(x: np.ndarray) -> tuple[np.ndarray, int, int] | None:
     """(the span, row stride, head stride) :func:`rms_norm` hands its compiled loop for ``x`` float32 [T, dim] or
     [T, heads, dim], or None where it would not take it: so that a caller holding fixed buffers calls the loop
-    itself with the same arguments (kestrel_trio._model.decode_step)."""
+    itself with the same arguments (kestrel_trio._model.decoder.decode_step)."""
     rows = x if x.ndim == 3 else x[:, None, :]  # [T, heads, dim]
     flat = _unit_stride_span(rows)  # [span]
     return None if flat is None else (flat, rows.strides[0] // 4, rows.strides[1] // 4)

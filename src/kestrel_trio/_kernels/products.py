@@ -43,13 +43,13 @@ too on any of those CPUs, each weight vector widened in its register
 or a quarter of the bytes.
 
 The functions release the GIL (``nogil``): the product threads of
-kestrel_trio._model.matmul run them on separate cores, each on its own
+kestrel_trio._model.products.matmul run them on separate cores, each on its own
 stretch of rows.
 
 Row expanders: each ``row_<form>(row, scales, f16, run, buf)`` writes one
 row of a packed matrix into ``buf`` (float32 [cols]) with the same float32
 operations, in the same order, as the numpy expansion
-(kestrel_trio._model.dequant, kestrel_trio._model.packed), so the weights
+(kestrel_trio._model.forms.dequant, kestrel_trio._model.forms.packed), so the weights
 equal ggml's and ``gguf``'s bit for bit. That is why they are compiled
 without fastmath: a contracted ``d * q + m`` (one fused multiply-add) would
 round differently. They share one signature:
@@ -67,7 +67,7 @@ round differently. They share one signature:
   vectorized).
 * ``buf``: float32 [cols], the row's weights out.
 
-ggml block layouts are described in kestrel_trio._model.dequant.
+ggml block layouts are described in kestrel_trio._model.forms.dequant.
 
 The expanders live in this file with the products on purpose: numba
 invalidates a cached function when its own file changes, not when a

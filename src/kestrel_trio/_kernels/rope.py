@@ -1,6 +1,6 @@
 """Rotary embedding of queries and keys in one pass (numba), the same float32 roundings as numpy's four.
 
-kestrel_trio._model.rope's numpy version makes four passes over a chunk's
+kestrel_trio._model.decoder.rope's numpy version makes four passes over a chunk's
 queries (two products, a difference, a sum, each a temporary); this loop
 makes one. No fastmath: ``x1 * c - x2 * s`` stays a product, a product and
 a difference (a fused multiply-add would round differently), so the result

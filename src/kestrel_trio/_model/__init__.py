@@ -6,39 +6,41 @@ its submodules (``tests/test_architecture.py`` holds the rule), so what the
 rest of kestrel-trio relies on is listed here, in one place.
 """
 
-from kestrel_trio._model.backend import (
+from kestrel_trio._model.products.backend import (
     PREFILL_PRECISIONS, Backend, default_products, defaults, prefill_precision, set_default_prefill_precision,
     set_default_products,
 )
-from kestrel_trio._model.confine import check_folder_files, confined
-from kestrel_trio._model.config import ModelConfig, config_from_dict, read_config, read_config_json, read_json_object
-from kestrel_trio._model.embedding import POOLINGS, EmbeddingRun, gguf_pooling, normalize, read_pooling
-from kestrel_trio._model.forward import Decoder, feed_chunks, forward
-from kestrel_trio._model.gguf_checkpoint import load_gguf_weights
-from kestrel_trio._model.gguf_config import config_from_gguf, gguf_architecture
-from kestrel_trio._model.gguf_reader import GgufFile, is_gguf_file
-from kestrel_trio._model.kv_cache import BLOCK_TOKENS, KVCache, KVCacheFull, kv_token_bytes
-from kestrel_trio._model.kv_storage import KV_DTYPES, storage_dtype, to_storage
-from kestrel_trio._model.layers import linear
-from kestrel_trio._model.matmul import (
+from kestrel_trio._model.checkpoints.confine import check_folder_files, confined
+from kestrel_trio._model.checkpoints.config import (
+    ModelConfig, config_from_dict, read_config, read_config_json, read_json_object,
+)
+from kestrel_trio._model.embedding.pooling import POOLINGS, EmbeddingRun, gguf_pooling, normalize, read_pooling
+from kestrel_trio._model.decoder.forward import Decoder, feed_chunks, forward
+from kestrel_trio._model.weights.gguf_checkpoint import load_gguf_weights
+from kestrel_trio._model.checkpoints.gguf_config import config_from_gguf, gguf_architecture
+from kestrel_trio._model.checkpoints.gguf_reader import GgufFile, is_gguf_file
+from kestrel_trio._model.cache.kv_cache import BLOCK_TOKENS, KVCache, KVCacheFull, kv_token_bytes
+from kestrel_trio._model.cache.kv_storage import KV_DTYPES, storage_dtype, to_storage
+from kestrel_trio._model.decoder.layers import linear
+from kestrel_trio._model.products.matmul import (
     UPCAST_CHUNK, choose_small_batch_call, product_threads, set_product_threads, small_batch_call,
     warm_fused_products,
 )
-from kestrel_trio._model.gguf_names import gguf_name
-from kestrel_trio._model.packed import GgmlRows, PackedMatrix
-from kestrel_trio._model.prefix_cache import PrefixCache
-from kestrel_trio._model.qwen3_vl import Qwen3VL, VLPrompt, is_qwen3_vl, load_qwen3_vl, vl_config_from_dict
-from kestrel_trio._model.qwen3_vl_gguf import load_qwen3_vl_gguf, mmproj_image_fields, vl_config_from_gguf
-from kestrel_trio._model.quant_cache import default_cache_dir
-from kestrel_trio._model.resident import mapped_bytes
-from kestrel_trio._model.random_init import random_tensors, write_random_checkpoint
-from kestrel_trio._model.safetensors import SafetensorsCheckpoint
-from kestrel_trio._model.shapes import expected_shapes
-from kestrel_trio._model.vision import vision_shapes
-from kestrel_trio._model.residency import (
+from kestrel_trio._model.checkpoints.gguf_names import gguf_name
+from kestrel_trio._model.forms.packed import GgmlRows, PackedMatrix
+from kestrel_trio._model.cache.prefix_cache import PrefixCache
+from kestrel_trio._model.vision.qwen3_vl import Qwen3VL, VLPrompt, is_qwen3_vl, load_qwen3_vl, vl_config_from_dict
+from kestrel_trio._model.vision.qwen3_vl_gguf import load_qwen3_vl_gguf, mmproj_image_fields, vl_config_from_gguf
+from kestrel_trio._model.weights.quant_cache import default_cache_dir
+from kestrel_trio._model.weights.resident import mapped_bytes
+from kestrel_trio._model.checkpoints.random_init import random_tensors, write_random_checkpoint
+from kestrel_trio._model.checkpoints.safetensors import SafetensorsCheckpoint
+from kestrel_trio._model.checkpoints.shapes import expected_shapes
+from kestrel_trio._model.vision.tower import vision_shapes
+from kestrel_trio._model.weights.residency import (
     describe_weights, load_weights, packed_matrices, resident_bytes, resolve_residency,
 )
-from kestrel_trio._model.weights import assemble_weights
+from kestrel_trio._model.weights.assemble import assemble_weights
 
 __all__ = [
     # config, and the files a model folder names

@@ -1,6 +1,6 @@
 """Causal attention of a float32 prefill chunk in assembly blocks (AVX-512 or AVX2), one key/value head at a time.
 
-Theory of operation: numpy's way (kestrel_trio._model.layers) runs a block of
+Theory of operation: numpy's way (kestrel_trio._model.decoder.layers) runs a block of
 queries through two small sgemms with four passes between them (the causal
 mask, the row maxima, the exponentials, the division), and copies the
 queries and the output between layouts. Here each key/value head of a

@@ -30,7 +30,7 @@ Measured on the 2-core Xeon with AMX (2026-12-05, Qwen3-0.6B's layer
 shapes): one thread 208-217 GFLOP/s at 128 rows, 88% of a core's float32
 peak; two threads, the 28 layers' products in turn, 323-325 GFLOP/s against
 BLAS's 255-260 at 128 rows, 318-326 against 304-312 at 256, 316-317 against
-340-341 at 512 (kestrel_trio._model.matmul takes it up to 256 rows). The
+340-341 at 512 (kestrel_trio._model.products.matmul takes it up to 256 rows). The
 sums are float32, each output's over K in order within a chunk: the error
 against a float64 product is at most 1.5e-6 of the largest value on those
 shapes (BLAS's: 4-7e-7).

@@ -7,7 +7,7 @@ stores each weight row's 32 sums of a block whole instead, and stored at
 out[b, n] they are the same packed layout, [M/32, N, 32]: the next
 product's input as it stands, no pack, no gather. Norms, residual sums and
 SwiGLU are token by token, so they run on the packed layout too, a token a
-lane. kestrel_trio._model.packed_layers keeps a chunk packed through its
+lane. kestrel_trio._model.decoder.packed_layers keeps a chunk packed through its
 layers this way, in rows only where attention needs them.
 
 Every function here needs the chunk kernel (``kestrel_trio._kernels.enable_chunk_products()`` is None). Rows

@@ -34,7 +34,7 @@ asks, and says why when it cannot. Each call configures the tiles of its own
 thread (the state is per thread) and releases them at the end.
 
 Shapes: K a multiple of 32, and the weight rows a thread takes a multiple of
-32; kestrel_trio._model.matmul falls back to float32 products otherwise.
+32; kestrel_trio._model.products.matmul falls back to float32 products otherwise.
 """
 
 from __future__ import annotations
