@@ -26,6 +26,21 @@ outside it (the package and benchmarks/), only its ``__init__`` is imported; the
 engine imports not even that, and steps the model through the public Model.
 No modules import one another in a circle as they load (imports inside
 functions aside: they run at a call, once every module has loaded).
+
+Inside ``_model``, every module lives in a room (a subpackage named for its
+concern), and the rooms are ranked the same way (MODEL_ROOMS, lowest first):
+
+    0  forms                  how a matrix's rows are stored and expanded: ggml's blocks, packed rows
+    1  checkpoints            a model's files: config, safetensors, GGUF reader/names/config, shapes
+    1  products               y = x W^T over every form, and which way it runs
+    2  weights                a checkpoint's tensors assembled in a residency (quantized, cached, mapped)
+    2  cache                  the KV cache, its storage dtypes, the prefix cache
+    3  decoder                the model itself: layers, rotary positions, attention, the forward passes
+    4  embedding, vision      pooled hidden states; Qwen3-VL's tower and model
+
+A room imports its own modules and rooms ranked below it, at load or inside a
+function alike; no module in a room imports ``_model``'s ``__init__`` (it
+imports every room).
 """
 
 from __future__ import annotations
@@ -78,6 +93,14 @@ FORBIDDEN_EXTERNAL_IN_MODULE = {
     "kestrel_trio.engine.contained_step": {"trio"},  # so does its MemoryError containment around it
 }
 PRIVATE_PACKAGE = "kestrel_trio._model"
+# _model's room -> rank (the module docstring says what each holds).
+MODEL_ROOMS = {
+    "forms": 0,
+    "checkpoints": 1, "products": 1,
+    "weights": 2, "cache": 2,
+    "decoder": 3,
+    "embedding": 4, "vision": 4,
+}
 BENCHMARKS = SRC.parent.parent / "benchmarks"
 # Benchmarks that measure _model's private kernels themselves (reason beside each).
 KERNEL_BENCHMARKS = {"bench_model.py": "times matmul's private product paths against one another",
@@ -244,6 +267,41 @@ def seam_violations(src: Path) -> list[str]:
     return found
 
 
+def room_violations(src: Path) -> list[str]:
+    """Imports between ``_model``'s rooms that point up or sideways, imports of ``_model``'s ``__init__`` from a
+    room, modules in no room, and rooms missing from (or only in) MODEL_ROOMS."""
+    model = src / PRIVATE_PACKAGE.split(".")[1]
+    prefix = PRIVATE_PACKAGE + "."
+    on_disk = {p.name for p in model.iterdir() if (p / "__init__.py").is_file()}
+    found = [f"{PRIVATE_PACKAGE}.{room} is a room missing from MODEL_ROOMS"
+             for room in sorted(on_disk - MODEL_ROOMS.keys())]
+    found += [f"MODEL_ROOMS names {room}, which is no folder of _model"
+              for room in sorted(MODEL_ROOMS.keys() - on_disk)]
+    for path in sorted(model.rglob("*.py")):
+        this = module_name(path, src)
+        if this == PRIVATE_PACKAGE:
+            continue
+        own = this[len(prefix):].split(".")[0]
+        if own not in MODEL_ROOMS:
+            found.append(f"{this} is in no room of _model (move it into one, or add its room to MODEL_ROOMS)")
+            continue
+        for name in sorted(imports_of(path, src)):
+            if name == PRIVATE_PACKAGE:
+                found.append(f"{this} ({own}) imports {PRIVATE_PACKAGE}, whose __init__ imports every room")
+                continue
+            if not name.startswith(prefix):
+                continue
+            target = name[len(prefix):].split(".")[0]
+            if target == own:
+                continue
+            if target not in MODEL_ROOMS:
+                found.append(f"{this} imports {name}, which is in no room")
+            elif MODEL_ROOMS[target] >= MODEL_ROOMS[own]:
+                found.append(f"{this} ({own}, rank {MODEL_ROOMS[own]}) imports {name} "
+                             f"({target}, rank {MODEL_ROOMS[target]})")
+    return found
+
+
 def import_cycles(src: Path) -> list[list[str]]:
     """Every circle of modules importing one another when they load, each as its modules' names, sorted.
 
@@ -313,6 +371,10 @@ def test_the_engine_steps_the_model_through_the_public_model():
     assert seam_violations(SRC) == []
 
 
+def test_model_rooms_import_only_downwards():
+    assert room_violations(SRC) == []
+
+
 def test_no_modules_import_one_another_in_a_circle():
     assert import_cycles(SRC) == []
 
@@ -339,7 +401,7 @@ PLANTED = [
     ("http/responses.py", "from kestrel_trio.model import Model", "imports kestrel_trio.model"),
     ("openai/sse.py", "from kestrel_trio.http import Response", "imports kestrel_trio.http"),
     ("_model/decoder/forward.py", "from kestrel_trio.text import Tokenizer", "imports kestrel_trio.text"),
-    ("_model/decoder/forward.py", "from ..engine import Engine", "imports kestrel_trio.engine"),
+    ("_model/decoder/forward.py", "from ...engine import Engine", "imports kestrel_trio.engine"),
     ("errors.py", "from kestrel_trio.stats import Counter", "imports kestrel_trio.stats"),
     ("model.py", "from kestrel_trio.engine import Engine", "imports kestrel_trio.engine"),
     ("server.py", "from kestrel_trio.cli import main", "imports kestrel_trio.cli"),
@@ -379,7 +441,8 @@ def test_the_checker_sees_a_module_with_no_layer(package_copy: Path):
         stray.unlink()
 
 
-@pytest.mark.parametrize(("file", "line"), [("_model/decoder/forward.py", "import trio"), ("_model/decoder/forward.py", "import jinja2"),
+@pytest.mark.parametrize(("file", "line"), [("_model/decoder/forward.py", "import trio"),
+                                            ("_model/decoder/forward.py", "import jinja2"),
                                             ("text/sampling.py", "import trio"), ("engine/engine.py", "import json"),
                                             ("openai/sse.py", "import numpy as np"), ("http/router.py", "import numpy"),
                                             ("engine/step.py", "import trio"), ("engine/step.py", "from trio import to_thread"),
@@ -391,7 +454,7 @@ def test_the_checker_sees_a_forbidden_third_party_import(package_copy: Path, fil
 
 @pytest.mark.parametrize(("file", "line"), [
     ("model.py", "from kestrel_trio._model.weights.assemble import load_weights"),
-    ("text/sampling.py", "from .._model.kv_cache import KVCache"),
+    ("text/sampling.py", "from .._model.cache.kv_cache import KVCache"),
     ("engine/engine.py", "from kestrel_trio._model.cache import prefix_cache"),
     ("engine/step.py", "import kestrel_trio._model.decoder.forward"),
 ])
@@ -411,9 +474,66 @@ def test_the_checker_sees_the_engine_reach_past_the_seam(package_copy: Path, fil
 
 
 def test_the_checker_lets_model_import_its_own_submodules(package_copy: Path):
-    _, problems = problems_with(package_copy, "_model/decoder/forward.py", "from kestrel_trio._model.cache.kv_cache import KVCache",
-                                private_violations)
+    _, problems = problems_with(package_copy, "_model/decoder/forward.py",
+                                "from kestrel_trio._model.cache.kv_cache import KVCache", private_violations)
     assert problems == []
+
+
+# (file in _model, line planted at its end, a fragment of the expected complaint)
+PLANTED_IN_ROOMS = [
+    ("_model/checkpoints/config.py", "from kestrel_trio._model.decoder.forward import forward",
+     "(checkpoints, rank 1) imports kestrel_trio._model.decoder.forward (decoder, rank 3)"),
+    ("_model/checkpoints/gguf_reader.py", "from ..decoder import forward",
+     "imports kestrel_trio._model.decoder.forward (decoder, rank 3)"),
+    ("_model/forms/packed.py", "from kestrel_trio._model.products.matmul import linear",
+     "(forms, rank 0) imports kestrel_trio._model.products.matmul (products, rank 1)"),
+    ("_model/products/matmul.py", "from kestrel_trio._model.checkpoints.config import ModelConfig",
+     "(products, rank 1) imports kestrel_trio._model.checkpoints.config (checkpoints, rank 1)"),
+    ("_model/weights/residency.py", "from kestrel_trio._model.cache.kv_cache import KVCache",
+     "(weights, rank 2) imports kestrel_trio._model.cache.kv_cache (cache, rank 2)"),
+    ("_model/cache/kv_cache.py", "from ..weights.assemble import Weights",
+     "(cache, rank 2) imports kestrel_trio._model.weights.assemble (weights, rank 2)"),
+    ("_model/weights/quantize.py", "def _later():\n    from kestrel_trio._model.decoder.layers import linear",
+     "(weights, rank 2) imports kestrel_trio._model.decoder.layers (decoder, rank 3)"),
+    ("_model/decoder/layers.py", "from kestrel_trio._model.vision.tower import vision_shapes",
+     "(decoder, rank 3) imports kestrel_trio._model.vision.tower (vision, rank 4)"),
+    ("_model/vision/tower.py", "from kestrel_trio._model.embedding.pooling import normalize",
+     "(vision, rank 4) imports kestrel_trio._model.embedding.pooling (embedding, rank 4)"),
+    ("_model/decoder/forward.py", "from kestrel_trio._model import KVCache",
+     "(decoder) imports kestrel_trio._model, whose __init__ imports every room"),
+]
+
+
+@pytest.mark.parametrize(("file", "line", "complaint"), PLANTED_IN_ROOMS,
+                         ids=[f"{f}: {line}" for f, line, _ in PLANTED_IN_ROOMS])
+def test_the_checker_sees_each_planted_import_between_rooms(package_copy: Path, file: str, line: str,
+                                                             complaint: str):
+    module, problems = problems_with(package_copy, file, line, room_violations)
+    assert any(complaint in p and p.startswith(module) for p in problems), problems
+
+
+def test_the_checker_lets_a_room_import_its_own_modules_and_lower_rooms(package_copy: Path):
+    line = ("from kestrel_trio._model.decoder.layers import linear\n"
+            "from ..cache.kv_cache import KVCache\nfrom kestrel_trio._model.forms.packed import PackedMatrix")
+    _, problems = problems_with(package_copy, "_model/decoder/forward.py", line, room_violations)
+    assert problems == []
+
+
+def test_the_checker_sees_a_module_in_no_room_and_a_room_not_ranked(package_copy: Path):
+    stray = package_copy / "_model" / "stray.py"
+    room = package_copy / "_model" / "annex"
+    stray.write_text("import os\n", encoding="utf-8")
+    room.mkdir()
+    (room / "__init__.py").write_text("", encoding="utf-8")
+    try:
+        assert room_violations(package_copy) == [
+            "kestrel_trio._model.annex is a room missing from MODEL_ROOMS",
+            "kestrel_trio._model.annex is in no room of _model (move it into one, or add its room to MODEL_ROOMS)",
+            "kestrel_trio._model.stray is in no room of _model (move it into one, or add its room to MODEL_ROOMS)",
+        ]
+    finally:
+        stray.unlink()
+        shutil.rmtree(room)
 
 
 # (file in the package, line planted at its end, modules of the circle that line closes; the modules the circle
@@ -421,7 +541,7 @@ def test_the_checker_lets_model_import_its_own_submodules(package_copy: Path):
 PLANTED_CIRCLES = [
     ("_model/decoder/layers.py", "from kestrel_trio._model.decoder.forward import forward",
      ["kestrel_trio._model.decoder.forward", "kestrel_trio._model.decoder.layers"]),
-    ("_model/cache/kv_cache.py", "if TYPE_CHECKING:\n    from kestrel_trio._model.decoder.forward import Decoder",
+    ("_model/cache/kv_cache.py", "if TYPE_CHECKING:\n    from ..decoder.forward import Decoder",
      ["kestrel_trio._model.decoder.forward", "kestrel_trio._model.cache.kv_cache"]),
     ("text/stops.py", "from kestrel_trio.text import StopStringMatcher",
      ["kestrel_trio.text", "kestrel_trio.text.stops"]),
