@@ -4,6 +4,13 @@ Imports numpy and the standard library only (never trio). This package is
 private: every other module enters it through the names below, never through
 its submodules (``tests/test_architecture.py`` holds the rule), so what the
 rest of kestrel-trio relies on is listed here, in one place.
+
+Its modules live in rooms, each importing only the rooms below it (the same
+test ranks them): forms/ (how a matrix's rows are stored: ggml's blocks,
+packed rows); checkpoints/ (a model's files and config) and products/ (the
+weight products); weights/ (a checkpoint assembled in its residency) and
+cache/ (the KV cache and the prefix cache); decoder/ (the model itself:
+layers, rope, attention, the forward passes); embedding/ and vision/.
 """
 
 from kestrel_trio._model.products.backend import (
