@@ -407,8 +407,8 @@ def kestrel_prefill_products(model, prompts: dict) -> dict:
 def chunk_product(model, rows: int):
     """``call(x, m)``: the product a prefill chunk of ``rows`` tokens makes of ``x`` [rows, in] and weight ``m``.
 
-    Where its layers run packed (kestrel_trio._model.decoder.packed_layers): the q/k/v product packed in and gathered into
-    rows, o_proj's packed by each thread from rows, gate/up's and down's packed in and out (inputs packed here,
+    Where its layers run packed (kestrel_trio._model.decoder.packed_layers): the q/k/v product packed in and
+    gathered into rows, o_proj's packed by each thread from rows, gate/up's and down's packed in and out (inputs packed here,
     untimed, as a prefill keeps them packed); else ``linear``.
     """
     from kestrel_trio._kernels.x86 import packed_rows

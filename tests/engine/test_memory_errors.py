@@ -21,7 +21,8 @@ from kestrel_trio.text.sampling import Sampler
 
 from engine_kit import greedy_tokens, running_engine
 
-forward_module = importlib.import_module("kestrel_trio._model.decoder.forward")  # the package re-exports a function of that name
+# the package re-exports a function of that name
+forward_module = importlib.import_module("kestrel_trio._model.decoder.forward")
 chunk_attention_module = importlib.import_module("kestrel_trio._model.decoder.chunk_attention")  # one sequence's chunks
 LONG_CONTEXT = 200  # keys beyond this many tokens "cannot be allocated" in these tests
 

@@ -1,7 +1,7 @@
 """One backend per loaded model: two models in one process keep their own kernel settings.
 
-A model's products mode and prefill precision are fixed at its load (kestrel_trio._model.products.backend) and held by its
-decoder: another model's load, or the defaults changed later, leave it as it was, and two models stepping at the
+A model's products mode and prefill precision are fixed at its load (kestrel_trio._model.products.backend) and held
+by its decoder: another model's load, or the defaults changed later, leave it as it was, and two models stepping at the
 same time in two threads each run in their own.
 """
 

@@ -1,4 +1,5 @@
-"""One sequence's decode step on its own path (kestrel_trio._model.decoder.decode_step) computes the general path's logits.
+"""One sequence's decode step on its own path (kestrel_trio._model.decoder.decode_step) computes the general path's
+logits.
 
 Bit for bit: the step's one-call quantization (kestrel_trio._kernels.integer.quantize_rows) against the products' own, and whole decode
 steps of every GGUF fixture in the integer mode against the general forward pass, alone and with the products

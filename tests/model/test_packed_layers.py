@@ -22,7 +22,8 @@ _RUNNABLE = "avx512" in runnable("chunk_products")  # chosen here, or executed a
 pytestmark = [pytest.mark.host_cpu,
               pytest.mark.skipif(not _RUNNABLE, reason="the chunk kernel does not run here: "
                                  f"{_kernels.unavailable_reason() or prefill._chunks_unusable()}")]
-forward_module = importlib.import_module("kestrel_trio._model.decoder.forward")  # the package's ``forward`` is the function
+# the package's ``forward`` is the function
+forward_module = importlib.import_module("kestrel_trio._model.decoder.forward")
 if _RUNNABLE:
     from kestrel_trio._kernels.x86 import f32_chunks, packed_rows
 

@@ -237,7 +237,8 @@ def _load_layer_loops() -> None:
     for norm in (weight, None):  # Qwen3's heads, normed; Llama's and Qwen2.5's, not
         qkv_rows(np.zeros((1, 12), dtype=np.float32), 1, 1, 4, norm, norm, 1e-6, weight[None, :2], weight[None, :2],
                  cache, cache, 0, None, None)
-    from kestrel_trio._kernels import integer  # a decode step's one-call quantization (kestrel_trio._model.decoder.decode_step)
+    # a decode step's one-call quantization (kestrel_trio._model.decoder.decode_step)
+    from kestrel_trio._kernels import integer
 
     row = np.zeros((1, 32), dtype=np.float32)  # [1, 32]
     integer.quantize_rows(row, _RUN, np.empty((1, 32), np.int8), row[:, :1].copy(), row[:, :1].copy(), True)

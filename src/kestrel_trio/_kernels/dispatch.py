@@ -2,8 +2,8 @@
 first use: the dispatch over kestrel_trio._kernels.products' loops, the x86-64 assembly blocks
 (kestrel_trio._kernels.x86.f32_blocks) and the integer kernels (kestrel_trio._kernels.integer, .arm.integer,
 .x86.integer), as the plan of this CPU says (kestrel_trio._kernels.plan) and the products' mode, which every
-call is given (a model's own: kestrel_trio._model.products.backend). What is cached here is the same for every model: the
-plan's choices and the compiled functions, by form and kernel, so products of two modes live side by side.
+call is given (a model's own: kestrel_trio._model.products.backend). What is cached here is the same for every
+model: the plan's choices and the compiled functions, by form and kernel, so products of two modes live side by side.
 
 Plain Python (nothing here is compiled itself), so that products.py holds only the loops numba caches together.
 FORMS, COLUMNS_PER_ITEM and f16_table are products.py's, re-exported: this module is what kestrel_trio._kernels

@@ -8,7 +8,7 @@ rest of kestrel-trio relies on is listed here, in one place.
 Its modules live in rooms, each importing only the rooms below it (the same
 test ranks them): forms/ (how a matrix's rows are stored: ggml's blocks,
 packed rows); checkpoints/ (a model's files and config) and products/ (the
-weight products); weights/ (a checkpoint assembled in its residency) and
+weight products, each model's backend and product threads); weights/ (a checkpoint assembled in its residency) and
 cache/ (the KV cache and the prefix cache); decoder/ (the model itself:
 layers, rope, attention, the forward passes); embedding/ and vision/.
 """

@@ -1,13 +1,13 @@
 """One model's kernel settings and state: its products mode, prefill precision, product threads, small-batch call.
 
 A :class:`Backend` is built when a model loads (kestrel_trio.model.load_model's ``products``,
-``prefill_precision`` and ``blas_threads``) and held by its :class:`~kestrel_trio._model.decoder.forward.Decoder`, so that
-two models in one process (a main model and its speculative draft, or two servers) each keep their own: a second
+``prefill_precision`` and ``blas_threads``) and held by its
+:class:`~kestrel_trio._model.decoder.forward.Decoder`, so that two models in one process (a main model and its speculative draft, or two servers) each keep their own: a second
 load never changes the first model's products, its product threads, or the small-batch call timed on its weights
 and the share choices timed on its steps.
 
-How the settings reach the products: :func:`~kestrel_trio._model.decoder.forward.forward` (and the other entries that run
-a model's weights: its vision tower, the load's warm-up) runs inside ``decoder.backend.active()``, and
+How the settings reach the products: :func:`~kestrel_trio._model.decoder.forward.forward` (and the other entries
+that run a model's weights: its vision tower, the load's warm-up) runs inside ``decoder.backend.active()``, and
 kestrel_trio._model.products.matmul reads :func:`current` once at each product's entry, before any work goes to the
 product threads, and hands the values on explicitly. A context variable, not a module global: each thread and
 each trio task sees the backend of the model it is running, and a worker thread started for another model sees
@@ -65,7 +65,8 @@ def _check_precision(_instance, _attribute, precision: str) -> None:
 
 @attrs.define(eq=False)
 class SmallBatchChoice:
-    """How one model's 2-32-row float32 products run (kestrel_trio._model.products.matmul.small_batch_call), once chosen.
+    """How one model's 2-32-row float32 products run (kestrel_trio._model.products.matmul.small_batch_call), once
+    chosen.
 
     Attributes:
         call: one of matmul.SMALL_BATCH_CALLS, or None until chosen.

@@ -1,8 +1,8 @@
 """The product threads: the caller plus helpers that share one weight product, each multiplying a stretch of it.
 
 numpy's BLAS and its upcast ufuncs release the GIL, so the threads run on separate cores. One pool per count a
-model was loaded with (kestrel_trio._model.products.backend.Backend.threads); kestrel_trio._model.products.matmul decides what to
-share.
+model was loaded with (kestrel_trio._model.products.backend.Backend.threads); kestrel_trio._model.products.matmul
+decides what to share.
 """
 
 from __future__ import annotations
