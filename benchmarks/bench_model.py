@@ -408,8 +408,8 @@ def chunk_product(model, rows: int):
     """``call(x, m)``: the product a prefill chunk of ``rows`` tokens makes of ``x`` [rows, in] and weight ``m``.
 
     Where its layers run packed (kestrel_trio._model.decoder.packed_layers): the q/k/v product packed in and
-    gathered into rows, o_proj's packed by each thread from rows, gate/up's and down's packed in and out (inputs packed here,
-    untimed, as a prefill keeps them packed); else ``linear``.
+    gathered into rows, o_proj's packed by each thread from rows, gate/up's and down's packed in and out (inputs
+    packed here, untimed, as a prefill keeps them packed); else ``linear``.
     """
     from kestrel_trio._kernels.x86 import packed_rows
     from kestrel_trio._model.products.matmul import linear, run_shared, shares_of

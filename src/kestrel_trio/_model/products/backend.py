@@ -2,9 +2,9 @@
 
 A :class:`Backend` is built when a model loads (kestrel_trio.model.load_model's ``products``,
 ``prefill_precision`` and ``blas_threads``) and held by its
-:class:`~kestrel_trio._model.decoder.forward.Decoder`, so that two models in one process (a main model and its speculative draft, or two servers) each keep their own: a second
-load never changes the first model's products, its product threads, or the small-batch call timed on its weights
-and the share choices timed on its steps.
+:class:`~kestrel_trio._model.decoder.forward.Decoder`, so that two models in one process (a main model and its
+speculative draft, or two servers) each keep their own: a second load never changes the first model's products,
+its product threads, or the small-batch call timed on its weights and the share choices timed on its steps.
 
 How the settings reach the products: :func:`~kestrel_trio._model.decoder.forward.forward` (and the other entries
 that run a model's weights: its vision tower, the load's warm-up) runs inside ``decoder.backend.active()``, and
