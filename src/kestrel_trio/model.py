@@ -276,6 +276,15 @@ class Model:
             )
         return ids
 
+    def _in_vocabulary(self, token_ids: Sequence[int] | np.ndarray, param: str = "token_ids") -> np.ndarray:
+        """``token_ids`` as an int64 array [T], or BadRequestError where one is outside the vocabulary (a step or a
+        prefill takes ids from a caller that may not have checked them: check_token_ids also bounds the count)."""
+        ids = np.asarray(token_ids, dtype=np.int64)  # [T]
+        vocab = self.config.vocab_size
+        if ids.size and (ids.min() < 0 or ids.max() >= vocab):
+            raise BadRequestError(f"'{param}' has token ids outside 0..{vocab - 1}", param=param)
+        return ids
+
     def step(self, cache: KVCache, token_ids: Sequence[int] | np.ndarray, *, all_logits: bool = False) -> np.ndarray:
         """Feed new tokens of one sequence through the model, extending ``cache``.
 
@@ -287,7 +296,7 @@ class Model:
         Returns:
             float32 logits, [T, vocab] if ``all_logits`` else [vocab].
         """
-        ids = np.asarray(token_ids, dtype=np.int64)  # [T]
+        ids = self._in_vocabulary(token_ids)  # [T]
         positions = np.arange(cache.length, cache.length + ids.size, dtype=np.int64)  # [T]
         logits = forward(self.decoder, ids, positions, [cache], [ids.size], all_logits=all_logits)
         return logits if all_logits else logits[0]
@@ -420,7 +429,7 @@ class Model:
 
         The chunks before the last return no logits, so their last layer runs for their keys and values only.
         """
-        return feed_chunks(self.decoder, cache, np.asarray(token_ids, dtype=np.int64), chunk)  # [vocab]
+        return feed_chunks(self.decoder, cache, self._in_vocabulary(token_ids), chunk)  # [vocab]
 
     def greedy(self, token_ids: Sequence[int], max_new_tokens: int) -> list[int]:
         """Greedy continuation: prefill, then one decode step per token, through the KV cache.

@@ -26,7 +26,7 @@ from kestrel_trio._model.forms.dequant import GGML_TYPE_BY_NAME, expand_rows
 from kestrel_trio._model.forms.packed import GgmlRows, PackedMatrix
 from kestrel_trio._model.weights.residency import resident_bytes
 from kestrel_trio._model.weights.assemble import DenseMLP
-from kestrel_trio.errors import ModelLoadError
+from kestrel_trio.errors import BadRequestError, ModelLoadError
 
 GGUF_FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "gguf"
 NAMES = sorted(p.name for p in GGUF_FIXTURES.iterdir() if (p / "golden.npz").exists())
@@ -242,6 +242,22 @@ def test_an_embedding_lookup_expands_only_the_rows_looked_up(monkeypatch):
     assert [stop - start for _, start, stop in expansions.calls] == [3]
     whole = table.dense()  # [vocab, hidden]
     assert np.array_equal(rows, whole[[7, 300, 7]])
+
+
+def test_token_ids_outside_the_vocabulary_are_refused_not_read_from_an_empty_buffer():
+    """A packed embedding left the rows of ids beyond its parts as np.empty had them (a different answer each run):
+    the lookup refuses them, and the public Model's step and prefill name the field."""
+    model = load_model(_file("qwen3_quant"), weights="gguf")
+    vocab = model.config.vocab_size
+    table = model.decoder.weights.embed_tokens
+    assert isinstance(table, PackedMatrix)
+    for bad in ([vocab], [-1], [3, vocab + 1000]):
+        with pytest.raises(IndexError, match=f"outside 0..{vocab - 1}"):
+            layers.embedding(table, np.array(bad))
+        with pytest.raises(BadRequestError, match=f"'token_ids' has token ids outside 0..{vocab - 1}"):
+            model.step(model.new_cache(), bad)
+        with pytest.raises(BadRequestError, match="outside"):
+            model.prefill(model.new_cache(), bad)
 
 
 def _weights_as(name: str, rows: int, cols: int, seed: int) -> np.ndarray:

@@ -272,8 +272,15 @@ class PackedMatrix:
         return tuple(p.form for p in self.parts)
 
     def rows(self, ids: np.ndarray) -> np.ndarray:
-        """float32 rows ``ids`` [N] (an embedding lookup), [N, in]: only those rows are expanded."""
+        """float32 rows ``ids`` [N] (an embedding lookup), [N, in]: only those rows are expanded.
+
+        Raises:
+            IndexError: an id outside ``0..out-1`` (a row of no part would be left as ``np.empty`` found it).
+        """
         ids = np.asarray(ids)
+        if ids.size and (ids.min() < 0 or ids.max() >= self.shape[0]):
+            raise IndexError(f"row ids outside 0..{self.shape[0] - 1} (the smallest {ids.min()}, the largest "
+                             f"{ids.max()})")
         out = np.empty((ids.size, self.shape[1]), dtype=np.float32)  # [N, in]
         first = 0
         for part in self.parts:
