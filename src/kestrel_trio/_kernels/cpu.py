@@ -33,12 +33,9 @@ import dataclasses
 import os
 import platform
 import sys
-from typing import TYPE_CHECKING, Mapping
+from typing import Mapping
 
-if TYPE_CHECKING:
-    from kestrel_trio._kernels.plan import Features
-
-__all__ = ["Cpu", "detect", "this_cpu", "configure_numba", "read_hwcaps", "kernel_features"]
+__all__ = ["Cpu", "Features", "detect", "this_cpu", "configure_numba", "read_hwcaps", "kernel_features"]
 
 # Linux's auxiliary vector entries (elf.h) and arm64's bits in them (arch/arm64/include/uapi/asm/hwcap.h).
 AT_HWCAP = 16
@@ -196,6 +193,32 @@ def configure_numba() -> Cpu:
     return cpu
 
 
+@dataclasses.dataclass(frozen=True)
+class Features:
+    """The facts about a CPU that choose its kernels (:func:`kernel_features` gathers a host's;
+    kestrel_trio._kernels.plan.plan chooses from them).
+
+    Attributes:
+        arch: "x86_64", "aarch64" or another ``platform.machine()``.
+        os: ``sys.platform`` ("linux": AMX tiles need Linux's permission call).
+        cpu: LLVM's name for the CPU ("znver5", "sapphirerapids", "cortex-a76"; "generic" where unknown).
+        runs: the features the CPU executes, LLVM's names ("avx2", "fma", "avx512f", "avxvnni", "avx512vnni",
+            "amx-tile", "amx-bf16"; "neon", "dotprod", "i8mm").
+        target: the CPU numba compiles for (``NUMBA_CPU_NAME``; "host": the CPU itself).
+        target_features: the features ``NUMBA_CPU_FEATURES`` enables (its "+" items), None where it is unset.
+        compiled: x86-64 only, the features among avx2, f16c, fma, avxvnni, avx512vnni, avx512vl, avx512bw that
+            numba's code holds (kestrel_trio._kernels.x86.integer.compiled_features); empty elsewhere.
+    """
+
+    arch: str
+    os: str
+    cpu: str
+    runs: frozenset[str]
+    target: str = "host"
+    target_features: frozenset[str] | None = None
+    compiled: frozenset[str] = frozenset()
+
+
 # x86-64 features (LLVM's names) that choose a kernel (kestrel_trio._kernels.plan).
 _X86_KERNEL_FEATURES = ("avx2", "fma", "f16c", "avx512f", "avx512vl", "avx512bw", "avxvnni", "avx512vnni",
                         "amx-tile", "amx-bf16")
@@ -210,8 +233,6 @@ def kernel_features() -> Features:
     not save). On aarch64 the features are :func:`this_cpu`'s (``AT_HWCAP``).
     """
     import llvmlite.binding as llvm_binding
-
-    from kestrel_trio._kernels.plan import Features
 
     cpu = this_cpu()
     target = os.environ.get("NUMBA_CPU_NAME") or "host"

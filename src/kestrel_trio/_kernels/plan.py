@@ -24,6 +24,9 @@ from __future__ import annotations
 
 import dataclasses
 
+from kestrel_trio._kernels import cpu
+from kestrel_trio._kernels.cpu import Features
+
 __all__ = ["Features", "Choice", "KernelPlan", "plan", "this_plan", "INTEGER_FORMS", "X86_AUTO_FORMS",
            "F32_LABELS", "INTEGER_LABELS", "SAMPLE_CPUS"]
 
@@ -57,31 +60,6 @@ INTEGER_LABELS = {"neon-dotprod": "sdot", "neon": "neon", "avx512-vnni": "vnni",
                   "portable": "int8"}
 # x86 integer kernels: kestrel_trio._kernels.x86.integer.usable_kernel's kinds -> the plan's variants.
 _X86_INTEGER = {"vnni512": "avx512-vnni", "vnni256": "avx-vnni", "avx2": "avx2"}
-
-
-@dataclasses.dataclass(frozen=True)
-class Features:
-    """The facts about a CPU that choose its kernels (kestrel_trio._kernels.cpu.kernel_features gathers a host's).
-
-    Attributes:
-        arch: "x86_64", "aarch64" or another ``platform.machine()``.
-        os: ``sys.platform`` ("linux": AMX tiles need Linux's permission call).
-        cpu: LLVM's name for the CPU ("znver5", "sapphirerapids", "cortex-a76"; "generic" where unknown).
-        runs: the features the CPU executes, LLVM's names ("avx2", "fma", "avx512f", "avxvnni", "avx512vnni",
-            "amx-tile", "amx-bf16"; "neon", "dotprod", "i8mm").
-        target: the CPU numba compiles for (``NUMBA_CPU_NAME``; "host": the CPU itself).
-        target_features: the features ``NUMBA_CPU_FEATURES`` enables (its "+" items), None where it is unset.
-        compiled: x86-64 only, the features among avx2, f16c, fma, avxvnni, avx512vnni, avx512vl, avx512bw that
-            numba's code holds (kestrel_trio._kernels.x86.integer.compiled_features); empty elsewhere.
-    """
-
-    arch: str
-    os: str
-    cpu: str
-    runs: frozenset[str]
-    target: str = "host"
-    target_features: frozenset[str] | None = None
-    compiled: frozenset[str] = frozenset()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -260,16 +238,12 @@ _found: list[KernelPlan] = []
 def this_plan() -> KernelPlan:
     """This host's plan, made on the first call from kestrel_trio._kernels.cpu.kernel_features (imports numba)."""
     if not _found:
-        from kestrel_trio._kernels import cpu
-
         _found.append(plan(cpu.kernel_features()))
     return _found[0]
 
 
 def main() -> None:
     """Print the plans of SAMPLE_CPUS and of this host."""
-    from kestrel_trio._kernels import cpu
-
     for name, features in SAMPLE_CPUS.items():
         print(f"{name}:\n{plan(features).render()}\n")
     host = cpu.kernel_features()
