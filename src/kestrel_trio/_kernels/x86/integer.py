@@ -46,6 +46,11 @@ A weight's float16 scale is converted by the CPU (``vcvtph2ps``, F16C), which
 equals the reference's table on every value. A kernel is compiled only for
 code that has its instructions and run only on a CPU that has them
 (:func:`usable_kernel`).
+
+One file over the house's ~500 lines, on purpose: the drivers are cached by
+numba (``cache=True``), and numba invalidates a cached function only when its
+own file changes, so the IR they inline stays in this file with them; split
+apart, an edit of the IR would leave stale machine code in every cache.
 """
 
 from __future__ import annotations
