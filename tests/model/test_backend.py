@@ -192,3 +192,23 @@ async def test_serve_refuses_a_setting_that_a_loaded_model_does_not_have():
         threads = model.decoder.backend.thread_count
         with pytest.raises(ModelLoadError, match=f"blas_threads={threads + 1}: the model was loaded with"):
             await serve(model, port=0, blas_threads=threads + 1)
+
+
+def test_a_checkpoint_loaded_twice_takes_the_first_loads_timed_small_batch_call(monkeypatch):
+    """The small-batch calls add in different orders: a second load timing its own (and picking another on a busy
+    machine) gave the same folder different logits (1e-6 apart). A sample of the same shapes, dtypes and thread
+    count takes the call timed first, whatever a second timing would say."""
+    folder = Path(__file__).resolve().parents[1] / "fixtures" / "qwen3_bf16_tied"
+    monkeypatch.setattr(matmul, "_timed_calls", {})
+    answers = iter(["weight_left", "weight_right", "row_blocks", "compiled"])
+    timings: list[str] = []
+
+    def timed(backend, weights=None, rounds=3):
+        timings.append(next(answers))
+        return timings[-1]
+
+    monkeypatch.setattr(matmul, "_time_small_batch_calls", timed)
+    first, second = load_model(folder), load_model(folder)
+    assert timings == ["weight_left"]  # timed once, on the first load's own weights
+    assert first.decoder.backend.small_batch.call == second.decoder.backend.small_batch.call == "weight_left"
+    assert np.array_equal(first.logits([1, 5, 9, 42, 7, 300]), second.logits([1, 5, 9, 42, 7, 300]))
