@@ -267,9 +267,7 @@ class Model:
         ids = np.asarray(token_ids, dtype=np.int64)  # [T]
         if ids.ndim != 1 or ids.size == 0:
             raise BadRequestError(f"'{param}' must be a non-empty list of token ids", param=param)
-        vocab = self.config.vocab_size
-        if ids.min() < 0 or ids.max() >= vocab:
-            raise BadRequestError(f"'{param}' has token ids outside 0..{vocab - 1}", param=param)
+        self._in_vocabulary(ids, param)
         if ids.size > self.context_length:
             raise ContextLengthError(
                 f"{ids.size} tokens exceed the {self.context_name} of {self.context_length}", param=param
@@ -343,9 +341,7 @@ class Model:
         Raises:
             ValueError: the model has no vision tower.
         """
-        if self.vision is None:
-            raise ValueError("a generation has images but the model has no vision tower")
-        return self.vision.prepare_steps(token_ids, pixel_values, grid_thw, pixel_values_videos, video_grid_thw)
+        return self._vision_tower().prepare_steps(token_ids, pixel_values, grid_thw, pixel_values_videos, video_grid_thw)
 
     def prefill_image_rows(self, cache: KVCache, prompt: VLPrompt, start: int, end: int) -> np.ndarray:
         """Feed rows ``start:end`` of an image prompt (the cache holds exactly ``start`` tokens).
@@ -353,9 +349,13 @@ class Model:
         Returns:
             float32 logits of the last row, [vocab].
         """
+        return self._vision_tower().prefill(cache, prompt, start, end)
+
+    def _vision_tower(self) -> Qwen3VL:
+        """The vision tower, or ValueError where a generation with images met a model without one."""
         if self.vision is None:
             raise ValueError("a generation has images but the model has no vision tower")
-        return self.vision.prefill(cache, prompt, start, end)
+        return self.vision
 
     def embedding_run(self, inputs: Sequence[Sequence[int]], chunk: int,
                       new_cache: Callable[[int], KVCache]) -> EmbeddingRun:

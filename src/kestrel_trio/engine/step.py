@@ -85,9 +85,7 @@ def _advance_vision(model: Model, g: Generation) -> bool:
     One block per step keeps every step short, so other streams keep flowing
     and an abandoned request is dropped between two blocks.
     """
-    if model.vision is None:
-        raise ValueError("a generation has images but the model has no vision tower")
-    if not g.vision_started:
+    if not g.vision_started:  # Model.image_prompt_steps refuses a model without a vision tower
         media = g.take_images()  # the pixels now live in the running encoder
         images = [m for m in media if not isinstance(m, ProcessedVideo)]
         videos = [m for m in media if isinstance(m, ProcessedVideo)]
