@@ -110,13 +110,7 @@ def test_shared_or_alone_as_timings_choose_it_is_the_same(name, integer_mode, mo
         return found
 
     monkeypatch.setattr(decode_step_module, "choosers", eager_choosers)
-    matmul.set_product_threads(2)
-    try:
-        fast, taken = _decode(name, True, monkeypatch)
-    finally:
-        matmul.set_product_threads(1)
-    assert taken == len(fast)
-    assert np.array_equal(fast, general)
+    assert np.array_equal(_decode_on_two_threads(name, monkeypatch), general)
     used = {kind: chooser.costs() for found in made for kind, chooser in found.items() if chooser._cost != {
         False: None, True: None}}  # the fixture's kinds with an integer product (not all its matrices have one)
     assert "qkv" in used and all(None not in cost.values() for cost in used.values()), used
@@ -127,13 +121,18 @@ def test_shared_among_product_threads_it_is_the_same(name, integer_mode, monkeyp
     general, _ = _decode(name, False, monkeypatch)
     monkeypatch.setattr(matmul, "SHARE_MIN_ELEMENTS", 0)  # the fixtures' tiny matrices shared too
     monkeypatch.setattr(_kernels, "SHARED_DECODE_SCORES", 0)  # and their attention
+    assert np.array_equal(_decode_on_two_threads(name, monkeypatch), general)
+
+
+def _decode_on_two_threads(name, monkeypatch) -> np.ndarray:
+    """The decode step's logits with two product threads, every step taken by the decode step's own path."""
     matmul.set_product_threads(2)
     try:
         fast, taken = _decode(name, True, monkeypatch)
     finally:
         matmul.set_product_threads(1)
     assert taken == len(fast)
-    assert np.array_equal(fast, general)
+    return fast
 
 
 def test_it_declines_the_exact_products_a_moe_and_a_bf16_cache(integer_mode, monkeypatch):
