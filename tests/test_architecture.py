@@ -11,7 +11,8 @@ lower rank; two layers of the same rank may not import each other):
     3  text, webui, hub       tokenizer, template, sampling, generation state machine; the chat page's files; getting model files
     3  anthropic              Anthropic Messages JSON <-> the openai layer's chat request (built on openai, so above it)
     3  ollama                 Ollama's API JSON <-> the openai layer's chat request, NDJSON and listings
-    4  model                  the public Model: _model joined with text (checked_model: a path checked before it loads)
+    4  model                  the public Model: _model joined with text (model re-exports the modules of its
+                             layer: loaded_model, model_loading, model_checks, model_settings, checked_model)
     5  engine                 the bounded queue and the single inference task
     6  app                    the routes: HTTP requests in, engine generations out
     7  server                 serve(): HTTP server + engine + model as one task
@@ -71,7 +72,8 @@ RANKS = {
     PACKAGE: 9,
 }
 # Top-level modules that belong to a layer named differently.
-LAYER_ALIASES = {"cli_text": "cli", "cli_errors": "cli", "cli_progress": "cli", "checked_model": "model"}
+LAYER_ALIASES = {"cli_text": "cli", "cli_errors": "cli", "cli_progress": "cli", "checked_model": "model",
+                 "loaded_model": "model", "model_loading": "model", "model_checks": "model", "model_settings": "model"}
 
 # layer -> third-party (or standard) modules it must never import.
 FORBIDDEN_EXTERNAL = {
@@ -404,6 +406,9 @@ PLANTED = [
     ("_model/decoder/forward.py", "from ...engine import Engine", "imports kestrel_trio.engine"),
     ("errors.py", "from kestrel_trio.stats import Counter", "imports kestrel_trio.stats"),
     ("model.py", "from kestrel_trio.engine import Engine", "imports kestrel_trio.engine"),
+    ("loaded_model.py", "from kestrel_trio.engine import Engine", "imports kestrel_trio.engine"),
+    ("model_loading.py", "from .app.state import ServerState", "imports kestrel_trio.app.state"),
+    ("model_settings.py", "from kestrel_trio import serve", "imports kestrel_trio (kestrel_trio, rank 9)"),
     ("server.py", "from kestrel_trio.cli import main", "imports kestrel_trio.cli"),
 ]
 
@@ -454,6 +459,7 @@ def test_the_checker_sees_a_forbidden_third_party_import(package_copy: Path, fil
 
 @pytest.mark.parametrize(("file", "line"), [
     ("model.py", "from kestrel_trio._model.weights.assemble import load_weights"),
+    ("model_checks.py", "from kestrel_trio._model.checkpoints.gguf_reader import GgufFile"),
     ("text/sampling.py", "from .._model.cache.kv_cache import KVCache"),
     ("engine/engine.py", "from kestrel_trio._model.cache import prefix_cache"),
     ("engine/step.py", "import kestrel_trio._model.decoder.forward"),

@@ -11,7 +11,7 @@ import trio
 
 from kestrel_trio import KestrelError, cli, load_model
 from kestrel_trio import checked_model as checked_module
-from kestrel_trio import model as model_module
+from kestrel_trio import model_loading
 from kestrel_trio._model.checkpoints.gguf_reader import GgufFile
 from kestrel_trio.model import CheckedModel, check_model
 from kestrel_trio.server import serve
@@ -38,7 +38,7 @@ def parses(monkeypatch) -> list[Path]:
 def resolutions(monkeypatch) -> list[str]:
     """The ``weights`` of every residency resolution (the check's and the load's) while the test runs."""
     seen: list[str] = []
-    for module in (checked_module, model_module):
+    for module in (checked_module, model_loading):
         def counting(folder, requested, *args, _real=module.resolve_residency, **kwargs):
             seen.append(requested)
             return _real(folder, requested, *args, **kwargs)
