@@ -398,6 +398,8 @@ PLANTED = [
     ("text/sampling.py", "from kestrel_trio import serve", "imports kestrel_trio (kestrel_trio, rank 9)"),
     ("engine/engine.py", "from kestrel_trio.app import chat", "imports kestrel_trio.app.chat"),
     ("engine/engine.py", "from ..server import Server", "imports kestrel_trio.server"),
+    ("engine/admission.py", "from kestrel_trio.app import chat", "imports kestrel_trio.app.chat"),
+    ("engine/health.py", "from ..server import Server", "imports kestrel_trio.server"),
     ("http/router.py", "from kestrel_trio.app.routes import build_router", "imports kestrel_trio.app.routes"),
     ("http/responses.py", "from ..openai.errors import error_body", "imports kestrel_trio.openai"),
     ("http/responses.py", "from kestrel_trio.model import Model", "imports kestrel_trio.model"),
@@ -473,6 +475,7 @@ def test_the_checker_sees_a_private_model_import(package_copy: Path, file: str, 
     ("engine/step.py", "from kestrel_trio._model import forward"),
     ("engine/kv_budget.py", "from .._model import BLOCK_TOKENS"),
     ("engine/engine.py", "import kestrel_trio._model.cache.prefix_cache"),
+    ("engine/admission.py", "from kestrel_trio._model import KVCache"),
 ])
 def test_the_checker_sees_the_engine_reach_past_the_seam(package_copy: Path, file: str, line: str):
     module, problems = problems_with(package_copy, file, line, seam_violations)
