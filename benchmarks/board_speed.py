@@ -1,6 +1,6 @@
 """A model of the board's decode speed, since no board is here: instructions counted under qemu, bytes computed.
 
-Usage (as root on an x86-64 Debian machine; see docs/performance.md, "On the board", for building the pieces):
+Usage (as root on an x86-64 Debian machine; see docs/arm-emulation.md for building the pieces):
     python benchmarks/board_speed.py --root ARM64_ROOT --qemu QEMU_AARCH64 --plugin LIBINSN_SO \\
         --llama-bench LLAMA_BENCH [--cpu cortex-a76] [--models 1.7b,4b] [--forms Q8_0,Q4_K_M] [--cache DIR]
     python benchmarks/board_speed.py ... --smollm2 Q8_0,Q4_0,Q4_1 --llama-quantize LLAMA_QUANTIZE \\

@@ -11,7 +11,7 @@ kestrel_trio._kernels.rope's (the same flags: reassociated sums of squares,
 no fused multiply-adds), so a token's values agree with the five passes'
 to an ulp or so.
 
-Measured on the 2-core Xeon with AMX (2026-12-05, Qwen3-0.6B's shapes, a
+Measured on the 2-core Xeon with AMX (Qwen3-0.6B's shapes, a
 512-token prefill in chunks of 256): the five passes took 77-86 ms of it;
 this pass, shared between the product threads by tokens, and the two norms
 left took 53-58 (three runs each). On one thread it is no faster than the

@@ -44,13 +44,10 @@ _AVX2_CPU_NAMES = frozenset({"haswell", "broadwell", "skylake", "skylake-avx512"
                              "icelake-client", "icelake-server", "tigerlake", "sapphirerapids", "alderlake",
                              "raptorlake", "znver1", "znver2", "znver3", "znver4", "znver5", "x86-64-v3", "x86-64-v4"})
 # Host CPUs with AVX-512 that take the AVX2 block below WIDE_BLOCK_ROWS rows and the 6x4 zmm block from there
-# ("avx2+avx512"), instead of the 3x8 zmm block: on Zen 5 the 3x4 ymm block beat the 3x8 zmm one, alternated in one
-# process, cold weights, one thread: 16 rows 0.32-0.41 ns a weight against 0.36-0.45, and a 16-row decode step of
-# Qwen3-0.6B's shapes 109-118 tok/s against 97-110 (2026-12-02); on Zen 4 (two 256-bit halves a zmm vector) the 3x8
-# zmm block lost to the 6x4 one at every row count measured (kestrel_trio._kernels.x86.f32_blocks.WIDE_BLOCK_ROWS).
-# Every Zen with AVX-512 is a Zen 4 or later. Intel's AVX-512 CPUs keep the 3x8 zmm block below WIDE_BLOCK_ROWS rows: on
-# the 2-core Xeon with AMX, 8-row decode steps ran at 61-66 tok/s with it, 62 with the ymm block, 61 with AVX2 alone.
-# Matched on LLVM's CPU name: the measured difference is the core's, which no feature bit tells.
+# ("avx2+avx512"), instead of the 3x8 zmm block, which lost to both on Zen 5 and Zen 4 (a 16-row decode step of
+# Qwen3-0.6B's shapes on Zen 5: 109-118 tok/s against 97-110; every Zen with AVX-512 is a Zen 4 or later). Intel's
+# AVX-512 CPUs keep the 3x8 zmm block below WIDE_BLOCK_ROWS rows, where it is as fast. The measurements:
+# docs/notes/performance-log.md. Matched on LLVM's CPU name: the difference is the core's, which no feature bit tells.
 _AVX2_FIRST = ("znver",)
 
 # The plan's float32 variants -> the labels /health and the start-up line have always shown (product_kernels).

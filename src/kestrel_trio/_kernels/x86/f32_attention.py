@@ -28,18 +28,10 @@ R weight rows x L activation lanes (AVX-512: f32_chunks' row kernel, 14 x
    row divided by its sum into ``out``.
 
 The R rows' scores (28 KiB over 512 keys at R = 14) stay in L1, the packed
-keys and values in L2. Measured on the 2-core Xeon with AMX (2026-12-05,
-Qwen3-0.6B's heads: 16 query heads over 8, head_dim 128): the AVX-512 row
-kernel ran the scores and the weighted sums at 193-209 GFLOP/s on one thread
-(OpenBLAS's sgemm 96-168 on these shapes); a 256-token chunk after 256
-tokens took 3.6 ms on two threads against 8.8 for numpy's way. A whole
-prefill, alternated 8 times in one process: 512 tokens 1775-1830 ms against
-1822-1962, 128 tokens 447-475 against 455-485. As an AVX2 machine (numba
-compiling for Haswell, OpenBLAS's Haswell kernel), the AVX2 block: 0.77 /
-2.26 / 5.33 ms against numpy's 2.19 / 5.37 / 16.0 for a 128-token chunk, a
-256-token one, and one after 256 tokens; whole prefills alternated 6 times,
-512 tokens 2691-2899 ms against 2839-2935, 128 tokens 761-810 against
-793-886. Not measured on an AVX2-only CPU or a Zen.
+keys and values in L2: on the 2-core Xeon with AMX (Qwen3-0.6B's heads) a
+256-token chunk after 256 tokens took 3.6 ms on two threads against 8.8 for
+numpy's way (AVX2 block: 5.33 against 16.0). Not measured on an AVX2-only CPU
+or a Zen; the other figures are in docs/notes/performance-log.md.
 """
 from __future__ import annotations
 

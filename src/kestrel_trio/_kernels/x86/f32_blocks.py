@@ -339,21 +339,12 @@ def _f32_wide_blocks(data, x, start, stop, out):
     return first
 
 
-# Activation rows from which Zen 4 and 5 multiply float32 weights in the 6x4 zmm block (_f32_6x4): six weight
+# Activation rows from which AVX-512 CPUs multiply float32 weights in the 6x4 zmm block (_f32_6x4): six weight
 # rows by four activation rows, 24 sums, ten loads per 24 multiply-adds, each activation vector loaded once
 # for six weight rows. With a dozen rows and more the products are bound by arithmetic rather than by the
-# weights' bytes, and the ymm 3x4 block does half a zmm block's work per instruction. Measured on the 2-core
-# Zen 5: 2 threads, 30720 x 1024 float32 weights from memory, two runs: 16 rows 195-244 GFLOP/s against
-# 144-173 for the 3x4 ymm block (3x8 zmm: 136-156), 32 rows 243-315 against 172-205, 8 rows 123-131 against
-# 120-165. Decode steps of Qwen3-0.6B's shapes, 24 alternated pairs in one process, ymm time / 6x4 time:
-# 8 rows 0.947 (the ymm block kept), 12 rows 1.068, 16 rows 1.139, 32 rows 1.211. On the 2-core Zen 4 (512-bit
-# vectors in two 256-bit halves), 2026-12-04: 2 threads, the same weights, 12 rows 134 GFLOP/s against 97 (ymm 3x4)
-# and 116 (zmm 3x8), 16 rows 144 against 119 and 130, 32 rows 150 against 108 and 134; decode steps, 12 pairs a
-# size in one process, ymm time / 6x4 time: 12 rows 1.24 and 1.29 (two runs), 16 rows 1.10 and 1.29, 24 rows
-# 1.22, 32 rows 1.22 (8 rows, where both take the ymm block: 0.98, the pairs' noise). Intel's AVX-512 CPUs take
-# it from the same row count, in place of the 3x8 zmm block: on a 2-core Xeon with AMX (LLVM's "rocketlake",
-# 2026-12-05), bare decode steps of Qwen3-0.6B's shapes, 2 threads, five processes a side alternated, tok/s:
-# 12 rows 80.7-84.8 against 75.1-81.4 (3x8), 16 rows 88.1-94.5 against 81.3-92.5; 8 rows, below it, 61-66 both.
+# weights' bytes, and the ymm 3x4 block does half a zmm block's work per instruction: decode steps of
+# Qwen3-0.6B's shapes ran 1.07x faster with it at 12 rows on Zen 5 (0.95x at 8), 1.24-1.29x on Zen 4, and
+# 12 rows 80.7-84.8 tok/s against 75.1-81.4 with the 3x8 zmm block on an Intel Xeon (docs/notes/performance-log.md).
 WIDE_BLOCK_ROWS = 12
 
 

@@ -24,9 +24,9 @@ small, and reads the weights as they are stored:
    (:func:`_row_text`), and out is the next product's packed input
    (kestrel_trio._kernels.x86.packed_rows). The 28 layers' four products of a
    256-row chunk, two threads: 351-368 GFLOP/s against 322-342 by
-   :func:`product` with its packing (2026-12-05, alternated in one process).
+   :func:`product` with its packing (alternated in one process).
 
-Measured on the 2-core Xeon with AMX (2026-12-05, Qwen3-0.6B's layer
+Measured on the 2-core Xeon with AMX (Qwen3-0.6B's layer
 shapes): one thread 208-217 GFLOP/s at 128 rows, 88% of a core's float32
 peak; two threads, the 28 layers' products in turn, 323-325 GFLOP/s against
 BLAS's 255-260 at 128 rows, 318-326 against 304-312 at 256, 316-317 against
