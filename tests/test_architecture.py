@@ -71,7 +71,8 @@ RANKS = {
     PACKAGE: 9,
 }
 # Top-level modules that belong to a layer named differently.
-LAYER_ALIASES = {"cli_text": "cli", "cli_errors": "cli", "cli_progress": "cli", "checked_model": "model"}
+LAYER_ALIASES = {"cli_text": "cli", "cli_errors": "cli", "cli_progress": "cli", "cli_flags": "cli",
+                 "cli_parser": "cli", "cli_serve": "cli", "checked_model": "model"}
 
 # layer -> third-party (or standard) modules it must never import.
 FORBIDDEN_EXTERNAL = {
@@ -405,6 +406,8 @@ PLANTED = [
     ("errors.py", "from kestrel_trio.stats import Counter", "imports kestrel_trio.stats"),
     ("model.py", "from kestrel_trio.engine import Engine", "imports kestrel_trio.engine"),
     ("server.py", "from kestrel_trio.cli import main", "imports kestrel_trio.cli"),
+    ("server.py", "from kestrel_trio.cli_serve import serve_command", "imports kestrel_trio.cli_serve"),
+    ("app/routes.py", "from kestrel_trio.cli_flags import COUNT", "imports kestrel_trio.cli_flags"),
 ]
 
 

@@ -67,7 +67,7 @@ async def _serve_until_ready(model, **options) -> str:
 async def test_serve_from_the_command_line_parses_the_model_and_its_draft_once_each(parses, resolutions,
                                                                                      monkeypatch):
     handed = []
-    monkeypatch.setattr(cli, "_serve", lambda args, model, draft: handed.append((args, model, draft)) or 0)
+    monkeypatch.setattr(cli, "serve_command", lambda args, model, draft: handed.append((args, model, draft)) or 0)
     assert cli.main(["--log-level", "WARNING", "serve", "--model", str(GGUF), "--draft-model", str(GGUF)]) == 0
     [(args, model, draft)] = handed
     assert isinstance(model, CheckedModel) and isinstance(draft, CheckedModel)
