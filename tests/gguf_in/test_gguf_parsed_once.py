@@ -12,7 +12,7 @@ import trio
 from kestrel_trio import KestrelError, cli, load_model
 from kestrel_trio import checked_model as checked_module
 from kestrel_trio import model as model_module
-from kestrel_trio._model.checkpoints.gguf_reader import GgufFile
+from kestrel_trio._model.gguf.reader import GgufFile
 from kestrel_trio.model import CheckedModel, check_model
 from kestrel_trio.server import serve
 
