@@ -481,7 +481,7 @@ def gemm_side(folder: Path, args: argparse.Namespace) -> dict:
     """
     import numpy as np
 
-    from kestrel_trio._model.products import matmul
+    from kestrel_trio._model.products import float_calls, matmul
     from kestrel_trio.model import set_blas_threads
 
     set_blas_threads(args.threads)
@@ -493,8 +493,8 @@ def gemm_side(folder: Path, args: argparse.Namespace) -> dict:
         x = rng.standard_normal((rows, 1024), dtype=np.float32)  # [rows, in]
         xt = np.ascontiguousarray(x.T)  # [in, rows]
         out, out_t = np.empty((rows, 3072), np.float32), np.empty((3072, rows), np.float32)
-        with matmul._threads.one_thread_blas() if matmul._threads else contextlib.nullcontext():
-            blocks = cold_cost(lambda w: matmul._row_blocks_into(x, w, out), weights)
+        with matmul.one_thread_blas():
+            blocks = cold_cost(lambda w: float_calls.row_blocks_into(x, w, out), weights)
         table[rows] = {
             "x @ W.T  (W [out,in])": cold_cost(lambda w: np.matmul(x, w.T, out=out), weights),
             "x @ Wt   (Wt [in,out])": cold_cost(lambda w: np.matmul(x, w, out=out), transposed),

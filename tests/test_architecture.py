@@ -32,12 +32,13 @@ Inside ``_model``, every module lives in a room (a subpackage named for its
 concern), and the rooms are ranked the same way (MODEL_ROOMS, lowest first):
 
     0  forms                  how a matrix's rows are stored and expanded: ggml's blocks, packed rows
-    1  checkpoints            a model's files: config, safetensors, GGUF reader/names/config, shapes
+    1  checkpoints            a model folder's files: confinement, config.json, safetensors, shapes, random weights
     1  products               y = x W^T over every form, and which way it runs
-    2  weights                a checkpoint's tensors assembled in a residency (quantized, cached, mapped)
-    2  cache                  the KV cache, its storage dtypes, the prefix cache
-    3  decoder                the model itself: layers, rotary positions, attention, the forward passes
-    4  embedding, vision      pooled hidden states; Qwen3-VL's tower and model
+    2  gguf                   a GGUF file: its reader, tensor names, and its metadata as a config
+    3  weights                a checkpoint's tensors assembled in a residency (quantized, cached, mapped)
+    3  cache                  the KV cache, its storage dtypes, the prefix cache
+    4  decoder                the model itself: layers, rotary positions, attention, the forward passes
+    5  embedding, vision      pooled hidden states; Qwen3-VL's tower and model
 
 A room imports its own modules and rooms ranked below it, at load or inside a
 function alike; no module in a room imports ``_model``'s ``__init__`` (it
@@ -72,8 +73,9 @@ RANKS = {
     PACKAGE: 9,
 }
 # Top-level modules that belong to a layer named differently.
-LAYER_ALIASES = {"cli_text": "cli", "cli_errors": "cli", "cli_progress": "cli", "checked_model": "model",
-                 "loaded_model": "model", "model_loading": "model", "model_checks": "model", "model_settings": "model"}
+LAYER_ALIASES = {"cli_text": "cli", "cli_errors": "cli", "cli_progress": "cli", "cli_flags": "cli",
+                 "cli_parser": "cli", "cli_serve": "cli", "checked_model": "model", "loaded_model": "model",
+                 "model_loading": "model", "model_checks": "model", "model_settings": "model"}
 
 # layer -> third-party (or standard) modules it must never import.
 FORBIDDEN_EXTERNAL = {
@@ -99,9 +101,10 @@ PRIVATE_PACKAGE = "kestrel_trio._model"
 MODEL_ROOMS = {
     "forms": 0,
     "checkpoints": 1, "products": 1,
-    "weights": 2, "cache": 2,
-    "decoder": 3,
-    "embedding": 4, "vision": 4,
+    "gguf": 2,
+    "weights": 3, "cache": 3,
+    "decoder": 4,
+    "embedding": 5, "vision": 5,
 }
 BENCHMARKS = SRC.parent.parent / "benchmarks"
 # Benchmarks that measure _model's private kernels themselves (reason beside each).
@@ -412,6 +415,8 @@ PLANTED = [
     ("model_loading.py", "from .app.state import ServerState", "imports kestrel_trio.app.state"),
     ("model_settings.py", "from kestrel_trio import serve", "imports kestrel_trio (kestrel_trio, rank 9)"),
     ("server.py", "from kestrel_trio.cli import main", "imports kestrel_trio.cli"),
+    ("server.py", "from kestrel_trio.cli_serve import serve_command", "imports kestrel_trio.cli_serve"),
+    ("app/routes.py", "from kestrel_trio.cli_flags import COUNT", "imports kestrel_trio.cli_flags"),
 ]
 
 
@@ -461,7 +466,7 @@ def test_the_checker_sees_a_forbidden_third_party_import(package_copy: Path, fil
 
 @pytest.mark.parametrize(("file", "line"), [
     ("model.py", "from kestrel_trio._model.weights.assemble import load_weights"),
-    ("model_checks.py", "from kestrel_trio._model.checkpoints.gguf_reader import GgufFile"),
+    ("model_checks.py", "from kestrel_trio._model.gguf.reader import GgufFile"),
     ("text/sampling.py", "from .._model.cache.kv_cache import KVCache"),
     ("engine/engine.py", "from kestrel_trio._model.cache import prefix_cache"),
     ("engine/step.py", "import kestrel_trio._model.decoder.forward"),
@@ -491,25 +496,33 @@ def test_the_checker_lets_model_import_its_own_submodules(package_copy: Path):
 # (file in _model, line planted at its end, a fragment of the expected complaint)
 PLANTED_IN_ROOMS = [
     ("_model/checkpoints/config.py", "from kestrel_trio._model.decoder.forward import forward",
-     "(checkpoints, rank 1) imports kestrel_trio._model.decoder.forward (decoder, rank 3)"),
-    ("_model/checkpoints/gguf_reader.py", "from ..decoder import forward",
-     "imports kestrel_trio._model.decoder.forward (decoder, rank 3)"),
+     "(checkpoints, rank 1) imports kestrel_trio._model.decoder.forward (decoder, rank 4)"),
+    ("_model/gguf/reader.py", "from ..decoder import forward",
+     "imports kestrel_trio._model.decoder.forward (decoder, rank 4)"),
+    ("_model/checkpoints/config.py", "from kestrel_trio._model.gguf.reader import GgufFile",
+     "(checkpoints, rank 1) imports kestrel_trio._model.gguf.reader (gguf, rank 2)"),
+    ("_model/gguf/names.py", "from ..weights.assemble import Weights",
+     "(gguf, rank 2) imports kestrel_trio._model.weights.assemble (weights, rank 3)"),
+    ("_model/gguf/config.py", "def _later():\n    from kestrel_trio._model.cache.kv_cache import KVCache",
+     "(gguf, rank 2) imports kestrel_trio._model.cache.kv_cache (cache, rank 3)"),
     ("_model/forms/packed.py", "from kestrel_trio._model.products.matmul import linear",
      "(forms, rank 0) imports kestrel_trio._model.products.matmul (products, rank 1)"),
     ("_model/products/matmul.py", "from kestrel_trio._model.checkpoints.config import ModelConfig",
      "(products, rank 1) imports kestrel_trio._model.checkpoints.config (checkpoints, rank 1)"),
     ("_model/weights/residency.py", "from kestrel_trio._model.cache.kv_cache import KVCache",
-     "(weights, rank 2) imports kestrel_trio._model.cache.kv_cache (cache, rank 2)"),
+     "(weights, rank 3) imports kestrel_trio._model.cache.kv_cache (cache, rank 3)"),
     ("_model/cache/kv_cache.py", "from ..weights.assemble import Weights",
-     "(cache, rank 2) imports kestrel_trio._model.weights.assemble (weights, rank 2)"),
+     "(cache, rank 3) imports kestrel_trio._model.weights.assemble (weights, rank 3)"),
     ("_model/weights/quantize.py", "def _later():\n    from kestrel_trio._model.decoder.layers import linear",
-     "(weights, rank 2) imports kestrel_trio._model.decoder.layers (decoder, rank 3)"),
+     "(weights, rank 3) imports kestrel_trio._model.decoder.layers (decoder, rank 4)"),
     ("_model/decoder/layers.py", "from kestrel_trio._model.vision.tower import vision_shapes",
-     "(decoder, rank 3) imports kestrel_trio._model.vision.tower (vision, rank 4)"),
+     "(decoder, rank 4) imports kestrel_trio._model.vision.tower (vision, rank 5)"),
     ("_model/vision/tower.py", "from kestrel_trio._model.embedding.pooling import normalize",
-     "(vision, rank 4) imports kestrel_trio._model.embedding.pooling (embedding, rank 4)"),
+     "(vision, rank 5) imports kestrel_trio._model.embedding.pooling (embedding, rank 5)"),
     ("_model/decoder/forward.py", "from kestrel_trio._model import KVCache",
      "(decoder) imports kestrel_trio._model, whose __init__ imports every room"),
+    ("_model/gguf/reader.py", "from kestrel_trio._model import KVCache",
+     "(gguf) imports kestrel_trio._model, whose __init__ imports every room"),
 ]
 
 

@@ -12,8 +12,8 @@ gguf = pytest.importorskip("gguf")
 
 from kestrel_trio import load_model  # noqa: E402
 from kestrel_trio._model.weights.gguf_checkpoint import GgufCheckpoint  # noqa: E402
-from kestrel_trio._model.checkpoints.gguf_config import config_from_gguf, gguf_architecture  # noqa: E402
-from kestrel_trio._model.checkpoints.gguf_reader import GgufFile  # noqa: E402
+from kestrel_trio._model.gguf.config import config_from_gguf, gguf_architecture  # noqa: E402
+from kestrel_trio._model.gguf.reader import GgufFile  # noqa: E402
 
 GGUF_FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "gguf"
 NAMES = sorted(p.name for p in GGUF_FIXTURES.iterdir() if (p / "golden.npz").exists())

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kestrel_trio._model.checkpoints.gguf_reader import GgufFile
+from kestrel_trio._model.gguf.reader import GgufFile
 from kestrel_trio.errors import ModelLoadError
 
 

@@ -12,7 +12,7 @@ import trio
 from kestrel_trio import KestrelError, cli, load_model
 from kestrel_trio import checked_model as checked_module
 from kestrel_trio import model_loading
-from kestrel_trio._model.checkpoints.gguf_reader import GgufFile
+from kestrel_trio._model.gguf.reader import GgufFile
 from kestrel_trio.model import CheckedModel, check_model
 from kestrel_trio.server import serve
 
@@ -67,7 +67,7 @@ async def _serve_until_ready(model, **options) -> str:
 async def test_serve_from_the_command_line_parses_the_model_and_its_draft_once_each(parses, resolutions,
                                                                                      monkeypatch):
     handed = []
-    monkeypatch.setattr(cli, "_serve", lambda args, model, draft: handed.append((args, model, draft)) or 0)
+    monkeypatch.setattr(cli, "serve_command", lambda args, model, draft: handed.append((args, model, draft)) or 0)
     assert cli.main(["--log-level", "WARNING", "serve", "--model", str(GGUF), "--draft-model", str(GGUF)]) == 0
     [(args, model, draft)] = handed
     assert isinstance(model, CheckedModel) and isinstance(draft, CheckedModel)

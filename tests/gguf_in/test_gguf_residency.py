@@ -169,7 +169,7 @@ def test_nothing_is_expanded_at_load(name):
 
 
 def _gguf(name: str):
-    from kestrel_trio._model.checkpoints.gguf_reader import GgufFile
+    from kestrel_trio._model.gguf.reader import GgufFile
 
     return GgufFile(_file(name))
 

@@ -16,7 +16,7 @@ import tokenizers
 
 from gguf_kit import TEXTS, assert_same_ids
 from kestrel_trio import load_model
-from kestrel_trio._model.checkpoints.gguf_reader import GgufFile
+from kestrel_trio._model.gguf.reader import GgufFile
 from real_models import smollm2_135m
 from slow_host import allowance
 

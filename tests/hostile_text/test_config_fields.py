@@ -14,7 +14,7 @@ from gguf_header_kit import gguf_bytes
 from hostile_text_kit import SRC, copy_fixture
 
 from kestrel_trio._model import config_from_dict, config_from_gguf
-from kestrel_trio._model.checkpoints.gguf_reader import GgufFile
+from kestrel_trio._model.gguf.reader import GgufFile
 from kestrel_trio.errors import ModelLoadError
 from kestrel_trio.model import load_model
 

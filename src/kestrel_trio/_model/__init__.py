@@ -7,8 +7,9 @@ rest of kestrel-trio relies on is listed here, in one place.
 
 Its modules live in rooms, each importing only the rooms below it (the same
 test ranks them): forms/ (how a matrix's rows are stored: ggml's blocks,
-packed rows); checkpoints/ (a model's files and config) and products/ (the
-weight products, each model's backend and product threads); weights/ (a checkpoint assembled in its residency) and
+packed rows); checkpoints/ (a model folder's files and config) and products/ (the
+weight products, each model's backend and product threads); gguf/ (a GGUF file's reader, names and config);
+weights/ (a checkpoint assembled in its residency) and
 cache/ (the KV cache and the prefix cache); decoder/ (the model itself:
 layers, rope, attention, the forward passes); embedding/ and vision/.
 """
@@ -24,8 +25,8 @@ from kestrel_trio._model.checkpoints.config import (
 from kestrel_trio._model.embedding.pooling import POOLINGS, EmbeddingRun, gguf_pooling, normalize, read_pooling
 from kestrel_trio._model.decoder.forward import Decoder, feed_chunks, forward
 from kestrel_trio._model.weights.gguf_checkpoint import load_gguf_weights
-from kestrel_trio._model.checkpoints.gguf_config import config_from_gguf, gguf_architecture
-from kestrel_trio._model.checkpoints.gguf_reader import GgufFile, is_gguf_file
+from kestrel_trio._model.gguf.config import config_from_gguf, gguf_architecture
+from kestrel_trio._model.gguf.reader import GgufFile, is_gguf_file
 from kestrel_trio._model.cache.kv_cache import BLOCK_TOKENS, KVCache, KVCacheFull, kv_token_bytes
 from kestrel_trio._model.cache.kv_storage import KV_DTYPES, storage_dtype, to_storage
 from kestrel_trio._model.decoder.layers import linear
@@ -33,7 +34,7 @@ from kestrel_trio._model.products.matmul import (
     UPCAST_CHUNK, choose_small_batch_call, product_threads, set_product_threads, small_batch_call,
     warm_fused_products,
 )
-from kestrel_trio._model.checkpoints.gguf_names import gguf_name
+from kestrel_trio._model.gguf.names import gguf_name
 from kestrel_trio._model.forms.packed import GgmlRows, PackedMatrix
 from kestrel_trio._model.cache.prefix_cache import PrefixCache
 from kestrel_trio._model.vision.qwen3_vl import Qwen3VL, VLPrompt, is_qwen3_vl, load_qwen3_vl, vl_config_from_dict

@@ -202,7 +202,7 @@ def config_from_dict(raw: dict[str, Any], *, source: str = "config.json") -> Mod
 # Upper bounds on size fields, checked before anything is allocated from them: far above any real model (the
 # largest open models have ~200 layers, 16k hidden, 256k vocabulary, 1M context), far below what would let a
 # 1 KiB file ask for gigabytes of per-layer objects or an overflowing product.
-_UPPER_BOUNDS = {"vocab_size": 1 << 22, "hidden_size": 1 << 16, "num_hidden_layers": 4096,
+UPPER_BOUNDS = {"vocab_size": 1 << 22, "hidden_size": 1 << 16, "num_hidden_layers": 4096,
                  "num_attention_heads": 1024, "num_key_value_heads": 1024, "head_dim": 1024,
                  "intermediate_size": 1 << 20, "max_position_embeddings": 1 << 24, "num_experts": 4096,
                  "moe_intermediate_size": 1 << 20}
@@ -214,7 +214,7 @@ def _validate(config: ModelConfig, source: str) -> None:
     for name in positive:
         if getattr(config, name) < 1:
             raise ModelLoadError(f"{source}: field {name!r} must be >= 1, got {getattr(config, name)}")
-    for name, bound in _UPPER_BOUNDS.items():
+    for name, bound in UPPER_BOUNDS.items():
         value = getattr(config, name, 0)
         if isinstance(value, int) and value > bound:
             raise ModelLoadError(f"{source}: field {name!r} is {value}, above the most kestrel-trio accepts ({bound})")
@@ -339,7 +339,7 @@ def _rope_length(block: dict[str, Any], source: str) -> int:
     value = block.get("original_max_position_embeddings")
     if isinstance(value, float) and value.is_integer():
         value = int(value)  # some exporters write 32768.0
-    bound = _UPPER_BOUNDS["max_position_embeddings"]
+    bound = UPPER_BOUNDS["max_position_embeddings"]
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= bound:
         raise ModelLoadError(f"{source}: rope scaling field 'original_max_position_embeddings' must be a positive "
                              f"number of tokens, got {value!r}")

@@ -3,7 +3,7 @@
 Qwen and Llama (as transformers holds them) rotate the two halves of each
 head (``rotate_half``), not interleaved pairs; a GGUF's llama q/k rows, which
 llama.cpp's converter interleaves, are put back at load
-(kestrel_trio._model.checkpoints.gguf_names). Frequencies are computed in float32 the way
+(kestrel_trio._model.gguf.names). Frequencies are computed in float32 the way
 the reference does, so the angles round identically.
 """
 

@@ -19,7 +19,8 @@ the product itself costs no more than the read. By rows:
   small GEMM per block with one-thread BLAS (BLAS is set to one thread while
   they run), which OpenBLAS's SkylakeX kernels compute without packing; or
   "compiled": the same stretches through kestrel_trio._kernels' float32
-  product, which never packs on any CPU. Measured on 2 cores: 8 rows of
+  product, which never packs on any CPU (each call in one thread:
+  kestrel_trio._model.products.float_calls). Measured on 2 cores: 8 rows of
   Qwen3-0.6B's products cost 1.5x one row with row_blocks, against 2.5x
   for the best single GEMM; under the Haswell kernel, which packs every
   block, the compiled product is the one near that (:func:`_pick_small_batch_call`).
@@ -32,7 +33,7 @@ the product itself costs no more than the read. By rows:
   alone cannot fuse the two (its int8-to-float32 cast cost as much as the
   float32 product).
 * A :class:`PackedMatrix` with more rows (prefill): the product threads
-  share its chunks of rows, each expanding its own into a scratch buffer
+  share its chunks of rows (kestrel_trio._model.products.packed_chunks), each expanding its own into a scratch buffer
   (compiled: kestrel_trio._kernels.packed_expand) and multiplying it with
   BLAS as it is ready. One expansion serves every row of the batch.
 
@@ -43,7 +44,7 @@ with per-group scales (kestrel_trio._model.forms.dequant.Affine): ``w = scale * 
 (int8). The product ``x @ w.T`` is then, exactly in algebra,
 ``sum_g scale_g * (x_g @ q_g.T) + offset_g * sum(x_g)``: with one scale per
 row it is the integers' product with its columns scaled, one pass fewer over
-the weights at any row count; with groups, for up to about GROUPED_MAX_ROWS rows,
+the weights at any row count; with groups, for up to about packed_chunks.GROUPED_MAX_ROWS rows,
 one batched product of every group's integers (a [groups, rows, 1] result
 per activation row, 1/group the size of the weights) and a small reduction,
 instead of a full pass multiplying the weights by their scales. The
@@ -62,8 +63,9 @@ import numpy as np
 
 from kestrel_trio import _kernels
 from kestrel_trio._model.products.backend import Backend, current, product_threads, set_product_threads
-from kestrel_trio._model.forms.dequant import Affine, apply_affine
-from kestrel_trio._model.forms.packed import Bf16Rows, Matrix, PackedMatrix, Rows, grouped_integers, scratch_width
+from kestrel_trio._model.forms.packed import Bf16Rows, Matrix, PackedMatrix
+from kestrel_trio._model.products.float_calls import SMALL_BATCH_CALLS, product_into
+from kestrel_trio._model.products.packed_chunks import Inputs, chunk_plan, run_chunks
 
 __all__ = [
     "linear", "linear_packed", "linear_bf16", "set_product_threads", "product_threads", "run_shared", "shares_of",
@@ -141,16 +143,16 @@ def _product(x: np.ndarray, weight: np.ndarray, call: str, backend: Backend) -> 
     out = np.empty((x.shape[0], weight.shape[0]), dtype=np.float32)  # [N, out]
     threads = backend.threads
     if threads is None or weight.size < SHARE_MIN_ELEMENTS:
-        _product_into(x, weight, out, call)
+        product_into(x, weight, out, call)
         return out
     chooser = None if call in ("row_blocks", "compiled") else backend.share_choosers[_row_kind(x.shape[0])]
     shared = chooser is None or chooser.shared()
     started = time.perf_counter()
     if shared:
         bounds = _share_bounds(weight.shape[0], threads.count)
-        threads.run([(lambda a=a, b=b: _product_into(x, weight[a:b], out[:, a:b], call)) for a, b in bounds])
+        threads.run([(lambda a=a, b=b: product_into(x, weight[a:b], out[:, a:b], call)) for a, b in bounds])
     else:
-        _product_into(x, weight, out, call)
+        product_into(x, weight, out, call)
     if chooser is not None:
         chooser.record(shared, time.perf_counter() - started, weight.size * x.shape[0])
     return out
@@ -201,59 +203,12 @@ def _share_bounds(rows: int, shares: int) -> list[tuple[int, int]]:
     return [(start, min(start + step, rows)) for start in range(0, rows, step)]
 
 
-def _product_into(x: np.ndarray, weight: np.ndarray, out: np.ndarray, call: str) -> None:
-    """``out`` [N, out] = ``x`` [N, in] @ ``weight`` [out, in].T in this thread, in ``call`` (one of
-    SMALL_BATCH_CALLS; chosen by the caller, since a product thread does not see the running model's backend)."""
-    if call == "row_blocks":
-        _row_blocks_into(x, weight, out)
-    elif call == "compiled":
-        _kernels.packed_product("F32", weight, None, np.ascontiguousarray(x), 0, weight.shape[0], out)
-    elif call == "weight_left":
-        out[...] = (weight @ x.T).T  # [N, out]
-    else:
-        np.matmul(x, weight.T, out=out)  # [N, out]
-
-
-def block_rows(rows: int) -> int:
-    """Weight rows per block of the "row_blocks" call for ``rows`` activation rows.
-
-    OpenBLAS's SkylakeX kernels skip packing for products of up to about
-    256 x ``in`` x rows multiply-adds. 16 or 32 weight rows per block
-    measured fastest for 2-32 rows. The products of a Qwen3-0.6B step, 2
-    threads, quiet machine, in ms, SkylakeX / Haswell, for blocks of 16, 32,
-    64 and 128 rows:
-    - 2 rows: 104/152, 102/151, 102/178, 101/193;
-    - 4 rows: 108/168, 107/164, 108/186, 133/203;
-    - 8 rows, Haswell only: 185, 171, 191, 206;
-    - 16 rows: 186/261, 205/235, 247/248, 242/257.
-    Haswell, which packs every block, wants them no larger than 32.
-    """
-    return max(16, min(32, 1 << max(0, (256 // rows).bit_length() - 1)))
-
-
-def _row_blocks_into(x: np.ndarray, weight: np.ndarray, out: np.ndarray) -> None:
-    rows, width = x.shape
-    nb = block_rows(rows)
-    whole = weight.shape[0] // nb * nb
-    if whole:
-        blocks = np.matmul(weight[:whole].reshape(-1, nb, width), x.T)  # [whole/nb, nb, N]
-        out[:, :whole] = blocks.reshape(whole, rows).T  # [N, whole]
-    if whole < weight.shape[0]:
-        out[:, whole:] = x @ weight[whole:].T  # [N, out - whole]
-
-
 # float32 elements expanded per chunk: 512 KiB, which stays in L2 (with the part's own storage) between
 # its expansion and its product. Measured on one core of the 2-core Xeon (AVX-512, busy machine), ns per
 # weight of 64 Mi weights at 1 row, this size against 4 MiB: bf16 0.43-0.58 vs 0.67-0.78, int8 0.29-0.37 vs
 # 0.37-0.41, Q8_0 0.37 vs 0.62, Q4_K 0.67 vs 1.16; 1 MiB chunks were within noise of this, 256 KiB worse
 # for the quantized forms (bf16 was as fast).
 UPCAST_CHUNK = 1 << 17
-# Rows up to which grouped scales are applied to partial sums rather than to the weights (see above), for
-# groups of 32 weights; in proportion for other sizes (Q6_K's 16: half; int4's 64: twice). Measured on one
-# core, 256 x 1024 weights hot: Q8_0 at 4 rows 101 us that way against 132 us expanded, at 8 rows 162 against
-# 139; Q4_K about even at 8 rows (258 against 263); Q6_K already even at 4 rows.
-GROUPED_MAX_ROWS = 6
-_scratch = threading.local()  # one buffer per thread: forward may run in several threads
 
 
 def linear_packed(x: np.ndarray, weight: PackedMatrix) -> np.ndarray:
@@ -280,13 +235,13 @@ def linear_packed(x: np.ndarray, weight: PackedMatrix) -> np.ndarray:
     call = small_batch_call() if _is_small_batch(x.shape[0]) else "weight_right"
     out = np.empty((x.shape[0], out_rows), dtype=np.float32)  # [N, out]
     threads = current().threads
-    chunks = _chunk_plan(weight, max(1, _chunk_weights(weight, threads is not None) // width))
-    inputs = _Inputs(x)
+    chunks = chunk_plan(weight, max(1, _chunk_weights(weight, threads is not None) // width))
+    inputs = Inputs(x)
     if threads is None or len(chunks) == 1:
-        _run_chunks(inputs, chunks, out, call)
+        run_chunks(inputs, chunks, out, call)
         return out
     share = -(-len(chunks) // threads.count)  # contiguous shares: each thread streams its own stretch of the file
-    threads.run([(lambda part=chunks[k : k + share]: _run_chunks(inputs, part, out, call))
+    threads.run([(lambda part=chunks[k : k + share]: run_chunks(inputs, part, out, call))
                  for k in range(0, len(chunks), share)])
     return out
 
@@ -302,6 +257,7 @@ def _packed_on_tiles(x: np.ndarray, weight: PackedMatrix) -> bool:
 def _tile_parts(x: np.ndarray, weight: PackedMatrix) -> np.ndarray:
     """``x`` [N, in] @ ``weight``.T, each bf16 part read in place by the tile product (no expansion)."""
     return _kernels.tile_product(x, [part.data for part in weight.parts], run_shared, shares_of)  # [N, out]
+
 
 # Activation rows up to which packed weights are multiplied row by row as they are expanded
 # (kestrel_trio._kernels.products) rather than expanded chunk by chunk for BLAS.
@@ -377,139 +333,10 @@ def _chunk_weights(weight: PackedMatrix, shared: bool) -> int:
     return UPCAST_CHUNK * 4 if shared and "group" in forms else UPCAST_CHUNK
 
 
-# One chunk: the result columns it fills and the (part, first row, rows) runs that make it.
-_Chunk = tuple[int, tuple[tuple[Rows, int, int], ...]]
-
-
-def _chunk_plan(weight: PackedMatrix, chunk_rows: int) -> list[_Chunk]:
-    chunks, runs, filled, done = [], [], 0, 0
-    for part in weight.parts:
-        start = 0
-        while start < part.rows:
-            take = min(part.rows - start, chunk_rows - filled)
-            runs.append((part, start, take))
-            filled, start = filled + take, start + take
-            if filled == chunk_rows:
-                chunks.append((done, tuple(runs)))
-                runs, done, filled = [], done + filled, 0
-    if filled:
-        chunks.append((done, tuple(runs)))
-    return chunks
-
-
-class _Inputs:
-    """The activations of one product, and their per-group layouts, made once and shared by the chunks."""
-
-    def __init__(self, x: np.ndarray) -> None:
-        self.x = x  # [N, in]
-        self._by_group: dict[int, np.ndarray] = {}
-        self._sums: dict[int, np.ndarray] = {}
-
-    def grouped(self, part: Rows) -> bool:
-        """Whether ``part``'s group scales go on partial sums (True), not on the weights before the product."""
-        return part.scaling == "group" and self.x.shape[0] * 32 <= GROUPED_MAX_ROWS * part.group
-
-    def by_group(self, group: int) -> np.ndarray:
-        """x as [in/group, group, N], each group's activations as a matrix (threads may both make it: harmless)."""
-        found = self._by_group.get(group)
-        if found is None:
-            n, width = self.x.shape
-            found = np.ascontiguousarray(self.x.reshape(n, width // group, group).transpose(1, 2, 0))
-            self._by_group[group] = found  # [in/group, group, N]
-        return found
-
-    def sums(self, group: int) -> np.ndarray:
-        """Each group's sum of activations, [N, in/group]."""
-        found = self._sums.get(group)
-        if found is None:
-            n, width = self.x.shape
-            found = self._sums[group] = self.x.reshape(n, width // group, group).sum(axis=-1)  # [N, in/group]
-        return found
-
-
-def _run_chunks(inputs: _Inputs, chunks: list[_Chunk], out: np.ndarray, call: str) -> None:
-    """Expand and multiply ``chunks`` in this thread's scratch buffers, into their columns of ``out``, each
-    product in ``call`` (:func:`_product_into`).
-
-    Runs whose group scales go on partial sums are multiplied one by one as
-    they come. The others are expanded side by side into one buffer, so that
-    consecutive ones (q/k/v, gate/up) make one product; a part with one scale
-    per row leaves its integers unscaled there, and its output columns are
-    scaled once all chunks are done, one call per stretch of the part.
-    """
-    x = inputs.x
-    width = x.shape[1]
-    rows = max(sum(take for _, _, take in runs) for _, runs in chunks)
-    buffer = _scratch_buffer(rows * width).reshape(rows, width)  # [rows, in]
-    row_scaled: list[list] = []  # [first column, part, first row, rows]: columns still to scale
-    for done, runs in chunks:
-        column, filled, span = done, 0, done  # span: the output column of buffer row 0
-        for part, start, take in runs:
-            compiled = _kernels.compiled(part.form)
-            if inputs.grouped(part) and not compiled:
-                if filled:
-                    _product_into(x, buffer[:filled], out[:, span : span + filled], call)
-                    filled = 0
-                scratch = _scratch_buffer(take * scratch_width(part), "grouped")
-                values, affine = grouped_integers(part, start, start + take, scratch)  # [take, groups, group]
-                _grouped_into(inputs, values, affine, out[:, column : column + take])
-            else:
-                if not filled:
-                    span = column
-                target = buffer[filled : filled + take]  # [take, in]
-                if compiled:  # the weights themselves, in one compiled pass (numpy's takes several)
-                    _kernels.packed_expand(*part.kernel_args(), start, start + take, target)
-                elif part.scaling == "row":
-                    part.integer(start, start + take, target)
-                    _defer_row_scales(row_scaled, column, part, start, take)
-                else:
-                    apply_affine(part.integer(start, start + take, target), target)
-                filled += take
-            column += take
-        if filled:
-            _product_into(x, buffer[:filled], out[:, span : span + filled], call)
-    for first, part, start, take in row_scaled:
-        columns = out[:, first : first + take]  # [N, take]
-        columns *= part.scale[start : start + take]
-
-
-def _defer_row_scales(pending: list[list], column: int, part: Rows, start: int, take: int) -> None:
-    """Note columns [column, column+take) to scale by ``part``'s rows [start, start+take), merging stretches."""
-    if pending:
-        last = pending[-1]
-        if last[1] is part and last[0] + last[3] == column and last[2] + last[3] == start:
-            last[3] += take
-            return
-    pending.append([column, part, start, take])
-
-
-def _grouped_into(inputs: _Inputs, values: np.ndarray, affine: Affine, out: np.ndarray) -> None:
-    """``out`` [N, rows] = x @ (scale * q + offset).T with the scales applied to partial sums.
-
-    ``values`` [rows, groups, group] holds the integers of ``rows`` weight rows
-    (a strided view is fine), ``affine`` their groups' scales.
-    """
-    group = values.shape[2]
-    partial = np.matmul(values.transpose(1, 0, 2), inputs.by_group(group))  # [groups, rows, N]
-    partial *= affine.scale.T[:, :, None]
-    # A multiply and a reduction, not einsum: einsum keeps the GIL, and these run in the product threads.
-    np.sum(partial, axis=0, out=out.T)  # [rows, N]
-    if affine.offset is not None:
-        out += inputs.sums(group) @ affine.offset.T  # [N, groups] @ [groups, rows]
-
-
-def _scratch_buffer(size: int, slot: str = "buffer") -> np.ndarray:
-    """This thread's float32 scratch ``slot`` of at least ``size`` elements, grown never shrunk."""
-    buffer = getattr(_scratch, slot, None)
-    if buffer is None or buffer.size < size:
-        buffer = np.empty(size, dtype=np.float32)  # [size]
-        setattr(_scratch, slot, buffer)
-    return buffer[:size]
-
-
-# Batch sizes of a batched decode step, and the calls timed for them.
+# Batch sizes of a batched decode step, for which the calls (float_calls.SMALL_BATCH_CALLS) are timed.
 SMALL_BATCH_ROWS = (2, 32)
-SMALL_BATCH_CALLS = ("weight_left", "weight_right", "row_blocks", "compiled")
+
+
 def small_batch_call() -> str:
     """How the running model's 2-32-row products run (outside any model: the defaults'), one of SMALL_BATCH_CALLS.
 
@@ -518,7 +345,7 @@ def small_batch_call() -> str:
 
     "weight_left" (``W @ x.T``) and "weight_right" (``x @ W.T``) are one BLAS
     call on BLAS's own threads; "row_blocks" is one small GEMM per block of
-    W's rows (:func:`block_rows`), shared among the product threads;
+    W's rows (float_calls.block_rows), shared among the product threads;
     "compiled" is kestrel_trio._kernels' float32 product (four weight rows
     by four activation rows a pass), shared the same way, where numba can
     be imported. Each is timed as :func:`linear` runs it.

@@ -31,8 +31,8 @@ import numpy as np
 from kestrel_trio._model.forms.dequant import expand_rows
 from kestrel_trio._model.decoder.forward import Decoder
 from kestrel_trio._model.weights.gguf_checkpoint import load_gguf_weights
-from kestrel_trio._model.checkpoints.gguf_config import config_from_gguf, gguf_architecture
-from kestrel_trio._model.checkpoints.gguf_reader import GgufFile
+from kestrel_trio._model.gguf.config import config_from_gguf, gguf_architecture
+from kestrel_trio._model.gguf.reader import GgufFile
 from kestrel_trio._model.forms.packed import GgmlRows, Matrix, PackedMatrix
 from kestrel_trio._model.vision.qwen3_vl import Qwen3VL, Qwen3VLConfig, vision_config_from_dict
 from kestrel_trio._model.weights.residency import GGUF_RESIDENCIES

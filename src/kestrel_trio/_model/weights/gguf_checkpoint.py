@@ -27,8 +27,8 @@ import numpy as np
 
 from kestrel_trio._model.checkpoints.config import ModelConfig
 from kestrel_trio._model.forms.dequant import expand_rows
-from kestrel_trio._model.checkpoints.gguf_names import EXTRA_TENSORS, gguf_name, hf_name, hf_row_order
-from kestrel_trio._model.checkpoints.gguf_reader import GgufFile
+from kestrel_trio._model.gguf.names import EXTRA_TENSORS, gguf_name, hf_name, hf_row_order
+from kestrel_trio._model.gguf.reader import GgufFile
 from kestrel_trio._model.forms.packed import GgmlRows, Matrix, PackedMatrix
 from kestrel_trio._model.weights.residency import GGUF_RESIDENCIES, assemble_resident
 from kestrel_trio._model.weights.resident import is_mapped

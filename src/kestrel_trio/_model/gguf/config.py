@@ -18,9 +18,9 @@ from typing import Any
 import attrs
 import numpy as np
 
-from kestrel_trio._model.checkpoints.config import _UPPER_BOUNDS, ModelConfig, config_from_dict
+from kestrel_trio._model.checkpoints.config import UPPER_BOUNDS, ModelConfig, config_from_dict
 from kestrel_trio._model.forms.dequant import expand_rows
-from kestrel_trio._model.checkpoints.gguf_reader import GgufFile
+from kestrel_trio._model.gguf.reader import GgufFile
 from kestrel_trio.errors import ModelLoadError
 
 __all__ = ["GGUF_ARCHITECTURES", "config_from_gguf", "gguf_architecture"]
@@ -61,14 +61,14 @@ def config_from_gguf(gguf: GgufFile) -> ModelConfig:
     keys = _Keys(gguf, arch)
     tensors = gguf.tensors
     # The sizes that are divided by, or that count per-layer work, are bounded first, naming the GGUF key.
-    hidden = keys.size("embedding_length", _UPPER_BOUNDS["hidden_size"])
-    heads = keys.size("attention.head_count", _UPPER_BOUNDS["num_attention_heads"])
-    layers = keys.size("block_count", _UPPER_BOUNDS["num_hidden_layers"])
+    hidden = keys.size("embedding_length", UPPER_BOUNDS["hidden_size"])
+    heads = keys.size("attention.head_count", UPPER_BOUNDS["num_attention_heads"])
+    layers = keys.size("block_count", UPPER_BOUNDS["num_hidden_layers"])
     if keys.metadata.get(f"{arch}.attention.key_length") is None and hidden % heads:
         raise ModelLoadError(f"{keys.file}: {arch}.embedding_length ({hidden}) is not a multiple of "
                              f"{arch}.attention.head_count ({heads}), and no {arch}.attention.key_length is given")
-    head_dim = keys.size("attention.key_length", _UPPER_BOUNDS["head_dim"], hidden // heads)
-    kv_heads = keys.size("attention.head_count_kv", _UPPER_BOUNDS["num_key_value_heads"], heads)
+    head_dim = keys.size("attention.key_length", UPPER_BOUNDS["head_dim"], hidden // heads)
+    kv_heads = keys.size("attention.head_count_kv", UPPER_BOUNDS["num_key_value_heads"], heads)
     if heads % kv_heads:
         raise ModelLoadError(f"{keys.file}: {arch}.attention.head_count ({heads}) is not a multiple of "
                              f"{arch}.attention.head_count_kv ({kv_heads})")
