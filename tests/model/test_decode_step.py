@@ -110,6 +110,8 @@ def test_shared_or_alone_as_timings_choose_it_is_the_same(name, integer_mode, mo
         return found
 
     monkeypatch.setattr(decode_step_module, "choosers", eager_choosers)
+    # Python tasks through the queue, as where the kernels have no compiled job entry (decode_jobs)
+    monkeypatch.setattr(decode_step_module, "job_table", lambda *args: None)
     assert np.array_equal(_decode_on_two_threads(name, monkeypatch), general)
     used = {kind: chooser.costs() for found in made for kind, chooser in found.items() if chooser._cost != {
         False: None, True: None}}  # the fixture's kinds with an integer product (not all its matrices have one)
@@ -121,7 +123,19 @@ def test_shared_among_product_threads_it_is_the_same(name, integer_mode, monkeyp
     general, _ = _decode(name, False, monkeypatch)
     monkeypatch.setattr(matmul, "SHARE_MIN_ELEMENTS", 0)  # the fixtures' tiny matrices shared too
     monkeypatch.setattr(_kernels, "SHARED_DECODE_SCORES", 0)  # and their attention
+    tables = []
+    real = decode_step_module.job_table
+
+    def counted(*args):
+        table = real(*args)
+        tables.append(table is not None)
+        return table
+
+    monkeypatch.setattr(decode_step_module, "job_table", counted)
     assert np.array_equal(_decode_on_two_threads(name, monkeypatch), general)
+    # the products went as compiled job tables (kestrel_trio._kernels.handoff), where the CPU has its own kernels
+    own = _kernels.integer_job("Q8_0", "integer") is not None
+    assert any(tables) == own, tables
 
 
 def _decode_on_two_threads(name, monkeypatch) -> np.ndarray:

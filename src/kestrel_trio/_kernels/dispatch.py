@@ -24,7 +24,7 @@ from kestrel_trio._kernels.products import (_COMPILE, _PRODUCTS, _RESULT, _TABLE
 
 __all__ = ["FORMS", "INTEGER_FORMS", "COLUMNS_PER_ITEM", "f16_table", "f32_assembly", "product_for", "expansion_for",
            "kernel_name",
-           "warm", "quantize", "integer_rows"]
+           "warm", "quantize", "integer_rows", "integer_job"]
 
 _f32_assembly_state: list = []  # [str | None]: the assembly F32 uses in this process
 
@@ -229,6 +229,20 @@ def integer_rows(form: str, data: np.ndarray, f16: np.ndarray, mode: str) -> tup
     if reference:
         return functools.partial(kernel, form_id, data, f16, 32), minimums
     return functools.partial(kernel, form_id, data), minimums
+
+
+def integer_job(form: str, mode: str) -> tuple[int, int] | None:
+    """(the address of ``form``'s integer kernel's job entry in products ``mode`` here, the form's id in it):
+    what a job row of kestrel_trio._kernels.handoff names, for a helper thread to run the product in compiled
+    code. None where ``form`` takes the exact products or the portable reference (which has no job entry)."""
+    variant = _integer_kernel(form, mode)
+    if variant is None or variant == "portable":
+        return None
+    import importlib
+
+    module, name = _INTEGER_KERNELS[variant]
+    kernels = importlib.import_module(f"kestrel_trio._kernels.{module}")
+    return kernels.job_entry(name), kernels.form_id(form)
 
 
 def quantize(x: np.ndarray, forms, mode: str) -> tuple | None:

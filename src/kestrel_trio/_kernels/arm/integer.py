@@ -48,6 +48,8 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from kestrel_trio._kernels import handoff
+
 __all__ = ["FORMS", "product_sdot", "product_widening", "form_id"]
 
 _I8x16 = ir.VectorType(ir.IntType(8), 16)
@@ -473,3 +475,27 @@ def product_widening(form, data, xq, xd, xs, start, stop, out):
 def form_id(form: str) -> int:
     """The kernels' ``form`` argument for a form name of FORMS."""
     return _FORM_IDS[form]
+
+
+# Each kernel's job entry (kestrel_trio._kernels.handoff: a product's share run by another thread in compiled
+# code), here beside its kernel so that an edit of either refreshes numba's cache of both.
+if handoff.LAYOUT != "job-1":  # the job rows these entries read (handoff.job_arrays)
+    raise ImportError("kestrel_trio._kernels.handoff's job layout changed: update arm.integer's job entries")
+
+
+def _job_sdot(row):
+    form, data, xq, xd, xs, start, stop, out = handoff.job_arrays(row)
+    product_sdot(form, data, xq, xd, xs, start, stop, out)
+
+
+def _job_widening(row):
+    form, data, xq, xd, xs, start, stop, out = handoff.job_arrays(row)
+    product_widening(form, data, xq, xd, xs, start, stop, out)
+
+
+_JOBS = {"product_sdot": _job_sdot, "product_widening": _job_widening}
+
+
+def job_entry(kernel: str):
+    """Kernel ``kernel``'s (e.g. "product_sdot") job entry, compiled or loaded from numba's cache on first use."""
+    return handoff.entry(_JOBS[kernel])

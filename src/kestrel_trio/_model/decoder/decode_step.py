@@ -40,6 +40,7 @@ import numpy as np
 from kestrel_trio import _kernels
 from kestrel_trio._model.products import matmul
 from kestrel_trio._model.products.backend import current
+from kestrel_trio._model.decoder.decode_jobs import aim, job_table, output_offsets
 from kestrel_trio._model.decoder.decode_share import SharedOrAlone, in_turn, choosers
 from kestrel_trio._model.cache.kv_cache import KVCache
 from kestrel_trio._model.decoder.layers import embedding
@@ -218,6 +219,11 @@ class _Plan:
             call()
         cache.commit(1)
         logits = np.empty((1, self.head.rows), dtype=np.float32)  # [1, vocab]
+        if b.head_jobs is not None:  # the head's job rows, pointed at this step's logits
+            table, offsets = b.head_jobs
+            aim(table, offsets, logits)
+            b.threads.run_jobs(table)
+            return logits
         for call in self.head.calls(b.h, b.hidden_q, logits, b.threads, None):  # (decode_share: why always shared)
             call()
         return logits
@@ -281,28 +287,45 @@ class _Buffers:
             calls.append(functools.partial(np.copyto, self.rotated[:, k_end:], self.qkv[:, k_end:]))  # the values
             return calls
 
+        self.tables: list[np.ndarray] = []  # the job tables the calls run (they hold these buffers' addresses)
+
+        def products(matrices: list[_Matrix], x: np.ndarray, quantized: tuple, out: np.ndarray,
+                     kind: str | None) -> list[Callable[[], None]]:
+            """The calls writing ``out`` [1, sum of rows] = ``x`` @ each of ``matrices``.T in turn: one shared
+            job table where the product threads take compiled jobs (decode_jobs), else each matrix's calls."""
+            outs, first = [], 0
+            for m in matrices:
+                outs.append((m, out[:, first : first + m.rows]))
+                first += m.rows
+            if threads is not None and threads.takes_jobs and first * x.shape[1] >= matmul.SHARE_MIN_ELEMENTS:
+                table = job_table(outs, quantized, current().products, threads.count)
+                if table is not None:
+                    self.tables.append(table)
+                    return [functools.partial(threads.run_jobs, table)]
+            chooser = None if kind is None else plan.choosers[kind]
+            return [call for m, view in outs for call in m.calls(x, quantized, view, threads, chooser)]
+
         self.layers = []
         for index, layer in enumerate(plan.layers):
             before = norm(layer.input_norm, None if index == 0 else self.down)
-            first = 0
-            for m in layer.qkv:
-                before += m.calls(self.h, self.hidden_q, self.qkv[:, first : first + m.rows], threads,
-                                  plan.choosers["qkv"])
-                first += m.rows
+            before += products(layer.qkv, self.h, self.hidden_q, self.qkv, "qkv")
             before += head_norms(layer)
             after = [functools.partial(d.quantize_rows, attended, _RUN, *attended_q, sums)]
-            after += layer.o.calls(attended, attended_q, self.o, threads, plan.choosers["o"])
+            after += products([layer.o], attended, attended_q, self.o, "o")
             after += norm(layer.post_norm, self.o)
-            first = 0
-            for m in layer.gate_up:
-                after += m.calls(self.h, self.hidden_q, self.gate_up[:, first : first + m.rows], threads,
-                                 plan.choosers["gate_up"])
-                first += m.rows
+            after += products(layer.gate_up, self.h, self.hidden_q, self.gate_up, "gate_up")
             after.append(functools.partial(plan.exp.swiglu, self.gate_up, self.act))
             after.append(functools.partial(d.quantize_rows, self.act, _RUN, *act_q, sums))
-            after += layer.down.calls(self.act, act_q, self.down, threads, plan.choosers["down"])
+            after += products([layer.down], self.act, act_q, self.down, "down")
             self.layers.append((before, after))
         self.final = norm(plan.final_norm, self.down)
+        # The head's job rows, their outputs' offsets from the logits' start: each step's logits are a new array.
+        self.head_jobs = None
+        if threads is not None and threads.takes_jobs:
+            stand_in = np.empty((1, plan.head.rows), dtype=np.float32)  # [1, vocab]
+            table = job_table([(plan.head, stand_in)], self.hidden_q, current().products, threads.count)
+            if table is not None:
+                self.head_jobs = (table, output_offsets(table, stand_in))
 
 
 def _quantized(cols: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
