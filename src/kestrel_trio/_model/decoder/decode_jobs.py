@@ -23,9 +23,11 @@ from kestrel_trio import _kernels
 
 __all__ = ["job_table", "output_offsets", "aim", "CHUNKS_A_THREAD"]
 
-CHUNKS_A_THREAD = 8  # chunks a product thread's share is cut into: a late helper leaves the rest to the others
+CHUNK_BYTES = 256 * 1024  # weight bytes a chunk: a few microseconds' streaming, so a late helper's last chunk is
+# a short wait for the others, and thousands of chunks' calls and counter updates cost far less than the product
+CHUNKS_A_THREAD = 4  # at least this many chunks a product thread (a matrix's rows allowing)
 _CHUNK_MULTIPLE = 8  # a chunk's rows: a multiple of the widest kernels' rows a pass (eight), so none is left over
-_MIN_CHUNK = 64  # rows: below this a chunk's call costs more than its share of the wait
+_MIN_CHUNK = 16  # rows
 
 
 def job_table(products: list[tuple[object, np.ndarray]], quantized: tuple, mode: str,
@@ -38,7 +40,6 @@ def job_table(products: list[tuple[object, np.ndarray]], quantized: tuple, mode:
 
     xq, xd, xs = quantized
     rows_total = sum(matrix.rows for matrix, _ in products)
-    chunk = max(_MIN_CHUNK, -(-rows_total // (threads * CHUNKS_A_THREAD) // _CHUNK_MULTIPLE) * _CHUNK_MULTIPLE)
     table = []
     for matrix, out in products:
         if matrix.parts is None or matrix.bias is not None:
@@ -50,6 +51,8 @@ def job_table(products: list[tuple[object, np.ndarray]], quantized: tuple, mode:
             if found is None or not data.flags.c_contiguous or not view.flags.c_contiguous:
                 return None
             entry, form_id = found
+            chunk = min(CHUNK_BYTES // data.shape[1], rows_total // (threads * CHUNKS_A_THREAD))
+            chunk = max(_MIN_CHUNK, chunk // _CHUNK_MULTIPLE * _CHUNK_MULTIPLE)
             for start in range(0, rows, chunk):
                 stop = min(start + chunk, rows)
                 row = np.zeros(handoff.FIELDS, dtype=np.int64)

@@ -66,6 +66,13 @@ class ProductThreads:
         """Whether :meth:`run_jobs` can hand compiled jobs to the helpers (numba is here)."""
         return self._ctrl is not None
 
+    def chunks_taken(self) -> list[int]:
+        """How many compiled job chunks each helper has run (kestrel_trio._kernels.handoff), for diagnostics."""
+        if self._ctrl is None:
+            return [0] * (self.count - 1)
+        line = self._handoff.LINE
+        return [int(self._ctrl[(1 + k) * line + self._handoff.TAKEN]) for k in range(self.count - 1)]
+
     def run_jobs(self, jobs: np.ndarray) -> None:
         """Run the compiled job rows ``jobs`` (int64 [chunks, FIELDS], kestrel_trio._kernels.handoff), the
         helpers taking chunks too where they are awake and free; return when all are done."""
