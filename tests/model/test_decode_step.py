@@ -61,13 +61,7 @@ def _decode(name: str, fast: bool, monkeypatch, steps: int = 6) -> tuple[np.ndar
     golden = np.load(GGUF_FIXTURES / name / "golden.npz")
     model = load_model(GGUF_FIXTURES / name / f"{name}.gguf")
     taken = []
-    real = decode_step_module.decode_step
-
-    def counted(*args):
-        logits = real(*args)
-        taken.append(logits is not None)
-        return logits
-
+    counted = _counting(decode_step_module.decode_step, taken)
     monkeypatch.setattr(forward_module, "decode_step", counted if fast else (lambda *args: None))
     cache = model.new_cache()
     logits = model.prefill(cache, np.asarray(golden["prompt_ids"]))
@@ -76,6 +70,15 @@ def _decode(name: str, fast: bool, monkeypatch, steps: int = 6) -> tuple[np.ndar
         logits = model.step(cache, [int(np.argmax(logits))])
         rows.append(logits)
     return np.stack(rows), sum(taken)  # [steps, vocab]
+
+
+def _counting(function, found: list):
+    """``function`` that also notes in ``found`` whether each call gave something (not None)."""
+    def counted(*args):
+        result = function(*args)
+        found.append(result is not None)
+        return result
+    return counted
 
 
 @pytest.fixture
@@ -124,14 +127,7 @@ def test_shared_among_product_threads_it_is_the_same(name, integer_mode, monkeyp
     monkeypatch.setattr(matmul, "SHARE_MIN_ELEMENTS", 0)  # the fixtures' tiny matrices shared too
     monkeypatch.setattr(_kernels, "SHARED_DECODE_SCORES", 0)  # and their attention
     tables = []
-    real = decode_step_module.job_table
-
-    def counted(*args):
-        table = real(*args)
-        tables.append(table is not None)
-        return table
-
-    monkeypatch.setattr(decode_step_module, "job_table", counted)
+    monkeypatch.setattr(decode_step_module, "job_table", _counting(decode_step_module.job_table, tables))
     assert np.array_equal(_decode_on_two_threads(name, monkeypatch), general)
     # the products went as compiled job tables (kestrel_trio._kernels.handoff), where the CPU has its own kernels
     own = _kernels.integer_job("Q8_0", "integer") is not None

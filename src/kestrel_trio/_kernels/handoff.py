@@ -42,8 +42,8 @@ form; the addresses and sizes of the weight rows, the quantized activations
 and the output). :func:`job_arrays` turns a row back into the kernel's
 arguments. The job entries live in the kernel modules (numba invalidates a
 cached function only when its own file changes): the row's layout is
-:data:`LAYOUT`, which each of them checks at import, so a change here must be
-made there too, which refreshes their caches.
+:data:`LAYOUT`, which each of them names (:func:`entry` checks it), so a change
+here must be made there too, which refreshes their caches.
 """
 
 from __future__ import annotations
@@ -278,9 +278,13 @@ def spin_rounds(rounds):
 _entries: dict = {}  # a kernel module's job function -> its cfunc (kept: its machine code must stay loaded)
 
 
-def entry(job_function) -> int:
-    """The address of ``job_function``'s (a kernel module's job entry: ``(row) -> None``) compiled ``cfunc``,
-    compiled or loaded from numba's cache on first use; its own module is the cache's key."""
+def entry(job_function, layout: str) -> int:
+    """The address of ``job_function``'s (a kernel module's job entry: ``(row) -> None``, written for job rows of
+    ``layout``) compiled ``cfunc``, compiled or loaded from numba's cache on first use; its own module is the
+    cache's key."""
+    if layout != LAYOUT:
+        raise RuntimeError(f"{job_function.__module__}'s job entries read job rows of layout {layout!r}, "
+                           f"kestrel_trio._kernels.handoff writes {LAYOUT!r}: update them together")
     found = _entries.get(job_function)
     if found is None:
         from numba import cfunc

@@ -50,7 +50,7 @@ from numba.extending import intrinsic
 
 from kestrel_trio._kernels import handoff
 
-__all__ = ["FORMS", "product_sdot", "product_widening", "form_id"]
+__all__ = ["FORMS", "product_sdot", "product_widening", "form_id", "job_entry"]
 
 _I8x16 = ir.VectorType(ir.IntType(8), 16)
 _I32x4 = ir.VectorType(ir.IntType(32), 4)
@@ -479,23 +479,21 @@ def form_id(form: str) -> int:
 
 # Each kernel's job entry (kestrel_trio._kernels.handoff: a product's share run by another thread in compiled
 # code), here beside its kernel so that an edit of either refreshes numba's cache of both.
-if handoff.LAYOUT != "job-1":  # the job rows these entries read (handoff.job_arrays)
-    raise ImportError("kestrel_trio._kernels.handoff's job layout changed: update arm.integer's job entries")
+_JOB_LAYOUT = "job-1"  # handoff's job row layout these entries were written for (handoff.entry checks it)
 
 
 def _job_sdot(row):
-    form, data, xq, xd, xs, start, stop, out = handoff.job_arrays(row)
-    product_sdot(form, data, xq, xd, xs, start, stop, out)
+    product_sdot(*handoff.job_arrays(row))
 
 
 def _job_widening(row):
-    form, data, xq, xd, xs, start, stop, out = handoff.job_arrays(row)
-    product_widening(form, data, xq, xd, xs, start, stop, out)
+    product_widening(*handoff.job_arrays(row))
 
 
 _JOBS = {"product_sdot": _job_sdot, "product_widening": _job_widening}
 
 
-def job_entry(kernel: str):
-    """Kernel ``kernel``'s (e.g. "product_sdot") job entry, compiled or loaded from numba's cache on first use."""
-    return handoff.entry(_JOBS[kernel])
+def job_entry(kernel: str) -> int:
+    """The address of kernel ``kernel``'s (e.g. "product_sdot") job entry, compiled or loaded from numba's cache on
+    first use."""
+    return handoff.entry(_JOBS[kernel], _JOB_LAYOUT)

@@ -63,7 +63,7 @@ from numba.extending import intrinsic
 from kestrel_trio._kernels import handoff
 
 __all__ = ["FORMS", "KINDS", "product_vnni512", "product_vnni256", "product_avx2", "form_id", "usable_kernel",
-           "compiled_features"]
+           "compiled_features", "job_entry"]
 
 _I8x16 = ir.VectorType(ir.IntType(8), 16)
 _I32x4 = ir.VectorType(ir.IntType(32), 4)
@@ -657,29 +657,25 @@ def form_id(form: str) -> int:
 
 # Each kernel's job entry (kestrel_trio._kernels.handoff: a product's share run by another thread in compiled
 # code), here beside its kernel so that an edit of either refreshes numba's cache of both.
-if handoff.LAYOUT != "job-1":  # the job rows these entries read (handoff.job_arrays)
-    raise ImportError("kestrel_trio._kernels.handoff's job layout changed: update x86.integer's job entries")
+_JOB_LAYOUT = "job-1"  # handoff's job row layout these entries were written for (handoff.entry checks it)
 
 
 def _job_vnni512(row):
-    form, data, xq, xd, xs, start, stop, out = handoff.job_arrays(row)
-    product_vnni512(form, data, xq, xd, xs, start, stop, out)
+    product_vnni512(*handoff.job_arrays(row))
 
 
 def _job_vnni256(row):
-    form, data, xq, xd, xs, start, stop, out = handoff.job_arrays(row)
-    product_vnni256(form, data, xq, xd, xs, start, stop, out)
+    product_vnni256(*handoff.job_arrays(row))
 
 
 def _job_avx2(row):
-    form, data, xq, xd, xs, start, stop, out = handoff.job_arrays(row)
-    product_avx2(form, data, xq, xd, xs, start, stop, out)
+    product_avx2(*handoff.job_arrays(row))
 
 
 _JOBS = {"product_vnni512": _job_vnni512, "product_vnni256": _job_vnni256, "product_avx2": _job_avx2}
 
 
-def job_entry(kernel: str):
-    """Kernel ``kernel``'s (e.g. "product_vnni512") job entry, compiled or loaded from numba's cache on first use
-    (only where usable_kernel names its kind)."""
-    return handoff.entry(_JOBS[kernel])
+def job_entry(kernel: str) -> int:
+    """The address of kernel ``kernel``'s (e.g. "product_vnni512") job entry, compiled or loaded from numba's cache on
+    first use."""
+    return handoff.entry(_JOBS[kernel], _JOB_LAYOUT)
