@@ -48,16 +48,17 @@ def _table(module: str, name: str, form: str, data, xq, xd, xs, out, chunk: int)
     for start in range(0, data.shape[0], chunk):
         stop = min(start + chunk, data.shape[0])
         row = np.zeros(handoff.FIELDS, dtype=np.int64)
-        row[:12] = (entry, form_id, data.ctypes.data, data.shape[0], data.shape[1], xq.ctypes.data, xq.shape[1],
-                    xd.ctypes.data, xs.ctypes.data, start, stop, out[:, start:].ctypes.data)
+        row[:14] = (entry, form_id, data.ctypes.data, data.shape[0], data.shape[1], xq.ctypes.data, xq.shape[1],
+                    xd.ctypes.data, xs.ctypes.data, xq.shape[0], start, stop, out[:, start:].ctypes.data,
+                    out.strides[0] // 4)
         rows.append(row)
     return np.stack(rows)
 
 
-def _case(form: str, seed: int, rows: int = 200, cols: int = 512):
+def _case(form: str, seed: int, rows: int = 200, cols: int = 512, n: int = 1):
     rng = np.random.default_rng(seed)
     data = block_rows(form, rng, rows, cols)  # [rows, row_bytes]
-    xq, xd = quantized(rng.standard_normal((1, cols), dtype=np.float32))  # [1, cols], [1, cols/32]
+    xq, xd = quantized(rng.standard_normal((n, cols), dtype=np.float32))  # [n, cols], [n, cols/32]
     return data, xq, xd, sums_of(xq, xd)
 
 
@@ -69,18 +70,21 @@ def _kernel(module: str, name: str):
 
 @pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize(("module", "name"), _runnable())
-def test_a_shared_job_table_is_the_kernel_s_own_product_bit_for_bit(module, name, form):
-    data, xq, xd, xs = _case(form, 3)
-    want = np.empty((1, data.shape[0]), dtype=np.float32)  # [1, rows]
+@pytest.mark.parametrize("n", [1, 5])
+def test_a_shared_job_table_is_the_kernel_s_own_product_bit_for_bit(module, name, form, n):
+    """One activation row (a decode step) or several (a batch), into a column range of a wider output."""
+    data, xq, xd, xs = _case(form, 3, n=n)
+    want = np.empty((n, data.shape[0]), dtype=np.float32)  # [n, rows]
     _kernel(module, name)(_kernel(module, "form_id")(form), data, xq, xd, xs, 0, data.shape[0], want)
     for threads in (2, 3):
         pool = ProductThreads(threads)
         try:
             for chunk in (8, 24, 64, 200):  # chunks of whole kernel passes, a tail, one chunk for all
-                out = np.full((1, data.shape[0] + 1), np.nan, dtype=np.float32)  # [1, rows + 1]: one past the end
+                wide = np.full((n, data.shape[0] + 2), np.nan, dtype=np.float32)  # [n, rows + 2]
+                out = wide[:, 1:-1]  # [n, rows]: one column either side untouched
                 pool.run_jobs(_table(module, name, form, data, xq, xd, xs, out, chunk))
-                np.testing.assert_array_equal(out[:, :-1].view(np.uint32), want.view(np.uint32))
-                assert np.isnan(out[0, -1])
+                np.testing.assert_array_equal(out.view(np.uint32), want.view(np.uint32))
+                assert np.isnan(wide[:, 0]).all() and np.isnan(wide[:, -1]).all()
         finally:
             pool.stop()
 

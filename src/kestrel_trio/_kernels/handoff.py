@@ -35,7 +35,7 @@ The stores before ``POSTED`` and ``DONE`` are published by those atomic
 operations (release; the reads after them acquire), so a helper sees the
 table and the caller sees the helper's results.
 
-A job is one integer kernel call on one activation row: a table row of
+A job is one integer kernel call on N activation rows: a table row of
 FIELDS int64 (the kernel's job entry's address: a ``cfunc`` each integer
 kernel module defines beside its kernel, taking the row's address; the
 form; the addresses and sizes of the weight rows, the quantized activations
@@ -59,10 +59,11 @@ from numba.extending import intrinsic
 __all__ = ["LAYOUT", "FIELDS", "LINE", "JOB_SIGNATURE", "job_arrays", "run_shared", "serve", "nudge", "wake_up",
            "stop", "spin_rounds", "entry", "SLEPT", "YIELDED", "STOPPED"]
 
-LAYOUT = "job-1"  # the job row's layout below; the kernel modules' job entries check it
+LAYOUT = "job-2"  # the job row's layout below; the kernel modules' job entries check it
 # A job row: the entry's address, the form, weight rows (address, rows, bytes a row), activations (int8 address,
-# columns, scales' address, block sums' address), the rows [start, stop) of the weight, the output's address.
-(ENTRY, FORM, DATA, ROWS, ROW_BYTES, XQ, COLS, XD, XS, START, STOP_ROW, OUT) = range(12)
+# columns, scales' address, block sums' address, rows), the rows [start, stop) of the weight, the output's
+# address (of its row 0's first column) and its rows' stride (float32 values).
+(ENTRY, FORM, DATA, ROWS, ROW_BYTES, XQ, COLS, XD, XS, N, START, STOP_ROW, OUT, OUT_STRIDE) = range(14)
 FIELDS = 16
 LINE = 16  # int64 a control line: 128 bytes
 LOCK, TABLE, TOTAL, NEXT = range(4)  # the pool's line (line 0)
@@ -161,14 +162,16 @@ def _voidptr(typingctx, address):
 @njit(nogil=True, cache=True, inline="always")
 def job_arrays(row):
     """A job row (a CPointer(int64) to FIELDS int64) as its kernel's arguments: (form, data uint8 [rows,
-    row_bytes], xq int8 [1, cols], xd, xs float32 [1, cols/32], start, stop, out float32 [1, stop-start])."""
+    row_bytes], xq int8 [N, cols], xd, xs float32 [N, cols/32], start, stop, out float32 [N, stop-start] (rows
+    OUT_STRIDE apart))."""
     job = carray(row, (FIELDS,))
-    cols = job[COLS]
+    cols, n = job[COLS], job[N]
     data = carray(_voidptr(job[DATA]), (job[ROWS], job[ROW_BYTES]), np.uint8)  # [rows, row_bytes]
-    xq = carray(_voidptr(job[XQ]), (1, cols), np.int8)  # [1, cols]
-    xd = carray(_voidptr(job[XD]), (1, cols // 32), np.float32)  # [1, cols/32]
-    xs = carray(_voidptr(job[XS]), (1, cols // 32), np.float32)  # [1, cols/32]
-    out = carray(_voidptr(job[OUT]), (1, job[STOP_ROW] - job[START]), np.float32)  # [1, stop-start]
+    xq = carray(_voidptr(job[XQ]), (n, cols), np.int8)  # [N, cols]
+    xd = carray(_voidptr(job[XD]), (n, cols // 32), np.float32)  # [N, cols/32]
+    xs = carray(_voidptr(job[XS]), (n, cols // 32), np.float32)  # [N, cols/32]
+    # [N, stride] from this job's first column; only its [N, stop-start] are touched
+    out = carray(_voidptr(job[OUT]), (n, job[OUT_STRIDE]), np.float32)[:, : job[STOP_ROW] - job[START]]
     return job[FORM], data, xq, xd, xs, job[START], job[STOP_ROW], out
 
 

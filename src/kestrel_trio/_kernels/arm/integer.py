@@ -479,7 +479,7 @@ def form_id(form: str) -> int:
 
 # Each kernel's job entry (kestrel_trio._kernels.handoff: a product's share run by another thread in compiled
 # code), here beside its kernel so that an edit of either refreshes numba's cache of both.
-_JOB_LAYOUT = "job-1"  # handoff's job row layout these entries were written for (handoff.entry checks it)
+_JOB_LAYOUT = "job-2"  # handoff's job row layout these entries were written for (handoff.entry checks it)
 
 
 def _job_sdot(row):

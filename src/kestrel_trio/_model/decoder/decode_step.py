@@ -40,7 +40,7 @@ import numpy as np
 from kestrel_trio import _kernels
 from kestrel_trio._model.products import matmul
 from kestrel_trio._model.products.backend import current
-from kestrel_trio._model.decoder.decode_jobs import aim, job_table, output_offsets
+from kestrel_trio._model.products.jobs import job_rows
 from kestrel_trio._model.decoder.decode_share import SharedOrAlone, in_turn, choosers
 from kestrel_trio._model.cache.kv_cache import KVCache
 from kestrel_trio._model.decoder.layers import embedding
@@ -220,8 +220,8 @@ class _Plan:
         cache.commit(1)
         logits = np.empty((1, self.head.rows), dtype=np.float32)  # [1, vocab]
         if b.head_jobs is not None:  # the head's job rows, pointed at this step's logits
-            table, offsets = b.head_jobs
-            aim(table, offsets, logits)
+            rows, table = b.head_jobs
+            rows.aim(table, logits)
             b.threads.run_jobs(table)
             return logits
         for call in self.head.calls(b.h, b.hidden_q, logits, b.threads, None):  # (decode_share: why always shared)
@@ -297,11 +297,10 @@ class _Buffers:
             for m in matrices:
                 outs.append((m, out[:, first : first + m.rows]))
                 first += m.rows
-            if threads is not None and threads.takes_jobs and first * x.shape[1] >= matmul.SHARE_MIN_ELEMENTS:
-                table = job_table(outs, quantized, current().products, threads.count)
-                if table is not None:
-                    self.tables.append(table)
-                    return [functools.partial(threads.run_jobs, table)]
+            rows = _job_rows(matrices, threads) if first * x.shape[1] >= matmul.SHARE_MIN_ELEMENTS else None
+            if rows is not None:
+                self.tables.append(rows.table_for(quantized, out))
+                return [functools.partial(threads.run_jobs, self.tables[-1])]
             chooser = None if kind is None else plan.choosers[kind]
             return [call for m, view in outs for call in m.calls(x, quantized, view, threads, chooser)]
 
@@ -321,11 +320,17 @@ class _Buffers:
         self.final = norm(plan.final_norm, self.down)
         # The head's job rows, their outputs' offsets from the logits' start: each step's logits are a new array.
         self.head_jobs = None
-        if threads is not None and threads.takes_jobs:
-            stand_in = np.empty((1, plan.head.rows), dtype=np.float32)  # [1, vocab]
-            table = job_table([(plan.head, stand_in)], self.hidden_q, current().products, threads.count)
-            if table is not None:
-                self.head_jobs = (table, output_offsets(table, stand_in))
+        rows = _job_rows([plan.head], threads)
+        if rows is not None:
+            self.head_jobs = (rows, rows.table_for(self.hidden_q, np.empty((1, plan.head.rows), dtype=np.float32)))
+
+
+def _job_rows(matrices: list[_Matrix], threads):
+    """The job rows of ``matrices``' products stacked (kestrel_trio._model.products.jobs), where the product
+    threads take compiled jobs and every part has its CPU's own integer kernel; else None."""
+    if threads is None or not threads.takes_jobs or any(m.parts is None or m.bias is not None for m in matrices):
+        return None
+    return job_rows([part for m in matrices for part in m.matrix.parts], current().products, threads.count)
 
 
 def _quantized(cols: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
