@@ -273,8 +273,7 @@ def kernel_name(form: str, mode: str) -> str:
 
 def warm(form: str, f16: np.ndarray, mode: str) -> None:
     """Compile, or load from numba's cache, ``form``'s product in ``mode`` and its expansion now: for an integer
-    product, by
-    running it once on one zero block (its kernels compile at their first call). ``f16``: :func:`f16_table`'s
+    product, by running it once on one zero block (its kernels compile at their first call), and its job entry. ``f16``: :func:`f16_table`'s
     table, made once by the caller."""
     product, _, view = product_for(form, mode)
     if _chosen(form, mode)[0] is None:  # an integer kernel
@@ -284,3 +283,4 @@ def warm(form: str, f16: np.ndarray, mode: str) -> None:
         cols = 32 * subs
         product(np.zeros((1, size), dtype=np.uint8), np.empty((1, 0), dtype=np.uint8), f16, 32,
                 np.zeros((1, cols), dtype=np.float32), 0, 1, np.empty((1, 1), dtype=np.float32))  # one block
+        integer_job(form, mode)  # and its job entry, which the product threads run (kestrel_trio._kernels.handoff)
