@@ -61,13 +61,7 @@ def _decode(name: str, fast: bool, monkeypatch, steps: int = 6) -> tuple[np.ndar
     golden = np.load(GGUF_FIXTURES / name / "golden.npz")
     model = load_model(GGUF_FIXTURES / name / f"{name}.gguf")
     taken = []
-    real = decode_step_module.decode_step
-
-    def counted(*args):
-        logits = real(*args)
-        taken.append(logits is not None)
-        return logits
-
+    counted = _counting(decode_step_module.decode_step, taken)
     monkeypatch.setattr(forward_module, "decode_step", counted if fast else (lambda *args: None))
     cache = model.new_cache()
     logits = model.prefill(cache, np.asarray(golden["prompt_ids"]))
@@ -76,6 +70,15 @@ def _decode(name: str, fast: bool, monkeypatch, steps: int = 6) -> tuple[np.ndar
         logits = model.step(cache, [int(np.argmax(logits))])
         rows.append(logits)
     return np.stack(rows), sum(taken)  # [steps, vocab]
+
+
+def _counting(function, found: list):
+    """``function`` that also notes in ``found`` whether each call gave something (not None)."""
+    def counted(*args):
+        result = function(*args)
+        found.append(result is not None)
+        return result
+    return counted
 
 
 @pytest.fixture
@@ -110,6 +113,8 @@ def test_shared_or_alone_as_timings_choose_it_is_the_same(name, integer_mode, mo
         return found
 
     monkeypatch.setattr(decode_step_module, "choosers", eager_choosers)
+    # Python tasks through the queue, as where the kernels have no compiled job entry (decode_jobs)
+    monkeypatch.setattr(decode_step_module, "job_rows", lambda *args: None)
     assert np.array_equal(_decode_on_two_threads(name, monkeypatch), general)
     used = {kind: chooser.costs() for found in made for kind, chooser in found.items() if chooser._cost != {
         False: None, True: None}}  # the fixture's kinds with an integer product (not all its matrices have one)
@@ -121,7 +126,29 @@ def test_shared_among_product_threads_it_is_the_same(name, integer_mode, monkeyp
     general, _ = _decode(name, False, monkeypatch)
     monkeypatch.setattr(matmul, "SHARE_MIN_ELEMENTS", 0)  # the fixtures' tiny matrices shared too
     monkeypatch.setattr(_kernels, "SHARED_DECODE_SCORES", 0)  # and their attention
+    tables = []
+    monkeypatch.setattr(decode_step_module, "job_rows", _counting(decode_step_module.job_rows, tables))
     assert np.array_equal(_decode_on_two_threads(name, monkeypatch), general)
+    # the products went as compiled job tables (kestrel_trio._kernels.handoff), where the CPU has its own kernels
+    own = _kernels.integer_job("Q8_0", "integer") is not None
+    assert any(tables) == own, tables
+
+
+@pytest.mark.parametrize("name", DENSE)
+def test_the_general_path_shared_as_compiled_jobs_is_the_same(name, integer_mode, monkeypatch):
+    """The prompt's rows and the general path's steps (up to FUSED_MAX_ROWS rows a product) shared among two
+    product threads as job tables give one thread's logits bit for bit."""
+    general, _ = _decode(name, False, monkeypatch)
+    monkeypatch.setattr(matmul, "SHARE_MIN_ELEMENTS", 0)
+    made = []
+    monkeypatch.setattr(matmul, "matrix_job_rows", _counting(matmul.matrix_job_rows, made))
+    matmul.set_product_threads(2)
+    try:
+        shared, _ = _decode(name, False, monkeypatch)
+    finally:
+        matmul.set_product_threads(1)
+    assert np.array_equal(shared, general)
+    assert any(made) == (_kernels.integer_job("Q8_0", "integer") is not None), made
 
 
 def _decode_on_two_threads(name, monkeypatch) -> np.ndarray:

@@ -29,7 +29,8 @@ __all__ = ["FORMS", "ready", "compiled", "unavailable_reason", "describe", "desc
            "tile_product", "tile_pack", "tile_multiply", "enable_chunk_products", "chunk_product",
            "CHUNK_WEIGHT_ROWS", "CHUNK_K_STEP", "enable_prefill_attention", "prefill_attention", "qkv_rows",
            "TILE_BLOCK_ROWS", "TILE_K_STEP", "rotate_half", "rms_norm", "softmax_numerators", "swiglu",
-           "decode_attention", "decode_buffers", "decode_attentions", "norm_span", "integer_rows", "decode_loops"]
+           "decode_attention", "decode_buffers", "decode_attentions", "norm_span", "integer_rows", "integer_job",
+           "decode_loops"]
 
 # The storage forms the compiled products know (kestrel_trio._kernels.products.FORMS), known without numba.
 FORMS = frozenset(("int8", "int4", "bf16", "F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K",
@@ -183,6 +184,14 @@ def integer_rows(form: str, data: np.ndarray, mode: str) -> tuple | None:
     if not ready() or form not in FORMS:
         return None
     return _products().integer_rows(form, data, _state["table"], mode)
+
+
+def integer_job(form: str, mode: str) -> tuple[int, int] | None:
+    """(``form``'s integer kernel's job entry address, its form id) in products ``mode`` for a compiled hand-off
+    (kestrel_trio._kernels.handoff), or None: kestrel_trio._kernels.dispatch.integer_job."""
+    if not ready() or form not in FORMS:
+        return None
+    return _products().integer_job(form, mode)
 
 
 def decode_loops():

@@ -24,7 +24,7 @@ from kestrel_trio._kernels.products import (_COMPILE, _PRODUCTS, _RESULT, _TABLE
 
 __all__ = ["FORMS", "INTEGER_FORMS", "COLUMNS_PER_ITEM", "f16_table", "f32_assembly", "product_for", "expansion_for",
            "kernel_name",
-           "warm", "quantize", "integer_rows"]
+           "warm", "quantize", "integer_rows", "integer_job"]
 
 _f32_assembly_state: list = []  # [str | None]: the assembly F32 uses in this process
 
@@ -231,6 +231,20 @@ def integer_rows(form: str, data: np.ndarray, f16: np.ndarray, mode: str) -> tup
     return functools.partial(kernel, form_id, data), minimums
 
 
+def integer_job(form: str, mode: str) -> tuple[int, int] | None:
+    """(the address of ``form``'s integer kernel's job entry in products ``mode`` here, the form's id in it):
+    what a job row of kestrel_trio._kernels.handoff names, for a helper thread to run the product in compiled
+    code. None where ``form`` takes the exact products or the portable reference (which has no job entry)."""
+    variant = _integer_kernel(form, mode)
+    if variant is None or variant == "portable":
+        return None
+    import importlib
+
+    module, name = _INTEGER_KERNELS[variant]
+    kernels = importlib.import_module(f"kestrel_trio._kernels.{module}")
+    return kernels.job_entry(name), kernels.form_id(form)
+
+
 def quantize(x: np.ndarray, forms, mode: str) -> tuple | None:
     """``x`` float32 [N, cols] quantized for the integer products of ``forms`` (names in FORMS), once for all:
     (int8 [N, cols], float32 scales [N, cols / 32], the blocks' sums [N, cols / 32] or None where no form
@@ -259,8 +273,7 @@ def kernel_name(form: str, mode: str) -> str:
 
 def warm(form: str, f16: np.ndarray, mode: str) -> None:
     """Compile, or load from numba's cache, ``form``'s product in ``mode`` and its expansion now: for an integer
-    product, by
-    running it once on one zero block (its kernels compile at their first call). ``f16``: :func:`f16_table`'s
+    product, by running it once on one zero block (its kernels compile at their first call), and its job entry. ``f16``: :func:`f16_table`'s
     table, made once by the caller."""
     product, _, view = product_for(form, mode)
     if _chosen(form, mode)[0] is None:  # an integer kernel
@@ -270,3 +283,4 @@ def warm(form: str, f16: np.ndarray, mode: str) -> None:
         cols = 32 * subs
         product(np.zeros((1, size), dtype=np.uint8), np.empty((1, 0), dtype=np.uint8), f16, 32,
                 np.zeros((1, cols), dtype=np.float32), 0, 1, np.empty((1, 1), dtype=np.float32))  # one block
+        integer_job(form, mode)  # and its job entry, which the product threads run (kestrel_trio._kernels.handoff)

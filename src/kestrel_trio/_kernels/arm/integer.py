@@ -48,7 +48,9 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-__all__ = ["FORMS", "product_sdot", "product_widening", "form_id"]
+from kestrel_trio._kernels import handoff
+
+__all__ = ["FORMS", "product_sdot", "product_widening", "form_id", "job_entry"]
 
 _I8x16 = ir.VectorType(ir.IntType(8), 16)
 _I32x4 = ir.VectorType(ir.IntType(32), 4)
@@ -473,3 +475,25 @@ def product_widening(form, data, xq, xd, xs, start, stop, out):
 def form_id(form: str) -> int:
     """The kernels' ``form`` argument for a form name of FORMS."""
     return _FORM_IDS[form]
+
+
+# Each kernel's job entry (kestrel_trio._kernels.handoff: a product's share run by another thread in compiled
+# code), here beside its kernel so that an edit of either refreshes numba's cache of both.
+_JOB_LAYOUT = "job-2"  # handoff's job row layout these entries were written for (handoff.entry checks it)
+
+
+def _job_sdot(row):
+    product_sdot(*handoff.job_arrays(row))
+
+
+def _job_widening(row):
+    product_widening(*handoff.job_arrays(row))
+
+
+_JOBS = {"product_sdot": _job_sdot, "product_widening": _job_widening}
+
+
+def job_entry(kernel: str) -> int:
+    """The address of kernel ``kernel``'s (e.g. "product_sdot") job entry, compiled or loaded from numba's cache on
+    first use."""
+    return handoff.entry(_JOBS[kernel], _JOB_LAYOUT)

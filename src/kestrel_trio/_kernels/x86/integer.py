@@ -60,8 +60,10 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from kestrel_trio._kernels import handoff
+
 __all__ = ["FORMS", "KINDS", "product_vnni512", "product_vnni256", "product_avx2", "form_id", "usable_kernel",
-           "compiled_features"]
+           "compiled_features", "job_entry"]
 
 _I8x16 = ir.VectorType(ir.IntType(8), 16)
 _I32x4 = ir.VectorType(ir.IntType(32), 4)
@@ -651,3 +653,29 @@ def product_avx2(form, data, xq, xd, xs, start, stop, out):
 def form_id(form: str) -> int:
     """The kernels' ``form`` argument for a form name of FORMS."""
     return _FORM_IDS[form]
+
+
+# Each kernel's job entry (kestrel_trio._kernels.handoff: a product's share run by another thread in compiled
+# code), here beside its kernel so that an edit of either refreshes numba's cache of both.
+_JOB_LAYOUT = "job-2"  # handoff's job row layout these entries were written for (handoff.entry checks it)
+
+
+def _job_vnni512(row):
+    product_vnni512(*handoff.job_arrays(row))
+
+
+def _job_vnni256(row):
+    product_vnni256(*handoff.job_arrays(row))
+
+
+def _job_avx2(row):
+    product_avx2(*handoff.job_arrays(row))
+
+
+_JOBS = {"product_vnni512": _job_vnni512, "product_vnni256": _job_vnni256, "product_avx2": _job_avx2}
+
+
+def job_entry(kernel: str) -> int:
+    """The address of kernel ``kernel``'s (e.g. "product_vnni512") job entry, compiled or loaded from numba's cache on
+    first use."""
+    return handoff.entry(_JOBS[kernel], _JOB_LAYOUT)

@@ -40,6 +40,7 @@ import numpy as np
 from kestrel_trio import _kernels
 from kestrel_trio._model.products import matmul
 from kestrel_trio._model.products.backend import current
+from kestrel_trio._model.products.jobs import job_rows
 from kestrel_trio._model.decoder.decode_share import SharedOrAlone, in_turn, choosers
 from kestrel_trio._model.cache.kv_cache import KVCache
 from kestrel_trio._model.decoder.layers import embedding
@@ -218,6 +219,11 @@ class _Plan:
             call()
         cache.commit(1)
         logits = np.empty((1, self.head.rows), dtype=np.float32)  # [1, vocab]
+        if b.head_jobs is not None:  # the head's job rows, pointed at this step's logits
+            rows, table = b.head_jobs
+            rows.aim(table, logits)
+            b.threads.run_jobs(table)
+            return logits
         for call in self.head.calls(b.h, b.hidden_q, logits, b.threads, None):  # (decode_share: why always shared)
             call()
         return logits
@@ -281,28 +287,50 @@ class _Buffers:
             calls.append(functools.partial(np.copyto, self.rotated[:, k_end:], self.qkv[:, k_end:]))  # the values
             return calls
 
+        self.tables: list[np.ndarray] = []  # the job tables the calls run (they hold these buffers' addresses)
+
+        def products(matrices: list[_Matrix], x: np.ndarray, quantized: tuple, out: np.ndarray,
+                     kind: str | None) -> list[Callable[[], None]]:
+            """The calls writing ``out`` [1, sum of rows] = ``x`` @ each of ``matrices``.T in turn: one shared
+            job table where the product threads take compiled jobs (decode_jobs), else each matrix's calls."""
+            outs, first = [], 0
+            for m in matrices:
+                outs.append((m, out[:, first : first + m.rows]))
+                first += m.rows
+            rows = _job_rows(matrices, threads) if first * x.shape[1] >= matmul.SHARE_MIN_ELEMENTS else None
+            if rows is not None:
+                self.tables.append(rows.table_for(quantized, out))
+                return [functools.partial(threads.run_jobs, self.tables[-1])]
+            chooser = None if kind is None else plan.choosers[kind]
+            return [call for m, view in outs for call in m.calls(x, quantized, view, threads, chooser)]
+
         self.layers = []
         for index, layer in enumerate(plan.layers):
             before = norm(layer.input_norm, None if index == 0 else self.down)
-            first = 0
-            for m in layer.qkv:
-                before += m.calls(self.h, self.hidden_q, self.qkv[:, first : first + m.rows], threads,
-                                  plan.choosers["qkv"])
-                first += m.rows
+            before += products(layer.qkv, self.h, self.hidden_q, self.qkv, "qkv")
             before += head_norms(layer)
             after = [functools.partial(d.quantize_rows, attended, _RUN, *attended_q, sums)]
-            after += layer.o.calls(attended, attended_q, self.o, threads, plan.choosers["o"])
+            after += products([layer.o], attended, attended_q, self.o, "o")
             after += norm(layer.post_norm, self.o)
-            first = 0
-            for m in layer.gate_up:
-                after += m.calls(self.h, self.hidden_q, self.gate_up[:, first : first + m.rows], threads,
-                                 plan.choosers["gate_up"])
-                first += m.rows
+            after += products(layer.gate_up, self.h, self.hidden_q, self.gate_up, "gate_up")
             after.append(functools.partial(plan.exp.swiglu, self.gate_up, self.act))
             after.append(functools.partial(d.quantize_rows, self.act, _RUN, *act_q, sums))
-            after += layer.down.calls(self.act, act_q, self.down, threads, plan.choosers["down"])
+            after += products([layer.down], self.act, act_q, self.down, "down")
             self.layers.append((before, after))
         self.final = norm(plan.final_norm, self.down)
+        # The head's job rows, their outputs' offsets from the logits' start: each step's logits are a new array.
+        self.head_jobs = None
+        rows = _job_rows([plan.head], threads)
+        if rows is not None:
+            self.head_jobs = (rows, rows.table_for(self.hidden_q, np.empty((1, plan.head.rows), dtype=np.float32)))
+
+
+def _job_rows(matrices: list[_Matrix], threads):
+    """The job rows of ``matrices``' products stacked (kestrel_trio._model.products.jobs), where the product
+    threads take compiled jobs and every part has its CPU's own integer kernel; else None."""
+    if threads is None or not threads.takes_jobs or any(m.parts is None or m.bias is not None for m in matrices):
+        return None
+    return job_rows([part for m in matrices for part in m.matrix.parts], current().products, threads.count)
 
 
 def _quantized(cols: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -62,6 +62,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from kestrel_trio import _kernels
+from kestrel_trio._model.products.jobs import matrix_job_rows
 from kestrel_trio._model.products.backend import Backend, current, product_threads, set_product_threads
 from kestrel_trio._model.forms.packed import Bf16Rows, Matrix, PackedMatrix
 from kestrel_trio._model.products.float_calls import SMALL_BATCH_CALLS, product_into
@@ -311,6 +312,12 @@ def _fused_product(x: np.ndarray, weight: PackedMatrix) -> np.ndarray:
     threads = backend.threads
     if threads is None or weight.shape[0] * weight.shape[1] < SHARE_MIN_ELEMENTS:
         stretch(0, weight.shape[0])
+        return out
+    # every part this CPU's own integer kernel: shared as compiled jobs (kestrel_trio._model.products.jobs)
+    rows = matrix_job_rows(weight, mode, threads.count) if quantized is not None and threads.takes_jobs else None
+    if rows is not None:
+        xq, xd, xs = quantized
+        threads.run_jobs(rows.table_for((xq, xd, xd if xs is None else xs), out))
     else:
         threads.run([(lambda a=a, b=b: stretch(a, b)) for a, b in _share_bounds(weight.shape[0], threads.count)])
     return out

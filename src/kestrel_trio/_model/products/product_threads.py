@@ -3,6 +3,12 @@
 numpy's BLAS and its upcast ufuncs release the GIL, so the threads run on separate cores. One pool per count a
 model was loaded with (kestrel_trio._model.products.backend.Backend.threads); kestrel_trio._model.products.matmul
 decides what to share.
+
+Two ways to hand a helper work: a Python task through its queue (:meth:`ProductThreads.run`: any work, a
+thread's wake-up each, tens of microseconds), and compiled integer products as job rows
+(:meth:`ProductThreads.run_jobs`, kestrel_trio._kernels.handoff: a helper waiting in compiled code takes them
+in well under a microsecond). Each helper waits in compiled code while it has had such jobs lately (SPIN_SECONDS),
+then sleeps on its queue; Python work sent to it asks it back first.
 """
 
 from __future__ import annotations
@@ -10,10 +16,19 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterator
 
-__all__ = ["ProductThreads"]
+import numpy as np
+
+__all__ = ["ProductThreads", "SPIN_SECONDS"]
+
+# How long a helper waits for compiled jobs in compiled code (a core kept busy) before it sleeps: longer than
+# the gap between two tokens' steps when the engine streams (1-2 ms of engine and HTTP work), so it stays
+# awake while a sequence decodes; an idle server's helpers sleep after this.
+SPIN_SECONDS = 0.005
+_WAKE = object()  # a sleeping helper's wake-up: compiled jobs were run without it
 
 # One-thread BLAS windows open (nested, from several forward threads, or from two models' pools at once): numpy's
 # BLAS thread count is one per process, so it goes back to a pool's count only when the last window closes.
@@ -33,10 +48,39 @@ class ProductThreads:
     def __init__(self, count: int, set_blas_threads: Callable[[int], None] | None = None) -> None:
         self.count = count
         self._set_blas_threads = set_blas_threads
-        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
-        for k in range(count - 1):
-            threading.Thread(target=_serve, args=(self._jobs,), name=f"kestrel-product-{k + 1}", daemon=True).start()
-        self._stop = weakref.finalize(self, _stop, self._jobs, count - 1)
+        self._queues: list[queue.SimpleQueue] = [queue.SimpleQueue() for _ in range(count - 1)]
+        self._handoff = _handoff()
+        # The helpers' control lines (kestrel_trio._kernels.handoff), None where numba is missing.
+        self._ctrl = None if self._handoff is None else np.zeros(count * self._handoff.LINE, dtype=np.int64)
+        spins = _spin_rounds(self._handoff) if self._handoff is not None else 0
+        helpers = [threading.Thread(target=_serve, args=(jobs, self._handoff, self._ctrl, k, spins),
+                                    name=f"kestrel-product-{k + 1}", daemon=True) for k, jobs in enumerate(self._queues)]
+        self._helpers = helpers
+        for helper in helpers:
+            helper.start()
+        # Also called at exit (a finalizer's default): helpers leave compiled code before the interpreter goes.
+        self._stop = weakref.finalize(self, _stop, self._queues, self._handoff, self._ctrl, helpers)
+
+    @property
+    def takes_jobs(self) -> bool:
+        """Whether :meth:`run_jobs` can hand compiled jobs to the helpers (numba is here)."""
+        return self._ctrl is not None
+
+    def chunks_taken(self) -> list[int]:
+        """How many compiled job chunks each helper has run (kestrel_trio._kernels.handoff), for diagnostics."""
+        if self._ctrl is None:
+            return [0] * (self.count - 1)
+        line = self._handoff.LINE
+        return [int(self._ctrl[(1 + k) * line + self._handoff.TAKEN]) for k in range(self.count - 1)]
+
+    def run_jobs(self, jobs: np.ndarray) -> None:
+        """Run the compiled job rows ``jobs`` (int64 [chunks, FIELDS], kestrel_trio._kernels.handoff), the
+        helpers taking chunks too where they are awake and free; return when all are done."""
+        asleep = self._handoff.run_shared(self._ctrl, jobs)
+        while asleep:  # woken: back in compiled code for the next jobs
+            helper = asleep.bit_length() - 1
+            self._queues[helper].put(_WAKE)
+            asleep &= ~(1 << helper)
 
     def run(self, tasks: list[Callable[[], None]], blas: bool = True) -> None:
         """Run ``tasks[1:]`` on the helpers and ``tasks[0]`` here, with one-thread BLAS; raise the first error.
@@ -44,8 +88,10 @@ class ProductThreads:
         (the switch there and back costs a few microseconds, a hundred times a decode step)."""
         done: queue.SimpleQueue = queue.SimpleQueue()  # per call: forward may run in several threads at once
         with self.one_thread_blas() if blas else contextlib.nullcontext():
-            for task in tasks[1:]:
-                self._jobs.put((task, done))
+            for k, task in enumerate(tasks[1:]):
+                self._queues[k].put((task, done))
+                if self._ctrl is not None:
+                    self._handoff.nudge(self._ctrl, k)  # back from compiled code to its queue
             errors = []
             try:
                 tasks[0]()
@@ -89,8 +135,18 @@ class ProductThreads:
         self._stop()
 
 
-def _serve(jobs: queue.SimpleQueue) -> None:
-    while (job := jobs.get()) is not None:
+def _serve(jobs: queue.SimpleQueue, handoff, ctrl: np.ndarray | None, k: int, spins: int) -> None:
+    """Helper ``k``: compiled jobs while they come (``handoff.serve``), else Python tasks from its queue."""
+    while True:
+        if ctrl is not None and jobs.empty():
+            handoff.wake_up(ctrl, k)
+            if handoff.serve(ctrl, k, spins) == handoff.STOPPED:
+                return
+        job = jobs.get()
+        if job is None:
+            return
+        if job is _WAKE:
+            continue
         task, done = job
         try:
             task()
@@ -100,6 +156,35 @@ def _serve(jobs: queue.SimpleQueue) -> None:
             done.put(None)
 
 
-def _stop(jobs: queue.SimpleQueue, helpers: int) -> None:
-    for _ in range(helpers):
+def _stop(queues: list[queue.SimpleQueue], handoff, ctrl: np.ndarray | None, helpers: list[threading.Thread]) -> None:
+    for k, jobs in enumerate(queues):
+        if ctrl is not None:
+            handoff.stop(ctrl, k)
         jobs.put(None)
+    for helper in helpers:
+        if helper is not threading.current_thread():
+            helper.join(timeout=1.0)  # named: a helper inside a long task is left to finish as a daemon
+
+
+def _handoff():
+    """kestrel_trio._kernels.handoff where its compiled code loads here, else None (Python tasks only)."""
+    from kestrel_trio import _kernels
+
+    if not _kernels.ready():
+        return None
+    from kestrel_trio._kernels import handoff
+
+    return handoff
+
+
+_rounds_a_second: list[float] = []
+
+
+def _spin_rounds(handoff) -> int:
+    """The idle rounds of a helper's compiled wait in SPIN_SECONDS on this CPU (timed once a process)."""
+    if not _rounds_a_second:
+        handoff.spin_rounds(1000)  # compiled, or loaded from numba's cache
+        rounds, started = 200_000, time.perf_counter()
+        handoff.spin_rounds(rounds)
+        _rounds_a_second.append(rounds / max(time.perf_counter() - started, 1e-6))
+    return max(1000, int(_rounds_a_second[0] * SPIN_SECONDS))
