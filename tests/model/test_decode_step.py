@@ -3,8 +3,9 @@ logits.
 
 Bit for bit: the step's one-call quantization (kestrel_trio._kernels.integer.quantize_rows) against the products' own, and whole decode
 steps of every GGUF fixture in the integer mode against the general forward pass, alone and with the products
-and attention shared among product threads. Where the path does not apply (the exact products, a MoE, a bf16
-cache) it declines and the general path runs.
+and attention shared among product threads (as compiled job tables, kestrel_trio._model.products.jobs, and as
+Python tasks where there are none); the general path's small batches shared as job tables too. Where the path
+does not apply (the exact products, a MoE, a bf16 cache) it declines and the general path runs.
 """
 
 from __future__ import annotations

@@ -273,8 +273,8 @@ def kernel_name(form: str, mode: str) -> str:
 
 def warm(form: str, f16: np.ndarray, mode: str) -> None:
     """Compile, or load from numba's cache, ``form``'s product in ``mode`` and its expansion now: for an integer
-    product, by running it once on one zero block (its kernels compile at their first call), and its job entry. ``f16``: :func:`f16_table`'s
-    table, made once by the caller."""
+    product, by running it once on one zero block (its kernels compile at their first call), and its job entry.
+    ``f16``: :func:`f16_table`'s table, made once by the caller."""
     product, _, view = product_for(form, mode)
     if _chosen(form, mode)[0] is None:  # an integer kernel
         from kestrel_trio._kernels.arm import integer as arm

@@ -1,5 +1,9 @@
 """A one-sequence decode step's weight product: shared among the product threads, or the caller's alone.
 
+Where the CPU has its own integer kernels the step shares its products as compiled job tables instead
+(kestrel_trio._model.products.jobs: a hand-off of about a microsecond, so always shared); this choice serves the
+products that go as Python tasks (the portable reference kernels).
+
 Theory of operation: sharing a product hands a stretch of its rows to each
 product thread and waits for them all; a hand-off wakes a blocked thread,
 43 us of wall time (32 us of CPU) for two empty tasks on the 2-core Zen 5

@@ -54,7 +54,8 @@ class ProductThreads:
         self._ctrl = None if self._handoff is None else np.zeros(count * self._handoff.LINE, dtype=np.int64)
         spins = _spin_rounds(self._handoff) if self._handoff is not None else 0
         helpers = [threading.Thread(target=_serve, args=(jobs, self._handoff, self._ctrl, k, spins),
-                                    name=f"kestrel-product-{k + 1}", daemon=True) for k, jobs in enumerate(self._queues)]
+                                    name=f"kestrel-product-{k + 1}", daemon=True)
+                   for k, jobs in enumerate(self._queues)]
         self._helpers = helpers
         for helper in helpers:
             helper.start()
