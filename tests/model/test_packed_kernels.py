@@ -17,9 +17,11 @@ import numpy as np
 import pytest
 
 from kestrel_trio import _kernels
+from kestrel_trio._kernels import loaded
 from kestrel_trio._model.products import matmul
 from kestrel_trio._model.forms.dequant import GGML_TYPE_BY_NAME
 from kestrel_trio._model.forms.packed import Bf16Rows, GgmlRows, Int4Rows, Int8Rows, PackedMatrix, expand_part
+from kernel_plan_kit import without_compiled_loops
 from slow_host import allowance
 
 pytestmark = pytest.mark.skipif(not _kernels.ready(), reason=_kernels.unavailable_reason())
@@ -124,7 +126,7 @@ def test_linear_packed_runs_the_fused_product_and_threads_do_not_change_it(rows_
 
 def test_a_matrix_with_a_part_of_a_form_not_compiled_takes_the_numpy_path(monkeypatch):
     weight = PackedMatrix((random_part("Q5_0", 256, 1024, 4), random_part("Q8_0", 128, 1024, 5)))
-    monkeypatch.setattr(_kernels, "FORMS", _kernels.FORMS - {"Q5_0"})
+    monkeypatch.setattr(loaded, "FORMS", loaded.FORMS - {"Q5_0"})  # where compiled() reads it
     forms, compiled = [], _kernels.packed_product
     monkeypatch.setattr(_kernels, "packed_product", lambda form, *args: forms.append(form) or compiled(form, *args))
     x = np.random.default_rng(5).standard_normal((2, 1024), dtype=np.float32)
@@ -137,7 +139,7 @@ def test_without_the_kernels_the_numpy_path_gives_the_same_products(monkeypatch)
     weight = _matrix()
     x = np.random.default_rng(3).standard_normal((3, 1024), dtype=np.float32)
     fused = matmul.linear_packed(x, weight)
-    monkeypatch.setattr(_kernels, "ready", lambda: False)
+    without_compiled_loops(monkeypatch)
     plain = matmul.linear_packed(x, weight)
     np.testing.assert_allclose(plain, fused, rtol=1e-4, atol=1e-4 * float(np.abs(fused).max()))
 
