@@ -49,9 +49,10 @@ def optional_kernels() -> dict[str, str | None]:
     }
 
 
-def product_kernels(forms, mode: str) -> dict[str, str]:
+def product_kernels(forms, mode: str, planned=None) -> dict[str, str]:
     """For each storage form of ``forms`` (names in FORMS), the kernel its products take in products ``mode``
-    (one of PRODUCT_MODES) on this CPU.
+    (one of PRODUCT_MODES) by kernel plan ``planned`` (a kestrel_trio._kernels.plan.KernelPlan, a model's; None:
+    this host's).
 
     "portable": the compiled reference loops (kestrel_trio._kernels.products), compiled for :func:`describe_cpu`;
     "avx512", "avx2", "avx2+avx512": an x86-64 assembly block, from four activation rows; "numpy": numba
@@ -60,4 +61,4 @@ def product_kernels(forms, mode: str) -> dict[str, str]:
     wanted = sorted(set(forms) & FORMS)
     if not loaded.ready():
         return {form: "numpy" for form in wanted}
-    return {form: loaded.dispatch().kernel_name(form, mode) for form in wanted}
+    return {form: loaded.dispatch().kernel_name(form, mode, planned) for form in wanted}
