@@ -22,8 +22,8 @@ from kestrel_trio._kernels.loaded import (FORMS, PRODUCT_MODES, compiled, decode
                                           release_compiler_pages, unavailable_reason)
 from kestrel_trio._kernels.layers import (SHARED_DECODE_SCORES, decode_attention, decode_attentions, decode_buffers,
                                           norm_span, qkv_rows, rms_norm, rotate_half, softmax_numerators, swiglu)
-from kestrel_trio._kernels.packed import (integer_rows, packed_expand, packed_product, packed_weights, prepare,
-                                          quantize_activations)
+from kestrel_trio._kernels.packed import (PartProduct, integer_rows, packed_expand, packed_product, packed_weights,
+                                          prepare, quantize_activations)
 from kestrel_trio._kernels.report import describe, describe_cpu, optional_kernels, product_kernels
 from kestrel_trio._kernels.x86.prefill import (
     CHUNK_K_STEP, CHUNK_WEIGHT_ROWS, TILE_BLOCK_ROWS, TILE_K_STEP, chunk_product,
@@ -31,7 +31,7 @@ from kestrel_trio._kernels.x86.prefill import (
     tile_product)
 
 __all__ = ["FORMS", "ready", "compiled", "unavailable_reason", "describe", "describe_cpu", "product_kernels",
-           "optional_kernels", "PRODUCT_MODES", "prepare", "packed_product",
+           "optional_kernels", "PRODUCT_MODES", "prepare", "packed_product", "PartProduct",
            "quantize_activations", "packed_expand", "packed_weights", "release_compiler_pages", "enable_tiles",
            "tile_product", "tile_pack", "tile_multiply", "enable_chunk_products", "chunk_product",
            "CHUNK_WEIGHT_ROWS", "CHUNK_K_STEP", "enable_prefill_attention", "prefill_attention", "qkv_rows",

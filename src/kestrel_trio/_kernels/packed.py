@@ -2,13 +2,18 @@
 
 Each call names its weight's form and its model's products mode (one of
 PRODUCT_MODES); the compiled function the form takes in that mode here is
-kestrel_trio._kernels.dispatch's (by the CPU's kernel plan). :func:`prepare`
-loads those a model will call, at its load, so that no request waits for a
-compilation.
+kestrel_trio._kernels.dispatch's (by a kernel plan: a model's, or this
+host's). A :class:`PartProduct` is that function resolved once for one
+weight's storage, so that a model's products call it without asking the
+dispatch again; :func:`packed_product` looks it up at each call (tests, tools,
+a float32 matrix's small-batch products).
+:func:`prepare` loads those a model will call, at its load, so that no
+request waits for a compilation.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 
@@ -19,9 +24,45 @@ from kestrel_trio._kernels.layers import decode_attention, qkv_rows, rms_norm, s
 from kestrel_trio._kernels.loaded import FORMS, RUN
 from kestrel_trio._kernels.x86.prefill import enable_prefill_attention
 
-__all__ = ["packed_product", "quantize_activations", "integer_rows", "packed_expand", "packed_weights", "prepare"]
+__all__ = ["PartProduct", "packed_product", "quantize_activations", "integer_rows", "packed_expand", "packed_weights",
+           "prepare"]
 
 log = logging.getLogger("kestrel_trio.kernels")
+
+
+class PartProduct:
+    """One weight's compiled product, resolved once: its form's function in a products mode by a kernel plan, bound
+    to its storage (viewed as that function takes it) and the float16 table.
+
+    Call it as :func:`packed_product` without the form, storage and mode: ``(x, start, stop, out, quantized)``.
+    The same compiled function on the same arrays as :func:`packed_product`'s, so the same bits.
+
+    Attributes:
+        form: the storage form (one of FORMS).
+        data: the storage as given (its address names the weight: tests record which weights a step reads).
+        mode: the products mode it was resolved in (one of PRODUCT_MODES).
+    """
+
+    __slots__ = ("form", "data", "mode", "_call", "_takes_quantized")
+
+    def __init__(self, form: str, data: np.ndarray, scales: np.ndarray | None, mode: str, planned=None) -> None:
+        """Resolve ``form``'s product for ``data`` and ``scales`` (as :func:`packed_product` takes them) in
+        products ``mode`` by kernel plan ``planned`` (a kestrel_trio._kernels.plan.KernelPlan; None: this host's).
+
+        Raises:
+            RuntimeError: the compiled loops cannot run here.
+        """
+        product, _, typed, typed_scales = _typed(form, data, scales, mode, planned)
+        self.form, self.data, self.mode = form, data, mode
+        self._call = functools.partial(product, typed, typed_scales, loaded.f16(), RUN)  # no lookup left per call
+        self._takes_quantized = getattr(product, "takes_quantized", False)
+
+    def __call__(self, x: np.ndarray, start: int, stop: int, out: np.ndarray, quantized: tuple | None = None) -> None:
+        """``out`` [N, stop-start] = ``x`` [N, cols] @ W[start:stop].T (arguments as :func:`packed_product`'s)."""
+        if quantized is not None and self._takes_quantized:
+            self._call(x, start, stop, out, quantized)
+        else:
+            self._call(x, start, stop, out)
 
 
 def packed_product(form: str, data: np.ndarray, scales: np.ndarray | None, x: np.ndarray, start: int, stop: int,
@@ -127,9 +168,10 @@ def _load_layer_loops() -> None:
     enable_prefill_attention()
 
 
-def _typed(form: str, data: np.ndarray, scales: np.ndarray | None, mode: str):
-    """(the form's product in ``mode`` and its expansion, its storage and scales as their signatures take them)."""
-    product, expand, view = loaded.dispatch().product_for(form, mode)
+def _typed(form: str, data: np.ndarray, scales: np.ndarray | None, mode: str, planned=None):
+    """(the form's product in ``mode`` by plan ``planned`` and its expansion, its storage and scales as their
+    signatures take them)."""
+    product, expand, view = loaded.dispatch().product_for(form, mode, planned)
     return (product, expand, *_as_typed(data, scales, view))
 
 
