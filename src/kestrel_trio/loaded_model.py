@@ -94,7 +94,7 @@ class Model:
             if self.vision is not None:
                 forms |= {part.form for matrix in packed_matrices(self.vision.vision) for part in matrix.parts}
             forms = {"F32" if form == "float32" else form for form in forms}
-            products = _kernels.product_kernels(forms, self.decoder.backend.products)
+            products = self.decoder.backend.product_kernels(forms)  # by the model's own plan
             self._kernels = {"cpu": _kernels.describe_cpu(), "products": products}
         return self._kernels
 

@@ -177,8 +177,9 @@ def _gguf(name: str):
 class _Expansions:
     """Records each (part, rows) a GgmlRows expansion writes, by the part's storage address.
 
-    Expansions with numpy (GgmlRows.integer) and compiled ones (kestrel_trio._kernels' products and
-    expansions, which take the storage as GgmlRows.kernel_args gives it) alike.
+    Expansions with numpy (GgmlRows.integer) and compiled ones (kestrel_trio._kernels' products, looked up per call
+    or resolved once per weight (PartProduct), and expansions, which take the storage as GgmlRows.kernel_args gives
+    it) alike.
     """
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -200,8 +201,14 @@ class _Expansions:
             self.calls.append((data.__array_interface__["data"][0], start, stop))
             return expand(form, data, scales, start, stop, out)
 
+        def resolved(part, x, start, stop, out, quantized=None):  # a weight's product resolved once (matmul)
+            self.calls.append((part.data.__array_interface__["data"][0], start, stop))
+            return call(part, x, start, stop, out, quantized)
+
+        call = _kernels.PartProduct.__call__
         monkeypatch.setattr(_kernels, "packed_product", packed_product)
         monkeypatch.setattr(_kernels, "packed_expand", packed_expand)
+        monkeypatch.setattr(_kernels.PartProduct, "__call__", resolved)
 
 
 def _address(matrix: PackedMatrix) -> set[int]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
+import attrs
 import numpy as np
 import pytest
 import trio
@@ -17,7 +18,7 @@ import trio
 from kestrel_trio import _kernels
 from kestrel_trio._model import Backend
 from kestrel_trio._model.products import matmul
-from kestrel_trio._model.products.backend import current, product_threads
+from kestrel_trio._model.products.backend import current, defaults, product_threads
 from kestrel_trio._model.products.product_threads import ProductThreads
 from kestrel_trio.errors import ModelLoadError
 from kestrel_trio.model import load_model, set_blas_threads, set_products
@@ -133,6 +134,21 @@ def test_blas_goes_back_to_many_threads_only_when_no_pool_shares_a_product():
     finally:
         first.stop()
         second.stop()
+
+
+@needs_kernels
+def test_a_model_carries_the_hosts_kernel_plan_and_names_its_kernels_by_it():
+    from kestrel_trio._kernels import plan
+
+    model = load_model(GGUF, products="auto")
+    backend = model.decoder.backend
+    assert backend.plan is plan.this_plan() and defaults().plan is None  # the defaults read the host's per call
+    report = model.kernel_report()["products"]
+    assert backend.product_kernels(set(report)) == report
+    board = attrs.evolve(backend, plan=plan.plan(plan.SAMPLE_CPUS["cortex-a76 (RK3588 big core)"]))
+    assert board.product_kernels({"Q8_0", "Q6_K", "F32"}) == {"Q8_0": "sdot", "Q6_K": "sdot", "F32": "portable"}
+    small = attrs.evolve(board, plan=plan.plan(plan.SAMPLE_CPUS["cortex-a53 (no dotprod)"]), products="exact")
+    assert small.product_kernels({"Q8_0"}) == {"Q8_0": "portable"}
 
 
 def test_a_bad_setting_is_refused_at_load_naming_it():

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from kestrel_trio import _kernels
+from kestrel_trio._kernels import loaded
 from kestrel_trio._model.decoder import layers
 
 
@@ -37,12 +38,12 @@ def _enabled():
                         for v in _LANES], ids=lambda variant: f"{_LANES[variant]}-lanes")
 def lanes(request, monkeypatch):
     """Each register block the CPU executes (the plan's runnable variants), as the one prefill_attention takes."""
-    monkeypatch.setitem(_kernels._state, "attention", _LANES[request.param])
+    monkeypatch.setitem(loaded._state, "attention", _LANES[request.param])
     return _LANES[request.param]
 
 
 def test_the_block_enabled_is_the_plans_choice():
-    assert _kernels._state["attention"] == _LANES[_CHOICE.variant]
+    assert loaded._state["attention"] == _LANES[_CHOICE.variant]
 
 
 def _serially(tasks):

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from kestrel_trio import _kernels
+from kestrel_trio._kernels import loaded
 from kestrel_trio._kernels.x86 import prefill
 from kestrel_trio._model.products import matmul
 
@@ -111,12 +112,12 @@ def test_weights_it_cannot_take_go_to_blas(monkeypatch):
 
 def test_a_failed_self_test_keeps_the_kernel_off_on_every_later_call(monkeypatch):
     for key in ("chunks", "chunks_error"):  # each restored (or removed again) when the test ends
-        monkeypatch.setitem(_kernels._state, key, None)
-        monkeypatch.delitem(_kernels._state, key)
+        monkeypatch.setitem(loaded._state, key, None)
+        monkeypatch.delitem(loaded._state, key)
     monkeypatch.setattr(prefill, "_chunks_self_test", lambda chunks: "disagrees with numpy (a stand-in)")
     assert _kernels.enable_chunk_products() == "disagrees with numpy (a stand-in)"
     assert _kernels.enable_chunk_products() == "disagrees with numpy (a stand-in)"
-    assert "chunks" not in _kernels._state
+    assert "chunks" not in loaded._state
     x = np.ones((64, 64), dtype=np.float32)
     assert np.array_equal(matmul.linear(x, np.ones((48, 64), dtype=np.float32)), np.full((64, 48), 64.0))
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kestrel_trio import _kernels
+from kestrel_trio._kernels import loaded
 
 from kernel_plan_kit import runnable
 
@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.host_cpu, pytest.mark.skipif(
 
 @pytest.fixture(autouse=True)
 def _assembler():
-    _kernels._products().f32_assembly()  # readies LLVM's assembly parser: the kernel is assembly
+    loaded.dispatch().f32_assembly()  # readies LLVM's assembly parser: the kernel is assembly
 
 
 def _assembly(scores: np.ndarray, counts: list[int], width: int) -> tuple[np.ndarray, np.ndarray]:

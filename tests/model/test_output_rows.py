@@ -7,8 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kestrel_trio import _kernels, load_model
+from kestrel_trio import load_model
 from kestrel_trio._model import forward
+
+from kernel_plan_kit import without_compiled_loops
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 MODELS = ["qwen2_fp32", "qwen3_bf16_tied", "qwen3_moe"]
@@ -29,7 +31,7 @@ def close(a: np.ndarray, b: np.ndarray) -> None:
 def loops(request, monkeypatch) -> str:
     """Either way attention runs: numba's one-query loop, or numpy's blocks (which read ``past``)."""
     if request.param == "numpy":
-        monkeypatch.setattr(_kernels, "ready", lambda: False)
+        without_compiled_loops(monkeypatch)
     return request.param
 
 

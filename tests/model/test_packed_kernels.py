@@ -17,9 +17,11 @@ import numpy as np
 import pytest
 
 from kestrel_trio import _kernels
+from kestrel_trio._kernels import loaded
 from kestrel_trio._model.products import matmul
 from kestrel_trio._model.forms.dequant import GGML_TYPE_BY_NAME
 from kestrel_trio._model.forms.packed import Bf16Rows, GgmlRows, Int4Rows, Int8Rows, PackedMatrix, expand_part
+from kernel_plan_kit import without_compiled_loops
 from slow_host import allowance
 
 pytestmark = pytest.mark.skipif(not _kernels.ready(), reason=_kernels.unavailable_reason())
@@ -124,20 +126,50 @@ def test_linear_packed_runs_the_fused_product_and_threads_do_not_change_it(rows_
 
 def test_a_matrix_with_a_part_of_a_form_not_compiled_takes_the_numpy_path(monkeypatch):
     weight = PackedMatrix((random_part("Q5_0", 256, 1024, 4), random_part("Q8_0", 128, 1024, 5)))
-    monkeypatch.setattr(_kernels, "FORMS", _kernels.FORMS - {"Q5_0"})
-    forms, compiled = [], _kernels.packed_product
+    monkeypatch.setattr(loaded, "FORMS", loaded.FORMS - {"Q5_0"})  # where compiled() reads it
+    forms, compiled, resolved = [], _kernels.packed_product, _kernels.PartProduct.__call__
     monkeypatch.setattr(_kernels, "packed_product", lambda form, *args: forms.append(form) or compiled(form, *args))
+    monkeypatch.setattr(_kernels.PartProduct, "__call__", lambda part, *args: forms.append(part.form)
+                        or resolved(part, *args))  # a part's product resolved once (matmul._part_products)
     x = np.random.default_rng(5).standard_normal((2, 1024), dtype=np.float32)
     want = x @ weight.dense().T
     np.testing.assert_allclose(matmul.linear_packed(x, weight), want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
     assert set(forms) <= {"F32"}  # at most the small-batch call's float32 product of the expanded chunks
 
 
+@pytest.mark.parametrize("mode", _kernels.PRODUCT_MODES)
+def test_each_parts_kernel_is_resolved_once_and_gives_the_bits_of_a_product_by_form(monkeypatch, mode):
+    from kestrel_trio._kernels import dispatch
+    from kestrel_trio._model import Backend
+
+    weight = _matrix()
+    x = np.random.default_rng(6).standard_normal((3, 1024), dtype=np.float32)  # [3, 1024]
+    by_form = np.empty((3, weight.shape[0]), dtype=np.float32)  # [3, out]: each part looked up in the dispatch
+    quantized, first = _kernels.quantize_activations(x, weight.forms, mode), 0
+    for part in weight.parts:
+        _kernels.packed_product(*part.kernel_args(), x, 0, part.rows, by_form[:, first : first + part.rows],
+                                quantized, mode=mode)
+        first += part.rows
+    looked_up, real = [], dispatch.product_for
+    monkeypatch.setattr(dispatch, "product_for", lambda form, *rest: looked_up.append(form) or real(form, *rest))
+    with Backend(products=mode).active():
+        once = matmul.linear_packed(x, weight)
+        assert sorted(looked_up) == sorted(weight.forms)  # resolved at the matrix's first product in this mode
+        again = matmul.linear_packed(x, weight)
+    assert len(looked_up) == len(weight.parts)  # the second product asked the dispatch nothing
+    np.testing.assert_array_equal(once.view(np.uint32), by_form.view(np.uint32))
+    np.testing.assert_array_equal(again.view(np.uint32), by_form.view(np.uint32))
+    other = "exact" if mode != "exact" else "integer"
+    with Backend(products=other).active():
+        matmul.linear_packed(x, weight)
+    assert len(looked_up) == 2 * len(weight.parts)  # another mode: the parts resolved again, for it
+
+
 def test_without_the_kernels_the_numpy_path_gives_the_same_products(monkeypatch):
     weight = _matrix()
     x = np.random.default_rng(3).standard_normal((3, 1024), dtype=np.float32)
     fused = matmul.linear_packed(x, weight)
-    monkeypatch.setattr(_kernels, "ready", lambda: False)
+    without_compiled_loops(monkeypatch)
     plain = matmul.linear_packed(x, weight)
     np.testing.assert_allclose(plain, fused, rtol=1e-4, atol=1e-4 * float(np.abs(fused).max()))
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from kestrel_trio import _kernels
+from kestrel_trio._kernels import loaded
 from kestrel_trio._model.products import matmul
 from kestrel_trio.errors import ModelLoadError
 from kestrel_trio.model import load_model, prefill_precision, set_prefill_precision
@@ -73,8 +74,8 @@ def test_tiles_give_the_bf16_rounded_product():
 
 
 def test_a_cpu_without_tiles_is_refused_with_its_reason(monkeypatch):
-    monkeypatch.delitem(_kernels._state, "tiles", raising=False)
-    monkeypatch.setitem(_kernels._state, "tiles_error", "this CPU has no amx-tile or amx-bf16 (znver3)")
+    monkeypatch.delitem(loaded._state, "tiles", raising=False)
+    monkeypatch.setitem(loaded._state, "tiles_error", "this CPU has no amx-tile or amx-bf16 (znver3)")
     with pytest.raises(ModelLoadError, match=r"bf16 prefill needs AMX tiles: this CPU has no amx-tile"):
         load_model(FP32_FIXTURE, weights="fp32", prefill_precision="bf16")
     with pytest.raises(ModelLoadError, match="unknown prefill precision 'fp16'"):

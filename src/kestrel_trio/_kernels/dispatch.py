@@ -1,9 +1,10 @@
 """Which compiled product each storage form takes in this process, compiled (or loaded from numba's cache) on
 first use: the dispatch over kestrel_trio._kernels.products' loops, the x86-64 assembly blocks
 (kestrel_trio._kernels.x86.f32_blocks) and the integer kernels (kestrel_trio._kernels.integer, .arm.integer,
-.x86.integer), as the plan of this CPU says (kestrel_trio._kernels.plan) and the products' mode, which every
-call is given (a model's own: kestrel_trio._model.products.backend). What is cached here is the same for every
-model: the plan's choices and the compiled functions, by form and kernel, so products of two modes live side by side.
+.x86.integer), as a kernel plan says (kestrel_trio._kernels.plan: the model's, Backend.plan in
+kestrel_trio._model.products.backend, or this host's) and the products' mode, both given to each call (a model's
+own). What is cached here is the same for every model: the compiled functions, by form and kernel label, so that
+products of two modes live side by side.
 
 Plain Python (nothing here is compiled itself), so that products.py holds only the loops numba caches together.
 FORMS, COLUMNS_PER_ITEM and f16_table are products.py's, re-exported: this module is what kestrel_trio._kernels
@@ -26,25 +27,30 @@ __all__ = ["FORMS", "INTEGER_FORMS", "COLUMNS_PER_ITEM", "f16_table", "f32_assem
            "kernel_name",
            "warm", "quantize", "integer_rows", "integer_job"]
 
-_f32_assembly_state: list = []  # [str | None]: the assembly F32 uses in this process
+_assembler: list = []  # [True] once LLVM's assembly parser is initialized in this process
 
 
 def f32_assembly() -> str | None:
     """The assembly blocks this process multiplies float32 weights with: "avx512", "avx2", "avx2+avx512" or None.
 
-    None: the compiled loops. The plan's choice (kestrel_trio._kernels.plan: which CPUs, and why AMD's Zen with
-    AVX-512 takes "avx2+avx512"), made once, on first call; LLVM's assembly parser is readied here for it.
+    None: the compiled loops. The choice of this host's plan (kestrel_trio._kernels.plan: which CPUs, and why AMD's
+    Zen with AVX-512 takes "avx2+avx512"); LLVM's assembly parser is readied here for it.
     """
-    if not _f32_assembly_state:
-        from kestrel_trio._kernels.plan import this_plan
+    return _assembly_of(_plan.this_plan())
 
-        variant = this_plan().f32.variant
-        if variant != "portable":
-            import llvmlite.binding as llvm_binding
 
-            llvm_binding.initialize_native_asmparser()  # the blocks are assembly that LLVM assembles
-        _f32_assembly_state.append(None if variant == "portable" else variant)
-    return _f32_assembly_state[0]
+def _assembly_of(planned: _plan.KernelPlan) -> str | None:
+    """The assembly blocks ``planned`` multiplies float32 weights with (as :func:`f32_assembly`), LLVM's assembly
+    parser initialized for them (once a process: the blocks are assembly that LLVM assembles)."""
+    variant = planned.f32.variant
+    if variant == "portable":
+        return None
+    if not _assembler:
+        import llvmlite.binding as llvm_binding
+
+        llvm_binding.initialize_native_asmparser()
+        _assembler.append(True)
+    return variant
 
 
 _compiled: dict = {}  # (form, kernel label) -> its compiled product
@@ -56,14 +62,16 @@ _compile_lock = threading.Lock()
 INTEGER_FORMS = _plan.INTEGER_FORMS
 
 
-def product_for(form: str, mode: str):
-    """(form's compiled product in products ``mode``, its compiled expansion, how to view its storage), on first use.
+def product_for(form: str, mode: str, planned: _plan.KernelPlan | None = None):
+    """(form's compiled product in products ``mode`` by kernel plan ``planned`` (None: this host's), its compiled
+    expansion, how to view its storage), on first use.
 
     Compiled, or loaded from numba's cache. Only the forms a process uses are
     loaded: each costs about 1-3 MiB of resident memory, loaded or compiled
     (a compilation: about a second).
     """
-    product, name = _chosen(form, mode)
+    planned = planned or _plan.this_plan()
+    product, name = _chosen(form, mode, planned)
     found = _compiled.get((form, name))
     if found is None:
         with _compile_lock:
@@ -71,7 +79,7 @@ def product_for(form: str, mode: str):
             if found is None:
                 _, _, storage, scales, _ = _PRODUCTS[form]
                 if product is None:  # an integer kernel (its label "avx2" is also bf16's float32 block's)
-                    found = _integer_product(_integer_kernel(form, mode), form)
+                    found = _integer_product(_integer_kernel(form, mode, planned), form)
                 else:
                     found = njit(_signature(storage, scales), **_COMPILE)(product)
                 _compiled[(form, name)] = found
@@ -90,8 +98,9 @@ def expansion_for(form: str):
     return found
 
 
-def _chosen(form: str, mode: str):
-    """(the Python function of ``form``'s product in products ``mode`` here, the label of its kernel).
+def _chosen(form: str, mode: str, planned: _plan.KernelPlan):
+    """(the Python function of ``form``'s product in products ``mode`` by kernel plan ``planned``, the label of its
+    kernel).
 
     The label says what runs from four activation rows up: "portable" (the compiled loops above, for whatever
     CPU numba compiles for) or an assembly block's (:func:`f32_assembly`; bf16 and int8 rows take AVX2's 3x4
@@ -101,28 +110,27 @@ def _chosen(form: str, mode: str):
     aarch64 with and without dotprod, "vnni" and "avx2" on x86-64, "int8" the portable reference).
     """
     if form in INTEGER_FORMS:
-        integer = _integer_kernel(form, mode)
+        integer = _integer_kernel(form, mode, planned)
         if integer is not None:
             return None, _plan.INTEGER_LABELS[integer]
-    assembly = f32_assembly()
+    assembly = _assembly_of(planned)
     if form == "F32" and assembly:  # the assembly blocks where they apply
         from kestrel_trio._kernels.x86 import f32_blocks
 
         products = {"avx512": f32_blocks.product_f32_avx512, "avx2": f32_blocks.product_f32_avx2,
                     "avx2+avx512": f32_blocks.product_f32_zen}
         return products[assembly], _plan.F32_LABELS[assembly]
-    if form in ("bf16", "BF16", "int8") and _plan.this_plan().bf16.variant == "avx2":
+    if form in ("bf16", "BF16", "int8") and planned.bf16.variant == "avx2":
         from kestrel_trio._kernels.x86 import f32_blocks
 
         return (f32_blocks.product_int8_avx2 if form == "int8" else f32_blocks.product_bf16_avx2), "avx2"
     return _PRODUCTS[form][0], "portable"
 
 
-def _own_integer(form: str) -> tuple[str, bool] | None:
-    """(this CPU's own integer kernel for ``form``, the plan's variant; whether "auto" takes it), or None where it
-    has none. The plan chooses the kernel (kestrel_trio._kernels.plan); the arm or x86 module's FORMS says which
-    forms it has kernels for."""
-    chosen = _plan.this_plan()
+def _own_integer(form: str, chosen: _plan.KernelPlan) -> tuple[str, bool] | None:
+    """(the CPU's own integer kernel for ``form`` in plan ``chosen``, the plan's variant; whether "auto" takes it),
+    or None where it has none. The plan chooses the kernel (kestrel_trio._kernels.plan); the arm or x86 module's
+    FORMS says which forms it has kernels for."""
     variant = chosen.integer.variant
     if variant == "portable":
         return None
@@ -137,13 +145,13 @@ def _own_integer(form: str) -> tuple[str, bool] | None:
     return (variant, form in chosen.integer_auto) if form in forms else None
 
 
-def _integer_kernel(form: str, mode: str) -> str | None:
-    """The integer kernel (the plan's variant name) of ``form`` in products ``mode`` on this CPU, or None for
-    the exact products: "auto" takes this CPU's own kernel where the plan says it wins (:func:`_own_integer`),
-    "integer" that or else the portable reference."""
+def _integer_kernel(form: str, mode: str, planned: _plan.KernelPlan | None = None) -> str | None:
+    """The integer kernel (the plan's variant name) of ``form`` in products ``mode`` by kernel plan ``planned``
+    (None: this host's), or None for the exact products: "auto" takes the CPU's own kernel where the plan says it
+    wins (:func:`_own_integer`), "integer" that or else the portable reference."""
     if mode == "exact" or form not in INTEGER_FORMS:
         return None
-    own = _own_integer(form)
+    own = _own_integer(form, planned or _plan.this_plan())
     if own is not None and (mode == "integer" or own[1]):
         return own[0]
     return "portable" if mode == "integer" else None
@@ -265,10 +273,11 @@ def quantize(x: np.ndarray, forms, mode: str) -> tuple | None:
     return xq, xd, xs
 
 
-def kernel_name(form: str, mode: str) -> str:
-    """The label of the kernel ``form``'s products take in products ``mode`` here ("portable", "avx512", "avx2",
-    "avx2+avx512"; "sdot", "neon", "vnni", "avx2", "int8" for the integer products: :func:`_chosen`)."""
-    return _chosen(form, mode)[1]
+def kernel_name(form: str, mode: str, planned: _plan.KernelPlan | None = None) -> str:
+    """The label of the kernel ``form``'s products take in products ``mode`` by kernel plan ``planned`` (None: this
+    host's): "portable", "avx512", "avx2", "avx2+avx512"; "sdot", "neon", "vnni", "avx2", "int8" for the integer
+    products (:func:`_chosen`)."""
+    return _chosen(form, mode, planned or _plan.this_plan())[1]
 
 
 def warm(form: str, f16: np.ndarray, mode: str) -> None:
@@ -276,7 +285,7 @@ def warm(form: str, f16: np.ndarray, mode: str) -> None:
     product, by running it once on one zero block (its kernels compile at their first call), and its job entry.
     ``f16``: :func:`f16_table`'s table, made once by the caller."""
     product, _, view = product_for(form, mode)
-    if _chosen(form, mode)[0] is None:  # an integer kernel
+    if _chosen(form, mode, _plan.this_plan())[0] is None:  # an integer kernel
         from kestrel_trio._kernels.arm import integer as arm
 
         size, _, _, subs = arm.FORMS[form]  # ggml's block: its bytes, its sub-blocks of 32 weights

@@ -3,8 +3,9 @@ None where the loops cannot run or the arrays are not of their kind (the caller 
 
 Portable: the loops (chunk_qkv, rope, norm, exp) compile for any CPU numba
 supports. Re-exported by kestrel_trio._kernels, where kestrel_trio._model calls
-them; :func:`kestrel_trio._kernels.ready` and ``SHARED_DECODE_SCORES`` are read
-through the package, so that a test may replace them there.
+them. ``SHARED_DECODE_SCORES`` is read through the package, where
+kestrel_trio._model's decode steps read it too, so that one setting (a test's)
+holds for both.
 """
 
 from __future__ import annotations
@@ -13,9 +14,17 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from kestrel_trio._kernels import loaded
 
 __all__ = ["qkv_rows", "rotate_half", "rms_norm", "norm_span", "softmax_numerators", "swiglu", "decode_attention",
-           "decode_buffers", "decode_attentions"]
+           "decode_buffers", "decode_attentions", "SHARED_DECODE_SCORES"]
+
+# Query-head x key scores from which a decode step's attention is shared among the product threads: 16 heads over
+# 256 keys of 128 dims, about 50 us on one thread on the 2-core Zen 5, where a hand-off costs 10-30 us. Measured
+# there (Qwen3-0.6B's shapes, best / median of three step times in one process), 8 sequences of 64 keys: 77.6 /
+# 78.1 ms from 4 Ki scores, 80.1 / 82.7 from 16 Ki (not shared), 83.1 / 86.2 never shared; 16 of 64: 120.3 /
+# 122.0, 123.2 / 123.7, 127.8 / 132.5.
+SHARED_DECODE_SCORES = 1 << 12
 
 
 def _run_spans(work: Callable[[int, int], None], items: int, run: Callable[[list[Callable[[], None]]], None] | None,
@@ -53,12 +62,11 @@ def qkv_rows(qkv: np.ndarray, n_heads: int, n_kv: int, head_dim: int, q_norm: np
     Returns:
         The queries, or None where the compiled loops cannot run or an array is not of that kind.
     """
-    from kestrel_trio import _kernels as _package  # the package imports this module: not at its top
 
     t = qkv.shape[0]
     norms = (q_norm, k_norm)
     floats = (qkv, cos, sin, keys, values) + (norms if q_norm is not None else ())
-    if not (_package.ready() and all(a.dtype == np.float32 for a in floats) and qkv.flags.c_contiguous
+    if not (loaded.ready() and all(a.dtype == np.float32 for a in floats) and qkv.flags.c_contiguous
             and head_dim % 2 == 0
             and qkv.shape == (t, (n_heads + 2 * n_kv) * head_dim) and cos.shape == sin.shape == (t, head_dim // 2)
             and keys.shape == values.shape and keys.shape[0] == n_kv and keys.shape[1] >= past + t
@@ -87,9 +95,8 @@ def rotate_half(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray |
 
     None where the compiled loops cannot run (:func:`kestrel_trio._kernels.ready`): the caller keeps its numpy path.
     """
-    from kestrel_trio import _kernels as _package  # the package imports this module: not at its top
 
-    if not _package.ready():
+    if not loaded.ready():
         return None
     from kestrel_trio._kernels import rope  # numba is imported: this only compiles or loads the loop
 
@@ -106,9 +113,8 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray | None
 
     None where the compiled loops cannot run or the arrays are not of that kind: the caller keeps its numpy path.
     """
-    from kestrel_trio import _kernels as _package  # the package imports this module: not at its top
 
-    if not (_package.ready() and x.dtype == np.float32 and weight.dtype == np.float32 and x.ndim in (2, 3)):
+    if not (loaded.ready() and x.dtype == np.float32 and weight.dtype == np.float32 and x.ndim in (2, 3)):
         return None
     from kestrel_trio._kernels import norm
 
@@ -143,9 +149,8 @@ def softmax_numerators(scores: np.ndarray) -> np.ndarray | None:
 
     None (``scores`` untouched) where the compiled loops cannot run or the array is not of that kind.
     """
-    from kestrel_trio import _kernels as _package  # the package imports this module: not at its top
 
-    if not (_package.ready() and scores.dtype == np.float32 and scores.flags.c_contiguous and scores.size):
+    if not (loaded.ready() and scores.dtype == np.float32 and scores.flags.c_contiguous and scores.size):
         return None
     from kestrel_trio._kernels import exp  # numba is imported: this only compiles or loads the loops
 
@@ -162,9 +167,8 @@ def swiglu(gate_up: np.ndarray) -> np.ndarray | None:
 
     None where the compiled loops cannot run or the array is not of that kind.
     """
-    from kestrel_trio import _kernels as _package  # the package imports this module: not at its top
 
-    if not (_package.ready() and gate_up.dtype == np.float32 and gate_up.flags.c_contiguous and gate_up.ndim == 2):
+    if not (loaded.ready() and gate_up.dtype == np.float32 and gate_up.flags.c_contiguous and gate_up.ndim == 2):
         return None
     from kestrel_trio._kernels import exp
 
@@ -192,9 +196,9 @@ def decode_attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, scale:
     long context's kv heads are shared among the product threads (from kestrel_trio._kernels.SHARED_DECODE_SCORES
     query-head x key scores). None where the compiled loops cannot run or the arrays are not of that kind.
     """
-    from kestrel_trio import _kernels as _package  # the package imports this module: not at its top
+    from kestrel_trio import _kernels as _package  # read where kestrel_trio._model reads it too: not at the top
 
-    cached = _cache_buffers(keys, values) if _package.ready() and q.dtype == np.float32 and q.ndim == 2 else None
+    cached = _cache_buffers(keys, values) if loaded.ready() and q.dtype == np.float32 and q.ndim == 2 else None
     if cached is None:
         return None
     from kestrel_trio._kernels import exp
@@ -219,9 +223,8 @@ def decode_buffers(q: np.ndarray, stored: Sequence[tuple[np.ndarray, np.ndarray]
     (keys, values [n_kv, total, hd]) a prefix of a KV cache's buffers; None otherwise, or where the compiled
     loops cannot run: the caller keeps its per-sequence path.
     """
-    from kestrel_trio import _kernels as _package  # the package imports this module: not at its top
 
-    if not (_package.ready() and q.dtype == np.float32 and q.ndim == 3 and q.flags.c_contiguous
+    if not (loaded.ready() and q.dtype == np.float32 and q.ndim == 3 and q.flags.c_contiguous
             and out.flags.c_contiguous
             and out.dtype == np.float32 and out.shape == q.shape and len(stored) == q.shape[0]):
         return None

@@ -4,8 +4,8 @@ Each kind is enabled once a process where the plan (kestrel_trio._kernels.plan)
 takes it: compiled (or loaded from numba's cache) and checked against numpy
 on a small case, so that no prompt waits for a compilation and a kernel that
 disagrees stays off with the reason. The compiled modules live beside this one
-(tiles, f32_chunks, f32_attention); their state is kestrel_trio._kernels'
-(``_state``), read through the package so that a test may replace it. Re-exported
+(tiles, f32_chunks, f32_attention); their state is kestrel_trio._kernels.loaded's
+(``_state``: the same for every model in the process). Re-exported
 by kestrel_trio._kernels, where kestrel_trio._model calls them.
 """
 
@@ -15,6 +15,7 @@ from typing import Callable
 
 import numpy as np
 
+from kestrel_trio._kernels import loaded
 from kestrel_trio._kernels.layers import _run_spans
 
 __all__ = ["enable_tiles", "tile_product", "tile_pack", "tile_multiply", "TILE_BLOCK_ROWS", "TILE_K_STEP",
@@ -59,18 +60,17 @@ def _enable_once(key: str, load: Callable[[], tuple[object, str | None]]) -> str
     Under the state lock, so ``load`` must not call :func:`kestrel_trio._kernels.ready` (which takes it too). The
     module is kept only when its reason is None.
     """
-    from kestrel_trio import _kernels as _package  # the package imports this module: not at its top
 
     error_key = f"{key}_error"
-    if key not in _package._state and error_key not in _package._state:
-        with _package._state_lock:
-            if key not in _package._state and error_key not in _package._state:
+    if key not in loaded._state and error_key not in loaded._state:
+        with loaded._state_lock:
+            if key not in loaded._state and error_key not in loaded._state:
                 module, reason = load()
                 if reason is None:
-                    _package._state[key] = module
+                    loaded._state[key] = module
                 else:
-                    _package._state[error_key] = reason
-    return _package._state.get(error_key)
+                    loaded._state[error_key] = reason
+    return loaded._state.get(error_key)
 
 
 def _tiles_self_test(tiles) -> str | None:
@@ -119,12 +119,11 @@ def tile_product(x: np.ndarray, matrices: list[np.ndarray], run: Callable[[list[
 
 def tile_pack(x: np.ndarray) -> np.ndarray:
     """``x`` float32 [M, K], C-contiguous, rounded to bf16 and packed as the tile products take it."""
-    from kestrel_trio import _kernels as _package  # the package imports this module: not at its top
 
     m, k = x.shape
     m_tiles = -(-m // 32) * 2  # the kernel takes activation tiles two at a time
     packed = np.empty((m_tiles, k // TILE_K_STEP, 16, 16, 2), dtype=np.uint16)  # [m_tiles, K/32, 16, 16, 2]
-    _package._state["tiles"].pack_rows(x, packed)
+    loaded._state["tiles"].pack_rows(x, packed)
     return packed
 
 
@@ -132,9 +131,8 @@ def tile_multiply(packed: np.ndarray, m: int, w: np.ndarray, out: np.ndarray,
                   run: Callable[[list[Callable[[], None]]], None],
                   shares: Callable[[int], list[tuple[int, int]]]) -> None:
     """``out`` [m, N] (any row stride, unit column stride) = the rows :func:`tile_pack` packed @ ``w``.T."""
-    from kestrel_trio import _kernels as _package  # the package imports this module: not at its top
 
-    tiles = _package._state["tiles"]
+    tiles = loaded._state["tiles"]
     kernel = tiles.product_bits if w.dtype == np.uint16 else tiles.product
     run([(lambda a=a, b=b: kernel(packed, m, w, a * TILE_BLOCK_ROWS, b * TILE_BLOCK_ROWS, out, tiles.CONFIG))
          for a, b in shares(w.shape[0] // TILE_BLOCK_ROWS) if b > a])
@@ -153,10 +151,9 @@ def enable_chunk_products() -> str | None:
     They run on CPUs whose float32 rows take the "avx512" assembly (Intel's AVX-512 CPUs); compiled (or loaded
     from numba's cache) and checked against numpy here, so that no prompt waits for a compilation.
     """
-    from kestrel_trio import _kernels as _package  # the package imports this module: not at its top
 
-    if "chunks" in _package._state or "chunks_error" in _package._state:
-        return _package._state.get("chunks_error")
+    if "chunks" in loaded._state or "chunks_error" in loaded._state:
+        return loaded._state.get("chunks_error")
     unusable = _chunks_unusable()  # outside the state lock: ready() takes it
     return _enable_once("chunks", lambda: (None, unusable) if unusable else _load_chunks())
 
@@ -173,10 +170,9 @@ def _load_chunks() -> tuple[object, str | None]:
 
 
 def _chunks_unusable() -> str | None:
-    from kestrel_trio import _kernels as _package  # the package imports this module: not at its top
 
-    if not _package.ready():
-        return _package.unavailable_reason()
+    if not loaded.ready():
+        return loaded.unavailable_reason()
     from kestrel_trio._kernels.plan import this_plan
 
     planned = this_plan().chunk_products
@@ -220,9 +216,8 @@ def chunk_product(x: np.ndarray, w: np.ndarray, run: Callable[[list[Callable[[],
     and multiplies its own rows by every weight (:func:`_chunk_product_by_rows`); else the activations are
     packed once and the weight rows shared (:func:`_chunk_product_by_weight_rows`).
     """
-    from kestrel_trio import _kernels as _package  # the package imports this module: not at its top
 
-    chunks = _package._state["chunks"]
+    chunks = loaded._state["chunks"]
     x = np.ascontiguousarray(x, dtype=np.float32)
     m, n = x.shape[0], w.shape[0]
     block = chunks.ACTIVATION_ROWS
@@ -260,9 +255,8 @@ def _chunk_product_by_rows(x: np.ndarray, w: np.ndarray, out: np.ndarray, row_sh
     against 1833-1922, 100 tokens 404-424 against 407-433. Each thread reads every weight, so a share has at
     least GROUP blocks: a pass over the weights for as many activation rows as when the weight rows are shared.
     """
-    from kestrel_trio import _kernels as _package  # the package imports this module: not at its top
 
-    chunks = _package._state["chunks"]
+    chunks = loaded._state["chunks"]
     m = x.shape[0]
     kernel_rows = row_shares[-1][1]
 
@@ -279,9 +273,8 @@ def _chunk_product_by_weight_rows(x: np.ndarray, w: np.ndarray, out: np.ndarray,
                                   blocked_cols: int, run: Callable[[list[Callable[[], None]]], None],
                                   shares: Callable[[int], list[tuple[int, int]]]) -> None:
     """The activations packed once; the weight rows, in blocks of 14, split into ``shares(N // 14)`` ranges."""
-    from kestrel_trio import _kernels as _package  # the package imports this module: not at its top
 
-    chunks = _package._state["chunks"]
+    chunks = loaded._state["chunks"]
     tasks = []
     if blocked_cols:
         packed = chunks.pack(x, kernel_rows)  # [blocks, K, 32]
@@ -304,17 +297,16 @@ def enable_prefill_attention() -> str | None:
     others with AVX2 (Zen 4 and Zen 5 included: not measured there with zmm). Compiled (or loaded from numba's
     cache) and checked against numpy here: a model's load calls this (:func:`prepare`), so that no prompt waits.
     """
-    from kestrel_trio import _kernels as _package  # the package imports this module: not at its top
 
-    if "attention" in _package._state or "attention_error" in _package._state:
-        return _package._state.get("attention_error")
-    if not _package.ready():  # outside the state lock: ready() takes it
-        reason = _package.unavailable_reason()
+    if "attention" in loaded._state or "attention_error" in loaded._state:
+        return loaded._state.get("attention_error")
+    if not loaded.ready():  # outside the state lock: ready() takes it
+        reason = loaded.unavailable_reason()
         return _enable_once("attention", lambda: (None, reason))
     from kestrel_trio._kernels.plan import this_plan
 
     planned = this_plan().chunk_attention
-    _package._products().f32_assembly()  # readies LLVM's assembly parser where the plan has a block (assembly)
+    loaded.dispatch().f32_assembly()  # readies LLVM's assembly parser where the plan has a block (assembly)
     if planned.variant == "none":
         return _enable_once("attention", lambda: (None, planned.why))
     return _enable_once("attention", lambda: _load_attention(planned.variant == "avx512"))
@@ -368,10 +360,9 @@ def prefill_attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, past:
         model's load does it where it runs), an array is not float32, head_dim is not a multiple of 32, or the
         shapes disagree (the kernel reads ``past + T`` keys without bounds checks).
     """
-    from kestrel_trio import _kernels as _package  # the package imports this module: not at its top
 
     t, n_heads, head_dim = q.shape
-    lanes = _package._state.get("attention")
+    lanes = loaded._state.get("attention")
     shaped = keys.shape == values.shape == (keys.shape[0], past + t, head_dim) and n_heads % keys.shape[0] == 0
     if lanes is None or t < 2 or head_dim % 32 or not shaped or not q.dtype == keys.dtype == values.dtype == np.float32:
         return None

@@ -254,9 +254,15 @@ class Int4Rows:
 
 @attrs.frozen
 class PackedMatrix:
-    """A float32 matrix [out, in] kept as ``parts`` stacked by rows, expanded chunk by chunk at each use."""
+    """A float32 matrix [out, in] kept as ``parts`` stacked by rows, expanded chunk by chunk at each use.
+
+    ``kernels`` is not part of its value: per products mode, the compiled product of each part that
+    kestrel_trio._model.products.matmul resolved at the matrix's first product in that mode, kept with the weights
+    so that later products do not ask the kernels' dispatch again.
+    """
 
     parts: tuple[Rows, ...]
+    kernels: dict = attrs.field(init=False, factory=dict, eq=False, repr=False)
 
     @property
     def shape(self) -> tuple[int, int]:

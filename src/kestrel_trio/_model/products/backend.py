@@ -13,11 +13,12 @@ product threads, and hands the values on explicitly. A context variable, not a m
 each trio task sees the backend of the model it is running, and a worker thread started for another model sees
 that model's.
 
-What stays process-wide, because it is the same for every model: the CPU's features and the kernel plan made
-from them (kestrel_trio._kernels.plan.this_plan), the compiled numba module and its float16 table
-(kestrel_trio._kernels), and the compiled products themselves, cached by (form, kernel), so that two modes can
-coexist; and numpy's BLAS thread count, one per process (the product threads of each model switch it to one
-thread while they share a product and back to their own count after). Code that runs outside any model (tools,
+Each model's backend carries the kernel plan it was built with (:attr:`Backend.plan`, this host's at its load:
+kestrel_trio._kernels.plan.this_plan), which chooses the kernel of each of its weights' forms. What stays
+process-wide, because it is the same for every model: the CPU's features, the compiled numba module and its
+float16 table (kestrel_trio._kernels.loaded), and the compiled products themselves, cached by (form, kernel), so
+that two modes can coexist; and numpy's BLAS thread count, one per process (the product threads of each model
+switch it to one thread while they share a product and back to their own count after). Code that runs outside any model (tools,
 tests calling ``linear`` directly) takes the defaults that :func:`set_default_products`,
 :func:`set_default_prefill_precision` and :func:`set_product_threads` set: also the settings of a model loaded
 without its own.
@@ -29,13 +30,16 @@ import contextlib
 import contextvars
 import threading
 from collections.abc import Callable, Generator, Iterator
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import attrs
 
 from kestrel_trio import _kernels
 from kestrel_trio._model.products.product_threads import ProductThreads
 from kestrel_trio._model.products.share_choice import ShareChooser
+
+if TYPE_CHECKING:
+    from kestrel_trio._kernels.plan import KernelPlan
 
 __all__ = ["Backend", "SmallBatchChoice", "current", "defaults", "PREFILL_PRECISIONS", "set_default_products",
            "default_products", "set_default_prefill_precision", "prefill_precision", "set_product_threads",
@@ -100,9 +104,12 @@ class Backend:
         thread_count: the threads a product is shared among, the caller included (None: never set).
         small_batch: its 2-32-row call, timed on its own weights at load (mutable: chosen once).
         share_choosers: per kind of plain product, whether sharing has cost less lately on its steps (mutable).
+        plan: the kernel plan its products take (kestrel_trio._kernels.plan.KernelPlan: this host's, made at its
+            load), or None: the host's, read at each product (the defaults, code outside any model, and where the
+            compiled loops cannot run).
 
-    Two backends are equal when their settings are: the threads, the small-batch call and the share choices are
-    left out.
+    Two backends are equal when their settings are: the threads, the small-batch call, the share choices and the
+    plan (the host's, the same for every model) are left out.
 
     Raises:
         ValueError: an unknown mode or precision, or "bf16" where the tiles cannot run (the reason, in one line).
@@ -114,17 +121,24 @@ class Backend:
     thread_count: int | None = attrs.field(default=None, eq=False)
     small_batch: SmallBatchChoice = attrs.field(factory=SmallBatchChoice, eq=False, repr=False)
     share_choosers: dict[str, ShareChooser] = attrs.field(factory=_share_choosers, eq=False, repr=False)
+    plan: KernelPlan | None = attrs.field(default=None, eq=False, repr=False)
 
     def for_model(self, products: str | None, prefill_precision: str | None) -> Backend:
-        """A new model's backend: these settings (the defaults') but the ones given, these product threads, and
-        a small-batch call and share choices of its own.
+        """A new model's backend: these settings (the defaults') but the ones given, these product threads, a
+        small-batch call and share choices of its own, and this host's kernel plan (None where the compiled loops
+        cannot run: its products take numpy's path).
 
         Raises:
             ValueError: an unknown mode or precision, or "bf16" where the tiles cannot run.
         """
         return Backend(products=products if products is not None else self.products,
                        prefill_precision=prefill_precision if prefill_precision is not None else self.prefill_precision,
-                       threads=self.threads, thread_count=self.thread_count)
+                       threads=self.threads, thread_count=self.thread_count, plan=_host_plan())
+
+    def product_kernels(self, forms) -> dict[str, str]:
+        """For each storage form of ``forms`` (names in kestrel_trio._kernels.FORMS), the kernel its products take
+        in this backend's mode by its plan: kestrel_trio._kernels.product_kernels (the start-up log, /health)."""
+        return _kernels.product_kernels(forms, self.products, self.plan)
 
     @contextlib.contextmanager
     def active(self) -> Iterator[Backend]:
@@ -146,6 +160,15 @@ class Backend:
                 except StopIteration as done:
                     return done.value
             yield
+
+
+def _host_plan() -> KernelPlan | None:
+    """This host's kernel plan, or None where the compiled loops cannot run (loads them: a model's load does)."""
+    if not _kernels.ready():
+        return None
+    from kestrel_trio._kernels.plan import this_plan
+
+    return this_plan()
 
 
 _active: contextvars.ContextVar[Backend | None] = contextvars.ContextVar("kestrel_backend", default=None)

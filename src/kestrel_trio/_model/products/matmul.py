@@ -293,21 +293,20 @@ def _fused_product(x: np.ndarray, weight: PackedMatrix) -> np.ndarray:
     do not see it).
     """
     backend = current()
-    mode = backend.products
     x = np.ascontiguousarray(x, dtype=np.float32)  # [N, in]
     out = np.empty((x.shape[0], weight.shape[0]), dtype=np.float32)  # [N, out]
-    runs, first = [], 0  # (kernel args, first column)
-    for part in weight.parts:
-        runs.append((part.kernel_args(), first, first + part.rows))
+    runs, first = [], 0  # (the part's product, first column, last column + 1)
+    for part, product in zip(weight.parts, _part_products(weight, backend)):
+        runs.append((product, first, first + part.rows))
         first += part.rows
     # Integer products (aarch64's default): x quantized once for every part and thread, not once a call.
-    quantized = _kernels.quantize_activations(x, [part.form for part in weight.parts], mode)
+    quantized = _kernels.quantize_activations(x, weight.forms, backend.products)
 
     def stretch(start: int, stop: int) -> None:
-        for (form, data, scales), lo, hi in runs:
+        for product, lo, hi in runs:
             a, b = max(start, lo), min(stop, hi)
             if a < b:
-                _kernels.packed_product(form, data, scales, x, a - lo, b - lo, out[:, a:b], quantized, mode=mode)
+                product(x, a - lo, b - lo, out[:, a:b], quantized)
 
     threads = backend.threads
     if threads is None or weight.shape[0] * weight.shape[1] < SHARE_MIN_ELEMENTS:
@@ -321,6 +320,18 @@ def _fused_product(x: np.ndarray, weight: PackedMatrix) -> np.ndarray:
     else:
         threads.run([(lambda a=a, b=b: stretch(a, b)) for a, b in _share_bounds(weight.shape[0], threads.count)])
     return out
+
+
+def _part_products(weight: PackedMatrix, backend: Backend) -> tuple[_kernels.PartProduct, ...]:
+    """Each part's compiled product in ``backend``'s products mode by its kernel plan: resolved at the matrix's
+    first product in that mode and kept with it (``weight.kernels``), not looked up in the kernels' dispatch at
+    every call. Resolved again where the plan differs (a backend without one reads the host's when resolving)."""
+    found = weight.kernels.get(backend.products)
+    if found is None or found[0] is not backend.plan:
+        products = tuple(_kernels.PartProduct(*part.kernel_args(), backend.products, backend.plan)
+                         for part in weight.parts)
+        found = weight.kernels[backend.products] = (backend.plan, products)  # threads may both make it: harmless
+    return found[1]
 
 
 def _chunk_weights(weight: PackedMatrix, shared: bool) -> int:
