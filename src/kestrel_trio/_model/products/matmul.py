@@ -313,7 +313,9 @@ def _fused_product(x: np.ndarray, weight: PackedMatrix) -> np.ndarray:
         stretch(0, weight.shape[0])
         return out
     # every part this CPU's own integer kernel: shared as compiled jobs (kestrel_trio._model.products.jobs)
-    rows = matrix_job_rows(weight, mode, threads.count) if quantized is not None and threads.takes_jobs else None
+    rows = None
+    if quantized is not None and threads.takes_jobs:
+        rows = matrix_job_rows(weight, backend.products, threads.count)
     if rows is not None:
         xq, xd, xs = quantized
         threads.run_jobs(rows.table_for((xq, xd, xd if xs is None else xs), out))
