@@ -106,17 +106,17 @@ def test_without_a_helper_thread_the_caller_runs_every_chunk_and_owes_a_sleeper_
     ctrl = _raw(2)
     # helper 0 idle but never running (posted, then taken back), helper 1 asleep (owed a wake-up, once)
     ctrl[2 * handoff.LINE] = 4  # ASLEEP
-    assert handoff.run_shared(ctrl, table) == 0b10
+    assert handoff.run_shared(ctrl, table) == (0b10, 0)  # nobody waited for
     np.testing.assert_array_equal(out, want)
     assert _state(ctrl, 0) == 0 and _state(ctrl, 1) == 4 and ctrl[0] == 0  # IDLE, still ASLEEP, pool free
     out[:] = np.nan
-    assert handoff.run_shared(ctrl, table) == 0  # the wake-up is owed already
+    assert handoff.run_shared(ctrl, table)[0] == 0  # the wake-up is owed already
     np.testing.assert_array_equal(out, want)
     handoff.wake_up(ctrl, 1)
     assert _state(ctrl, 1) == 0 and ctrl[2 * handoff.LINE + 1] == 0  # IDLE, owed nothing
     ctrl[0] = 1  # another caller holds the pool: this one runs its table alone, posting nothing
     out[:] = np.nan
-    assert handoff.run_shared(ctrl, table) == 0 and _state(ctrl, 0) == 0
+    assert handoff.run_shared(ctrl, table) == (0, 0) and _state(ctrl, 0) == 0
     np.testing.assert_array_equal(out, want)
 
 
@@ -197,3 +197,61 @@ def _until(condition, what: str) -> None:
             return
         time.sleep(0.001)
     pytest.fail(f"waited {JOIN_SECONDS} s for {what}")
+
+
+def test_while_alone_counts_down_tables_run_without_posting_to_any_helper():
+    data, xq, xd, xs = _case("Q8_0", 23)
+    want = np.empty((1, data.shape[0]), dtype=np.float32)
+    arm.product_widening(arm.form_id("Q8_0"), data, xq, xd, xs, 0, data.shape[0], want)
+    out = np.full_like(want, np.nan)
+    table = _table("arm.integer", "product_widening", "Q8_0", data, xq, xd, xs, out, 16)
+    ctrl = _raw(1)
+    ctrl[handoff.ALONE] = 2
+    ctrl[handoff.LINE] = 4  # the helper asleep: posting to it would owe it a wake-up
+    for left in (1, 0):
+        out[:] = np.nan
+        assert handoff.run_shared(ctrl, table) == (0, 0) and ctrl[handoff.ALONE] == left
+        np.testing.assert_array_equal(out, want)
+    assert ctrl[handoff.LINE + 1] == 0  # owed nothing while alone
+    assert handoff.run_shared(ctrl, table)[0] == 1  # then the helpers again: the sleeper is owed a wake-up
+
+
+def test_a_helper_that_keeps_its_caller_waiting_sends_the_pool_alone_for_a_while(monkeypatch):
+    """A wait for a helper's last chunk that is most of the call (the helper kept off its core) sends the next
+    tables to the caller alone, BACKOFF_FIRST of them, twice as many while helpers keep being late; a short wait
+    does not."""
+    from kestrel_trio._model.products import product_threads
+
+    pool = ProductThreads(2)
+    try:
+        data, xq, xd, xs = _case("Q8_0", 29)
+        out = np.empty((1, data.shape[0]), dtype=np.float32)
+        table = _table("arm.integer", "product_widening", "Q8_0", data, xq, xd, xs, out, 16)
+        real = handoff.run_shared
+        monkeypatch.setattr(pool._handoff, "run_shared", lambda ctrl, jobs: (real(ctrl, jobs)[0], pool._late // 2))
+        pool.run_jobs(table)
+        assert pool.backoffs() == 0 and pool._ctrl[handoff.ALONE] == 0  # under LATE_SECONDS
+
+        def late(ctrl, jobs):
+            asleep, _ = real(ctrl, jobs)
+            import time
+
+            time.sleep(0.01)  # the wait the helper caused: longer than the call's own work
+            return asleep, int(0.01 / pool._round_seconds)
+
+        monkeypatch.setattr(pool._handoff, "run_shared", late)
+        pool.run_jobs(table)
+        first = product_threads.BACKOFF_FIRST
+        assert pool.backoffs() == 1 and pool._ctrl[handoff.ALONE] == first
+        pool._ctrl[handoff.ALONE] = 0
+        pool.run_jobs(table)  # late again before any table was shared in time: twice as long
+        assert pool.backoffs() == 2 and pool._ctrl[handoff.ALONE] == 2 * first
+        pool._ctrl[handoff.ALONE] = 0
+        monkeypatch.setattr(pool._handoff, "run_shared", lambda ctrl, jobs: (real(ctrl, jobs)[0], 0))
+        pool.run_jobs(table)  # shared in time
+        monkeypatch.setattr(pool._handoff, "run_shared", late)
+        pool.run_jobs(table)
+        assert pool.backoffs() == 3 and pool._ctrl[handoff.ALONE] == first  # back to the first length
+    finally:
+        monkeypatch.undo()
+        pool.stop()

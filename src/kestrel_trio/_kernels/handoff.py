@@ -13,7 +13,7 @@ Each helper waits in compiled code, without the GIL (:func:`serve`), reading
 ``ctrl`` (int64 [(1 + helpers) * LINE], 128-byte lines, so that the threads'
 writes do not share a cache line). Line 0 is the pool's: ``LOCK`` (1 while a
 caller uses the pool), the table's address, its chunk count, ``NEXT`` (the
-next chunk to take). Line ``1 + h`` is helper ``h``'s: ``STATE`` (``IDLE``:
+next chunk to take), ``ALONE`` (tables to run alone). Line ``1 + h`` is helper ``h``'s: ``STATE`` (``IDLE``:
 spinning, ready; ``POSTED``: a table to help with; ``RUNNING``; ``DONE``: out
 of it, not yet seen; ``ASLEEP``: back in Python, blocked on its queue;
 ``STOP``), ``WAKE`` (1 once a caller found it asleep and owes it a wake-up),
@@ -30,6 +30,12 @@ swaps wins. A helper that has spun ``spins`` rounds with nothing to do goes to
 sleep (``IDLE`` -> ``ASLEEP``), so an idle server does not burn a core; the
 caller that next finds it asleep reports it, and the Python side wakes it
 (kestrel_trio._model.products.product_threads).
+
+A helper that started a chunk and then was kept off its core (another
+process took it) makes the caller wait for that chunk, so the caller reports
+how long it waited, and the Python side, where such waits are most of a
+call, sets ``ALONE``: that many next tables run on the caller alone, then the
+helpers are tried again (kestrel_trio._model.products.product_threads).
 
 The stores before ``POSTED`` and ``DONE`` are published by those atomic
 operations (release; the reads after them acquire), so a helper sees the
@@ -66,7 +72,7 @@ LAYOUT = "job-2"  # the job row's layout below; the kernel modules' job entries 
 (ENTRY, FORM, DATA, ROWS, ROW_BYTES, XQ, COLS, XD, XS, N, START, STOP_ROW, OUT, OUT_STRIDE) = range(14)
 FIELDS = 16
 LINE = 16  # int64 a control line: 128 bytes
-LOCK, TABLE, TOTAL, NEXT = range(4)  # the pool's line (line 0)
+LOCK, TABLE, TOTAL, NEXT, ALONE = range(5)  # the pool's line (line 0)
 STATE, WAKE, YIELD, TAKEN = range(4)  # a helper's line
 IDLE, POSTED, RUNNING, DONE, ASLEEP, STOP = range(6)
 # What serve() returns: asleep for want of work, asked back to Python (YIELD), stopped.
@@ -191,14 +197,19 @@ def _take_chunks(ctrl, table, total):
 @njit(nogil=True, cache=True)
 def run_shared(ctrl, jobs):
     """Run the job rows of ``jobs`` (int64 [chunks, FIELDS]), the helpers of ``ctrl`` (int64 [(1 + helpers) *
-    LINE]) taking chunks too; return once all are done. Returns a bit mask of the helpers found asleep and owed
-    a wake-up."""
+    LINE]) taking chunks too; return once all are done. Returns (a bit mask of the helpers found asleep and owed
+    a wake-up, the rounds of :func:`spin_rounds`' kind spent waiting for helpers after the last chunk). While
+    ``ALONE`` is above zero the table runs here alone and it counts down."""
     helpers = ctrl.shape[0] // LINE - 1
     total = jobs.shape[0]
     if not _swap(ctrl, LOCK, 0, 1):  # another caller has the pool
-        for j in range(total):
-            _call_entry(jobs[j, ENTRY], jobs.ctypes.data + j * FIELDS * 8)
-        return 0
+        _take_all(jobs)
+        return 0, 0
+    if ctrl[ALONE] > 0:  # backing off: a helper was late lately
+        ctrl[ALONE] -= 1
+        _take_all(jobs)
+        _store(ctrl, LOCK, 0)
+        return 0, 0
     ctrl[TABLE] = jobs.ctypes.data
     ctrl[TOTAL] = total
     _store(ctrl, NEXT, 0)
@@ -211,14 +222,22 @@ def run_shared(ctrl, jobs):
         elif _load(ctrl, line + STATE) == ASLEEP and _swap(ctrl, line + WAKE, 0, 1):
             asleep |= 1 << h
     _take_chunks(ctrl, jobs.ctypes.data, total)
+    waited = 0
     for h in range(helpers):
         line = (1 + h) * LINE
         if posted[h] and not _swap(ctrl, line + STATE, POSTED, IDLE):  # it started: wait until it is out
             while _load(ctrl, line + STATE) != DONE:
                 _pause()
+                waited += 1
             _store(ctrl, line + STATE, IDLE)
     _store(ctrl, LOCK, 0)
-    return asleep
+    return asleep, waited
+
+
+@njit(nogil=True, cache=True)
+def _take_all(jobs):
+    for j in range(jobs.shape[0]):
+        _call_entry(jobs[j, ENTRY], jobs.ctypes.data + j * FIELDS * 8)
 
 
 @njit(nogil=True, cache=True)

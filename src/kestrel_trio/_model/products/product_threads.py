@@ -22,12 +22,23 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-__all__ = ["ProductThreads", "SPIN_SECONDS"]
+__all__ = ["ProductThreads", "SPIN_SECONDS", "LATE_SECONDS", "LATE_SHARE", "BACKOFF_FIRST", "BACKOFF_MOST"]
 
 # How long a helper waits for compiled jobs in compiled code (a core kept busy) before it sleeps: longer than
 # the gap between two tokens' steps when the engine streams (1-2 ms of engine and HTTP work), so it stays
 # awake while a sequence decodes; an idle server's helpers sleep after this.
 SPIN_SECONDS = 0.005
+# A caller that waited for a helper's last chunk at least LATE_SECONDS and most (LATE_SHARE) of its call: the
+# helper was kept off its core (by another process's time slice, a page fault in the mapped weights, the VM's
+# host). A helper merely late to start (back from Python work) makes its caller wait well under a millisecond
+# (at most a chunk: 0.2-0.4 ms at 8 activation rows under AVX2). The next tables then run on the caller alone,
+# BACKOFF_FIRST of them after one late helper, twice as many after each late one since the pool last shared a
+# table in time, at most BACKOFF_MOST (a Qwen3-0.6B token is about 113 tables): a stray stall costs a few
+# tables, a busy machine mostly runs alone and tries the helpers now and then (kestrel_trio._kernels.handoff).
+LATE_SECONDS = 0.001
+LATE_SHARE = 0.75
+BACKOFF_FIRST = 16
+BACKOFF_MOST = 512
 _WAKE = object()  # a sleeping helper's wake-up: compiled jobs were run without it
 
 # One-thread BLAS windows open (nested, from several forward threads, or from two models' pools at once): numpy's
@@ -52,7 +63,11 @@ class ProductThreads:
         self._handoff = _handoff()
         # The helpers' control lines (kestrel_trio._kernels.handoff), None where numba is missing.
         self._ctrl = None if self._handoff is None else np.zeros(count * self._handoff.LINE, dtype=np.int64)
-        spins = _spin_rounds(self._handoff) if self._handoff is not None else 0
+        spins = _spin_rounds(self._handoff, SPIN_SECONDS) if self._handoff is not None else 0
+        self._late = _spin_rounds(self._handoff, LATE_SECONDS) if self._handoff is not None else 0
+        self._round_seconds = LATE_SECONDS / self._late if self._late else 0.0
+        self._backoffs = 0  # times a late helper sent the callers alone
+        self._late_streak = 0  # late helpers since a table was last shared in time
         helpers = [threading.Thread(target=_serve, args=(jobs, self._handoff, self._ctrl, k, spins),
                                     name=f"kestrel-product-{k + 1}", daemon=True)
                    for k, jobs in enumerate(self._queues)]
@@ -67,6 +82,10 @@ class ProductThreads:
         """Whether :meth:`run_jobs` can hand compiled jobs to the helpers (numba is here)."""
         return self._ctrl is not None
 
+    def backoffs(self) -> int:
+        """How many times a late helper sent this pool's callers to run tables alone for a while."""
+        return self._backoffs
+
     def chunks_taken(self) -> list[int]:
         """How many compiled job chunks each helper has run (kestrel_trio._kernels.handoff), for diagnostics."""
         if self._ctrl is None:
@@ -77,7 +96,16 @@ class ProductThreads:
     def run_jobs(self, jobs: np.ndarray) -> None:
         """Run the compiled job rows ``jobs`` (int64 [chunks, FIELDS], kestrel_trio._kernels.handoff), the
         helpers taking chunks too where they are awake and free; return when all are done."""
-        asleep = self._handoff.run_shared(self._ctrl, jobs)
+        ctrl = self._ctrl
+        shared = ctrl[self._handoff.ALONE] == 0  # (else this table runs alone, counting ALONE down)
+        started = time.perf_counter()
+        asleep, waited = self._handoff.run_shared(ctrl, jobs)
+        if waited > self._late and waited * self._round_seconds > LATE_SHARE * (time.perf_counter() - started):
+            ctrl[self._handoff.ALONE] = min(BACKOFF_MOST, BACKOFF_FIRST << self._late_streak)  # alone a while
+            self._late_streak = min(self._late_streak + 1, 16)
+            self._backoffs += 1
+        elif shared:
+            self._late_streak = 0
         while asleep:  # woken: back in compiled code for the next jobs
             helper = asleep.bit_length() - 1
             self._queues[helper].put(_WAKE)
@@ -181,11 +209,11 @@ def _handoff():
 _rounds_a_second: list[float] = []
 
 
-def _spin_rounds(handoff) -> int:
-    """The idle rounds of a helper's compiled wait in SPIN_SECONDS on this CPU (timed once a process)."""
+def _spin_rounds(handoff, seconds: float) -> int:
+    """The rounds of a compiled wait (a load and a pause) in ``seconds`` on this CPU (timed once a process)."""
     if not _rounds_a_second:
         handoff.spin_rounds(1000)  # compiled, or loaded from numba's cache
         rounds, started = 200_000, time.perf_counter()
         handoff.spin_rounds(rounds)
         _rounds_a_second.append(rounds / max(time.perf_counter() - started, 1e-6))
-    return max(1000, int(_rounds_a_second[0] * SPIN_SECONDS))
+    return max(1000, int(_rounds_a_second[0] * seconds))
