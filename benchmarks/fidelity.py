@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kestrel_trio import _kernels, load_model
+from kestrel_trio import load_model
 
 FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "gguf"
 QUESTION = "What is the capital of France?"  # the README's
@@ -34,8 +34,7 @@ def teacher_forced(path: Path, mode: str) -> tuple[np.ndarray, dict[str, str]]:
     """[steps, vocab] logits of each decode step along the fixture's golden greedy tokens, and each form's kernel."""
     golden = np.load(path.parent / "golden.npz")
     prompt, answer = golden["prompt_ids"].tolist(), golden["greedy_ids"].tolist()
-    _kernels.set_products(mode)
-    model = load_model(path)
+    model = load_model(path, products=mode)
     cache = model.new_cache()
     rows = [model.step(cache, prompt, all_logits=True)[-1:]]  # [1, vocab]
     rows += [model.step(cache, [token], all_logits=True) for token in answer[:-1]]
@@ -71,8 +70,7 @@ def smollm2_answers(path: Path, mode: str, tokens: int) -> None:
     print(f"\n{path.name}")
     answers = {}
     for products in ("exact", mode):
-        _kernels.set_products(products)
-        model = load_model(path)
+        model = load_model(path, products=products)
         chat = model.encode(model.apply_chat_template([{"role": "user", "content": QUESTION}]))
         answers[products] = [greedy(model, chat, tokens), greedy(model, model.tokenizer.encode(CONTINUE), tokens)]
         kernels = ", ".join(f"{form} {kernel}" for form, kernel in sorted(model.kernel_report()["products"].items()))
