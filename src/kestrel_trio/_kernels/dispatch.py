@@ -207,15 +207,21 @@ _INTEGER_KERNELS = {"avx512-vnni": ("x86.integer", "product_vnni512"), "avx-vnni
                     "neon": ("arm.integer", "product_widening"), "portable": ("integer", "product_blocks")}
 
 
-def _typed_kernel_of(variant: str, form: str):
-    """(the form's id in integer kernel ``variant``'s numbering, that kernel as :func:`_typed_kernel` compiles it,
-    whether it is the portable reference, which also takes the float16 table and the run after the rows; its form
-    ids are arm's)."""
+def _integer_module(variant: str):
+    """(the module of integer kernel ``variant``, the plan's name; its kernel's name there; the module whose
+    ``form_id`` numbers its forms: its own on x86-64, arm's for the aarch64 kernels and the portable reference)."""
     import importlib
 
     module, name = _INTEGER_KERNELS[variant]
     kernels = importlib.import_module(f"kestrel_trio._kernels.{module}")
     ids = kernels if module.startswith("x86") else importlib.import_module("kestrel_trio._kernels.arm.integer")
+    return kernels, name, ids
+
+
+def _typed_kernel_of(variant: str, form: str):
+    """(the form's id in integer kernel ``variant``'s numbering, that kernel as :func:`_typed_kernel` compiles it,
+    whether it is the portable reference, which also takes the float16 table and the run after the rows)."""
+    kernels, name, ids = _integer_module(variant)
     reference = variant == "portable"
     return ids.form_id(form), _typed_kernel(getattr(kernels, name), reference), reference
 
@@ -246,11 +252,8 @@ def integer_job(form: str, mode: str) -> tuple[int, int] | None:
     variant = _integer_kernel(form, mode)
     if variant is None or variant == "portable":
         return None
-    import importlib
-
-    module, name = _INTEGER_KERNELS[variant]
-    kernels = importlib.import_module(f"kestrel_trio._kernels.{module}")
-    return kernels.job_entry(name), kernels.form_id(form)
+    kernels, name, ids = _integer_module(variant)
+    return kernels.job_entry(name), ids.form_id(form)
 
 
 def quantize(x: np.ndarray, forms, mode: str) -> tuple | None:

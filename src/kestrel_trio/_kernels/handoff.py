@@ -17,8 +17,7 @@ next chunk to take), ``ALONE`` (tables to run alone). Line ``1 + h`` is helper `
 spinning, ready; ``POSTED``: a table to help with; ``RUNNING``; ``DONE``: out
 of it, not yet seen; ``ASLEEP``: back in Python, blocked on its queue;
 ``STOP``), ``WAKE`` (1 once a caller found it asleep and owes it a wake-up),
-``YIELD`` (1 when Python work waits in its queue), ``TAKEN`` (the chunks it has
-run, a count only it writes).
+``YIELD`` (1 when Python work waits in its queue).
 
 :func:`run_shared` takes the pool (compare-and-swap ``LOCK`` 0 -> 1; a caller
 that finds it taken runs its table alone), posts the table to each idle
@@ -73,7 +72,7 @@ LAYOUT = "job-2"  # the job row's layout below; the kernel modules' job entries 
 FIELDS = 16
 LINE = 16  # int64 a control line: 128 bytes
 LOCK, TABLE, TOTAL, NEXT, ALONE = range(5)  # the pool's line (line 0)
-STATE, WAKE, YIELD, TAKEN = range(4)  # a helper's line
+STATE, WAKE, YIELD = range(3)  # a helper's line
 IDLE, POSTED, RUNNING, DONE, ASLEEP, STOP = range(6)
 # What serve() returns: asleep for want of work, asked back to Python (YIELD), stopped.
 SLEPT, YIELDED, STOPPED = range(3)
@@ -183,15 +182,13 @@ def job_arrays(row):
 
 @njit(nogil=True, cache=True)
 def _take_chunks(ctrl, table, total):
-    """Run chunks of ``table`` (the address of int64 [total, FIELDS]) while any is left to take; how many."""
-    taken = 0
+    """Run chunks of ``table`` (the address of int64 [total, FIELDS]) while any is left to take."""
     while True:
         j = _take(ctrl, NEXT)
         if j >= total:
-            return taken
+            return
         row = table + j * FIELDS * 8
         _call_entry(carray(_voidptr(row), (FIELDS,), np.int64)[ENTRY], row)
-        taken += 1
 
 
 @njit(nogil=True, cache=True)
@@ -250,7 +247,7 @@ def serve(ctrl, h, spins):
         state = _load(ctrl, line + STATE)
         if state == POSTED:
             if _swap(ctrl, line + STATE, POSTED, RUNNING):
-                ctrl[line + TAKEN] += _take_chunks(ctrl, ctrl[TABLE], ctrl[TOTAL])
+                _take_chunks(ctrl, ctrl[TABLE], ctrl[TOTAL])
                 _store(ctrl, line + STATE, DONE)
             idle = 0
         elif state == STOP:

@@ -292,7 +292,8 @@ class _Buffers:
         def products(matrices: list[_Matrix], x: np.ndarray, quantized: tuple, out: np.ndarray,
                      kind: str | None) -> list[Callable[[], None]]:
             """The calls writing ``out`` [1, sum of rows] = ``x`` @ each of ``matrices``.T in turn: one shared
-            job table where the product threads take compiled jobs (decode_jobs), else each matrix's calls."""
+            job table where the product threads take compiled jobs (kestrel_trio._model.products.jobs), else each
+            matrix's calls."""
             outs, first = [], 0
             for m in matrices:
                 outs.append((m, out[:, first : first + m.rows]))
@@ -318,7 +319,7 @@ class _Buffers:
             after += products([layer.down], self.act, act_q, self.down, "down")
             self.layers.append((before, after))
         self.final = norm(plan.final_norm, self.down)
-        # The head's job rows, their outputs' offsets from the logits' start: each step's logits are a new array.
+        # The head's job rows and a table of them, re-aimed at each step's logits (a new array each step).
         self.head_jobs = None
         rows = _job_rows([plan.head], threads)
         if rows is not None:

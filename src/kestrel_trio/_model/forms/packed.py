@@ -258,7 +258,8 @@ class PackedMatrix:
 
     ``kernels`` is not part of its value: per products mode, the compiled product of each part that
     kestrel_trio._model.products.matmul resolved at the matrix's first product in that mode, kept with the weights
-    so that later products do not ask the kernels' dispatch again.
+    so that later products do not ask the kernels' dispatch again; and, keyed ``("jobs", mode, threads)``, the job
+    rows its products are shared with (kestrel_trio._model.products.jobs).
     """
 
     parts: tuple[Rows, ...]

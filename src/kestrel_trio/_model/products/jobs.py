@@ -19,9 +19,6 @@ holds raw addresses: whoever runs it keeps its arrays alive meanwhile.
 
 from __future__ import annotations
 
-import threading
-import weakref
-
 import numpy as np
 
 from kestrel_trio import _kernels
@@ -92,21 +89,12 @@ def job_rows(parts: list, mode: str, threads: int) -> JobRows | None:
     return JobRows(np.stack(static), np.array(columns, dtype=np.int64)) if static else None
 
 
-_by_matrix: dict[tuple[int, str, int], JobRows | None] = {}  # (id of a PackedMatrix, mode, threads) -> its rows
-_by_matrix_lock = threading.Lock()
-
-
 def matrix_job_rows(matrix, mode: str, threads: int) -> JobRows | None:
-    """:func:`job_rows` of a PackedMatrix's parts (None where a part is not GGUF rows), made once a matrix, mode
-    and thread count, and dropped with the matrix."""
-    key = (id(matrix), mode, threads)
-    try:
-        return _by_matrix[key]
-    except KeyError:
-        pass
-    with _by_matrix_lock:
-        if key not in _by_matrix:
-            ggml = all(hasattr(part, "ggml_type") for part in matrix.parts)
-            _by_matrix[key] = job_rows(list(matrix.parts), mode, threads) if ggml else None
-            weakref.finalize(matrix, _by_matrix.pop, key, None)  # the id may be reused once the matrix is gone
-        return _by_matrix[key]
+    """:func:`job_rows` of a PackedMatrix's parts (None where a part is not GGUF rows), made at the matrix's first
+    product in ``mode`` with ``threads`` product threads and kept with it (``matrix.kernels``, beside its parts'
+    compiled products: kestrel_trio._model.products.matmul)."""
+    key = ("jobs", mode, threads)
+    if key not in matrix.kernels:  # two threads may both make it: harmless
+        ggml = all(hasattr(part, "ggml_type") for part in matrix.parts)
+        matrix.kernels[key] = job_rows(list(matrix.parts), mode, threads) if ggml else None
+    return matrix.kernels[key]

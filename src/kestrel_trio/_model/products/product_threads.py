@@ -86,13 +86,6 @@ class ProductThreads:
         """How many times a late helper sent this pool's callers to run tables alone for a while."""
         return self._backoffs
 
-    def chunks_taken(self) -> list[int]:
-        """How many compiled job chunks each helper has run (kestrel_trio._kernels.handoff), for diagnostics."""
-        if self._ctrl is None:
-            return [0] * (self.count - 1)
-        line = self._handoff.LINE
-        return [int(self._ctrl[(1 + k) * line + self._handoff.TAKEN]) for k in range(self.count - 1)]
-
     def run_jobs(self, jobs: np.ndarray) -> None:
         """Run the compiled job rows ``jobs`` (int64 [chunks, FIELDS], kestrel_trio._kernels.handoff), the
         helpers taking chunks too where they are awake and free; return when all are done."""
