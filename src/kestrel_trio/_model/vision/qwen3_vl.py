@@ -44,7 +44,7 @@ from kestrel_trio._model.vision.tower import (
     vision_shapes,
 )
 from kestrel_trio._model.checkpoints.shapes import IGNORED_SUFFIXES, check_tensor_set, expected_shapes
-from kestrel_trio._model.weights.residency import FOLDER_RESIDENCIES, assemble_resident
+from kestrel_trio._model.weights.residency import assemble_resident, check_folder_residency
 from kestrel_trio._model.weights.assemble import CheckpointReader
 from kestrel_trio.errors import BadRequestError, ModelLoadError
 
@@ -483,8 +483,7 @@ def load_qwen3_vl(folder: Path, progress: Callable[[float], None] | None = None,
     Raises:
         ModelLoadError: naming the file or tensor at fault.
     """
-    if residency not in FOLDER_RESIDENCIES:
-        raise ModelLoadError(f"weights residency must be one of {', '.join(FOLDER_RESIDENCIES)}, got {residency!r}")
+    check_folder_residency(residency)
     config = read_vl_config(folder)
     checkpoint = SafetensorsCheckpoint(folder)
     check_vl_tensors(checkpoint, config)

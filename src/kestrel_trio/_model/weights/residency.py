@@ -40,7 +40,8 @@ from kestrel_trio.errors import ModelLoadError
 log = logging.getLogger(__name__)
 
 __all__ = ["RESIDENCIES", "FOLDER_RESIDENCIES", "GGUF_RESIDENCIES", "AUTO_FP32_SHARE", "resolve_residency",
-           "residency_bytes", "load_weights", "assemble_resident", "describe_weights", "resident_bytes"]
+           "check_folder_residency", "residency_bytes", "load_weights", "assemble_resident", "describe_weights",
+           "resident_bytes"]
 
 RESIDENCIES = ("fp32", "bf16", "int8", "int4", "gguf")
 FOLDER_RESIDENCIES = ("fp32", "bf16", "int8", "int4")  # auto's ladder for a checkpoint folder, in this order
@@ -68,6 +69,12 @@ def residency_bytes(shapes: Iterable[tuple[int, ...]]) -> dict[str, int]:
         total["int8"] += count + 4 * rows
         total["int4"] += count // 2 + 2 * rows * -(-cols // INT4_GROUP)
     return total
+
+
+def check_folder_residency(residency: str) -> None:
+    """Raise ModelLoadError unless ``residency`` is one of FOLDER_RESIDENCIES (a checkpoint folder's loaders)."""
+    if residency not in FOLDER_RESIDENCIES:
+        raise ModelLoadError(f"weights residency must be one of {', '.join(FOLDER_RESIDENCIES)}, got {residency!r}")
 
 
 def resolve_residency(folder: Path | None, requested: str, available_bytes: int | None = None,
@@ -146,8 +153,7 @@ def load_weights(folder: Path, config: ModelConfig, progress: Callable[[float], 
     Raises:
         ModelLoadError: naming the file or tensor at fault.
     """
-    if residency not in FOLDER_RESIDENCIES:
-        raise ModelLoadError(f"weights residency must be one of {', '.join(FOLDER_RESIDENCIES)}, got {residency!r}")
+    check_folder_residency(residency)
     checkpoint = SafetensorsCheckpoint(folder)
     check_tensors(checkpoint, config)
     reader = CheckpointReader(checkpoint, progress)
