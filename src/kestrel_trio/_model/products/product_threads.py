@@ -63,9 +63,10 @@ class ProductThreads:
         self._handoff = _handoff()
         # The helpers' control lines (kestrel_trio._kernels.handoff), None where numba is missing.
         self._ctrl = None if self._handoff is None else np.zeros(count * self._handoff.LINE, dtype=np.int64)
-        spins = _spin_rounds(self._handoff, SPIN_SECONDS) if self._handoff is not None else 0
-        self._late = _spin_rounds(self._handoff, LATE_SECONDS) if self._handoff is not None else 0
-        self._round_seconds = LATE_SECONDS / self._late if self._late else 0.0
+        rate = _rounds_a_second(self._handoff) if self._handoff is not None else 0.0  # of a compiled wait
+        spins = max(1000, int(rate * SPIN_SECONDS))  # idle rounds before a helper sleeps
+        self._late = int(rate * LATE_SECONDS)  # rounds of waiting for a helper that count as late
+        self._round_seconds = 1.0 / rate if rate else 0.0
         self._backoffs = 0  # times a late helper sent the callers alone
         self._late_streak = 0  # late helpers since a table was last shared in time
         helpers = [threading.Thread(target=_serve, args=(jobs, self._handoff, self._ctrl, k, spins),
@@ -199,14 +200,14 @@ def _handoff():
     return handoff
 
 
-_rounds_a_second: list[float] = []
+_rate: list[float] = []  # rounds a second of a compiled wait here, timed once a process
 
 
-def _spin_rounds(handoff, seconds: float) -> int:
-    """The rounds of a compiled wait (a load and a pause) in ``seconds`` on this CPU (timed once a process)."""
-    if not _rounds_a_second:
+def _rounds_a_second(handoff) -> float:
+    """The rounds of a compiled wait (a load and a pause: ``handoff.spin_rounds``) a second on this CPU."""
+    if not _rate:
         handoff.spin_rounds(1000)  # compiled, or loaded from numba's cache
         rounds, started = 200_000, time.perf_counter()
         handoff.spin_rounds(rounds)
-        _rounds_a_second.append(rounds / max(time.perf_counter() - started, 1e-6))
-    return max(1000, int(_rounds_a_second[0] * seconds))
+        _rate.append(rounds / max(time.perf_counter() - started, 1e-6))
+    return _rate[0]
