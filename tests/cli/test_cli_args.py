@@ -151,7 +151,7 @@ def test_bad_sampling_values_are_refused_by_the_parser_before_the_model_loads(tm
 
 
 def test_serve_reasoning_takes_its_three_modes_and_names_a_wrong_one():
-    from kestrel_trio.cli import build_parser
+    from kestrel_trio.cli.parser import build_parser
 
     parser = build_parser()
     assert [parser.parse_args(["serve", *flags]).reasoning for flags in ([], ["--reasoning", "off"],

@@ -131,7 +131,7 @@ def test_serve_takes_its_port_from_kestrel_port():
 
 
 def test_report_names_the_error_inside_nested_exception_groups(capsys):
-    from kestrel_trio.cli_errors import report
+    from kestrel_trio.cli.errors import report
     from kestrel_trio.errors import ModelLoadError
 
     wrapped = ExceptionGroup("outer", [ExceptionGroup("inner", [ModelLoadError("x/config.json: bad")])])
@@ -140,7 +140,7 @@ def test_report_names_the_error_inside_nested_exception_groups(capsys):
 
 
 def test_report_counts_further_errors_and_points_to_debug_for_a_bug(capsys):
-    from kestrel_trio.cli_errors import report
+    from kestrel_trio.cli.errors import report
 
     assert report(ExceptionGroup("g", [ValueError("one"), OSError(98, "two")]), show_traceback=False) == 1
     assert capsys.readouterr().err == ("kestrel-trio: error: ValueError: one "

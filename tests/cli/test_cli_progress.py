@@ -12,7 +12,7 @@ import pytest
 from cli_kit import CLI, FIXTURE, start_serve, stop
 from pty_kit import Terminal
 
-from kestrel_trio.cli_progress import LoadProgress, checkpoint_bytes
+from kestrel_trio.cli.progress import LoadProgress, checkpoint_bytes
 
 
 class FakeClock:

@@ -15,7 +15,7 @@ from deploy_kit import (
     DEPLOY, HOST, NGINX_VARIABLES, REPO, Child, free_ports, haproxy_server_states, http_get, render_nginx_site,
     require_tool, wait_until,
 )
-from kestrel_trio.cli import build_parser
+from kestrel_trio.cli.parser import build_parser
 from kestrel_trio.server import HTTP_GRACE_MARGIN
 
 UNIT = DEPLOY / "kestrel-trio.service"

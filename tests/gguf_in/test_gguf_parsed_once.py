@@ -1,5 +1,5 @@
 """A GGUF file is parsed once from the command line's check to the loaded model, and ``weights`` resolved once
-(kestrel_trio.checked_model): the check's result goes on to the draft's vocabulary check and the load."""
+(kestrel_trio.model.checked): the check's result goes on to the draft's vocabulary check and the load."""
 
 from __future__ import annotations
 
@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 import trio
 
-from kestrel_trio import KestrelError, cli, load_model
-from kestrel_trio import checked_model as checked_module
-from kestrel_trio import model_loading
+from kestrel_trio import KestrelError, load_model
+from kestrel_trio.model import checked as checked_module
+from kestrel_trio.model import loading as model_loading
 from kestrel_trio._model.gguf.reader import GgufFile
+from kestrel_trio.cli import dispatch
 from kestrel_trio.model import CheckedModel, check_model
 from kestrel_trio.server import serve
 
@@ -47,8 +48,8 @@ def resolutions(monkeypatch) -> list[str]:
 
 
 def test_generate_parses_the_file_once_from_the_check_to_the_answer(parses, resolutions, capsys):
-    code = cli.main(["--log-level", "WARNING", "generate", "hi", "--model", str(GGUF), "--max-tokens", "2",
-                     "--temperature", "0"])
+    code = dispatch.main(["--log-level", "WARNING", "generate", "hi", "--model", str(GGUF), "--max-tokens", "2",
+                          "--temperature", "0"])
     assert code == 0, capsys.readouterr().err
     assert parses == [GGUF]
     assert resolutions == ["auto"]
@@ -67,8 +68,8 @@ async def _serve_until_ready(model, **options) -> str:
 async def test_serve_from_the_command_line_parses_the_model_and_its_draft_once_each(parses, resolutions,
                                                                                      monkeypatch):
     handed = []
-    monkeypatch.setattr(cli, "serve_command", lambda args, model, draft: handed.append((args, model, draft)) or 0)
-    assert cli.main(["--log-level", "WARNING", "serve", "--model", str(GGUF), "--draft-model", str(GGUF)]) == 0
+    monkeypatch.setattr(dispatch, "serve_command", lambda args, model, draft: handed.append((args, model, draft)) or 0)
+    assert dispatch.main(["--log-level", "WARNING", "serve", "--model", str(GGUF), "--draft-model", str(GGUF)]) == 0
     [(args, model, draft)] = handed
     assert isinstance(model, CheckedModel) and isinstance(draft, CheckedModel)
     assert parses == [GGUF, GGUF]  # the model's check, then the draft's

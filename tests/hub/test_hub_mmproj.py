@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from hub_server import FakeHub
 
-from kestrel_trio.cli import _take_repo_mmproj
+from kestrel_trio.cli.dispatch import _take_repo_mmproj
 from kestrel_trio.hub import HubSettings, resolve_model
 from kestrel_trio.hub.gguf_files import select_mmproj
 

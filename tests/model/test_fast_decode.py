@@ -177,7 +177,7 @@ def test_blas_threads_is_applied_process_wide_and_validated(tmp_path):
 
 def test_blas_default_count_is_read_once_before_kestrel_changes_it():
     """BLAS's own count is read once, before kestrel first sets it: a load without blas_threads goes back to it."""
-    from kestrel_trio.model_settings import _blas_at_start
+    from kestrel_trio.model.settings import _blas_at_start
 
     first = _blas_at_start()
     try:

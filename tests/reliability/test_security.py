@@ -24,7 +24,7 @@ from rel_kit import (
 
 import kestrel_trio.engine.engine as engine_module
 from kestrel_trio.app import routes
-from kestrel_trio.cli import build_parser
+from kestrel_trio.cli.parser import build_parser
 from kestrel_trio.http import HttpLimits, serve_http
 from kestrel_trio.model import Model
 from kestrel_trio.server import serve

@@ -232,7 +232,7 @@ async def test_an_image_stream_whose_client_leaves_stops_within_one_step(vl_mode
 
 
 def test_serve_flags_build_the_image_policy() -> None:
-    from kestrel_trio.cli import build_parser
+    from kestrel_trio.cli.parser import build_parser
 
     args = build_parser().parse_args(["serve", "--max-image-bytes", "1000", "--max-image-pixels", "2000",
                                       "--max-images", "0", "--allow-image-dir", str(FIXTURES)])

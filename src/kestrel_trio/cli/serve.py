@@ -18,7 +18,7 @@ if sys.version_info < (3, 11):  # trio depends on the backport there
 
 from kestrel_trio.app import ImagePolicy, VideoPolicy
 from kestrel_trio.app.state import OPEN_PATHS
-from kestrel_trio.cli_flags import quantized_cache, sampling_defaults
+from kestrel_trio.cli.flags import quantized_cache, sampling_defaults
 from kestrel_trio.engine import EngineLimits
 from kestrel_trio.errors import KestrelError
 from kestrel_trio.http import HttpLimits
@@ -55,7 +55,7 @@ def serve_command(args: argparse.Namespace, model: CheckedModel | None, draft: C
     open_paths = args.open_paths if args.open_paths is not None else OPEN_PATHS
     progress = None
     if args.model is not None:
-        from kestrel_trio.cli_progress import LoadProgress, checkpoint_bytes
+        from kestrel_trio.cli.progress import LoadProgress, checkpoint_bytes
 
         progress = LoadProgress("loading weights", total_bytes=checkpoint_bytes(args.model, args.mmproj))
     start = functools.partial(
@@ -100,7 +100,7 @@ def serve_command(args: argparse.Namespace, model: CheckedModel | None, draft: C
             progress.close()  # a load that failed half-way leaves its bar's line open
         if _only_kestrel_error(group) is None:
             raise
-        from kestrel_trio.cli_errors import report
+        from kestrel_trio.cli.errors import report
 
         report(group, show_traceback=args.log_level == "DEBUG")
         _exit_without_finalizing(2)  # a KestrelError that stops start-up is the configuration's (e.g. --max-model-len)

@@ -2,7 +2,7 @@
 
 What callers ask of a loaded model lives here: tokens in and out, logits, generation steps (the engine's seam:
 batched steps, image prompts, embeddings, KV sizes), and the warm-up of its products. How a model is loaded is
-:mod:`kestrel_trio.model_loading`'s; the process-wide settings it is built with, :mod:`kestrel_trio.model_settings`'s.
+:mod:`kestrel_trio.model.loading`'s; the process-wide settings it is built with, :mod:`kestrel_trio.model.settings`'s.
 This module never imports trio.
 """
 
@@ -22,7 +22,7 @@ from kestrel_trio._model import (
     warm_fused_products,
 )
 from kestrel_trio.errors import BadRequestError, ContextLengthError, KestrelError
-from kestrel_trio.model_settings import _blas_at_start, _keep_freed_temporaries, set_blas_threads
+from kestrel_trio.model.settings import _blas_at_start, _keep_freed_temporaries, set_blas_threads
 from kestrel_trio.text import ChatTemplate, Tokenizer, missing_template_error
 from kestrel_trio.text.generation import DEFAULT_PREFILL_CHUNK, check_context
 from kestrel_trio.text.images import ImageProcessorConfig

@@ -19,12 +19,12 @@ from kestrel_trio._model import (
     load_qwen3_vl_gguf, load_weights, mmproj_image_fields, product_threads, random_tensors, read_config,
     read_pooling, resolve_residency,
 )
-from kestrel_trio.checked_model import CheckedModel, vl_gguf_pair
+from kestrel_trio.model.checked import CheckedModel, vl_gguf_pair
 from kestrel_trio.errors import KestrelError, ModelLoadError
 from kestrel_trio.hub import named_model_of_file
-from kestrel_trio.loaded_model import DEMO_CONFIG, DEMO_MODEL_ID, Model
-from kestrel_trio.model_checks import is_qwen3_vl_folder
-from kestrel_trio.model_settings import _blas_at_start, set_blas_threads
+from kestrel_trio.model.loaded import DEMO_CONFIG, DEMO_MODEL_ID, Model
+from kestrel_trio.model.checks import is_qwen3_vl_folder
+from kestrel_trio.model.settings import _blas_at_start, set_blas_threads
 from kestrel_trio.text import Tokenizer
 from kestrel_trio.text.images import ImageProcessorConfig, require_pillow
 from kestrel_trio.text.videos import VideoProcessorConfig

@@ -10,7 +10,7 @@ import argparse
 import sys
 from typing import TextIO
 
-from kestrel_trio.cli_progress import LoadProgress, checkpoint_bytes, is_terminal
+from kestrel_trio.cli.progress import LoadProgress, checkpoint_bytes, is_terminal
 from kestrel_trio.model import DEMO_MODEL_ID, CheckedModel, Model, load_demo_model, load_model, set_blas_threads
 from kestrel_trio.errors import BadRequestError
 from kestrel_trio.text import SamplingParams

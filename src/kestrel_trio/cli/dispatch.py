@@ -1,8 +1,7 @@
-"""The ``kestrel-trio`` command: serve, generate, chat, and pull, list, rm (kestrel_trio.hub.commands).
+"""The ``kestrel-trio`` command's dispatch: argv parsed, the checks that hold between flags, and the command run
+(serve, generate, chat, and pull, list, rm from kestrel_trio.hub.commands).
 
-With its sibling modules (cli_parser: the commands and their flags; cli_flags: the flags the commands share;
-cli_serve: ``serve`` under ``trio.run``; cli_text: ``generate`` and ``chat``; cli_errors, cli_progress), the only
-code that reads argv and calls ``trio.run``. Here: the dispatch, and the checks that hold between flags.
+The console script and ``python -m kestrel_trio.cli`` call :func:`main` through the room's ``__init__``.
 """
 
 from __future__ import annotations
@@ -15,9 +14,9 @@ from typing import Sequence
 if sys.version_info < (3, 11):  # trio depends on the backport there
     from exceptiongroup import BaseExceptionGroup
 
-from kestrel_trio.cli_flags import quantized_cache
-from kestrel_trio.cli_parser import build_parser
-from kestrel_trio.cli_serve import serve_command
+from kestrel_trio.cli.flags import quantized_cache
+from kestrel_trio.cli.parser import build_parser
+from kestrel_trio.cli.serve import serve_command
 from kestrel_trio.hub.commands import HUB_COMMANDS, resolve_model_arg, run_hub_command
 from kestrel_trio.model import CheckedModel
 
@@ -68,7 +67,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             draft = _check_draft_model(args)
         if args.command == "serve":
             return serve_command(args, checked, draft)
-        from kestrel_trio.cli_text import chat_loop, generate_once, load_with_progress
+        from kestrel_trio.cli.text import chat_loop, generate_once, load_with_progress
 
         model = load_with_progress(checked, weights=args.weights, blas_threads=args.blas_threads,
                                    quantized_cache=quantized_cache(args))
@@ -76,7 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return generate_once(model, args)
         return chat_loop(model, args)
     except (Exception, KeyboardInterrupt, BaseExceptionGroup) as exc:
-        from kestrel_trio.cli_errors import report
+        from kestrel_trio.cli.errors import report
 
         return report(exc, show_traceback=args.log_level == "DEBUG")
 
@@ -122,6 +121,3 @@ def _check_draft_model(args: argparse.Namespace) -> CheckedModel:
     args.draft_model = str(resolve_model(args.draft_model).path)
     return check_model(args.draft_model, weights=args.weights)
 
-
-if __name__ == "__main__":
-    sys.exit(main())

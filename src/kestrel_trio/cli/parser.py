@@ -15,7 +15,7 @@ from typing import Sequence
 from kestrel_trio._model import KV_DTYPES
 from kestrel_trio.app import ImagePolicy, VideoPolicy
 from kestrel_trio.app.state import OPEN_PATHS
-from kestrel_trio.cli_flags import (COUNT, POSITIVE_SECONDS, SECONDS, add_model_args, add_sampling_args,
+from kestrel_trio.cli.flags import (COUNT, POSITIVE_SECONDS, SECONDS, add_model_args, add_sampling_args,
                                     add_sampling_choices, add_speculative_args, at_least, cors_origin,
                                     existing_folder, limit_defaults, mib, tcp_port)
 from kestrel_trio.engine import EngineLimits

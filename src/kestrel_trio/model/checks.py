@@ -1,6 +1,6 @@
 """Checks in milliseconds, before any weight is read: a model folder or file, a context cap, a draft's vocabulary.
 
-What :func:`~kestrel_trio.model_loading.load_model` would refuse first, refused before anything slow or visible
+What :func:`~kestrel_trio.model.loading.load_model` would refuse first, refused before anything slow or visible
 (binding a port, reading weights, compiling kernels), with the loader's own readers and messages.
 """
 
@@ -10,9 +10,9 @@ import json
 from pathlib import Path
 
 from kestrel_trio._model import GgufFile, ModelConfig, is_gguf_file, is_qwen3_vl
-from kestrel_trio.checked_model import CheckedModel, check_model
+from kestrel_trio.model.checked import CheckedModel, check_model
 from kestrel_trio.errors import ModelLoadError
-from kestrel_trio.loaded_model import DEMO_CONFIG, DEMO_MODEL_ID, Model, _check_context_cap
+from kestrel_trio.model.loaded import DEMO_CONFIG, DEMO_MODEL_ID, Model, _check_context_cap
 from kestrel_trio.text import Tokenizer
 
 __all__ = ["check_model_folder", "check_context_cap", "check_draft_model", "is_qwen3_vl_folder",
