@@ -1,9 +1,9 @@
 """The ``pull``, ``list`` and ``rm`` subcommands, and ``--model NAME`` resolution for the others.
 
-cli.py stays the only module that reads argv: it hands its ``add_command`` (a
+kestrel_trio.cli stays the only code that reads argv: its parser hands its ``add_command`` (a
 subcommand with the usage line and global flags of the others) to
 :func:`add_hub_commands` and its parsed arguments to :func:`run_hub_command`
-or :func:`resolve_model_arg`. Errors are raised as KestrelError for cli.py's
+or :func:`resolve_model_arg`. Errors are raised as KestrelError for the cli's
 one-line ``kestrel-trio: error: ...``.
 """
 
@@ -29,9 +29,9 @@ MODEL_HELP = (f"a checkpoint folder, a .gguf file, a hub repo id (owner/name[@re
 
 
 def add_hub_commands(add_command: Callable[..., argparse.ArgumentParser]) -> None:
-    """Add ``pull``, ``list`` and ``rm`` with cli.py's ``add_command(name, usage, help, description=None)``,
-    which gives each the usage line, the global flags (``--log-level``, ``--version``) and the error
-    reporting of the other subcommands."""
+    """Add ``pull``, ``list`` and ``rm`` with kestrel_trio.cli.parser's
+    ``add_command(name, usage, help, description=None)``, which gives each the usage line, the global flags
+    (``--log-level``, ``--version``) and the error reporting of the other subcommands."""
     pull = add_command("pull", "[options] NAME", "download a model into the cache (nothing already cached is fetched)",
                        description="Download a model: " + MODEL_HELP.removesuffix(
                            " (default: the built-in random demo model)") + ". Prints its local path.")

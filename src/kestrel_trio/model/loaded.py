@@ -69,7 +69,7 @@ class Model:
                                                                  thread_count=given.thread_count))
         _keep_freed_temporaries()
         self.decoder = decoder
-        self.weights_mode = "fp32"  # how the matrices are held: one of model_loading.WEIGHTS_CHOICES but auto
+        self.weights_mode = "fp32"  # how the matrices are held: one of loading.WEIGHTS_CHOICES but auto
         self.name = name
         self.path = path
         self.tokenizer = tokenizer
