@@ -93,8 +93,8 @@ STANDARD_LIBRARY_ONLY = {"errors", "stats", "version", "blas_spin"}
 ALLOWED_THIRD_PARTY_IN_KERNELS = {"numpy", "numba", "llvmlite"}  # llvmlite: numba's LLVM, for the AMX tiles' assembly
 # module -> modules it must never import, beyond its layer's rules.
 FORBIDDEN_EXTERNAL_IN_MODULE = {
-    "kestrel_trio.engine.step": {"trio"},  # the batched step runs in the worker thread: synchronous, sans-IO
-    "kestrel_trio.engine.contained_step": {"trio"},  # so does its MemoryError containment around it
+    "kestrel_trio.engine.step.batch": {"trio"},  # the batched step runs in the worker thread: synchronous, sans-IO
+    "kestrel_trio.engine.step.contained": {"trio"},  # so does its MemoryError containment around it
 }
 PRIVATE_PACKAGE = "kestrel_trio._model"
 # _model's room -> rank (the module docstring says what each holds).
@@ -457,7 +457,9 @@ def test_the_checker_sees_a_module_with_no_layer(package_copy: Path):
                                             ("_model/decoder/forward.py", "import jinja2"),
                                             ("text/sampling.py", "import trio"), ("engine/engine.py", "import json"),
                                             ("openai/sse.py", "import numpy as np"), ("http/router.py", "import numpy"),
-                                            ("engine/step.py", "import trio"), ("engine/step.py", "from trio import to_thread"),
+                                            ("engine/step/batch.py", "import trio"),
+                                            ("engine/step/batch.py", "from trio import to_thread"),
+                                            ("engine/step/contained.py", "import trio"),
                                             ("blas_spin.py", "import numpy"), ("errors.py", "import attrs")])
 def test_the_checker_sees_a_forbidden_third_party_import(package_copy: Path, file: str, line: str):
     module, problems = problems_with(package_copy, file, line, external_violations)
@@ -469,7 +471,7 @@ def test_the_checker_sees_a_forbidden_third_party_import(package_copy: Path, fil
     ("model_checks.py", "from kestrel_trio._model.gguf.reader import GgufFile"),
     ("text/sampling.py", "from .._model.cache.kv_cache import KVCache"),
     ("engine/engine.py", "from kestrel_trio._model.cache import prefix_cache"),
-    ("engine/step.py", "import kestrel_trio._model.decoder.forward"),
+    ("engine/step/batch.py", "import kestrel_trio._model.decoder.forward"),
 ])
 def test_the_checker_sees_a_private_model_import(package_copy: Path, file: str, line: str):
     module, problems = problems_with(package_copy, file, line, private_violations)
@@ -477,8 +479,8 @@ def test_the_checker_sees_a_private_model_import(package_copy: Path, file: str, 
 
 
 @pytest.mark.parametrize(("file", "line"), [
-    ("engine/step.py", "from kestrel_trio._model import forward"),
-    ("engine/kv_budget.py", "from .._model import BLOCK_TOKENS"),
+    ("engine/step/batch.py", "from kestrel_trio._model import forward"),
+    ("engine/memory/kv_budget.py", "from ..._model import BLOCK_TOKENS"),
     ("engine/engine.py", "import kestrel_trio._model.cache.prefix_cache"),
     ("engine/admission.py", "from kestrel_trio._model import KVCache"),
 ])
