@@ -95,6 +95,10 @@ ALLOWED_THIRD_PARTY_IN_KERNELS = {"numpy", "numba", "llvmlite"}  # llvmlite: num
 FORBIDDEN_EXTERNAL_IN_MODULE = {
     "kestrel_trio.engine.step.batch": {"trio"},  # the batched step runs in the worker thread: synchronous, sans-IO
     "kestrel_trio.engine.step.contained": {"trio"},  # so does its MemoryError containment around it
+    # http.policy's rules are sans-IO values and checks the connections apply
+    "kestrel_trio.http.policy.cors": {"trio", "h11"},
+    "kestrel_trio.http.policy.hosts": {"trio", "h11"},
+    "kestrel_trio.http.policy.limits": {"trio", "h11"},
 }
 PRIVATE_PACKAGE = "kestrel_trio._model"
 # _model's room -> rank (the module docstring says what each holds).
@@ -460,6 +464,8 @@ def test_the_checker_sees_a_module_with_no_layer(package_copy: Path):
                                             ("engine/step/batch.py", "import trio"),
                                             ("engine/step/batch.py", "from trio import to_thread"),
                                             ("engine/step/contained.py", "import trio"),
+                                            ("http/policy/cors.py", "import trio"),
+                                            ("http/policy/hosts.py", "import h11"),
                                             ("blas_spin.py", "import numpy"), ("errors.py", "import attrs")])
 def test_the_checker_sees_a_forbidden_third_party_import(package_copy: Path, file: str, line: str):
     module, problems = problems_with(package_copy, file, line, external_violations)

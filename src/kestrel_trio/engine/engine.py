@@ -70,17 +70,17 @@ import logging
 import trio
 
 from kestrel_trio.engine.admission import Admission, GenerationHandle, Job
-from kestrel_trio.engine.step.contained import step_contained
 from kestrel_trio.engine.embeddings import EmbeddingJob, Embeddings
 from kestrel_trio.engine.health import EngineHealth
 from kestrel_trio.engine.memory.host_memory import release_free_memory
 from kestrel_trio.engine.memory.kv_budget import budget_for
 from kestrel_trio.engine.metrics import EngineMetrics
 from kestrel_trio.engine.speculation import Speculation
+from kestrel_trio.engine.step.batch import step_generations
+from kestrel_trio.engine.step.contained import step_contained
 from kestrel_trio.engine.types import Delta, EngineLimits, KVUsage
 from kestrel_trio.errors import EngineUnavailableError, KestrelError, OutOfMemoryError
 from kestrel_trio.model import Model, PrefixCache
-from kestrel_trio.engine.step.batch import step_generations
 from kestrel_trio.text.generation import Phase, StepResult
 
 __all__ = ["Engine", "GenerationHandle", "Job", "run_engine"]
