@@ -82,7 +82,7 @@ def time_steps(model, batch: int, constraint, mode: str, steps: int) -> dict:
     """Median step time (s) over ``steps`` all-decode steps; per step: llguidance's compute, the wait for it,
     and the mask's whole time on the step's path (``token_mask``: the wait or the computation, then the
     bits made a boolean row with the EOS ids), summed over the batch."""
-    import kestrel_trio.engine.step as batch_module
+    import kestrel_trio.engine.step.batch as batch_module
     from kestrel_trio.text.constraint import ConstraintState, start_masks
 
     on_path = [0.0]

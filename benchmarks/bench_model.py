@@ -191,7 +191,7 @@ def engine_decode(model, batch: int, new_tokens: int, split: bool = False):
 
     import trio
 
-    import kestrel_trio.engine.step as engine_step
+    import kestrel_trio.engine.step.batch as engine_step
     from kestrel_trio import EngineLimits, GenerationRequest, SamplingParams, run_engine
     from kestrel_trio.text import Tokenizer
 

@@ -91,8 +91,12 @@ STANDARD_LIBRARY_ONLY = {"errors", "stats", "version", "blas_spin"}
 ALLOWED_THIRD_PARTY_IN_KERNELS = {"numpy", "numba", "llvmlite"}  # llvmlite: numba's LLVM, for the AMX tiles' assembly
 # module -> modules it must never import, beyond its layer's rules.
 FORBIDDEN_EXTERNAL_IN_MODULE = {
-    "kestrel_trio.engine.step": {"trio"},  # the batched step runs in the worker thread: synchronous, sans-IO
-    "kestrel_trio.engine.contained_step": {"trio"},  # so does its MemoryError containment around it
+    "kestrel_trio.engine.step.batch": {"trio"},  # the batched step runs in the worker thread: synchronous, sans-IO
+    "kestrel_trio.engine.step.contained": {"trio"},  # so does its MemoryError containment around it
+    # http.policy's rules are sans-IO values and checks the connections apply
+    "kestrel_trio.http.policy.cors": {"trio", "h11"},
+    "kestrel_trio.http.policy.hosts": {"trio", "h11"},
+    "kestrel_trio.http.policy.limits": {"trio", "h11"},
 }
 PRIVATE_PACKAGE = "kestrel_trio._model"
 # _model's room -> rank (the module docstring says what each holds).
@@ -459,7 +463,11 @@ def test_the_checker_sees_a_module_with_no_layer(package_copy: Path):
                                             ("_model/decoder/forward.py", "import jinja2"),
                                             ("text/sampling.py", "import trio"), ("engine/engine.py", "import json"),
                                             ("openai/sse.py", "import numpy as np"), ("http/router.py", "import numpy"),
-                                            ("engine/step.py", "import trio"), ("engine/step.py", "from trio import to_thread"),
+                                            ("engine/step/batch.py", "import trio"),
+                                            ("engine/step/batch.py", "from trio import to_thread"),
+                                            ("engine/step/contained.py", "import trio"),
+                                            ("http/policy/cors.py", "import trio"),
+                                            ("http/policy/hosts.py", "import h11"),
                                             ("blas_spin.py", "import numpy"), ("errors.py", "import attrs")])
 def test_the_checker_sees_a_forbidden_third_party_import(package_copy: Path, file: str, line: str):
     module, problems = problems_with(package_copy, file, line, external_violations)
@@ -472,7 +480,7 @@ def test_the_checker_sees_a_forbidden_third_party_import(package_copy: Path, fil
     ("cli/parser.py", "from .._model.cache import kv_storage"),
     ("text/sampling.py", "from .._model.cache.kv_cache import KVCache"),
     ("engine/engine.py", "from kestrel_trio._model.cache import prefix_cache"),
-    ("engine/step.py", "import kestrel_trio._model.decoder.forward"),
+    ("engine/step/batch.py", "import kestrel_trio._model.decoder.forward"),
 ])
 def test_the_checker_sees_a_private_model_import(package_copy: Path, file: str, line: str):
     module, problems = problems_with(package_copy, file, line, private_violations)
@@ -480,8 +488,8 @@ def test_the_checker_sees_a_private_model_import(package_copy: Path, file: str, 
 
 
 @pytest.mark.parametrize(("file", "line"), [
-    ("engine/step.py", "from kestrel_trio._model import forward"),
-    ("engine/kv_budget.py", "from .._model import BLOCK_TOKENS"),
+    ("engine/step/batch.py", "from kestrel_trio._model import forward"),
+    ("engine/memory/kv_budget.py", "from ..._model import BLOCK_TOKENS"),
     ("engine/engine.py", "import kestrel_trio._model.cache.prefix_cache"),
     ("engine/admission.py", "from kestrel_trio._model import KVCache"),
 ])

@@ -8,10 +8,12 @@ from pathlib import Path
 import pytest
 import trio
 
-import kestrel_trio.engine.kv_budget as kv_budget_module
+import kestrel_trio.engine.memory.kv_budget as kv_budget_module
 from kestrel_trio.engine import EngineLimits
-from kestrel_trio.engine.host_memory import HostMemory, read_host_memory
-from kestrel_trio.engine.kv_budget import BUDGET_SHARE, HEADROOM_BYTES, derive_budget_bytes, step_temporaries_bytes
+from kestrel_trio.engine.memory.host_memory import HostMemory, read_host_memory
+from kestrel_trio.engine.memory.kv_budget import (
+    BUDGET_SHARE, HEADROOM_BYTES, derive_budget_bytes, step_temporaries_bytes,
+)
 from kestrel_trio._model.weights.resident import is_mapped, mapped_bytes
 from kestrel_trio._model.weights.residency import _matrices as weight_matrices
 from kestrel_trio.errors import KestrelError

@@ -85,7 +85,7 @@ async def _drain(engine, prompt: list[int], max_tokens: int) -> None:
 _HEAP_PROBE = textwrap.dedent('''
     import threading
     import numpy as np
-    from kestrel_trio.engine.host_memory import release_free_memory
+    from kestrel_trio.engine.memory.host_memory import release_free_memory
 
     def anon():
         with open("/proc/self/status") as status:

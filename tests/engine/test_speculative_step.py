@@ -12,7 +12,7 @@ import pytest
 
 from engine_kit import REPEATING
 
-from kestrel_trio.engine.step import step_generations
+from kestrel_trio.engine.step.batch import step_generations
 from kestrel_trio.text.generation import Generation, Phase
 from kestrel_trio.text.sampling import SamplingParams
 from kestrel_trio.text.speculative import DraftModelDrafter, NgramDrafter, SpeculationState

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from kestrel_trio import load_model
-from kestrel_trio.engine.step import step_generations
+from kestrel_trio.engine.step.batch import step_generations
 from kestrel_trio.text.generation import Generation, Phase
 from kestrel_trio.text.sampling import SamplingParams
 from kestrel_trio.text.speculative import DraftModelDrafter, NgramDrafter, SpeculationState

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from kestrel_trio.http import CorsPolicy, Request
-from kestrel_trio.http.cors import normalize_origin
-from kestrel_trio.http.wire import response_head
+from kestrel_trio.http.policy.cors import normalize_origin
+from kestrel_trio.http.protocol.wire import response_head
 
 PAGE = "http://127.0.0.1:3000"
 

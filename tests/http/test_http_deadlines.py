@@ -9,7 +9,7 @@ import trio
 
 from http_kit import RawClient, assert_envelope, build_request, start_server
 from kestrel_trio.http import HttpLimits
-from kestrel_trio.http.transport import Transport
+from kestrel_trio.http.protocol.transport import Transport
 
 pytestmark = pytest.mark.usefixtures("close_raw_clients")
 BUDGET = 60  # virtual s, absolute per test

@@ -35,7 +35,7 @@ async def test_one_client_cannot_hold_every_connection_slot(nursery):
 
 
 async def test_the_default_per_client_cap_spares_loopback_and_bounds_other_hosts():
-    from kestrel_trio.http.limits import per_client_cap
+    from kestrel_trio.http.policy.limits import per_client_cap
 
     limits = HttpLimits(max_connections=100)
     assert per_client_cap(limits, "127.0.0.1") == per_client_cap(limits, "::1") == 100

@@ -11,8 +11,8 @@ import trio
 
 from kestrel_trio.errors import BadRequestError, EngineUnavailableError, KestrelError, QueueFullError
 from kestrel_trio.http import Request, Response, Router, error_response
+from kestrel_trio.http.protocol.wire import declared_length, head_size, response_head, to_request
 from kestrel_trio.http.responses import response_for_exception
-from kestrel_trio.http.wire import declared_length, head_size, response_head, to_request
 
 
 def make_request(method: str = "GET", path: str = "/x", headers=()) -> Request:

@@ -11,14 +11,8 @@ import pytest
 
 from kestrel_trio import BadRequestError, ModelLoadError, load_model
 from kestrel_trio._model import forward
-from kestrel_trio._model.vision.qwen3_vl import (
-    _forward_with_images,
-    load_qwen3_vl,
-    mrope_cos_sin,
-    read_vl_config,
-    rope_index,
-    vl_config_from_dict,
-)
+from kestrel_trio._model.vision.qwen3_vl import _forward_with_images, load_qwen3_vl, mrope_cos_sin, rope_index
+from kestrel_trio._model.vision.qwen3_vl_config import read_vl_config, vl_config_from_dict
 from kestrel_trio._model.checkpoints.safetensors import SafetensorsCheckpoint, save_safetensors
 from kestrel_trio._model.vision.tower import ImageFeatures
 from kestrel_trio._model.weights.assemble import Bf16Matrix

@@ -37,7 +37,8 @@ from kestrel_trio._model.products.matmul import (
 from kestrel_trio._model.gguf.names import gguf_name
 from kestrel_trio._model.forms.packed import GgmlRows, PackedMatrix
 from kestrel_trio._model.cache.prefix_cache import PrefixCache
-from kestrel_trio._model.vision.qwen3_vl import Qwen3VL, VLPrompt, is_qwen3_vl, load_qwen3_vl, vl_config_from_dict
+from kestrel_trio._model.vision.qwen3_vl import Qwen3VL, VLPrompt, load_qwen3_vl
+from kestrel_trio._model.vision.qwen3_vl_config import is_qwen3_vl, vl_config_from_dict
 from kestrel_trio._model.vision.qwen3_vl_gguf import load_qwen3_vl_gguf, mmproj_image_fields, vl_config_from_gguf
 from kestrel_trio._model.weights.quant_cache import default_cache_dir
 from kestrel_trio._model.weights.resident import mapped_bytes

@@ -10,7 +10,7 @@ import trio
 from kestrel_trio.app.images import ImagePolicy
 from kestrel_trio.app.videos import VideoPolicy
 from kestrel_trio.engine import Engine
-from kestrel_trio.engine.host_memory import process_memory
+from kestrel_trio.engine.memory.host_memory import process_memory
 from kestrel_trio.http import HttpServer
 from kestrel_trio.model import Model
 from kestrel_trio.text.sampling import SamplingDefaults

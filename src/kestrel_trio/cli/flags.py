@@ -43,7 +43,7 @@ def existing_folder(text: str) -> str:
 
 
 def cors_origin(text: str) -> str:
-    from kestrel_trio.http.cors import normalize_origin
+    from kestrel_trio.http.policy.cors import normalize_origin
 
     try:
         return normalize_origin(text)

@@ -1,7 +1,8 @@
 """The engine: admission, a bounded queue of generation requests and the single inference task.
 
-Imports trio and the model/text layers; never h11 or json. ``engine.step``
-(the batched model step, run in the worker thread) never imports trio.
+Imports trio and the model/text layers; never h11 or json. Its rooms: ``engine.step`` (the batched model
+step, run in the worker thread, which never imports trio) and ``engine.memory`` (the KV budget and the
+host memory it is derived from).
 """
 
 from kestrel_trio.engine.embeddings import EmbeddingHandle, EmbeddingRequest, Embeddings

@@ -17,7 +17,7 @@ import attrs
 import trio
 
 from kestrel_trio.engine.embeddings import EmbeddingHandle, EmbeddingJob, EmbeddingRequest, new_job
-from kestrel_trio.engine.kv_budget import KVBudget
+from kestrel_trio.engine.memory.kv_budget import KVBudget
 from kestrel_trio.engine.metrics import EngineMetrics
 from kestrel_trio.engine.speculation import Speculation
 from kestrel_trio.engine.types import Delta, EngineLimits, GenerationRequest

@@ -14,7 +14,7 @@ Theory of operation:
   discards jobs whose consumer has left, admits waiting jobs into the active
   set (up to ``max_batch``) and then runs ONE step for every active job in a
   worker thread (``trio.to_thread.run_sync``): a prefill chunk or one decode
-  token each, batched into one forward pass (:mod:`kestrel_trio.engine.step`,
+  token each, batched into one forward pass (:mod:`kestrel_trio.engine.step.batch`,
   synchronous code that never touches trio).
 * Prompts share work through a prefix cache (KV of earlier prompts and
   answers, LRU within a byte budget), consulted in the worker thread at a
@@ -39,7 +39,7 @@ Theory of operation:
   get :class:`EngineUnavailableError`. ``end_generations(error)`` (a server's
   shutdown, once its grace is over) ends every stream at once: each handle
   raises ``error`` at its next read, and its consumer's close abandons the job.
-* Memory is planned (:mod:`kestrel_trio.engine.kv_budget`): ``open_generations``
+* Memory is planned (:mod:`kestrel_trio.engine.memory.kv_budget`): ``open_generations``
   refuses (400) a request whose worst-case KV (prompt + max_tokens, in whole
   blocks) exceeds the whole KV budget, or whose length exceeds the context
   cap (``max_model_len``). Admission reserves that worst case; a waiting job
@@ -47,7 +47,7 @@ Theory of operation:
   stays queued, first come first served, until running generations end. Its
   cache grows with its tokens but never past the reservation, so the real KV
   bytes never exceed the budget. A MemoryError inside a step fails only the
-  generations that needed the memory (:mod:`kestrel_trio.engine.contained_step`).
+  generations that needed the memory (:mod:`kestrel_trio.engine.step.contained`).
 * When the batch empties and nothing waits, the engine tidies memory once in
   its worker thread (:meth:`Engine._tidy_memory`): idle prefix-cache entries
   are shrunk to their tokens, and the C heap's free pages go back to the
@@ -70,17 +70,17 @@ import logging
 import trio
 
 from kestrel_trio.engine.admission import Admission, GenerationHandle, Job
-from kestrel_trio.engine.contained_step import step_contained
 from kestrel_trio.engine.embeddings import EmbeddingJob, Embeddings
 from kestrel_trio.engine.health import EngineHealth
-from kestrel_trio.engine.host_memory import release_free_memory
-from kestrel_trio.engine.kv_budget import budget_for
+from kestrel_trio.engine.memory.host_memory import release_free_memory
+from kestrel_trio.engine.memory.kv_budget import budget_for
 from kestrel_trio.engine.metrics import EngineMetrics
 from kestrel_trio.engine.speculation import Speculation
+from kestrel_trio.engine.step.batch import step_generations
+from kestrel_trio.engine.step.contained import step_contained
 from kestrel_trio.engine.types import Delta, EngineLimits, KVUsage
 from kestrel_trio.errors import EngineUnavailableError, KestrelError, OutOfMemoryError
 from kestrel_trio.model import Model, PrefixCache
-from kestrel_trio.engine.step import step_generations
 from kestrel_trio.text.generation import Phase, StepResult
 
 __all__ = ["Engine", "GenerationHandle", "Job", "run_engine"]

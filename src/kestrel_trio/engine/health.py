@@ -10,7 +10,7 @@ import math
 
 import trio
 
-from kestrel_trio.engine.kv_budget import KVBudget
+from kestrel_trio.engine.memory.kv_budget import KVBudget
 from kestrel_trio.engine.speculation import Speculation
 from kestrel_trio.engine.types import EngineLimits, KVUsage
 from kestrel_trio.model import Model, PrefixCache

@@ -1,7 +1,7 @@
 """The engine's side of speculative decoding: which generations draft, with what, and the memory it costs.
 
 The drafting itself is sans-IO (:mod:`kestrel_trio.text.speculative`) and runs
-in the worker thread inside a step (:mod:`kestrel_trio.engine.step`, only
+in the worker thread inside a step (:mod:`kestrel_trio.engine.step.batch`, only
 when a generation is alone in its step). Here the engine's configuration
 (``EngineLimits.speculative``, ``speculative_tokens`` and the draft model) is
 checked once, and each admitted generation gets its own

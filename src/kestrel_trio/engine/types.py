@@ -33,7 +33,7 @@ class EngineLimits:
         kv_cache_bytes: every live KV byte (running generations and the prefix cache) stays
             within this (bytes; None: derived at start, what ``max_batch`` sequences at the
             context cap and the prefix cache can hold, at most half the memory available; see
-            kestrel_trio.engine.kv_budget).
+            kestrel_trio.engine.memory.kv_budget).
         kv_dtype: KV cache storage, "fp32", "bf16" or "fp16" (half the bytes; compute stays fp32).
         speculative: speculative decoding at batch 1: "off", "ngram" (prompt lookup) or "draft"
             (a draft model, given to the engine beside the model); see kestrel_trio.text.speculative.

@@ -23,15 +23,15 @@ import logging
 import h11
 import trio
 
-from kestrel_trio.http.connection import HttpConnection
-from kestrel_trio.http.cors import CorsPolicy
-from kestrel_trio.http.hosts import HostAllowlist
-from kestrel_trio.http.limits import HttpLimits, per_client_cap
 from kestrel_trio.http.metrics import HttpMetrics
+from kestrel_trio.http.policy.cors import CorsPolicy
+from kestrel_trio.http.policy.hosts import HostAllowlist
+from kestrel_trio.http.policy.limits import HttpLimits, per_client_cap
+from kestrel_trio.http.protocol.connection import HttpConnection
+from kestrel_trio.http.protocol.transport import Transport, peer_name
+from kestrel_trio.http.protocol.wire import response_head
 from kestrel_trio.http.responses import error_response, retry_after_header
-from kestrel_trio.http.transport import Transport, peer_name
 from kestrel_trio.http.types import Handler
-from kestrel_trio.http.wire import response_head
 
 __all__ = ["HttpServer", "serve_http"]
 

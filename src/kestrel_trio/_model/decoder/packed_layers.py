@@ -101,7 +101,7 @@ def packed_layers(c: ModelConfig, layers: Sequence[Layer], x: np.ndarray, cos: n
         if attended is None:
             return packed_rows.unpack(stream, t), index
         # Each temporary let go once read: the engine's step budget counts about 4 hidden + q/k/v + 3 inter
-        # values a row held at once (kestrel_trio.engine.kv_budget).
+        # values a row held at once (kestrel_trio.engine.memory.kv_budget).
         del qkv
         h = np.empty_like(stream)  # [B, hidden, 32]: the post-attention norm's
         then = _add_and_norm(stream, a.o_bias, layer.post_attention_layernorm, c.rms_norm_eps, h)

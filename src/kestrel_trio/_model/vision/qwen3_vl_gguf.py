@@ -34,7 +34,8 @@ from kestrel_trio._model.weights.gguf_checkpoint import load_gguf_weights
 from kestrel_trio._model.gguf.config import config_from_gguf, gguf_architecture
 from kestrel_trio._model.gguf.reader import GgufFile
 from kestrel_trio._model.forms.packed import GgmlRows, Matrix, PackedMatrix
-from kestrel_trio._model.vision.qwen3_vl import Qwen3VL, Qwen3VLConfig, vision_config_from_dict
+from kestrel_trio._model.vision.qwen3_vl import Qwen3VL
+from kestrel_trio._model.vision.qwen3_vl_config import Qwen3VLConfig, vision_config_from_dict
 from kestrel_trio._model.weights.residency import GGUF_RESIDENCIES
 from kestrel_trio._model.checkpoints.safetensors import fp32_to_bf16_bits
 from kestrel_trio._model.vision.tower import VisionConfig, assemble_vision, vision_shapes

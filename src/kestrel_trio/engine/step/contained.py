@@ -23,7 +23,7 @@ chunk, a new cache, or only the sum of them all. So the step is taken apart:
    generation whose vision encoder was the one that failed (the encoder
    cannot resume).
 
-The step function (:func:`kestrel_trio.engine.step.step_generations`) is a
+The step function (:func:`kestrel_trio.engine.step.batch.step_generations`) is a
 parameter so the engine's own (patchable) step is the one retried.
 """
 

@@ -9,11 +9,11 @@ from typing import AsyncIterator
 import h11
 import trio
 
-from kestrel_trio.http.exchange import Exchange
+from kestrel_trio.http.protocol.exchange import Exchange
+from kestrel_trio.http.protocol.transport import Transport
+from kestrel_trio.http.protocol.wire import response_head
 from kestrel_trio.http.responses import internal_error_response
-from kestrel_trio.http.transport import Transport
 from kestrel_trio.http.types import Response, StreamingResponse
-from kestrel_trio.http.wire import response_head
 
 __all__ = ["ResponseWriter"]
 

@@ -45,16 +45,16 @@ import random
 import h11
 import trio
 
-from kestrel_trio.http.cors import CorsPolicy
-from kestrel_trio.http.exchange import CLIENT_CLOSED, Exchange
-from kestrel_trio.http.hosts import HostAllowlist
-from kestrel_trio.http.limits import HttpLimits
 from kestrel_trio.http.metrics import HttpMetrics
+from kestrel_trio.http.policy.cors import CorsPolicy
+from kestrel_trio.http.policy.hosts import HostAllowlist
+from kestrel_trio.http.policy.limits import HttpLimits
+from kestrel_trio.http.protocol.exchange import CLIENT_CLOSED, Exchange
+from kestrel_trio.http.protocol.transport import Transport
+from kestrel_trio.http.protocol.wire import SUPPORTED_VERSIONS, declared_length, head_size, to_request
+from kestrel_trio.http.protocol.writer import ResponseWriter
 from kestrel_trio.http.responses import error_response, internal_error_response, response_for_exception
-from kestrel_trio.http.transport import Transport
 from kestrel_trio.http.types import Handler, Immediate, Request, Response, Route, StreamingResponse
-from kestrel_trio.http.wire import SUPPORTED_VERSIONS, declared_length, head_size, to_request
-from kestrel_trio.http.writer import ResponseWriter
 
 __all__ = ["HttpConnection"]
 

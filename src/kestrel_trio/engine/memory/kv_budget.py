@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import attrs
 
-from kestrel_trio.engine.host_memory import HostMemory, read_host_memory
+from kestrel_trio.engine.memory.host_memory import HostMemory, read_host_memory
 from kestrel_trio.engine.types import EngineLimits
 from kestrel_trio.errors import ContextLengthError, KestrelError
 from kestrel_trio.model import BLOCK_TOKENS, Model, ModelConfig

@@ -13,7 +13,7 @@ from typing import Iterable
 
 import attrs
 
-from kestrel_trio.http.limits import ipaddress_is_loopback
+from kestrel_trio.http.policy.limits import ipaddress_is_loopback
 
 __all__ = ["HostAllowlist", "LOOPBACK_NAMES", "default_host_allowlist"]
 
