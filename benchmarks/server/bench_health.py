@@ -3,10 +3,10 @@
 Usage:
     pip install -e '.[bench]'        # hypercorn, threadpoolctl
     apt-get install wrk               # optional: part 1's load generator (else a trio client)
-    python benchmarks/bench_health.py [--connections 8] [--duration 5] [--rounds 3] [--rate 20] [--model DIR]
+    python benchmarks/server/bench_health.py [--connections 8] [--duration 5] [--rounds 3] [--rate 20] [--model DIR]
 
 Part 1 starts an idle kestrel-trio server (built-in demo model) and a one-worker
-hypercorn app (trio worker class, benchmarks/hypercorn_health_app.py) serving
+hypercorn app (trio worker class, benchmarks/server/hypercorn_health_app.py) serving
 the same JSON body, each in its own subprocess, and drives each from a separate
 load-generator process: ``--connections`` keep-alive connections sending raw
 HTTP/1.1 ``GET /health`` back to back, 1 s of warm-up, then ``--duration``
@@ -54,6 +54,8 @@ import trio
 
 HOST = "127.0.0.1"
 HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+sys.path.insert(0, str(HERE.parent))  # benchmarks/: the shared modules
 HEAVY_MODEL = Path.home() / ".cache" / "kestrel-trio-bench" / "qwen3-0.6b-shapes-bf16"
 _READY_LINE = re.compile(r"serving (\S+) at http://127\.0\.0\.1:(\d+)/v1")
 _HEALTH_REQUEST = f"GET /health HTTP/1.1\r\nHost: {HOST}\r\n\r\n".encode()
@@ -110,7 +112,7 @@ class ServerProcess:
         self.log_path = Path(tempfile.mkstemp(prefix="bench_health_", suffix=".log")[1])
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
-                                         env={**os.environ, **(env or {})}, cwd=HERE.parent)
+                                         env={**os.environ, **(env or {})}, cwd=REPO)
 
     def __enter__(self) -> "ServerProcess":
         return self
@@ -490,7 +492,7 @@ def ensure_heavy_model(folder: Path) -> None:
     import kestrel_trio
 
     if not ((folder / "config.json").exists() and (folder / "model.safetensors").exists()):
-        from bench_load import QWEN3_0_6B
+        from _checkpoints import QWEN3_0_6B
         from kestrel_trio._model import write_random_checkpoint
 
         print(f"building {folder} (once; about 1.2 GB)", flush=True)

@@ -1,7 +1,8 @@
 """kestrel-trio next to transformers (PyTorch eager, fp32) on the same Qwen3-0.6B-shaped weights.
 
 Usage:
-    python benchmarks/bench_model.py [--quick] [--threads N] [--rounds N] [--keep-openblas-env] [--avx2] [--gemm]
+    python benchmarks/compute/bench_model.py [--quick] [--threads N] [--rounds N] [--keep-openblas-env] [--avx2]
+                                             [--gemm]
 
 Builds once (in ~/.cache/kestrel-trio-bench/) a checkpoint with Qwen3-0.6B's
 exact shapes and random weights, written by transformers in fp32 (and a bf16
@@ -48,13 +49,13 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared modules
 from _bench_common import (  # noqa: E402
     AVX2_MACHINE_ENV, best_of, blas_description, blas_threads, compiled_kernels_description, cpu_vector_flags,
     fma_peak, openblas_overrides_note, read_bandwidth, run_as_avx2_machine, run_without_openblas_overrides,
     status_bytes,
 )
-from bench_load import QWEN3_0_6B  # noqa: E402
+from _checkpoints import QWEN3_0_6B  # noqa: E402
 
 CACHE = Path.home() / ".cache" / "kestrel-trio-bench"
 PREFILL_LENGTHS = (128, 512)
