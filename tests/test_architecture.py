@@ -109,7 +109,7 @@ MODEL_ROOMS = {
 BENCHMARKS = SRC.parent.parent / "benchmarks"
 # Benchmarks that measure _model's private kernels themselves, by path under benchmarks/ (reason beside each).
 KERNEL_BENCHMARKS = {
-    "compute/bench_model.py": "times matmul's private product paths against one another",
+    "compute/_bench_model_kestrel.py": "times matmul's private product paths against one another",
     "compute/bench_prefill_gemm.py": "times the float32 chunk kernel against BLAS on matmul's product threads",
 }
 
