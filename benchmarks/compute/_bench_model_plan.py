@@ -5,12 +5,9 @@ Token ids are drawn inside the real Qwen3 tokenizer's vocabulary, seeded, so bot
 
 from __future__ import annotations
 
-PREFILL_LENGTHS = (128, 512)
-
-BATCHES = (4, 8, 16)
-
+PREFILL_LENGTHS = (128, 512)  # prompt tokens of the prefill runs
+BATCHES = (4, 8, 16)  # concurrent sequences of the batched decode runs
 SHORT_PROMPT = 8  # tokens before a decode measurement
-
 PAIRS = 4  # alternated bare-forward and engine runs per batch size, for engine / bare
 
 

@@ -15,8 +15,8 @@ from _bench_common import (
     blas_description, compiled_kernels_description, cpu_vector_flags, fma_peak, openblas_overrides_note,
     read_bandwidth,
 )
-from _checkpoints import QWEN3_0_6B
 from _bench_model_plan import BATCHES, PREFILL_LENGTHS
+from _checkpoints import QWEN3_0_6B
 
 
 ROWS = [("ready_s", "load to ready (s)", False)] + [
@@ -27,7 +27,6 @@ ROWS = [("ready_s", "load to ready (s)", False)] + [
     (f"{way}_{b}", f"decode {b} seqs, {label} (tok/s)", True)
     for b in BATCHES for way, label in (("engine", "engine"), ("bare", "bare forward"))
 ] + [("rss_after_load", "RSS after load (GiB)", False), ("peak_rss", "peak RSS (GiB)", False)]
-
 
 
 def best_figures(runs: list[dict]) -> dict:

@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 
 from _bench_common import best_of, status_bytes
-from _checkpoints import QWEN3_0_6B
 from _bench_model_plan import BATCHES, PREFILL_LENGTHS, SHORT_PROMPT, median, prompt
+from _checkpoints import QWEN3_0_6B
 
 
 def build_checkpoint(folder: Path, dtype: str) -> None:
