@@ -127,7 +127,8 @@ def build_dense_gguf(path: Path, kind: str, source: Path, add_vocab=None) -> Non
             writer.add_tensor(target, gguf.quants.quantize(data, gguf.GGMLQuantizationType.Q8_0),
                               raw_dtype=gguf.GGMLQuantizationType.Q8_0)
         else:
-            writer.add_tensor(target, random_k_blocks(rng, kind, *data.shape), raw_dtype=gguf.GGMLQuantizationType[kind])
+            writer.add_tensor(target, random_k_blocks(rng, kind, *data.shape),
+                              raw_dtype=gguf.GGMLQuantizationType[kind])
     path.parent.mkdir(parents=True, exist_ok=True)
     write_gguf(writer, path)
     print(f"built {path} ({path.stat().st_size / 2**30:.2f} GiB) in {time.perf_counter() - started:.0f} s", flush=True)

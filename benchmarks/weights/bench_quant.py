@@ -2,7 +2,8 @@
 
 Usage:
     python benchmarks/weights/bench_quant.py [--rounds N] [--forms fp32,bf16,int8,int4,Q8_0,Q4_K]
-                                             [--kernels native,Haswell] [--steps N] [--threads N] [--cache DIR] [--no-moe]
+                                             [--kernels native,Haswell] [--steps N] [--threads N] [--cache DIR]
+                                             [--no-moe]
 
 Builds once, in ~/.cache/kestrel-trio-bench/ (outside the repository):
 
