@@ -1,5 +1,5 @@
-"""benchmarks/bench_http.py's ``--isa avx2``: the environment that holds kestrel to an AVX2-only CPU's code, and the
-checks that stop a run whose sides are not held to it."""
+"""benchmarks/llama_cpp/bench_http.py's ``--isa avx2``: the environment that holds kestrel to an AVX2-only CPU's code,
+and the checks that stop a run whose sides are not held to it."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks" / "llama_cpp"
 sys.path.insert(0, str(BENCHMARKS))
 import bench_http  # noqa: E402
 
@@ -72,7 +72,7 @@ def test_the_avx2_environment_holds_kestrels_plan_and_openblas_to_haswell(tmp_pa
     kernels and OpenBLAS its Haswell ones, whatever this CPU has beyond AVX2."""
     machine = {k: v for k, v in os.environ.items() if not k.startswith(("OPENBLAS_", "NUMBA_"))}
     env = bench_http.isa_environment("avx2", machine, False, tmp_path)
-    env["PYTHONPATH"] = os.pathsep.join([str(Path(bench_http.__file__).resolve().parent.parent / "src"),
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(bench_http.__file__).resolve().parents[2] / "src"),
                                          env.get("PYTHONPATH", "")])
     code = ("import json, sys; sys.path.insert(0, sys.argv[1]); import bench_http; "
             "from numba.core import config; from kestrel_trio._kernels.plan import this_plan; p = this_plan(); "

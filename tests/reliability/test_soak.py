@@ -2,7 +2,7 @@
 on a few keep-alive connections; every answer is right, nothing accumulates.
 
 RSS is of the whole test process (client and server), so the CI bound is generous
-(10% over the RSS after warm-up); benchmarks/bench_abuse.py applies the issue's 5%
+(10% over the RSS after warm-up); benchmarks/server/bench_abuse.py applies the issue's 5%
 to 10,000 requests.
 """
 

@@ -34,7 +34,7 @@ __all__ = ["Features", "Choice", "KernelPlan", "plan", "this_plan", "INTEGER_FOR
 # and the arm/x86 kernels, whose FORMS tables list the same eight).
 INTEGER_FORMS = frozenset(("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q5_1", "Q5_K", "Q6_K"))
 # The forms whose x86-64 integer kernel "auto" takes: every form kestrel_trio._kernels.x86 has kernels for, so x86
-# runs the same integer math as the board. On Qwen3-0.6B's shapes (benchmarks/bench_integer.py, a loaded Zen 5)
+# runs the same integer math as the board. On Qwen3-0.6B's shapes (benchmarks/compute/bench_integer.py, a loaded Zen 5)
 # they beat or tie the exact products except Q8_0 at one activation row (0.85x; 1.40x under AVX2 alone), where
 # the exact loop already streams near the memory's rate. load_model(..., products="exact") keeps the exact ones.
 X86_AUTO_FORMS = INTEGER_FORMS

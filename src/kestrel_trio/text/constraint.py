@@ -301,7 +301,7 @@ def start_masks(states: Iterable[ConstraintState], *, beside: bool = True) -> No
     Args:
         states: the constraint states of the sequences that sample after this forward.
         beside: compute in the helper thread while the caller runs the forward
-            (False: now, in this thread; benchmarks/bench_grammar.py compares the two).
+            (False: now, in this thread; benchmarks/features/bench_grammar.py compares the two).
     """
     active = [state for state in states if state.active]
     if not active:

@@ -418,7 +418,7 @@ def _emit_wide(context, builder, signature, args, kind: str, form: str, acts: in
     lifted = ir.Constant(i8s, [offset or 0] * (slots * 16))
     # The next pass's rows (right after these in memory, as one stretch), prefetched a stretch a block along this
     # pass: without it the rows' several short streams (18 bytes a row and block for Q4_0) outran the CPU's own
-    # prefetch when the weights come from memory (Zen 5, Qwen3-0.6B's layer, benchmarks/bench_integer.py).
+    # prefetch when the weights come from memory (Zen 5, Qwen3-0.6B's layer, benchmarks/compute/bench_integer.py).
     stride = builder.extract_value(data_a.strides, 0)  # bytes a row
     pass_bytes = groups * slots * block_bytes  # a block of each row of the pass
     ahead = builder.add(builder.ptrtoint(row_ptrs[0], _I64), builder.mul(stride, _at(groups * slots)))

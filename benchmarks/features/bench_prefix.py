@@ -1,10 +1,10 @@
 """Time to first token with and without a prefix-cache hit, through the engine.
 
 Usage:
-    python benchmarks/bench_prefix.py [--model DIR] [--system-tokens 1000] [--rounds 3]
+    python benchmarks/features/bench_prefix.py [--model DIR] [--system-tokens 1000] [--rounds 3]
 
 The model defaults to the random checkpoint with Qwen3-0.6B's exact shapes that
-benchmarks/bench_load.py builds (bf16 storage, with the real Qwen3 tokenizer
+benchmarks/weights/bench_load.py builds (bf16 storage, with the real Qwen3 tokenizer
 copied beside it): run that first. Each round sends a chat prompt made of a
 ~``--system-tokens``-token system message and a short question to an engine
 whose prefix cache is empty (cold), then the same system message with another
@@ -28,7 +28,7 @@ import trio
 
 from kestrel_trio import EngineLimits, GenerationRequest, SamplingParams, load_model, run_engine
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared modules
 from _bench_common import blas_description  # noqa: E402
 
 DEFAULT_MODEL = Path.home() / ".cache" / "kestrel-trio-bench" / "qwen3-0.6b-shapes-bf16"
@@ -88,7 +88,8 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=4)
     args = parser.parse_args()
     if not (args.model / "tokenizer.json").exists():
-        raise SystemExit(f"{args.model} has no tokenizer.json: run benchmarks/bench_load.py first, or pass --model")
+        raise SystemExit(f"{args.model} has no tokenizer.json: run benchmarks/weights/bench_load.py first, "
+                         "or pass --model")
     print("load average at start: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()))
     model = load_model(args.model)
     print(f"model: {args.model.name}, weights {model.weights_mode}; BLAS: {blas_description()} "

@@ -1,7 +1,7 @@
 """Vision encoding time of Qwen3-VL-2B's vision tower: kestrel-trio (numpy) vs transformers (torch).
 
 Usage (reference venv: torch + transformers + Pillow; threadpoolctl optional):
-    python benchmarks/bench_vision.py [--size 448] [--threads N] [--runs 1] [--cache DIR]
+    python benchmarks/features/bench_vision.py [--size 448] [--threads N] [--runs 1] [--cache DIR]
 
 Builds once, in a cache folder outside the repository, a random-weight
 Qwen3VLForConditionalGeneration whose ``vision_config`` has Qwen3-VL-2B's exact

@@ -1,7 +1,7 @@
 """How far the integer products (the ``auto`` default) move logits from the exact ones, and what SmolLM2 answers.
 
 Usage:
-    python benchmarks/fidelity.py [--mode auto] [--smollm2 FILE.gguf ...] [--tokens 24]
+    python benchmarks/compute/fidelity.py [--mode auto] [--smollm2 FILE.gguf ...] [--tokens 24]
 
 Prints two things, each from the products of this host (``kestrel_trio._kernels.plan`` says which they are):
 
@@ -25,7 +25,7 @@ import numpy as np
 
 from kestrel_trio import load_model
 
-FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "gguf"
+FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "gguf"
 QUESTION = "What is the capital of France?"  # the README's
 CONTINUE = "The capital of France is"
 

@@ -1,7 +1,7 @@
 """Over HTTP, side by side: `kestrel-trio serve` and llama.cpp's llama-server on one GGUF file, streaming chats.
 
 Usage:
-    python benchmarks/bench_http.py --llama-server PATH [--model FILE.gguf] [--streams 1,8] [--tokens 64]
+    python benchmarks/llama_cpp/bench_http.py --llama-server PATH [--model FILE.gguf] [--streams 1,8] [--tokens 64]
         [--rounds 2] [--max-batch 8] [--threads 2] [--cache DIR] [--keep-openblas-env] [--isa native|avx2]
 
 Both servers load the same file and stay up for the whole run; the
@@ -64,13 +64,12 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared modules
 from _bench_common import (  # noqa: E402
     OPENBLAS_OVERRIDES, blas_description, compiled_kernels_description, cpu_vector_flags, load_average,
     openblas_overrides_note, run_without_openblas_overrides,
 )
-from bench_load import QWEN3_0_6B, build  # noqa: E402
-from bench_quant import build_dense_gguf  # noqa: E402
+from _checkpoints import QWEN3_0_6B, build, build_dense_gguf  # noqa: E402
 
 CACHE = Path.home() / ".cache" / "kestrel-trio-bench"
 READY_TIMEOUT_S = 600.0  # a cold load of a 2.4 GB file on a slow disk

@@ -1,7 +1,7 @@
 """Load time and peak RSS of a checkpoint with Qwen3-0.6B's exact shapes (random weights).
 
 Usage:
-    python benchmarks/bench_load.py [--dtype BF16|F32|both] [--cache DIR]
+    python benchmarks/weights/bench_load.py [--dtype BF16|F32|both] [--cache DIR]
 
 Builds the checkpoint once (seeded random weights, tied embeddings) in a cache
 folder outside the repository, then loads it in a fresh subprocess per run and
@@ -14,39 +14,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
-import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-QWEN3_0_6B = {
-    "architectures": ["Qwen3ForCausalLM"], "vocab_size": 151936, "hidden_size": 1024, "num_hidden_layers": 28,
-    "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 3072,
-    "max_position_embeddings": 40960, "rms_norm_eps": 1e-6, "tie_word_embeddings": True, "rope_theta": 1000000,
-    "rope_scaling": None, "torch_dtype": "bfloat16", "attention_bias": False, "hidden_act": "silu",
-}
-
-
-def build(folder: Path, dtype: str) -> int:
-    """Write the checkpoint unless it is there; return its parameter count."""
-    from kestrel_trio._model import config_from_dict, expected_shapes, write_random_checkpoint
-
-    shapes = expected_shapes(config_from_dict(QWEN3_0_6B))
-    params = sum(math.prod(shape) for shape in shapes.values())
-    if not (folder / "config.json").exists():
-        started = time.perf_counter()
-        # Build beside the target and rename when complete, so an interrupted build is never reused.
-        partial = folder.with_name(folder.name + ".partial")
-        shutil.rmtree(partial, ignore_errors=True)
-        write_random_checkpoint(partial, QWEN3_0_6B, seed=0, dtype=dtype, std=0.02)
-        shutil.rmtree(folder, ignore_errors=True)
-        partial.rename(folder)
-        print(f"built {folder} in {time.perf_counter() - started:.1f} s", flush=True)
-    return params
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared modules
+from _checkpoints import build  # noqa: E402
 
 def measure(folder: Path) -> dict:
     """Load in a fresh interpreter; its time to ready and peak RSS."""

@@ -1,7 +1,7 @@
 """Structured outputs: what the grammar's token masks add to a decode step, on Qwen3-0.6B shapes.
 
 Usage:
-    python benchmarks/bench_grammar.py [--steps N] [--rounds N] [--keep-openblas-env]
+    python benchmarks/features/bench_grammar.py [--steps N] [--rounds N] [--keep-openblas-env]
 
 Builds once (in ~/.cache/kestrel-trio-bench/, shared with bench_load.py) a
 checkpoint with Qwen3-0.6B's exact shapes and random weights (bf16 storage,
@@ -42,11 +42,11 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared modules
 from _bench_common import (  # noqa: E402
     blas_description, cpu_vector_flags, openblas_overrides_note, run_without_openblas_overrides,
 )
-from bench_load import build  # noqa: E402
+from _checkpoints import build  # noqa: E402
 
 CACHE = Path.home() / ".cache" / "kestrel-trio-bench"
 BATCHES = (1, 8)

@@ -1,7 +1,7 @@
 """kestrel's float32 prefill-chunk kernel next to numpy's BLAS, on Qwen3-0.6B's layer shapes.
 
 Usage:
-    python benchmarks/bench_prefill_gemm.py [--rows 64,128,256,384,512] [--repeats 7] [--keep-openblas-env]
+    python benchmarks/compute/bench_prefill_gemm.py [--rows 64,128,256,384,512] [--repeats 7] [--keep-openblas-env]
 
 On Intel's AVX-512 CPUs, kestrel multiplies float32 weights by prefill chunks
 of 33 to ``CHUNK_KERNEL_MAX_ROWS`` rows in its own kernel
@@ -20,7 +20,7 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared modules
 from _bench_common import (  # noqa: E402
     best_of, blas_description, blas_threads, cpu_vector_flags, fma_peak, load_average,
     run_without_openblas_overrides,

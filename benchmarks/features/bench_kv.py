@@ -1,8 +1,8 @@
 """KV cache storage and the KV budget on Qwen3-0.6B's shapes (random weights).
 
 Usage:
-    python benchmarks/bench_kv.py decode [--context 1000] [--steps 32] [--rounds 3] [--keep-openblas-env]
-    python benchmarks/bench_kv.py budget [--kv-cache-mb 512] [--kv-dtype fp32,bf16]
+    python benchmarks/features/bench_kv.py decode [--context 1000] [--steps 32] [--rounds 3] [--keep-openblas-env]
+    python benchmarks/features/bench_kv.py budget [--kv-cache-mb 512] [--kv-dtype fp32,bf16]
 
 ``decode``: decode speed of one sequence (and of 4 sequences stepped
 together) after a --context-token prompt, with the KV cache stored as fp32,
@@ -39,11 +39,11 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared modules
 from _bench_common import (  # noqa: E402
     blas_description, cpu_vector_flags, openblas_overrides_note, run_without_openblas_overrides,
 )
-from bench_load import QWEN3_0_6B  # noqa: E402
+from _checkpoints import QWEN3_0_6B  # noqa: E402
 
 CACHE = Path.home() / ".cache" / "kestrel-trio-bench"
 DTYPES = ("fp32", "bf16", "fp16")

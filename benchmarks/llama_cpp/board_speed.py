@@ -1,9 +1,9 @@
 """A model of the board's decode speed, since no board is here: instructions counted under qemu, bytes computed.
 
 Usage (as root on an x86-64 Debian machine; see docs/arm-emulation.md for building the pieces):
-    python benchmarks/board_speed.py --root ARM64_ROOT --qemu QEMU_AARCH64 --plugin LIBINSN_SO \\
+    python benchmarks/llama_cpp/board_speed.py --root ARM64_ROOT --qemu QEMU_AARCH64 --plugin LIBINSN_SO \\
         --llama-bench LLAMA_BENCH [--cpu cortex-a76] [--models 1.7b,4b] [--forms Q8_0,Q4_K_M] [--cache DIR]
-    python benchmarks/board_speed.py ... --smollm2 Q8_0,Q4_0,Q4_1 --llama-quantize LLAMA_QUANTIZE \\
+    python benchmarks/llama_cpp/board_speed.py ... --smollm2 Q8_0,Q4_0,Q4_1 --llama-quantize LLAMA_QUANTIZE \\
         --llama-build LLAMA_CPP/build-a76 [--bound 1.5] [--n1 8 --n2 40]
 
 With ``--smollm2`` it counts SmolLM2-135M-Instruct's decode steps instead (the shipped Q4_1 file, Q8_0 and Q4_0
@@ -52,10 +52,10 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_quant import _write, qwen3_writer, random_k_blocks  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared modules
+from _checkpoints import qwen3_writer, random_k_blocks, write_gguf  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CACHE = Path.home() / ".cache" / "kestrel-trio-bench" / "board"
 SHAPES = {
     "1.7b": {"hidden": 2048, "inter": 6144, "heads": 16, "kv_heads": 8, "head_dim": 128, "layers": 28},
@@ -149,7 +149,7 @@ def build_file(path: Path, model: str, form: str, layers: list[bool], add_vocab)
                            ("attn_k_norm", s["head_dim"])):
             vector(f"blk.{i}.{name}.weight", size)
     path.parent.mkdir(parents=True, exist_ok=True)
-    _write(writer, path)
+    write_gguf(writer, path)
     print(f"built {path.name} ({path.stat().st_size / 2**20:.0f} MiB) in {time.perf_counter() - started:.0f} s",
           flush=True)
 

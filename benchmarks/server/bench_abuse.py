@@ -1,7 +1,7 @@
 """Abuse benchmarks at the issue's sizes, against a real ``kestrel-trio serve`` process.
 
 Usage:
-    python benchmarks/bench_abuse.py [--suite all|slowloris|storm|overload|soak|shutdown] [--model DIR]
+    python benchmarks/server/bench_abuse.py [--suite all|slowloris|storm|overload|soak|shutdown] [--model DIR]
 
 Each suite starts its own server subprocess (the built-in demo model unless
 --model is given) on 127.0.0.1, attacks it from this process over real
@@ -30,8 +30,8 @@ from pathlib import Path
 import trio
 
 # The attack clients are the CI suites' own (tests/reliability/rel_kit.py).
-sys.path[:0] = [str(Path(__file__).resolve().parents[1] / "tests"),
-                str(Path(__file__).resolve().parents[1] / "tests" / "reliability")]
+sys.path[:0] = [str(Path(__file__).resolve().parents[2] / "tests"),
+                str(Path(__file__).resolve().parents[2] / "tests" / "reliability")]
 from rel_kit import (
     HOST,
     LatencyProbe,

@@ -1,7 +1,7 @@
 """Two server processes on one bf16 checkpoint share its memory-mapped weights: RSS and PSS of each.
 
 Usage:
-    python benchmarks/bench_shared_weights.py [--model DIR] [--weights bf16|fp32]
+    python benchmarks/weights/bench_shared_weights.py [--model DIR] [--weights bf16|fp32]
 
 Starts two ``kestrel-trio serve --weights MODE`` processes on the same folder
 (by default the Qwen3-0.6B-shaped bf16 checkpoint that bench_load.py builds),
@@ -64,7 +64,7 @@ def main() -> None:
     parser.add_argument("--weights", choices=["bf16", "fp32"], default="bf16")
     args = parser.parse_args()
     if not (args.model / "config.json").exists():
-        raise SystemExit(f"{args.model}: no checkpoint; run benchmarks/bench_load.py first or pass --model")
+        raise SystemExit(f"{args.model}: no checkpoint; run benchmarks/weights/bench_load.py first or pass --model")
     print("load average at start: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()))
     procs, ports = [], []
     try:

@@ -1,7 +1,7 @@
 """A minimal ASGI app for bench_health.py: GET /health answers a fixed JSON body.
 
 Run by the benchmark as:
-    hypercorn --worker-class trio --workers 1 --bind 127.0.0.1:PORT benchmarks/hypercorn_health_app.py:app
+    hypercorn --worker-class trio --workers 1 --bind 127.0.0.1:PORT benchmarks/server/hypercorn_health_app.py:app
 
 The body is taken from the ``HEALTH_BODY`` environment variable (the benchmark
 copies kestrel-trio's own /health body there, so both servers send the same

@@ -1,7 +1,7 @@
 """Speculative decoding at batch 1 against plain decoding, side by side in one run, through the engine.
 
 Usage:
-    python benchmarks/bench_speculative.py [--model GGUF] [--repeats 2] [--copy-tokens 400] [--free-tokens 200]
+    python benchmarks/features/bench_speculative.py [--model GGUF] [--repeats 2] [--copy-tokens 400] [--free-tokens 200]
         [--tokens 8,5] [--draft-tokens 64]
 
 The model defaults to SmolLM2-135M-Instruct (Q4_1 GGUF) from the kestrel-trio
@@ -42,7 +42,7 @@ import trio
 
 from kestrel_trio import EngineLimits, GenerationRequest, SamplingParams, load_model, run_engine
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared modules
 from _bench_common import OPENBLAS_OVERRIDES, blas_description, cpu_vector_flags, load_average  # noqa: E402
 
 PARAGRAPH = (

@@ -1,7 +1,7 @@
 """Integer products against the exact ones, side by side in one run, on Qwen3-0.6B's decode-step matrices.
 
 Usage:
-    python benchmarks/bench_integer.py [--forms Q8_0,Q4_0,Q4_K,Q6_K] [--rows 1,8] [--threads 1,2] [--repeats N]
+    python benchmarks/compute/bench_integer.py [--forms Q8_0,Q4_0,Q4_K,Q6_K] [--rows 1,8] [--threads 1,2] [--repeats N]
                                        [--avx2]
 
 For each form, activation row count and thread count it times one decode
@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared modules
 from _bench_common import cpu_vector_flags, load_average  # noqa: E402
 
 # Qwen3-0.6B: hidden 1024, 16 q heads and 8 kv heads of 128, intermediate 3072. (name, out rows, in cols)

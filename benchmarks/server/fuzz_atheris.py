@@ -2,7 +2,7 @@
 
 Usage (atheris is not a project dependency; it has a manylinux wheel for CPython 3.11):
     pip install --target /tmp/atheris-lib atheris
-    PYTHONPATH=/tmp/atheris-lib python benchmarks/fuzz_atheris.py -max_total_time=120
+    PYTHONPATH=/tmp/atheris-lib python benchmarks/server/fuzz_atheris.py -max_total_time=120
 
 Each input is a request body for /v1/chat/completions (first byte even) or
 /v1/completions (odd). It goes through the same synchronous steps the routes
@@ -28,7 +28,7 @@ with atheris.instrument_imports():
     from kestrel_trio.model import load_model
     from kestrel_trio.text.generation import check_context
 
-MODEL = load_model(Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "qwen3_bf16_tied")
+MODEL = load_model(Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "qwen3_bf16_tied")
 SEEDS = [
     b'{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "temperature": 0}',
     b'{"prompt": "Once", "max_tokens": 2, "stop": ["x"], "logit_bias": {"5": 1}}',

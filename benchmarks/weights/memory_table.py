@@ -1,7 +1,7 @@
 """The memory table of docs/memory.md: resident weight bytes and KV bytes per model and form, and which boards fit.
 
 Usage:
-    python benchmarks/memory_table.py [--context 4096] [--markdown]
+    python benchmarks/weights/memory_table.py [--context 4096] [--markdown]
 
 Computed, not measured: every tensor the model's published config implies
 (kestrel's own shape tables, kestrel_trio._model.checkpoints.shapes and .vision, from the
@@ -42,7 +42,7 @@ import math
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
 GIB = 2**30
 BOARDS_GIB = (8, 16, 32)

@@ -1,8 +1,9 @@
 """Quantized residency on Qwen3-0.6B's shapes: memory, decode speed and load time of every form, side by side.
 
 Usage:
-    python benchmarks/bench_quant.py [--rounds N] [--forms fp32,bf16,int8,int4,Q8_0,Q4_K] [--kernels native,Haswell]
-                                     [--steps N] [--threads N] [--cache DIR] [--no-moe]
+    python benchmarks/weights/bench_quant.py [--rounds N] [--forms fp32,bf16,int8,int4,Q8_0,Q4_K]
+                                             [--kernels native,Haswell] [--steps N] [--threads N] [--cache DIR]
+                                             [--no-moe]
 
 Builds once, in ~/.cache/kestrel-trio-bench/ (outside the repository):
 
@@ -40,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import shutil
 import subprocess
@@ -48,17 +48,18 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared modules
 from _bench_common import (  # noqa: E402
     NUMBA_CPU_FOR_KERNEL, OPENBLAS_OVERRIDES, blas_description, compiled_kernels_description, cpu_vector_flags,
     load_average, status_bytes,
 )
-from bench_load import QWEN3_0_6B, build  # noqa: E402
+from _checkpoints import (  # noqa: E402
+    QWEN3_0_6B, build, build_dense_gguf, qwen3_writer, random_k_blocks, write_gguf,
+)
 
 CACHE = Path.home() / ".cache" / "kestrel-trio-bench"
 FORMS = ("fp32", "bf16", "int8", "int4", "Q8_0", "Q4_K")
 GGUF_FORMS = ("Q8_0", "Q4_K")
-K_QUANT_SIZES = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210}
 # Targets of issue 17 (ratios to fp32 residency), checked in the summary.
 MEMORY_TARGETS = {"Q8_0": 0.30, "Q4_K": 0.18}
 SPEED_TARGETS = {"int8": 1.0, "Q8_0": 0.8, "Q4_K": 0.5}
@@ -70,97 +71,6 @@ MOE = {
 
 
 # ---------------------------------------------------------------- building the files
-
-
-def random_k_blocks(rng, kind: str, rows: int, cols: int, *lead: int):
-    """Random valid K-quant blocks for [*lead, rows, cols] weights of about 0.02, uint8 [*lead, rows, row_bytes].
-
-    As tests/fixtures/make_gguf_fixtures.py does: random quants and 6/8-bit
-    scales, fp16 super-block scales drawn so the weights come out near the
-    size of trained ones (finite, roughly centred).
-    """
-    import numpy as np
-
-    size = K_QUANT_SIZES[kind]
-    n = math.prod(lead) * rows * cols // 256
-    raw = rng.integers(0, 256, size=(n, size), dtype=np.uint8)
-    jitter = rng.uniform(0.5, 1.5, size=(n, 1))
-    if kind == "Q6_K":
-        raw[:, 208:210] = (jitter * 0.02 / (74 * 18.5)).astype(np.float16).view(np.uint8)
-    else:
-        q_mid = 7.5 if kind == "Q4_K" else 15.5
-        d = jitter * 0.02 / (36 * q_mid * 1.2)
-        raw[:, 0:2] = d.astype(np.float16).view(np.uint8)
-        raw[:, 2:4] = (d * q_mid).astype(np.float16).view(np.uint8)
-    return raw.reshape(*lead, rows, cols // 256 * size)
-
-
-def _write(writer, path: Path) -> None:
-    partial = path.with_name(path.name + ".partial")
-    writer.write_header_to_file(partial)
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    partial.rename(path)
-
-
-def qwen3_writer(arch: str, name: str, *, layers: int, context: int, hidden: int, inter: int, heads: int,
-                 kv_heads: int, head_dim: int, vocab: int, rope_theta: float = 1e6, eps: float = 1e-6):
-    """A GGUFWriter for ``arch`` ("qwen3", "qwen3moe") with a Qwen3's shape metadata written."""
-    import gguf
-
-    writer = gguf.GGUFWriter(None, arch)
-    writer.add_name(name)
-    writer.add_block_count(layers)
-    writer.add_context_length(context)
-    writer.add_embedding_length(hidden)
-    writer.add_feed_forward_length(inter)
-    writer.add_head_count(heads)
-    writer.add_head_count_kv(kv_heads)
-    writer.add_key_length(head_dim)
-    writer.add_value_length(head_dim)
-    writer.add_rope_freq_base(float(rope_theta))
-    writer.add_layer_norm_rms_eps(eps)
-    writer.add_vocab_size(vocab)
-    return writer
-
-
-def build_dense_gguf(path: Path, kind: str, source: Path, add_vocab=None) -> None:
-    """Qwen3-0.6B's tensors from the bf16 checkpoint ``source`` as a ``kind`` GGUF (vectors F32).
-
-    ``kind`` is F32, Q8_0 or a K-quant; ``add_vocab(writer)``, when given, writes the tokenizer's metadata.
-    """
-    if path.exists():
-        return
-    import gguf
-    import numpy as np
-
-    from kestrel_trio._model import gguf_name
-    from kestrel_trio._model import SafetensorsCheckpoint
-
-    started = time.perf_counter()
-    c = QWEN3_0_6B
-    writer = qwen3_writer("qwen3", f"qwen3-0.6b-shapes-{kind}", layers=c["num_hidden_layers"],
-                          context=c["max_position_embeddings"], hidden=c["hidden_size"], inter=c["intermediate_size"],
-                          heads=c["num_attention_heads"], kv_heads=c["num_key_value_heads"], head_dim=c["head_dim"],
-                          vocab=c["vocab_size"], rope_theta=c["rope_theta"], eps=c["rms_norm_eps"])
-    if add_vocab is not None:
-        add_vocab(writer)
-    checkpoint = SafetensorsCheckpoint(source)
-    rng = np.random.default_rng(17)
-    for name in sorted(checkpoint.tensors, key=lambda n: (n.count("."), n)):
-        data = checkpoint.read(name)  # float32, its shape
-        target = gguf_name(name)
-        if data.ndim == 1 or kind == "F32":
-            writer.add_tensor(target, np.ascontiguousarray(data, dtype=np.float32))
-        elif kind == "Q8_0":
-            writer.add_tensor(target, gguf.quants.quantize(data, gguf.GGMLQuantizationType.Q8_0),
-                              raw_dtype=gguf.GGMLQuantizationType.Q8_0)
-        else:
-            writer.add_tensor(target, random_k_blocks(rng, kind, *data.shape), raw_dtype=gguf.GGMLQuantizationType[kind])
-    path.parent.mkdir(parents=True, exist_ok=True)
-    _write(writer, path)
-    print(f"built {path} ({path.stat().st_size / 2**30:.2f} GiB) in {time.perf_counter() - started:.0f} s", flush=True)
 
 
 def build_moe_gguf(path: Path) -> None:
@@ -199,7 +109,7 @@ def build_moe_gguf(path: Path) -> None:
         writer.add_tensor(b + "ffn_gate_exps.weight", random_k_blocks(rng, "Q4_K", inter, h, e), raw_dtype=k4)
         writer.add_tensor(b + "ffn_up_exps.weight", random_k_blocks(rng, "Q4_K", inter, h, e), raw_dtype=k4)
         writer.add_tensor(b + "ffn_down_exps.weight", random_k_blocks(rng, "Q4_K", h, inter, e), raw_dtype=k4)
-    _write(writer, path)
+    write_gguf(writer, path)
     print(f"built {path} ({path.stat().st_size / 2**20:.0f} MiB)", flush=True)
 
 
