@@ -406,7 +406,7 @@ PLANTED = [
     ("http/router.py", "from kestrel_trio.app.routes import build_router", "imports kestrel_trio.app.routes"),
     ("http/responses.py", "from ..openai.errors import error_body", "imports kestrel_trio.openai"),
     ("http/responses.py", "from kestrel_trio.model import Model", "imports kestrel_trio.model"),
-    ("openai/sse.py", "from kestrel_trio.http import Response", "imports kestrel_trio.http"),
+    ("openai/response/sse.py", "from kestrel_trio.http import Response", "imports kestrel_trio.http"),
     ("_model/decoder/forward.py", "from kestrel_trio.text import Tokenizer", "imports kestrel_trio.text"),
     ("_model/decoder/forward.py", "from ...engine import Engine", "imports kestrel_trio.engine"),
     ("errors.py", "from kestrel_trio.stats import Counter", "imports kestrel_trio.stats"),
@@ -456,7 +456,8 @@ def test_the_checker_sees_a_module_with_no_layer(package_copy: Path):
 @pytest.mark.parametrize(("file", "line"), [("_model/decoder/forward.py", "import trio"),
                                             ("_model/decoder/forward.py", "import jinja2"),
                                             ("text/sampling.py", "import trio"), ("engine/engine.py", "import json"),
-                                            ("openai/sse.py", "import numpy as np"), ("http/router.py", "import numpy"),
+                                            ("openai/response/sse.py", "import numpy as np"),
+                                            ("http/router.py", "import numpy"),
                                             ("engine/step.py", "import trio"), ("engine/step.py", "from trio import to_thread"),
                                             ("blas_spin.py", "import numpy"), ("errors.py", "import attrs")])
 def test_the_checker_sees_a_forbidden_third_party_import(package_copy: Path, file: str, line: str):

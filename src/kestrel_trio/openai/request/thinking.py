@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from kestrel_trio.errors import BadRequestError
-from kestrel_trio.openai._fields import fail, get_int
+from kestrel_trio.openai.fields.access import fail, get_int
 
 __all__ = ["REASONING_EFFORTS", "parse_thinking", "parse_thinking_budget", "BUDGET_FIELD"]
 
