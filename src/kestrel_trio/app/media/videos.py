@@ -24,7 +24,7 @@ import attrs
 import numpy as np
 import trio
 
-from kestrel_trio.app.images import ImagePolicy, check_allowed_file, media_bytes
+from kestrel_trio.app.media.images import ImagePolicy, check_allowed_file, media_bytes
 from kestrel_trio.errors import BadRequestError
 from kestrel_trio.model import Model
 from kestrel_trio.openai.request.image_urls import ImageRef, parse_image_url, video_parts
