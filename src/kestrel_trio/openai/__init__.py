@@ -3,7 +3,8 @@
 Imports neither trio nor numpy. Its rooms: ``fields`` (the JSON field checks every API front shares),
 ``request`` (request bodies -> validated values), ``response`` (response bodies, choices, logprobs, SSE) and
 ``responses_api`` (the Responses API over the chat request); ``embeddings`` is ``/v1/embeddings``'s request
-and response. This package re-exports the names the app layer and the other API fronts use.
+and response. A room imports its own modules and lower rooms only (the ranks: tests/openai/test_openai_rooms.py).
+This package re-exports the names the app layer and the other API fronts use.
 """
 
 from kestrel_trio.errors import error_body, error_body_for, error_object
