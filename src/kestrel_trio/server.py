@@ -33,7 +33,7 @@ from kestrel_trio.model import (
     load_model, set_blas_threads, set_prefill_precision, set_products,
 )
 from kestrel_trio.app import OPEN_PATHS, ImagePolicy, ServerState, VideoPolicy, build_router
-from kestrel_trio.app.thinking import check_reasoning_default
+from kestrel_trio.app.chat.thinking import check_reasoning_default
 from kestrel_trio.text.sampling import SamplingDefaults
 from kestrel_trio.webui import PATHS as WEBUI_PATHS
 
@@ -309,7 +309,7 @@ async def serve(
             named model's publisher's); by default none.
         reasoning: whether a chat request that does not say gets reasoning: "auto" (the model's chat
             template decides; Qwen3 reasons), "on" or "off" (carried out per model as
-            :mod:`kestrel_trio.app.thinking` says; a model without reasoning answers as always).
+            :mod:`kestrel_trio.app.chat.thinking` says; a model without reasoning answers as always).
         cors_origins: origins (``scheme://host[:port]``, or ``*`` for any) whose web
             pages may call the API from a browser; by default none. The API key
             still applies to their requests; CORS preflights need none.

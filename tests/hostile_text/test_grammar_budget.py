@@ -81,7 +81,7 @@ def test_compiling_a_hostile_schema_stays_within_a_memory_bound(schema: dict) ->
     code, result, stderr = run_child(f"""
         from kestrel_trio.model import load_demo_model
         from kestrel_trio import openai as oa
-        from kestrel_trio.app.grammar import completion_constraint
+        from kestrel_trio.app.chat.grammar import completion_constraint
         from kestrel_trio.errors import BadRequestError
         model = load_demo_model()
         structured = oa.StructuredOutput("json_schema", "response_format.json_schema.schema",

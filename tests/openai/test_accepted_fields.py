@@ -15,7 +15,7 @@ from kestrel_trio.openai import (
     parse_detokenize_request,
     parse_tokenize_request,
 )
-from kestrel_trio.openai.accepted_fields import NO_OP_FIELDS, REFUSED_FIELDS
+from kestrel_trio.openai.request.accepted_fields import NO_OP_FIELDS, REFUSED_FIELDS
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "api.md"
 USER = {"role": "user", "content": "hi"}

@@ -8,8 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kestrel_trio.openai.choices import CompletionChoice
-from kestrel_trio.openai.logprobs import CompletionLogprobs, LogprobToken, TokenLogprob, chat_logprobs, token_text
+from kestrel_trio.openai.response.choices import CompletionChoice
+from kestrel_trio.openai.response.logprobs import (
+    CompletionLogprobs, LogprobToken, TokenLogprob, chat_logprobs, token_text,
+)
 from qwen3_choice import qwen3_choice as ChatChoice  # the output read as a Qwen3 model's
 
 # A Qwen3 answer as the engine delivers it: one delta per token, tags split across deltas.

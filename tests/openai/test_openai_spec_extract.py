@@ -8,9 +8,9 @@ import pytest
 
 from kestrel_trio import openai as oa
 from kestrel_trio.errors import error_object
-from kestrel_trio.openai.choices import CompletionChoice
+from kestrel_trio.openai.response.choices import CompletionChoice
 from qwen3_choice import qwen3_choice as ChatChoice  # the output read as a Qwen3 model's
-from kestrel_trio.openai.logprobs import LogprobToken, TokenLogprob
+from kestrel_trio.openai.response.logprobs import LogprobToken, TokenLogprob
 
 from openai_spec import SCHEMA_FILE, violations
 

@@ -8,7 +8,7 @@ import pytest
 
 from kestrel_trio.errors import BadRequestError
 from kestrel_trio.openai import parse_chat_request
-from kestrel_trio.openai.thinking import REASONING_EFFORTS
+from kestrel_trio.openai.request.thinking import REASONING_EFFORTS
 
 
 def parse(**fields):

@@ -21,7 +21,7 @@ import openai
 import pytest
 import trio
 
-from kestrel_trio.app.thinking import reasoning_budget
+from kestrel_trio.app.chat.thinking import reasoning_budget
 from kestrel_trio.errors import BadRequestError
 from kestrel_trio.model import Model
 from kestrel_trio.openai import parse_chat_request

@@ -15,7 +15,7 @@ import openai
 import pytest
 import trio
 
-from kestrel_trio.app.thinking import ThinkingPlan, check_reasoning_default, plan_thinking
+from kestrel_trio.app.chat.thinking import ThinkingPlan, check_reasoning_default, plan_thinking
 from kestrel_trio.errors import BadRequestError, KestrelError
 from kestrel_trio.model import Model
 from kestrel_trio.openai import parse_chat_request
@@ -158,8 +158,8 @@ async def test_a_bad_reasoning_default_fails_before_listening(demo_model: Model)
 async def test_the_route_refuses_reasoning_from_a_model_without_it(demo_model: Model, monkeypatch) -> None:
     """The demo model's vocabulary made to lack ``<think>`` and its template the switch: an explicit "on" is a 400
     naming the field, in each API's envelope; "off" and the defaults answer."""
-    monkeypatch.setattr("kestrel_trio.app.thinking.model_thinks", lambda model: False)
-    monkeypatch.setattr("kestrel_trio.app.thinking._has_switch", lambda model: False)
+    monkeypatch.setattr("kestrel_trio.app.chat.thinking.model_thinks", lambda model: False)
+    monkeypatch.setattr("kestrel_trio.app.chat.thinking._has_switch", lambda model: False)
     body = {"messages": QUESTION, "max_tokens": 1}
     with trio.fail_after(120):
         async with running_server(demo_model, reasoning="on") as server:
@@ -189,7 +189,7 @@ async def test_the_route_refuses_reasoning_from_a_model_without_it(demo_model: M
 async def test_every_api_closes_the_block_on_a_template_without_the_switch(demo_model: Model, monkeypatch) -> None:
     """The demo model's template made to lack the switch: "off" from chat, Responses and Ollama alike adds the
     closed block to the prompt (one plan decides for all), and nothing asked leaves the prompt as it is."""
-    monkeypatch.setattr("kestrel_trio.app.thinking._has_switch", lambda model: False)
+    monkeypatch.setattr("kestrel_trio.app.chat.thinking._has_switch", lambda model: False)
     block = len(demo_model.encode(CLOSED))
 
     async def counts(server, off: bool) -> list[int]:

@@ -11,9 +11,9 @@ import pytest
 
 from kestrel_trio import BadRequestError
 from kestrel_trio.openai import parse_chat_request
-from kestrel_trio.openai.image_urls import ImageRef, decode_data_url, image_parts, parse_image_url
-from kestrel_trio.app import images as routes_images
-from kestrel_trio.app.images import ImagePolicy, template_parts
+from kestrel_trio.openai.request.image_urls import ImageRef, decode_data_url, image_parts, parse_image_url
+from kestrel_trio.app.media import images as routes_images
+from kestrel_trio.app.media.images import ImagePolicy, template_parts
 from kestrel_trio.text import ChatTemplate
 
 PARAM = "messages[0].content[1].image_url"

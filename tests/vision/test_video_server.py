@@ -18,7 +18,7 @@ import openai
 import pytest
 import trio
 
-from kestrel_trio.app.videos import VideoPolicy
+from kestrel_trio.app.media.videos import VideoPolicy
 from kestrel_trio.errors import BadRequestError
 from kestrel_trio.model import Model, load_model
 from kestrel_trio.text.images import decode_image

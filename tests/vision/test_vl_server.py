@@ -16,7 +16,7 @@ import pytest
 import trio
 
 from kestrel_trio.model import Model, load_model
-from kestrel_trio.app.images import ImagePolicy
+from kestrel_trio.app.media.images import ImagePolicy
 from kestrel_trio.server import Server
 from kestrel_trio.text import IncrementalDetokenizer
 

@@ -1,6 +1,6 @@
 """Which keys an Anthropic Messages request may carry: acting, accepted as documented no-ops, or refused.
 
-Theory of operation: as for the OpenAI routes (:mod:`kestrel_trio.openai.accepted_fields`), every key of a
+Theory of operation: as for the OpenAI routes (:mod:`kestrel_trio.openai.request.accepted_fields`), every key of a
 request body and of the objects nested in it falls in one class: acting (read by the parsers, which pass
 their own set to :func:`check_keys`), a no-op (:data:`NO_OP_FIELDS`: accepted with the values listed and
 documented in docs/anthropic.md), refused (:data:`REFUSED_FIELDS`: a real Anthropic field this server cannot
@@ -14,10 +14,10 @@ from collections.abc import Collection
 from typing import Any
 
 from kestrel_trio.errors import BadRequestError
-from kestrel_trio.openai._fields import check_str
-from kestrel_trio.openai._key_classes import Check, checks_of, classify_keys
-from kestrel_trio.openai._key_classes import is_object as _object
-from kestrel_trio.openai._key_classes import is_string as _string
+from kestrel_trio.openai.fields.access import check_str
+from kestrel_trio.openai.fields.key_classes import Check, checks_of, classify_keys
+from kestrel_trio.openai.fields.key_classes import is_object as _object
+from kestrel_trio.openai.fields.key_classes import is_string as _string
 
 __all__ = ["NO_OP_FIELDS", "REFUSED_FIELDS", "check_keys"]
 

@@ -40,7 +40,7 @@ from kestrel_trio.anthropic.fields import check_keys
 from kestrel_trio.anthropic.tools import TOOL_REFERENCE, parse_tool_choice, parse_tools, referenced_tools
 from kestrel_trio.errors import BadRequestError
 from kestrel_trio.openai import ChatRequest, SamplingFields
-from kestrel_trio.openai._fields import (
+from kestrel_trio.openai.fields.access import (
     check_object,
     check_str,
     fail,

@@ -17,8 +17,8 @@ from typing import Any
 
 from kestrel_trio.anthropic.fields import check_keys
 from kestrel_trio.errors import BadRequestError
-from kestrel_trio.openai._fields import check_object, check_str, fail, get_bool, join_path, require
-from kestrel_trio.openai.messages import unique_tool_name
+from kestrel_trio.openai.fields.access import check_object, check_str, fail, get_bool, join_path, require
+from kestrel_trio.openai.request.messages import unique_tool_name
 
 __all__ = ["Tools", "parse_tools", "parse_tool_choice", "referenced_tools", "TOOL_REFERENCE"]
 

@@ -11,9 +11,9 @@ catches the :class:`KestrelError`); once a stream has started, a failure is an `
 stream ends.
 
 ``thinking``: ``enabled`` / ``disabled`` is the chat request's reasoning choice, carried out as for
-``reasoning_effort`` (:mod:`kestrel_trio.app.thinking`); without it (or ``adaptive``) the server's
+``reasoning_effort`` (:mod:`kestrel_trio.app.chat.thinking`); without it (or ``adaptive``) the server's
 default applies. ``budget_tokens`` is checked as Anthropic checks it and is enforced: once the reasoning
-holds that many tokens, ``</think>`` is forced and the answer follows (:mod:`kestrel_trio.app.thinking`).
+holds that many tokens, ``</think>`` is forced and the answer follows (:mod:`kestrel_trio.app.chat.thinking`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 from kestrel_trio import anthropic as an
-from kestrel_trio.app.chat import CompletionJob
+from kestrel_trio.app.chat.job import CompletionJob
 from kestrel_trio.app.envelopes import errors_as
 from kestrel_trio.app.streams import respond_one
 from kestrel_trio.engine import GenerationHandle

@@ -15,7 +15,7 @@ Nothing is stored, whatever ``store`` says, so ``GET`` / ``DELETE /v1/responses/
 ``.../input_items`` and ``.../cancel`` answer 404 saying so.
 
 ``reasoning.effort`` is the chat request's reasoning choice (``none`` / ``minimal`` off, ``low`` to ``max``
-on), carried out by :mod:`kestrel_trio.app.thinking` as for ``reasoning_effort`` on chat, with the
+on), carried out by :mod:`kestrel_trio.app.chat.thinking` as for ``reasoning_effort`` on chat, with the
 ``--reasoning`` default when it is left out; a refusal names ``reasoning.effort``.
 """
 
@@ -26,7 +26,7 @@ from collections.abc import AsyncIterator
 
 import attrs
 
-from kestrel_trio.app.chat import CompletionJob
+from kestrel_trio.app.chat.job import CompletionJob
 from kestrel_trio.app.streams import respond_one
 from kestrel_trio.engine import GenerationHandle
 from kestrel_trio.errors import BadRequestError, ModelNotFoundError

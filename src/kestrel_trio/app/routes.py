@@ -29,15 +29,15 @@ from kestrel_trio.app.state import ServerState
 from kestrel_trio.errors import AuthenticationError, BadRequestError, EngineUnavailableError, ModelNotFoundError
 from kestrel_trio.http import Request, Response, Route, Router, StreamingResponse, answer_route
 from kestrel_trio.model import Model
-from kestrel_trio.app.chat import ChatOptions, CompletionJob, default_sampling
+from kestrel_trio.app.chat.job import ChatOptions, CompletionJob, default_sampling
 from kestrel_trio.app.responses import INPUT_TOKENS_PATH, RESPONSES_PATH, STORED_RESPONSES_PREFIX, ResponsesRoutes
 from kestrel_trio.app.messages import ANTHROPIC_PATHS, MessagesRoutes, anthropic_error_response
 from kestrel_trio.app.embeddings import EmbeddingRoutes
-from kestrel_trio.app.ollama import OLLAMA_PREFIX, add_ollama_routes, ollama_error_response
-from kestrel_trio.app.grammar import chat_constraint, completion_constraint
-from kestrel_trio.app.images import prepare_images, template_parts
-from kestrel_trio.app.videos import prepare_videos
-from kestrel_trio.app.thinking import chat_format, plan_thinking, reasoning_budget
+from kestrel_trio.app.ollama.routes import OLLAMA_PREFIX, add_ollama_routes, ollama_error_response
+from kestrel_trio.app.chat.grammar import chat_constraint, completion_constraint
+from kestrel_trio.app.media.images import prepare_images, template_parts
+from kestrel_trio.app.media.videos import prepare_videos
+from kestrel_trio.app.chat.thinking import chat_format, plan_thinking, reasoning_budget
 from kestrel_trio.text.constraint import Constraint
 from kestrel_trio.text.reasoning_budget import ReasoningBudget
 from kestrel_trio.text.images import expand_image_pads

@@ -7,8 +7,8 @@ import time
 import attrs
 import trio
 
-from kestrel_trio.app.images import ImagePolicy
-from kestrel_trio.app.videos import VideoPolicy
+from kestrel_trio.app.media.images import ImagePolicy
+from kestrel_trio.app.media.videos import VideoPolicy
 from kestrel_trio.engine import Engine
 from kestrel_trio.engine.memory.host_memory import process_memory
 from kestrel_trio.http import HttpServer
@@ -36,7 +36,7 @@ class ServerState:
             ``max_tokens`` (see :func:`kestrel_trio.openai.default_max_tokens`); None: OpenAI's defaults.
         sampling: the server's sampling defaults (``serve --temperature`` ...), under each request's own fields.
         reasoning: the reasoning of a chat request that asks for none: "auto" (the model's own), "on" or "off"
-            (``serve --reasoning``; :mod:`kestrel_trio.app.thinking`).
+            (``serve --reasoning``; :mod:`kestrel_trio.app.chat.thinking`).
         images: what image input chat requests may carry (Qwen3-VL models only).
         image_workers: requests whose images or videos are being decoded at once (worker threads).
         videos: what video input chat requests may carry (Qwen3-VL models only).

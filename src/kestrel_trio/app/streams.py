@@ -81,7 +81,7 @@ async def respond_one(job, events: Callable[[GenerationHandle], AsyncIterator[T]
     Submitting raises (429 / 503 / 400) before any head is sent.
 
     Args:
-        job: a one-choice :class:`kestrel_trio.app.chat.CompletionJob`.
+        job: a one-choice :class:`kestrel_trio.app.chat.job.CompletionJob`.
         events: reads the generation into the API's events (``job.fields.stream`` or not).
         encode, error, label: as for :func:`encoded`.
         body: the whole answer's JSON body, once every event was read.

@@ -1,6 +1,6 @@
 """Ollama's API schema layer: request bodies -> the server's chat request, NDJSON and listings out.
 
-Imports neither trio nor numpy. The routes are :mod:`kestrel_trio.app.ollama`.
+Imports neither trio nor numpy. The routes are :mod:`kestrel_trio.app.ollama.routes`.
 """
 
 from kestrel_trio.ollama.models import ModelFacts, listed_name, names_of, ps_body, show_body, tags_body, version_body

@@ -21,7 +21,7 @@ from typing import Any
 
 from kestrel_trio.errors import BadRequestError
 from kestrel_trio.openai import SamplingFields
-from kestrel_trio.openai._fields import check_object, check_str, fail, get_int, get_number, join_path
+from kestrel_trio.openai.fields.access import check_object, check_str, fail, get_int, get_number, join_path
 
 __all__ = ["sampling_from_options", "RUNTIME_OPTIONS", "NEUTRAL_ONLY", "MAX_STOP"]
 

@@ -29,7 +29,7 @@ import attrs
 from kestrel_trio.errors import BadRequestError
 from kestrel_trio.ollama.options import sampling_from_options
 from kestrel_trio.openai import ChatRequest, SamplingFields, StructuredOutput
-from kestrel_trio.openai._fields import (
+from kestrel_trio.openai.fields.access import (
     check_object, check_str, fail, get_bool, get_str, join_path, load_object, require,
 )
 

@@ -16,7 +16,7 @@ from typing import Any, Sequence
 import attrs
 
 from kestrel_trio.errors import BadRequestError
-from kestrel_trio.openai._fields import check_str, fail, get_int, get_str, join_path, load_object, require
+from kestrel_trio.openai.fields.access import check_str, fail, get_int, get_str, join_path, load_object, require
 
 __all__ = ["EmbeddingRequest", "parse_embedding_request", "embedding_response", "encode_vector", "MAX_INPUTS"]
 

@@ -30,7 +30,7 @@ import secrets
 
 import attrs
 
-from kestrel_trio.openai.responses import to_json_bytes
+from kestrel_trio.openai.response.bodies import to_json_bytes
 
 __all__ = ["ResponseAssembler", "new_response_id", "sse_event"]
 

@@ -1,6 +1,6 @@
 """Which keys a Responses API request may carry: acting, accepted as documented no-ops, or refused.
 
-Theory of operation: as for chat completions (:mod:`kestrel_trio.openai.accepted_fields`), every key of a
+Theory of operation: as for chat completions (:mod:`kestrel_trio.openai.request.accepted_fields`), every key of a
 ``POST /v1/responses`` body and of the objects nested in it falls in one class: acting (read by the parser,
 which passes its own set to :func:`check_keys`), a no-op (:data:`NO_OP_FIELDS`: accepted with the values
 listed, documented in docs/responses.md), refused (:data:`REFUSED_FIELDS`: a real field this stateless
@@ -14,12 +14,12 @@ from collections.abc import Collection
 from typing import Any
 
 from kestrel_trio.errors import BadRequestError
-from kestrel_trio.openai._fields import check_str, fail, join_path
-from kestrel_trio.openai._key_classes import Check, checks_of, classify_keys
-from kestrel_trio.openai._key_classes import is_array as _array
-from kestrel_trio.openai._key_classes import is_boolean as _boolean
-from kestrel_trio.openai._key_classes import is_string as _string
-from kestrel_trio.openai._key_classes import one_of as _one_of
+from kestrel_trio.openai.fields.access import check_str, fail, join_path
+from kestrel_trio.openai.fields.key_classes import Check, checks_of, classify_keys
+from kestrel_trio.openai.fields.key_classes import is_array as _array
+from kestrel_trio.openai.fields.key_classes import is_boolean as _boolean
+from kestrel_trio.openai.fields.key_classes import is_string as _string
+from kestrel_trio.openai.fields.key_classes import one_of as _one_of
 
 __all__ = ["NO_OP_FIELDS", "REFUSED_FIELDS", "check_keys"]
 

@@ -29,7 +29,7 @@ from typing import Any
 import attrs
 
 from kestrel_trio.errors import BadRequestError
-from kestrel_trio.openai._fields import (
+from kestrel_trio.openai.fields.access import (
     check_object,
     check_str,
     fail,
@@ -43,11 +43,11 @@ from kestrel_trio.openai._fields import (
     load_object,
     require,
 )
-from kestrel_trio.openai.messages import function_spec, unique_tool_name
-from kestrel_trio.openai.requests import ChatRequest, SamplingFields
+from kestrel_trio.openai.request.bodies import ChatRequest, SamplingFields
+from kestrel_trio.openai.request.messages import function_spec, unique_tool_name
+from kestrel_trio.openai.request.structured import StructuredOutput
+from kestrel_trio.openai.request.thinking import REASONING_EFFORTS
 from kestrel_trio.openai.responses_api.fields import check_keys
-from kestrel_trio.openai.structured import StructuredOutput
-from kestrel_trio.openai.thinking import REASONING_EFFORTS
 
 __all__ = ["ResponsesRequest", "parse_responses_request", "parse_input_tokens_request", "EFFORTS",
            "MAX_METADATA_PAIRS"]

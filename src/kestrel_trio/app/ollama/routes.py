@@ -25,11 +25,11 @@ import attrs
 import trio
 
 from kestrel_trio import ollama as ol
-from kestrel_trio.app.chat import CompletionJob
+from kestrel_trio.app.chat.grammar import completion_constraint
+from kestrel_trio.app.chat.job import CompletionJob
 from kestrel_trio.app.embeddings import embed
 from kestrel_trio.app.envelopes import errors_as
-from kestrel_trio.app.grammar import completion_constraint
-from kestrel_trio.app.ollama_facts import model_facts
+from kestrel_trio.app.ollama.facts import model_facts
 from kestrel_trio.app.streams import GenerationStream, encoded
 from kestrel_trio.engine import GenerationHandle
 from kestrel_trio.errors import BadRequestError, KestrelError, ModelNotFoundError

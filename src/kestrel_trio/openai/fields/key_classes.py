@@ -18,7 +18,7 @@ from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from kestrel_trio.errors import BadRequestError
-from kestrel_trio.openai._fields import check_object, check_str, fail, join_path
+from kestrel_trio.openai.fields.access import check_object, check_str, fail, join_path
 
 __all__ = ["Check", "classify_keys", "checks_of", "refused", "is_string", "is_object", "is_boolean", "is_array", "one_of"]
 

@@ -8,7 +8,7 @@ strict reader of exactly this framing, for tests and clients of our own.
 from __future__ import annotations
 
 from kestrel_trio.errors import KestrelError, error_object
-from kestrel_trio.openai.responses import to_json_bytes
+from kestrel_trio.openai.response.bodies import to_json_bytes
 
 __all__ = ["SSE_DONE", "sse_event", "sse_error", "parse_sse", "SSEFormatError"]
 

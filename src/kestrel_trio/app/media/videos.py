@@ -24,10 +24,10 @@ import attrs
 import numpy as np
 import trio
 
-from kestrel_trio.app.images import ImagePolicy, check_allowed_file, media_bytes
+from kestrel_trio.app.media.images import ImagePolicy, check_allowed_file, media_bytes
 from kestrel_trio.errors import BadRequestError
 from kestrel_trio.model import Model
-from kestrel_trio.openai.image_urls import ImageRef, parse_image_url, video_parts
+from kestrel_trio.openai.request.image_urls import ImageRef, parse_image_url, video_parts
 from kestrel_trio.text.images import decode_image
 from kestrel_trio.text.video_decode import decode_video, require_av
 from kestrel_trio.text.videos import ProcessedVideo, VideoProcessorConfig, frame_timestamps, frames_to_video

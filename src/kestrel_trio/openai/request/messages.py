@@ -3,7 +3,7 @@
 Messages come out normalized for a chat template: ``developer`` becomes
 ``system``; text content parts are joined with ``"\\n"`` (as vLLM does) into a
 plain string. A key that is neither read here nor a documented no-op
-(:data:`kestrel_trio.openai.accepted_fields.NO_OP_FIELDS`) is refused with a
+(:data:`kestrel_trio.openai.request.accepted_fields.NO_OP_FIELDS`) is refused with a
 400 naming it. Assistant ``tool_calls`` keep their
 ``arguments`` exactly as sent (a JSON string); :func:`template_messages` makes
 the copy a template wants, with ``arguments`` parsed into a mapping.
@@ -16,8 +16,7 @@ import json
 from typing import Any
 
 from kestrel_trio.errors import BadRequestError
-from kestrel_trio.openai.accepted_fields import CHAT, check_keys
-from kestrel_trio.openai._fields import (
+from kestrel_trio.openai.fields.access import (
     check_object,
     check_str,
     fail,
@@ -27,6 +26,7 @@ from kestrel_trio.openai._fields import (
     join_path,
     require,
 )
+from kestrel_trio.openai.request.accepted_fields import CHAT, check_keys
 
 __all__ = [
     "validate_messages", "validate_tools", "validate_tool_choice", "template_messages", "function_spec",

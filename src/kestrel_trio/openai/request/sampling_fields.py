@@ -11,8 +11,7 @@ import re
 import attrs
 
 from kestrel_trio.errors import BadRequestError
-from kestrel_trio.openai.accepted_fields import CHAT, COMPLETIONS, check_keys
-from kestrel_trio.openai._fields import (
+from kestrel_trio.openai.fields.access import (
     check_token_id,
     fail,
     get_array,
@@ -22,6 +21,7 @@ from kestrel_trio.openai._fields import (
     get_object,
     join_path,
 )
+from kestrel_trio.openai.request.accepted_fields import CHAT, COMPLETIONS, check_keys
 
 __all__ = [
     "SamplingFields", "parse_sampling_fields", "SAMPLING_KEYS_CHAT", "SAMPLING_KEYS_COMPLETIONS",

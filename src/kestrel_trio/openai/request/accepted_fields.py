@@ -25,10 +25,10 @@ from typing import Any
 import attrs
 
 from kestrel_trio.errors import BadRequestError
-from kestrel_trio.openai._key_classes import Check, classify_keys
-from kestrel_trio.openai._key_classes import is_boolean as _is_boolean
-from kestrel_trio.openai._key_classes import is_object as _is_object
-from kestrel_trio.openai._key_classes import is_string as _is_string
+from kestrel_trio.openai.fields.key_classes import Check, classify_keys
+from kestrel_trio.openai.fields.key_classes import is_boolean as _is_boolean
+from kestrel_trio.openai.fields.key_classes import is_object as _is_object
+from kestrel_trio.openai.fields.key_classes import is_string as _is_string
 
 __all__ = [
     "NoOpField", "NO_OP_FIELDS", "REFUSED_FIELDS", "check_keys", "CHAT", "COMPLETIONS", "TOKENIZE", "DETOKENIZE",

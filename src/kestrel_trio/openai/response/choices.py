@@ -32,7 +32,7 @@ from typing import Protocol
 
 import attrs
 
-from kestrel_trio.openai.logprobs import CompletionLogprobs, TokenLogprob, chat_logprobs
+from kestrel_trio.openai.response.logprobs import CompletionLogprobs, TokenLogprob, chat_logprobs
 
 __all__ = ["ChatChoice", "CompletionChoice", "OutputParser"]
 

@@ -1,7 +1,7 @@
 """Request bodies -> validated frozen values.
 
 No field is silently ignored: each key either acts, is a documented no-op, or
-is refused (see :mod:`kestrel_trio.openai.accepted_fields`, and docs/api.md);
+is refused (see :mod:`kestrel_trio.openai.request.accepted_fields`, and docs/api.md);
 ``null`` for a known optional field means unset. Every rejection is a
 :class:`BadRequestError` whose ``param`` names the offending field (dotted path
 for nested fields).
@@ -14,8 +14,7 @@ from typing import Any, NoReturn
 import attrs
 
 from kestrel_trio.errors import BadRequestError
-from kestrel_trio.openai.accepted_fields import CHAT, COMPLETIONS, DETOKENIZE, TOKENIZE, check_keys
-from kestrel_trio.openai._fields import (
+from kestrel_trio.openai.fields.access import (
     check_token_id,
     fail,
     get_array,
@@ -25,20 +24,21 @@ from kestrel_trio.openai._fields import (
     join_path,
     load_object,
 )
-from kestrel_trio.openai.messages import (
+from kestrel_trio.openai.request.accepted_fields import CHAT, COMPLETIONS, DETOKENIZE, TOKENIZE, check_keys
+from kestrel_trio.openai.request.messages import (
     template_messages,
     validate_messages,
     validate_tool_choice,
     validate_tools,
 )
-from kestrel_trio.openai.sampling_fields import (
+from kestrel_trio.openai.request.sampling_fields import (
     SAMPLING_KEYS_CHAT,
     SAMPLING_KEYS_COMPLETIONS,
     SamplingFields,
     parse_sampling_fields,
 )
-from kestrel_trio.openai.structured import StructuredOutput, parse_structured_output
-from kestrel_trio.openai.thinking import BUDGET_FIELD, parse_thinking, parse_thinking_budget
+from kestrel_trio.openai.request.structured import StructuredOutput, parse_structured_output
+from kestrel_trio.openai.request.thinking import BUDGET_FIELD, parse_thinking, parse_thinking_budget
 
 __all__ = [
     "SamplingFields",
@@ -59,7 +59,7 @@ class ChatRequest:
 
     Attributes:
         model: the requested model id, or None.
-        messages: normalized messages (see :mod:`kestrel_trio.openai.messages`).
+        messages: normalized messages (see :mod:`kestrel_trio.openai.request.messages`).
         tools: validated tool definitions, or None.
         tool_choice: ``"none"``/``"auto"``/``"required"``, a named function, or None.
         chat_template_kwargs: extra template variables (``enable_thinking`` is not among them: see ``thinking``).
@@ -67,7 +67,7 @@ class ChatRequest:
         parallel_tool_calls: False: return at most one tool call per choice (OpenAI's default: True).
         structured: ``response_format`` / ``structured_outputs``, or None for free text.
         thinking: reason before answering (True), do not (False), or the server's default (None)
-            (:mod:`kestrel_trio.openai.thinking`).
+            (:mod:`kestrel_trio.openai.request.thinking`).
         thinking_param: the request field that set ``thinking``, named by an error.
         thinking_budget: tokens the reasoning may hold before its end is forced
             (:mod:`kestrel_trio.text.reasoning_budget`), or None for no budget but ``max_tokens``.

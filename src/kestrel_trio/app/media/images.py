@@ -21,7 +21,7 @@ import trio
 
 from kestrel_trio.errors import BadRequestError
 from kestrel_trio.model import Model
-from kestrel_trio.openai.image_urls import ImageRef, decode_data_url, image_parts, parse_image_url
+from kestrel_trio.openai.request.image_urls import ImageRef, decode_data_url, image_parts, parse_image_url
 from kestrel_trio.text.images import ProcessedImage, preprocess_image
 
 __all__ = ["ImagePolicy", "prepare_images", "template_parts", "check_allowed_file", "media_bytes"]

@@ -6,7 +6,8 @@ import datetime
 import math
 
 from kestrel_trio._model import expected_shapes, resident_bytes
-from kestrel_trio.app.chat import default_sampling, model_thinks
+from kestrel_trio.app.chat.job import default_sampling
+from kestrel_trio.app.chat.thinking import model_thinks
 from kestrel_trio.model import Model
 from kestrel_trio.ollama import ModelFacts
 

@@ -5,7 +5,7 @@ Theory of operation: a request says "think", "do not think", or nothing (the ser
 value, :attr:`ChatRequest.thinking <kestrel_trio.openai.ChatRequest>` (True, False or None), with the
 field that said it (:attr:`ChatRequest.thinking_param`, which an error names); the Anthropic translator
 sets the same two from ``thinking``. The app layer then decides, per model, how the choice is carried
-out (``kestrel_trio.app.thinking``).
+out (``kestrel_trio.app.chat.thinking``).
 
 * ``reasoning_effort``: ``"none"`` and ``"minimal"`` turn reasoning off; ``"low"``, ``"medium"``,
   ``"high"``, ``"xhigh"`` and ``"max"`` turn it on. The levels above off are one level here: the
@@ -15,7 +15,7 @@ out (``kestrel_trio.app.thinking``).
   answer would ignore one of them.
 
 ``thinking_token_budget`` (vLLM's name, a non-negative integer) bounds the reasoning in tokens:
-:attr:`ChatRequest.thinking_budget`, enforced by forcing ``</think>`` (``kestrel_trio.app.thinking``).
+:attr:`ChatRequest.thinking_budget`, enforced by forcing ``</think>`` (``kestrel_trio.app.chat.thinking``).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from kestrel_trio.errors import BadRequestError
-from kestrel_trio.openai._fields import fail, get_int
+from kestrel_trio.openai.fields.access import fail, get_int
 
 __all__ = ["REASONING_EFFORTS", "parse_thinking", "parse_thinking_budget", "BUDGET_FIELD"]
 

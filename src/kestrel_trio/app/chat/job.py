@@ -30,8 +30,8 @@ from contextlib import aclosing
 import attrs
 
 from kestrel_trio import openai as oa
+from kestrel_trio.app.chat.thinking import model_thinks
 from kestrel_trio.app.streams import GenerationStream
-from kestrel_trio.app.thinking import model_thinks
 from kestrel_trio.engine import Engine, GenerationHandle, GenerationRequest
 from kestrel_trio.errors import BadRequestError, KestrelError
 from kestrel_trio.http import Response, StreamingResponse

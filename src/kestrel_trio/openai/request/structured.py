@@ -22,8 +22,10 @@ from typing import Any
 import attrs
 
 from kestrel_trio.errors import BadRequestError
-from kestrel_trio.openai.accepted_fields import CHAT, check_keys
-from kestrel_trio.openai._fields import check_object, check_str, fail, get_bool, get_object, get_str, join_path, require
+from kestrel_trio.openai.fields.access import (
+    check_object, check_str, fail, get_bool, get_object, get_str, join_path, require,
+)
+from kestrel_trio.openai.request.accepted_fields import CHAT, check_keys
 
 __all__ = ["StructuredOutput", "parse_structured_output"]
 
