@@ -17,11 +17,11 @@ state machine or value type that the engine drives.
   tool-call pieces, and the prompt edits that open or close reasoning.
 """
 
-from kestrel_trio.text.chat_template import ChatTemplate, missing_template_error
-from kestrel_trio.text.detokenizer import IncrementalDetokenizer
 from kestrel_trio.text.sampling import SamplingParams, Sampler
 from kestrel_trio.text.stops import StopStringMatcher
-from kestrel_trio.text.tokenizer import Tokenizer
+from kestrel_trio.text.tokens.chat_template import ChatTemplate, missing_template_error
+from kestrel_trio.text.tokens.detokenizer import IncrementalDetokenizer
+from kestrel_trio.text.tokens.tokenizer import Tokenizer
 
 __all__ = [
     "Tokenizer",

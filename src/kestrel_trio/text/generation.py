@@ -36,14 +36,14 @@ with every row's logits, and hands the rows to
 (:meth:`StepResult.tokens`), each through the same per-token path as a plain
 step; the cache is cut back to the tokens kept.
 
-A generation with a :class:`~kestrel_trio.text.constraint.Constraint`
+A generation with a :class:`~kestrel_trio.text.constraints.constraint.Constraint`
 (structured outputs) keeps its own ``constraint`` state: while it is active,
 each sampled token is drawn from the grammar's mask, and the token is then fed
 to the grammar. A driver may compute the masks of a batch ahead
-(:func:`~kestrel_trio.text.constraint.start_masks`) for the generations whose
+(:func:`~kestrel_trio.text.constraints.constraint.start_masks`) for the generations whose
 step samples (:attr:`Generation.samples_next`); otherwise ``advance`` computes it.
 
-A generation with a :class:`~kestrel_trio.text.reasoning_budget.ReasoningBudget` keeps its own
+A generation with a :class:`~kestrel_trio.text.constraints.reasoning_budget.ReasoningBudget` keeps its own
 ``reasoning`` state: once its reasoning block has used the budget, the next token is the
 end-of-reasoning token, drawn by the same sampler from a mask that allows it alone (so logprobs, stop
 ids and the grammar see it as any other token), and a speculative step's row does the same.
@@ -60,15 +60,15 @@ import numpy as np
 
 from kestrel_trio._model import KVCache, VLPrompt
 from kestrel_trio.errors import ContextLengthError
-from kestrel_trio.text.constraint import Constraint, ConstraintState
-from kestrel_trio.text.detokenizer import IncrementalDetokenizer
-from kestrel_trio.text.images import ProcessedImage
-from kestrel_trio.text.reasoning_budget import BudgetState, ReasoningBudget
+from kestrel_trio.text.constraints.constraint import Constraint, ConstraintState
+from kestrel_trio.text.constraints.reasoning_budget import BudgetState, ReasoningBudget
+from kestrel_trio.text.media.images import ProcessedImage
 from kestrel_trio.text.repetition import RepetitionWatch
 from kestrel_trio.text.sampling import Sampler, SamplingParams, TokenLogprobs
 from kestrel_trio.text.speculative import SpeculationState
 from kestrel_trio.text.stops import StopStringMatcher
-from kestrel_trio.text.tokenizer import Tokenizer
+from kestrel_trio.text.tokens.detokenizer import IncrementalDetokenizer
+from kestrel_trio.text.tokens.tokenizer import Tokenizer
 
 __all__ = ["Phase", "StepResult", "Generation", "check_context", "DEFAULT_PREFILL_CHUNK"]
 

@@ -10,7 +10,7 @@ transformers):
 3. ``presence_penalty`` / ``frequency_penalty`` over generated ids only
    (OpenAI's rule: ``logit -= presence * (count > 0) + frequency * count``).
    Then, for structured outputs, the grammar's token mask: every token it
-   does not allow gets ``-inf`` (:mod:`kestrel_trio.text.constraint`), so no
+   does not allow gets ``-inf`` (:mod:`kestrel_trio.text.constraints.constraint`), so no
    later step can bring one back.
 4. ``temperature == 0`` means greedy: argmax, ties to the lowest id. Otherwise
    the logits are divided by the temperature, then
