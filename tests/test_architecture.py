@@ -395,10 +395,10 @@ def test_only_the_cli_calls_trio_run_or_reads_argv():
 
 # (file in the package, line planted at its end, a fragment of the expected complaint)
 PLANTED = [
-    ("text/sampling.py", "from kestrel_trio.app.state import ServerState", "imports kestrel_trio.app.state"),
-    ("text/sampling.py", "from ..server import serve", "imports kestrel_trio.server"),
-    ("text/sampling.py", "from .. import server", "imports kestrel_trio.server"),
-    ("text/sampling.py", "from kestrel_trio import serve", "imports kestrel_trio (kestrel_trio, rank 9)"),
+    ("text/sampling/sampler.py", "from kestrel_trio.app.state import ServerState", "imports kestrel_trio.app.state"),
+    ("text/sampling/sampler.py", "from ...server import serve", "imports kestrel_trio.server"),
+    ("text/sampling/sampler.py", "from ... import server", "imports kestrel_trio.server"),
+    ("text/sampling/sampler.py", "from kestrel_trio import serve", "imports kestrel_trio (kestrel_trio, rank 9)"),
     ("engine/engine.py", "from kestrel_trio.app import chat", "imports kestrel_trio.app.chat"),
     ("engine/engine.py", "from ..server import Server", "imports kestrel_trio.server"),
     ("engine/admission.py", "from kestrel_trio.app import chat", "imports kestrel_trio.app.chat"),
@@ -455,7 +455,8 @@ def test_the_checker_sees_a_module_with_no_layer(package_copy: Path):
 
 @pytest.mark.parametrize(("file", "line"), [("_model/decoder/forward.py", "import trio"),
                                             ("_model/decoder/forward.py", "import jinja2"),
-                                            ("text/sampling.py", "import trio"), ("engine/engine.py", "import json"),
+                                            ("text/sampling/sampler.py", "import trio"),
+                                            ("engine/engine.py", "import json"),
                                             ("openai/sse.py", "import numpy as np"), ("http/router.py", "import numpy"),
                                             ("engine/step.py", "import trio"), ("engine/step.py", "from trio import to_thread"),
                                             ("blas_spin.py", "import numpy"), ("errors.py", "import attrs")])
@@ -467,7 +468,7 @@ def test_the_checker_sees_a_forbidden_third_party_import(package_copy: Path, fil
 @pytest.mark.parametrize(("file", "line"), [
     ("model.py", "from kestrel_trio._model.weights.assemble import load_weights"),
     ("model_checks.py", "from kestrel_trio._model.gguf.reader import GgufFile"),
-    ("text/sampling.py", "from .._model.cache.kv_cache import KVCache"),
+    ("text/sampling/sampler.py", "from ..._model.cache.kv_cache import KVCache"),
     ("engine/engine.py", "from kestrel_trio._model.cache import prefix_cache"),
     ("engine/step.py", "import kestrel_trio._model.decoder.forward"),
 ])

@@ -10,7 +10,8 @@ from kestrel_trio.text.generation import DEFAULT_PREFILL_CHUNK
 from kestrel_trio.text.media.images import ProcessedImage
 from kestrel_trio.text.media.videos import ProcessedVideo
 from kestrel_trio.text.constraints.reasoning_budget import ReasoningBudget
-from kestrel_trio.text.sampling import SamplingParams, TokenLogprobs
+from kestrel_trio.text.sampling.params import SamplingParams
+from kestrel_trio.text.sampling.sampler import TokenLogprobs
 from kestrel_trio.text.speculative import MAX_SPECULATIVE_TOKENS, SPECULATIVE_MODES
 
 __all__ = ["EngineLimits", "GenerationRequest", "Delta", "KVUsage"]

@@ -64,7 +64,8 @@ from kestrel_trio.text.constraints.constraint import Constraint, ConstraintState
 from kestrel_trio.text.constraints.reasoning_budget import BudgetState, ReasoningBudget
 from kestrel_trio.text.media.images import ProcessedImage
 from kestrel_trio.text.repetition import RepetitionWatch
-from kestrel_trio.text.sampling import Sampler, SamplingParams, TokenLogprobs
+from kestrel_trio.text.sampling.params import SamplingParams
+from kestrel_trio.text.sampling.sampler import Sampler, TokenLogprobs
 from kestrel_trio.text.speculative import SpeculationState
 from kestrel_trio.text.stops import StopStringMatcher
 from kestrel_trio.text.tokens.detokenizer import IncrementalDetokenizer
