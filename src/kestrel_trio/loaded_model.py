@@ -24,7 +24,8 @@ from kestrel_trio._model import (
 from kestrel_trio.errors import BadRequestError, ContextLengthError, KestrelError
 from kestrel_trio.model_settings import _blas_at_start, _keep_freed_temporaries, set_blas_threads
 from kestrel_trio.text import ChatTemplate, Tokenizer, missing_template_error
-from kestrel_trio.text.generation import DEFAULT_PREFILL_CHUNK, check_context
+from kestrel_trio.text.context_length import check_context
+from kestrel_trio.text.generation import DEFAULT_PREFILL_CHUNK
 from kestrel_trio.text.media.images import ImageProcessorConfig
 from kestrel_trio.text.media.videos import VideoProcessorConfig
 
