@@ -43,6 +43,19 @@ concern), and the rooms are ranked the same way (MODEL_ROOMS, lowest first):
 A room imports its own modules and rooms ranked below it, at load or inside a
 function alike; no module in a room imports ``_model``'s ``__init__`` (it
 imports every room).
+
+``text`` is ranked the same way (TEXT_ROOMS, lowest first), its rooms beside the
+modules directly in ``text/``, each of which counts as a room of its own:
+
+    0  chat_formats, media    each model family's chat markers and answer parsers; images and videos
+    0  repetition, speculative, stops, context_length
+                              the loop guard, speculative decoding, stop strings, the context-window check
+    1  sampling, tokens       the sampling params and the sampler (on the guard and the acceptance rule);
+                              the tokenizer, detokenizer and chat template (on chat_formats' tool prompt)
+    2  constraints, step_result  grammars and the reasoning budget (on the tokenizer); a step's result
+    3  generation             the state machine, which drives them all
+
+No module in a room imports ``text``'s ``__init__`` (it imports rooms).
 """
 
 from __future__ import annotations
@@ -107,6 +120,14 @@ MODEL_ROOMS = {
     "weights": 3, "cache": 3,
     "decoder": 4,
     "embedding": 5, "vision": 5,
+}
+TEXT_PACKAGE = "kestrel_trio.text"
+# text's room, or module directly in text/ (ranked as a room of its own) -> rank (the module docstring says why).
+TEXT_ROOMS = {
+    "chat_formats": 0, "media": 0, "repetition": 0, "speculative": 0, "stops": 0, "context_length": 0,
+    "sampling": 1, "tokens": 1,
+    "constraints": 2, "step_result": 2,
+    "generation": 3,
 }
 BENCHMARKS = SRC.parent.parent / "benchmarks"
 # Benchmarks that measure _model's private kernels themselves, by path under benchmarks/ (reason beside each).
@@ -278,38 +299,46 @@ def seam_violations(src: Path) -> list[str]:
     return found
 
 
-def room_violations(src: Path) -> list[str]:
-    """Imports between ``_model``'s rooms that point up or sideways, imports of ``_model``'s ``__init__`` from a
-    room, modules in no room, and rooms missing from (or only in) MODEL_ROOMS."""
-    model = src / PRIVATE_PACKAGE.split(".")[1]
-    prefix = PRIVATE_PACKAGE + "."
-    on_disk = {p.name for p in model.iterdir() if (p / "__init__.py").is_file()}
-    found = [f"{PRIVATE_PACKAGE}.{room} is a room missing from MODEL_ROOMS"
-             for room in sorted(on_disk - MODEL_ROOMS.keys())]
-    found += [f"MODEL_ROOMS names {room}, which is no folder of _model"
-              for room in sorted(MODEL_ROOMS.keys() - on_disk)]
-    for path in sorted(model.rglob("*.py")):
+def room_violations(src: Path, package: str = PRIVATE_PACKAGE, ranks: dict[str, int] | None = None,
+                    ranks_name: str = "MODEL_ROOMS", own_modules: bool = False) -> list[str]:
+    """Imports between a package's rooms that point up or sideways, imports of its ``__init__`` from a room,
+    modules in no room, and rooms missing from (or only in) its ranks (by default ``_model``'s, MODEL_ROOMS).
+
+    ``own_modules``: each module directly in the package is ranked as a room of its own (text's generation,
+    stops ...); without it (``_model``), such a module is in no room."""
+    ranks = MODEL_ROOMS if ranks is None else ranks
+    short = package.split(".")[1]
+    folder = src / short
+    prefix = package + "."
+    on_disk = {p.name for p in folder.iterdir() if (p / "__init__.py").is_file()}
+    if own_modules:
+        on_disk |= {p.stem for p in folder.glob("*.py") if p.name != "__init__.py"}
+    kind = "a room or module" if own_modules else "a room"
+    found = [f"{package}.{room} is {kind} missing from {ranks_name}" for room in sorted(on_disk - ranks.keys())]
+    where = "room or module" if own_modules else "folder"
+    found += [f"{ranks_name} names {room}, which is no {where} of {short}" for room in sorted(ranks.keys() - on_disk)]
+    for path in sorted(folder.rglob("*.py")):
         this = module_name(path, src)
-        if this == PRIVATE_PACKAGE:
+        if this == package:
             continue
         own = this[len(prefix):].split(".")[0]
-        if own not in MODEL_ROOMS:
-            found.append(f"{this} is in no room of _model (move it into one, or add its room to MODEL_ROOMS)")
+        if own not in ranks:
+            found.append(f"{this} is in no room of {short} (move it into one, or add its room to {ranks_name})")
             continue
         for name in sorted(imports_of(path, src)):
-            if name == PRIVATE_PACKAGE:
-                found.append(f"{this} ({own}) imports {PRIVATE_PACKAGE}, whose __init__ imports every room")
+            if name == package:
+                found.append(f"{this} ({own}) imports {package}, whose __init__ imports the rooms")
                 continue
             if not name.startswith(prefix):
                 continue
             target = name[len(prefix):].split(".")[0]
             if target == own:
                 continue
-            if target not in MODEL_ROOMS:
+            if target not in ranks:
                 found.append(f"{this} imports {name}, which is in no room")
-            elif MODEL_ROOMS[target] >= MODEL_ROOMS[own]:
-                found.append(f"{this} ({own}, rank {MODEL_ROOMS[own]}) imports {name} "
-                             f"({target}, rank {MODEL_ROOMS[target]})")
+            elif ranks[target] >= ranks[own]:
+                found.append(f"{this} ({own}, rank {ranks[own]}) imports {name} "
+                             f"({target}, rank {ranks[target]})")
     return found
 
 
@@ -387,6 +416,15 @@ def test_model_rooms_import_only_downwards():
     assert room_violations(SRC) == []
 
 
+def text_room_violations(src: Path) -> list[str]:
+    """:func:`room_violations` for ``text``, ranked by TEXT_ROOMS (its own modules each a room of its own)."""
+    return room_violations(src, TEXT_PACKAGE, TEXT_ROOMS, "TEXT_ROOMS", own_modules=True)
+
+
+def test_text_rooms_import_only_downwards():
+    assert text_room_violations(SRC) == []
+
+
 def test_no_modules_import_one_another_in_a_circle():
     assert import_cycles(SRC) == []
 
@@ -404,10 +442,10 @@ def test_only_the_cli_calls_trio_run_or_reads_argv():
 
 # (file in the package, line planted at its end, a fragment of the expected complaint)
 PLANTED = [
-    ("text/sampling.py", "from kestrel_trio.app.state import ServerState", "imports kestrel_trio.app.state"),
-    ("text/sampling.py", "from ..server import serve", "imports kestrel_trio.server"),
-    ("text/sampling.py", "from .. import server", "imports kestrel_trio.server"),
-    ("text/sampling.py", "from kestrel_trio import serve", "imports kestrel_trio (kestrel_trio, rank 9)"),
+    ("text/sampling/sampler.py", "from kestrel_trio.app.state import ServerState", "imports kestrel_trio.app.state"),
+    ("text/sampling/sampler.py", "from ...server import serve", "imports kestrel_trio.server"),
+    ("text/sampling/sampler.py", "from ... import server", "imports kestrel_trio.server"),
+    ("text/sampling/sampler.py", "from kestrel_trio import serve", "imports kestrel_trio (kestrel_trio, rank 9)"),
     ("engine/engine.py", "from kestrel_trio.app import chat", "imports kestrel_trio.app.chat"),
     ("engine/engine.py", "from ..server import Server", "imports kestrel_trio.server"),
     ("engine/admission.py", "from kestrel_trio.app import chat", "imports kestrel_trio.app.chat"),
@@ -466,7 +504,7 @@ def test_the_checker_sees_a_module_with_no_layer(package_copy: Path):
 
 @pytest.mark.parametrize(("file", "line"), [("_model/decoder/forward.py", "import trio"),
                                             ("_model/decoder/forward.py", "import jinja2"),
-                                            ("text/sampling.py", "import trio"), ("engine/engine.py", "import json"),
+                                            ("text/sampling/sampler.py", "import trio"), ("engine/engine.py", "import json"),
                                             ("openai/response/sse.py", "import numpy as np"), ("http/router.py", "import numpy"),
                                             ("engine/step/batch.py", "import trio"),
                                             ("engine/step/batch.py", "from trio import to_thread"),
@@ -483,7 +521,7 @@ def test_the_checker_sees_a_forbidden_third_party_import(package_copy: Path, fil
     ("model/__init__.py", "from kestrel_trio._model.weights.assemble import load_weights"),
     ("model/checks.py", "from kestrel_trio._model.gguf.reader import GgufFile"),
     ("cli/parser.py", "from .._model.cache import kv_storage"),
-    ("text/sampling.py", "from .._model.cache.kv_cache import KVCache"),
+    ("text/sampling/sampler.py", "from ..._model.cache.kv_cache import KVCache"),
     ("engine/engine.py", "from kestrel_trio._model.cache import prefix_cache"),
     ("engine/step/batch.py", "import kestrel_trio._model.decoder.forward"),
 ])
@@ -536,17 +574,37 @@ PLANTED_IN_ROOMS = [
     ("_model/vision/tower.py", "from kestrel_trio._model.embedding.pooling import normalize",
      "(vision, rank 5) imports kestrel_trio._model.embedding.pooling (embedding, rank 5)"),
     ("_model/decoder/forward.py", "from kestrel_trio._model import KVCache",
-     "(decoder) imports kestrel_trio._model, whose __init__ imports every room"),
+     "(decoder) imports kestrel_trio._model, whose __init__ imports the rooms"),
     ("_model/gguf/reader.py", "from kestrel_trio._model import KVCache",
-     "(gguf) imports kestrel_trio._model, whose __init__ imports every room"),
+     "(gguf) imports kestrel_trio._model, whose __init__ imports the rooms"),
 ]
 
 
-@pytest.mark.parametrize(("file", "line", "complaint"), PLANTED_IN_ROOMS,
-                         ids=[f"{f}: {line}" for f, line, _ in PLANTED_IN_ROOMS])
+# (file in text, line planted at its end, a fragment of the expected complaint)
+PLANTED_IN_TEXT_ROOMS = [
+    ("text/media/images.py", "from kestrel_trio.text.tokens.tokenizer import Tokenizer",
+     "(media, rank 0) imports kestrel_trio.text.tokens.tokenizer (tokens, rank 1)"),
+    ("text/tokens/tokenizer.py", "from ..constraints.grammar import schema_error",
+     "(tokens, rank 1) imports kestrel_trio.text.constraints.grammar (constraints, rank 2)"),
+    ("text/sampling/sampler.py", "from kestrel_trio.text.tokens.detokenizer import IncrementalDetokenizer",
+     "(sampling, rank 1) imports kestrel_trio.text.tokens.detokenizer (tokens, rank 1)"),
+    ("text/constraints/constraint.py", "def _later():\n    from kestrel_trio.text.generation import Generation",
+     "(constraints, rank 2) imports kestrel_trio.text.generation (generation, rank 3)"),
+    ("text/repetition.py", "from kestrel_trio.text.sampling.params import SamplingParams",
+     "(repetition, rank 0) imports kestrel_trio.text.sampling.params (sampling, rank 1)"),
+    ("text/step_result.py", "from .constraints.constraint import Constraint",
+     "(step_result, rank 2) imports kestrel_trio.text.constraints.constraint (constraints, rank 2)"),
+    ("text/chat_formats/qwen3.py", "from kestrel_trio.text import Tokenizer",
+     "(chat_formats) imports kestrel_trio.text, whose __init__ imports the rooms"),
+]
+
+
+@pytest.mark.parametrize(("file", "line", "complaint"), PLANTED_IN_ROOMS + PLANTED_IN_TEXT_ROOMS,
+                         ids=[f"{f}: {line}" for f, line, _ in PLANTED_IN_ROOMS + PLANTED_IN_TEXT_ROOMS])
 def test_the_checker_sees_each_planted_import_between_rooms(package_copy: Path, file: str, line: str,
                                                              complaint: str):
-    module, problems = problems_with(package_copy, file, line, room_violations)
+    check = text_room_violations if file.startswith("text/") else room_violations
+    module, problems = problems_with(package_copy, file, line, check)
     assert any(complaint in p and p.startswith(module) for p in problems), problems
 
 
@@ -557,18 +615,27 @@ def test_the_checker_lets_a_room_import_its_own_modules_and_lower_rooms(package_
     assert problems == []
 
 
-def test_the_checker_sees_a_module_in_no_room_and_a_room_not_ranked(package_copy: Path):
-    stray = package_copy / "_model" / "stray.py"
-    room = package_copy / "_model" / "annex"
+UNRANKED = {
+    "_model": ["kestrel_trio._model.annex is a room missing from MODEL_ROOMS",
+               "kestrel_trio._model.annex is in no room of _model (move it into one, or add its room to MODEL_ROOMS)",
+               "kestrel_trio._model.stray is in no room of _model (move it into one, or add its room to MODEL_ROOMS)"],
+    "text": ["kestrel_trio.text.annex is a room or module missing from TEXT_ROOMS",
+             "kestrel_trio.text.stray is a room or module missing from TEXT_ROOMS",
+             "kestrel_trio.text.annex is in no room of text (move it into one, or add its room to TEXT_ROOMS)",
+             "kestrel_trio.text.stray is in no room of text (move it into one, or add its room to TEXT_ROOMS)"],
+}
+
+
+@pytest.mark.parametrize("folder", sorted(UNRANKED))
+def test_the_checker_sees_a_module_in_no_room_and_a_room_not_ranked(package_copy: Path, folder: str):
+    check = text_room_violations if folder == "text" else room_violations
+    stray = package_copy / folder / "stray.py"
+    room = package_copy / folder / "annex"
     stray.write_text("import os\n", encoding="utf-8")
     room.mkdir()
     (room / "__init__.py").write_text("", encoding="utf-8")
     try:
-        assert room_violations(package_copy) == [
-            "kestrel_trio._model.annex is a room missing from MODEL_ROOMS",
-            "kestrel_trio._model.annex is in no room of _model (move it into one, or add its room to MODEL_ROOMS)",
-            "kestrel_trio._model.stray is in no room of _model (move it into one, or add its room to MODEL_ROOMS)",
-        ]
+        assert check(package_copy) == UNRANKED[folder]
     finally:
         stray.unlink()
         shutil.rmtree(room)

@@ -59,8 +59,8 @@ SCHEMA = {"type": "object", "properties": {
 
 
 def constraints(model):
-    from kestrel_trio.text import grammar as g
-    from kestrel_trio.text.constraint import compile_constraint, grammar_vocab
+    from kestrel_trio.text.constraints import grammar as g
+    from kestrel_trio.text.constraints.constraint import compile_constraint, grammar_vocab
 
     vocab = grammar_vocab(model.tokenizer, model.config.vocab_size)
     return {"json_object": compile_constraint(vocab, g.json_object_grammar(), kind="json_object", param="-"),
@@ -83,7 +83,7 @@ def time_steps(model, batch: int, constraint, mode: str, steps: int) -> dict:
     and the mask's whole time on the step's path (``token_mask``: the wait or the computation, then the
     bits made a boolean row with the EOS ids), summed over the batch."""
     import kestrel_trio.engine.step.batch as batch_module
-    from kestrel_trio.text.constraint import ConstraintState, start_masks
+    from kestrel_trio.text.constraints.constraint import ConstraintState, start_masks
 
     on_path = [0.0]
     real_token_mask = ConstraintState.token_mask

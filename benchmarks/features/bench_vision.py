@@ -9,7 +9,7 @@ shapes (24 blocks, width 1024, 16 heads, deepstack after blocks 5, 11, 17,
 output width 2048). Only the vision tower is measured, so the language model
 is a one-layer stand-in with the real hidden size (2048) and a small
 vocabulary. One ``--size`` x ``--size`` RGB image is preprocessed once by
-kestrel_trio.text.images (Qwen3-VL's processor settings), then the same
+kestrel_trio.text.media.images (Qwen3-VL's processor settings), then the same
 pixel_values are encoded by both implementations with the same thread count.
 Prints both times, the ratio, the largest output difference and the BLAS.
 """
@@ -74,7 +74,7 @@ def blas_info() -> str:
 def pixel_inputs(size: int) -> tuple[np.ndarray, np.ndarray]:
     import PIL.Image
 
-    from kestrel_trio.text.images import ImageProcessorConfig, preprocess_image
+    from kestrel_trio.text.media.images import ImageProcessorConfig, preprocess_image
 
     rgb = np.random.default_rng(0).integers(0, 256, size=(size, size, 3), dtype=np.uint8)
     out = io.BytesIO()

@@ -26,7 +26,7 @@ with atheris.instrument_imports():
     from kestrel_trio import openai as oa
     from kestrel_trio.errors import KestrelError
     from kestrel_trio.model import load_model
-    from kestrel_trio.text.generation import check_context
+    from kestrel_trio.text.context_length import check_context
 
 MODEL = load_model(Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "qwen3_bf16_tied")
 SEEDS = [

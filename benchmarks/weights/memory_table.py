@@ -221,14 +221,14 @@ def video_cost(key: dict, frames: int, width: int, height: int) -> tuple[int, in
     """(prompt tokens, vision patches, KV bytes, vision-activation bytes) of ``frames`` sampled frames.
 
     Frames are sized as kestrel sizes them for a GGUF pair (the mmproj's pixel bounds, Qwen3-VL's published
-    image ones, over all frames: kestrel_trio.text.videos.video_smart_resize). Tokens: per temporal patch (2
+    image ones, over all frames: kestrel_trio.text.media.videos.video_smart_resize). Tokens: per temporal patch (2
     frames) its h*w/4 pads, <|vision_start|>, <|vision_end|> and its timestamp text. KV: those tokens at
     layers x kv_heads x head_dim x 2 x 4 bytes. Vision activations, the peak while one block runs over all
     patches N (float32): the residual, qkv, rotated q and k, the attention output and the residual sum
     (8 x hidden per patch), the MLP's two intermediate arrays (2 x intermediate per patch), and one temporal
     patch's attention scores (heads x L x L, L its patches).
     """
-    from kestrel_trio.text.videos import video_smart_resize
+    from kestrel_trio.text.media.videos import video_smart_resize
 
     h, w = video_smart_resize(frames, height, width, temporal_factor=2, factor=32, min_pixels=VL_MIN_PIXELS,
                               max_pixels=VL_MAX_PIXELS, param="video")

@@ -13,7 +13,7 @@ import tokenizers
 from kestrel_trio import load_model
 from kestrel_trio.errors import KestrelError
 from kestrel_trio.text import Tokenizer
-from kestrel_trio.text.gguf_vocab import TOKEN_CONTROL, TOKEN_NORMAL, TOKEN_UNUSED, TOKEN_USER_DEFINED
+from kestrel_trio.text.tokens.gguf_vocab import TOKEN_CONTROL, TOKEN_NORMAL, TOKEN_UNUSED, TOKEN_USER_DEFINED
 
 from gguf_kit import TEXTS, assert_same_ids
 

@@ -17,7 +17,7 @@ from hostile_text_kit import FIXTURE, copy_fixture
 
 from kestrel_trio.errors import ModelLoadError
 from kestrel_trio.model import load_model
-from kestrel_trio.text.tokenizer import Tokenizer
+from kestrel_trio.text.tokens.tokenizer import Tokenizer
 
 # Each file kind a model folder may hold, and a valid body for the outside copy (so only the symlink is wrong).
 _KINDS = {

@@ -1,8 +1,9 @@
 """Issue 49 items 1 and 8: a schema over the compile budgets is a 400 naming its keyword, never a dead process.
 
-llguidance's JSON compiler unrolls array item counts before its own limits apply (kestrel_trio.text.schema_budget):
-``minItems`` 10^9 grew the process until the kernel (or, under a limit, Rust's abort) ended it. Deep schemas
-gave a 500 and a RecursionError; compiler internals (panics, backtraces) must not reach a 400 body.
+llguidance's JSON compiler unrolls array item counts before its own limits apply
+(kestrel_trio.text.constraints.schema_budget): ``minItems`` 10^9 grew the process until the kernel (or, under a
+limit, Rust's abort) ended it. Deep schemas gave a 500 and a RecursionError; compiler internals (panics,
+backtraces) must not reach a 400 body.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ from hostile_text_kit import run_child
 
 from kestrel_trio.errors import BadRequestError
 from kestrel_trio.model import Model
-from kestrel_trio.text.grammar import clean_message
-from kestrel_trio.text.schema_budget import MAX_DEPTH, MAX_ITEMS, check_schema_budget
+from kestrel_trio.text.constraints.grammar import clean_message
+from kestrel_trio.text.constraints.schema_budget import MAX_DEPTH, MAX_ITEMS, check_schema_budget
 from server_kit import assert_envelope, fetch, running_server
 
 HUGE = 10**9

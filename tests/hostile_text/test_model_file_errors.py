@@ -25,7 +25,7 @@ def test_a_panic_while_building_a_gguf_tokenizer_is_a_load_error_naming_the_file
     """pyo3's PanicException derives from BaseException: ``except Exception`` alone would let it end the process."""
     import tokenizers
 
-    from kestrel_trio.text import gguf_vocab
+    from kestrel_trio.text.tokens import gguf_vocab
 
     class PanicException(BaseException):  # as pyo3_runtime names it
         pass

@@ -14,7 +14,7 @@ import trio
 from hostile_text_kit import copy_fixture
 
 from kestrel_trio.model import load_model
-from kestrel_trio.text.chat_template import ChatTemplate
+from kestrel_trio.text.tokens.chat_template import ChatTemplate
 from server_kit import assert_envelope, fetch, running_server
 
 NESTED = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"

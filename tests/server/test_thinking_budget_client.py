@@ -25,8 +25,8 @@ from kestrel_trio.app.chat.thinking import reasoning_budget
 from kestrel_trio.errors import BadRequestError
 from kestrel_trio.model import Model
 from kestrel_trio.openai import parse_chat_request
+from kestrel_trio.text.constraints.reasoning_budget import ReasoningBudget
 from kestrel_trio.text.generation import Generation
-from kestrel_trio.text.reasoning_budget import ReasoningBudget
 
 from server_kit import HOST, client_for, in_worker, running_server
 from slow_host import allowance

@@ -20,7 +20,7 @@ from kestrel_trio.errors import BadRequestError, KestrelError
 from kestrel_trio.model import Model
 from kestrel_trio.openai import parse_chat_request
 from kestrel_trio.server import serve
-from kestrel_trio.text.chat_template import ChatTemplate
+from kestrel_trio.text.tokens.chat_template import ChatTemplate
 
 from server_kit import HOST, client_for, fetch, running_server
 

@@ -15,8 +15,8 @@ import pytest
 from kestrel_trio._model import KVCache
 from kestrel_trio.errors import BadRequestError
 from kestrel_trio.text import Sampler, SamplingParams, Tokenizer
-from kestrel_trio.text import grammar as g
-from kestrel_trio.text.constraint import compile_constraint, grammar_vocab, start_masks
+from kestrel_trio.text.constraints import grammar as g
+from kestrel_trio.text.constraints.constraint import compile_constraint, grammar_vocab, start_masks
 from kestrel_trio.text.generation import Generation
 
 VOCAB = 151936  # Qwen3's logits rows (the tokenizer has 151,669 ids; the rest is padding)

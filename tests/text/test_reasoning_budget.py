@@ -14,10 +14,10 @@ import pytest
 
 from kestrel_trio._model import KVCache
 from kestrel_trio.text import SamplingParams, Tokenizer
-from kestrel_trio.text import grammar as g
-from kestrel_trio.text.constraint import compile_constraint, grammar_vocab
+from kestrel_trio.text.constraints import grammar as g
+from kestrel_trio.text.constraints.constraint import compile_constraint, grammar_vocab
+from kestrel_trio.text.constraints.reasoning_budget import BudgetState, ReasoningBudget
 from kestrel_trio.text.generation import Generation
-from kestrel_trio.text.reasoning_budget import BudgetState, ReasoningBudget
 from kestrel_trio.text.speculative import SpeculationState
 
 VOCAB = 151936  # Qwen3's logits rows

@@ -16,7 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kestrel_trio.model import load_model
-from kestrel_trio.text.sampling import Sampler, SamplingParams, apply_penalties, candidate_probabilities
+from kestrel_trio.text.sampling import Sampler, SamplingParams
+from kestrel_trio.text.sampling.sampler import apply_penalties, candidate_probabilities
 from kestrel_trio.text.speculative import (
     NgramDrafter, SpeculationState, accept_or_resample, steps_aside,
 )

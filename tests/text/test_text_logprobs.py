@@ -10,7 +10,8 @@ import pytest
 from kestrel_trio.errors import BadRequestError
 from kestrel_trio.model import load_model
 from kestrel_trio.text.generation import Generation
-from kestrel_trio.text.sampling import Sampler, SamplingParams, token_logprobs
+from kestrel_trio.text.sampling import Sampler, SamplingParams
+from kestrel_trio.text.sampling.sampler import token_logprobs
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "qwen3_bf16_tied"
 

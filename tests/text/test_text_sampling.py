@@ -9,7 +9,7 @@ import pytest
 
 from kestrel_trio.errors import BadRequestError
 from kestrel_trio.text import Sampler, SamplingParams
-from kestrel_trio.text.sampling import apply_penalties, candidate_probabilities
+from kestrel_trio.text.sampling.sampler import apply_penalties, candidate_probabilities
 
 # A small hand-made distribution: softmax(LOGITS) == PROBS.
 PROBS = np.array([0.40, 0.25, 0.15, 0.10, 0.06, 0.04])

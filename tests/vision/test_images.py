@@ -11,7 +11,7 @@ import pytest
 
 from kestrel_trio import BadRequestError, KestrelError, ModelLoadError
 from kestrel_trio.text import ChatTemplate, Tokenizer
-from kestrel_trio.text.images import (
+from kestrel_trio.text.media.images import (
     ImageProcessorConfig,
     decode_image,
     expand_image_pads,

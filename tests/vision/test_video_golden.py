@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from kestrel_trio.model import Model, load_model
-from kestrel_trio.text.video_decode import decode_video
-from kestrel_trio.text.videos import expand_video_placeholders, frame_timestamps, frames_to_video
+from kestrel_trio.text.media.video_decode import decode_video
+from kestrel_trio.text.media.videos import expand_video_placeholders, frame_timestamps, frames_to_video
 
 pytest.importorskip("av", reason="video decoding needs PyAV (pip install 'kestrel-trio[video]')")
 

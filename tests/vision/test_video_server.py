@@ -21,9 +21,9 @@ import trio
 from kestrel_trio.app.media.videos import VideoPolicy
 from kestrel_trio.errors import BadRequestError
 from kestrel_trio.model import Model, load_model
-from kestrel_trio.text.images import decode_image
-from kestrel_trio.text.video_decode import decode_video
-from kestrel_trio.text.videos import expand_video_placeholders, frame_timestamps, frames_to_video
+from kestrel_trio.text.media.images import decode_image
+from kestrel_trio.text.media.video_decode import decode_video
+from kestrel_trio.text.media.videos import expand_video_placeholders, frame_timestamps, frames_to_video
 
 from gguf_in.gguf_kit import rewrite_gguf
 from server_kit import client_for, fetch, running_server

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from kestrel_trio.errors import BadRequestError
-from kestrel_trio.text.frame_resize import resize_bicubic_uint8
-from kestrel_trio.text.images import ImageProcessorConfig
-from kestrel_trio.text.videos import (
+from kestrel_trio.text.media.frame_resize import resize_bicubic_uint8
+from kestrel_trio.text.media.images import ImageProcessorConfig
+from kestrel_trio.text.media.videos import (
     ProcessedVideo, VideoProcessorConfig, expand_video_placeholders, frame_timestamps, frames_to_video,
     sample_indices, video_placeholder, video_smart_resize,
 )

@@ -13,7 +13,7 @@ from kestrel_trio import BadRequestError
 from kestrel_trio.engine import EngineLimits, GenerationRequest, run_engine
 from kestrel_trio.model import Model, load_model
 from kestrel_trio.text import SamplingParams
-from kestrel_trio.text.images import ImageProcessorConfig, preprocess_image
+from kestrel_trio.text.media.images import ImageProcessorConfig, preprocess_image
 
 pytest.importorskip("PIL.Image")
 

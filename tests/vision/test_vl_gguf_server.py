@@ -16,7 +16,7 @@ import trio
 from kestrel_trio.errors import ModelLoadError
 from kestrel_trio.model import Model, load_model
 from kestrel_trio.server import serve
-from kestrel_trio.text.images import expand_image_pads, preprocess_image
+from kestrel_trio.text.media.images import expand_image_pads, preprocess_image
 
 from server_kit import assert_envelope, fetch, running_server
 from test_vl_server import NEW_TOKENS, chat, cut_text, data_url, messages

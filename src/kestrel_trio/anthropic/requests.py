@@ -23,7 +23,7 @@ one place:
 * ``thinking`` ``{"type": "enabled", "budget_tokens": n}`` / ``{"type": "disabled"}`` is kept as
   :attr:`MessagesRequest.thinking` and is the chat request's ``thinking`` (``thinking_param``
   ``"thinking"``), carried out as for Chat Completions' ``reasoning_effort``; ``budget_tokens`` is its
-  ``thinking_budget``: the reasoning is cut there (:mod:`kestrel_trio.text.reasoning_budget`).
+  ``thinking_budget``: the reasoning is cut there (:mod:`kestrel_trio.text.constraints.reasoning_budget`).
 
 Every rejection is a :class:`BadRequestError` naming the field; unknown keys are refused
 (:mod:`kestrel_trio.anthropic.fields`).

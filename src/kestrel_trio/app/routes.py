@@ -38,10 +38,10 @@ from kestrel_trio.app.chat.grammar import chat_constraint, completion_constraint
 from kestrel_trio.app.media.images import prepare_images, template_parts
 from kestrel_trio.app.media.videos import prepare_videos
 from kestrel_trio.app.chat.thinking import chat_format, plan_thinking, reasoning_budget
-from kestrel_trio.text.constraint import Constraint
-from kestrel_trio.text.reasoning_budget import ReasoningBudget
-from kestrel_trio.text.images import expand_image_pads
-from kestrel_trio.text.videos import expand_video_placeholders
+from kestrel_trio.text.constraints.constraint import Constraint
+from kestrel_trio.text.constraints.reasoning_budget import ReasoningBudget
+from kestrel_trio.text.media.images import expand_image_pads
+from kestrel_trio.text.media.videos import expand_video_placeholders
 from kestrel_trio.webui import add_webui_routes
 from kestrel_trio.stats import CONTENT_TYPE as PROMETHEUS_CONTENT_TYPE
 

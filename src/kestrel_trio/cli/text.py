@@ -14,7 +14,8 @@ from kestrel_trio.cli.progress import LoadProgress, checkpoint_bytes, is_termina
 from kestrel_trio.model import DEMO_MODEL_ID, CheckedModel, Model, load_demo_model, load_model, set_blas_threads
 from kestrel_trio.errors import BadRequestError
 from kestrel_trio.text import SamplingParams
-from kestrel_trio.text.generation import Generation, check_context
+from kestrel_trio.text.context_length import check_context
+from kestrel_trio.text.generation import Generation
 from kestrel_trio.text.repetition import RepetitionGuard
 
 __all__ = ["load_with_progress", "generate_once", "chat_loop"]

@@ -25,7 +25,8 @@ from kestrel_trio.errors import (
     BadRequestError, ContextLengthError, EngineUnavailableError, KestrelError, QueueFullError,
 )
 from kestrel_trio.model import Model
-from kestrel_trio.text.generation import Generation, check_context
+from kestrel_trio.text.context_length import check_context
+from kestrel_trio.text.generation import Generation
 
 __all__ = ["Admission", "GenerationHandle", "Job"]
 

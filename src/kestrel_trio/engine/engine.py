@@ -81,7 +81,8 @@ from kestrel_trio.engine.step.contained import step_contained
 from kestrel_trio.engine.types import Delta, EngineLimits, KVUsage
 from kestrel_trio.errors import EngineUnavailableError, KestrelError, OutOfMemoryError
 from kestrel_trio.model import Model, PrefixCache
-from kestrel_trio.text.generation import Phase, StepResult
+from kestrel_trio.text.generation import Phase
+from kestrel_trio.text.step_result import StepResult
 
 __all__ = ["Engine", "GenerationHandle", "Job", "run_engine"]
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 import attrs
 
 from kestrel_trio.model import KV_DTYPES
-from kestrel_trio.text.constraint import Constraint
+from kestrel_trio.text.constraints.constraint import Constraint
 from kestrel_trio.text.generation import DEFAULT_PREFILL_CHUNK
-from kestrel_trio.text.images import ProcessedImage
-from kestrel_trio.text.videos import ProcessedVideo
-from kestrel_trio.text.reasoning_budget import ReasoningBudget
-from kestrel_trio.text.sampling import SamplingParams, TokenLogprobs
+from kestrel_trio.text.media.images import ProcessedImage
+from kestrel_trio.text.media.videos import ProcessedVideo
+from kestrel_trio.text.constraints.reasoning_budget import ReasoningBudget
+from kestrel_trio.text.sampling.params import SamplingParams
+from kestrel_trio.text.sampling.sampler import TokenLogprobs
 from kestrel_trio.text.speculative import MAX_SPECULATIVE_TOKENS, SPECULATIVE_MODES
 
 __all__ = ["EngineLimits", "GenerationRequest", "Delta", "KVUsage"]
@@ -70,7 +71,7 @@ class GenerationRequest:
             for this model; each choice of a request starts its own state from it.
         max_tokens_param: the request field that carried ``params.max_tokens``, for error messages.
         reasoning_budget: tokens the reasoning block may hold before its end token is forced
-            (:mod:`kestrel_trio.text.reasoning_budget`), or None for no budget.
+            (:mod:`kestrel_trio.text.constraints.reasoning_budget`), or None for no budget.
     """
 
     prompt_ids: tuple[int, ...]

@@ -53,7 +53,7 @@ log = logging.getLogger("kestrel_trio.hub")
 # What the loaders read beside the weights (model.load_model, text.Tokenizer.from_folder).
 NEEDED_SMALL_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                       "chat_template.jinja")
-_VL_FILES = ("preprocessor_config.json",)  # text.images.ImageProcessorConfig, Qwen3-VL only
+_VL_FILES = ("preprocessor_config.json",)  # text.media.images.ImageProcessorConfig, Qwen3-VL only
 _INDEX = "model.safetensors.index.json"
 _SINGLE = "model.safetensors"
 _VL_ARCHITECTURES = {"Qwen3VLForConditionalGeneration"}

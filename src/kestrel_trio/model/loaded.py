@@ -24,9 +24,10 @@ from kestrel_trio._model import (
 from kestrel_trio.errors import BadRequestError, ContextLengthError, KestrelError
 from kestrel_trio.model.settings import _blas_at_start, _keep_freed_temporaries, set_blas_threads
 from kestrel_trio.text import ChatTemplate, Tokenizer, missing_template_error
-from kestrel_trio.text.generation import DEFAULT_PREFILL_CHUNK, check_context
-from kestrel_trio.text.images import ImageProcessorConfig
-from kestrel_trio.text.videos import VideoProcessorConfig
+from kestrel_trio.text.context_length import check_context
+from kestrel_trio.text.generation import DEFAULT_PREFILL_CHUNK
+from kestrel_trio.text.media.images import ImageProcessorConfig
+from kestrel_trio.text.media.videos import VideoProcessorConfig
 
 __all__ = ["Model", "DEMO_MODEL_ID", "DEMO_CONFIG"]
 

@@ -26,8 +26,8 @@ from kestrel_trio.model.loaded import DEMO_CONFIG, DEMO_MODEL_ID, Model
 from kestrel_trio.model.checks import is_qwen3_vl_folder
 from kestrel_trio.model.settings import _blas_at_start, set_blas_threads
 from kestrel_trio.text import Tokenizer
-from kestrel_trio.text.images import ImageProcessorConfig, require_pillow
-from kestrel_trio.text.videos import VideoProcessorConfig
+from kestrel_trio.text.media.images import ImageProcessorConfig, require_pillow
+from kestrel_trio.text.media.videos import VideoProcessorConfig
 
 __all__ = ["load_model", "load_demo_model", "WEIGHTS_CHOICES"]
 

@@ -3,25 +3,35 @@
 Nothing here does I/O or imports trio; every object is a plain synchronous
 state machine or value type that the engine drives.
 
-- :class:`Tokenizer`: the checkpoint's byte-level BPE tokenizer, its EOS ids,
-  chat template and generation_config.json sampling defaults.
-- :class:`ChatTemplate`: renders chat messages into a prompt exactly as
-  transformers' ``apply_chat_template`` does.
-- :class:`IncrementalDetokenizer`: token ids to text deltas that never split a
-  character.
-- :class:`SamplingParams` and :class:`Sampler`: validated sampling options and
-  the seeded next-token sampler.
-- :class:`StopStringMatcher`: withholds stop strings from streamed text.
-- :mod:`kestrel_trio.text.chat_formats`: each model family's markers (reasoning
-  blocks, tool calls), the parser of an answer into reasoning, content and
-  tool-call pieces, and the prompt edits that open or close reasoning.
+Directly in this folder: the generation state machine (:mod:`.generation`), the
+value a step returns (:mod:`.step_result`), the context-window check
+(:mod:`.context_length`), and what a generation consults each step: stop
+strings (:mod:`.stops`), the repetition guard (:mod:`.repetition`) and
+speculative decoding (:mod:`.speculative`). The rest lives in rooms, each
+named for its concern (their ranks are in tests/test_architecture.py):
+
+- :mod:`.tokens`: the checkpoint's tokenizer (:class:`Tokenizer`, with its EOS
+  ids, chat template and generation_config.json sampling defaults), the
+  detokenizer (:class:`IncrementalDetokenizer`: token ids to text deltas that
+  never split a character) and :class:`ChatTemplate`, which renders chat
+  messages into a prompt exactly as transformers' ``apply_chat_template`` does.
+- :mod:`.sampling`: :class:`SamplingParams` (validated sampling options) and
+  :class:`Sampler` (the seeded next-token sampler).
+- :mod:`.constraints`: structured outputs' grammars and token masks, and the
+  reasoning budget.
+- :mod:`.media`: Qwen3-VL's image and video preprocessing.
+- :mod:`.chat_formats`: each model family's markers (reasoning blocks, tool
+  calls), the parser of an answer into reasoning, content and tool-call
+  pieces, and the prompt edits that open or close reasoning.
+
+:class:`StopStringMatcher` withholds stop strings from streamed text.
 """
 
-from kestrel_trio.text.chat_template import ChatTemplate, missing_template_error
-from kestrel_trio.text.detokenizer import IncrementalDetokenizer
 from kestrel_trio.text.sampling import SamplingParams, Sampler
 from kestrel_trio.text.stops import StopStringMatcher
-from kestrel_trio.text.tokenizer import Tokenizer
+from kestrel_trio.text.tokens.chat_template import ChatTemplate, missing_template_error
+from kestrel_trio.text.tokens.detokenizer import IncrementalDetokenizer
+from kestrel_trio.text.tokens.tokenizer import Tokenizer
 
 __all__ = [
     "Tokenizer",

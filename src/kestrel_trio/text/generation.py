@@ -4,7 +4,7 @@ Theory of operation: a :class:`Generation` never runs the model itself. Its
 driver (a test, the CLI, the engine's inference task) asks it for the tokens to
 feed next (:meth:`Generation.next_input`), runs the model over them with the
 generation's own KV cache, and hands the logits back to :meth:`Generation.advance`,
-which returns a :class:`StepResult`. Phases:
+which returns a :class:`~kestrel_trio.text.step_result.StepResult`. Phases:
 
     PREFILL  next_input() is the next chunk of the prompt; the logits of all
              but the last chunk are ignored.
@@ -33,17 +33,17 @@ may decode several tokens a step (speculative decoding): the driver asks for a
 draft (:meth:`Generation.draft`), feeds ``[last token, *draft]`` as one segment
 with every row's logits, and hands the rows to
 :meth:`Generation.advance_speculative`, whose result carries every token kept
-(:meth:`StepResult.tokens`), each through the same per-token path as a plain
+(:meth:`~kestrel_trio.text.step_result.StepResult.tokens`), each through the same per-token path as a plain
 step; the cache is cut back to the tokens kept.
 
-A generation with a :class:`~kestrel_trio.text.constraint.Constraint`
+A generation with a :class:`~kestrel_trio.text.constraints.constraint.Constraint`
 (structured outputs) keeps its own ``constraint`` state: while it is active,
 each sampled token is drawn from the grammar's mask, and the token is then fed
 to the grammar. A driver may compute the masks of a batch ahead
-(:func:`~kestrel_trio.text.constraint.start_masks`) for the generations whose
+(:func:`~kestrel_trio.text.constraints.constraint.start_masks`) for the generations whose
 step samples (:attr:`Generation.samples_next`); otherwise ``advance`` computes it.
 
-A generation with a :class:`~kestrel_trio.text.reasoning_budget.ReasoningBudget` keeps its own
+A generation with a :class:`~kestrel_trio.text.constraints.reasoning_budget.ReasoningBudget` keeps its own
 ``reasoning`` state: once its reasoning block has used the budget, the next token is the
 end-of-reasoning token, drawn by the same sampler from a mask that allows it alone (so logprobs, stop
 ids and the grammar see it as any other token), and a speculative step's row does the same.
@@ -59,18 +59,19 @@ import attrs
 import numpy as np
 
 from kestrel_trio._model import KVCache, VLPrompt
-from kestrel_trio.errors import ContextLengthError
-from kestrel_trio.text.constraint import Constraint, ConstraintState
-from kestrel_trio.text.detokenizer import IncrementalDetokenizer
-from kestrel_trio.text.images import ProcessedImage
-from kestrel_trio.text.reasoning_budget import BudgetState, ReasoningBudget
+from kestrel_trio.text.constraints.constraint import Constraint, ConstraintState
+from kestrel_trio.text.constraints.reasoning_budget import BudgetState, ReasoningBudget
+from kestrel_trio.text.media.images import ProcessedImage
 from kestrel_trio.text.repetition import RepetitionWatch
-from kestrel_trio.text.sampling import Sampler, SamplingParams, TokenLogprobs
+from kestrel_trio.text.sampling.params import SamplingParams
+from kestrel_trio.text.sampling.sampler import Sampler, TokenLogprobs
 from kestrel_trio.text.speculative import SpeculationState
+from kestrel_trio.text.step_result import StepResult
 from kestrel_trio.text.stops import StopStringMatcher
-from kestrel_trio.text.tokenizer import Tokenizer
+from kestrel_trio.text.tokens.detokenizer import IncrementalDetokenizer
+from kestrel_trio.text.tokens.tokenizer import Tokenizer
 
-__all__ = ["Phase", "StepResult", "Generation", "check_context", "DEFAULT_PREFILL_CHUNK"]
+__all__ = ["Phase", "Generation", "DEFAULT_PREFILL_CHUNK"]
 
 DEFAULT_PREFILL_CHUNK = 256  # prompt tokens per prefill step (EngineLimits.prefill_chunk, Model.prefill)
 
@@ -79,68 +80,6 @@ class Phase(enum.Enum):
     PREFILL = "prefill"
     DECODE = "decode"
     DONE = "done"
-
-
-@attrs.frozen
-class StepResult:
-    """What one step produced.
-
-    Attributes:
-        text: newly completed text (may be empty: held back for UTF-8 or a possible stop string).
-        token_id: the token sampled by this step, or None for a prefill chunk.
-        finish_reason: "stop" or "length" once finished, else None.
-        logprobs: the sampled token's logprobs when ``params.logprobs`` is set;
-            None for an EOS / stop token id that ended the generation (its text
-            is never emitted, so it is not reported, as OpenAI does not).
-        before: the tokens the same step kept ahead of this one, in order, each
-            a StepResult of its own (speculative decoding); () for a plain step.
-        stop_sequence: the stop string that ended the generation ("stop" only), else None.
-    """
-
-    text: str = ""
-    token_id: int | None = None
-    finish_reason: str | None = None
-    logprobs: TokenLogprobs | None = None
-    before: tuple["StepResult", ...] = ()
-    stop_sequence: str | None = None
-
-    def tokens(self) -> tuple["StepResult", ...]:
-        """Every token this step produced, in order, one StepResult each (one for a plain step)."""
-        if not self.before:
-            return (self,)
-        return (*self.before, attrs.evolve(self, before=()))
-
-
-def check_context(
-    prompt_tokens: int, max_tokens: int | None, context_length: int, *, param: str, max_tokens_param: str = "max_tokens",
-    context_name: str = "model's context length",
-) -> int:
-    """The effective max_tokens, or ContextLengthError naming the field at fault.
-
-    Args:
-        prompt_tokens: tokens in the prompt.
-        max_tokens: requested new tokens, None for "as many as fit".
-        context_length: the context window served (tokens).
-        param: the request field that carried the prompt.
-        max_tokens_param: the request field that carried ``max_tokens``.
-        context_name: how the message names ``context_length`` (``Model.context_name``).
-    """
-    if prompt_tokens >= context_length:
-        raise ContextLengthError(
-            f"The prompt is {prompt_tokens} tokens, but the {context_name} is {context_length} tokens "
-            f"(at least one token must remain for the answer)",
-            param=param,
-        )
-    room = context_length - prompt_tokens
-    if max_tokens is None:
-        return room
-    if max_tokens > room:
-        raise ContextLengthError(
-            f"The prompt ({prompt_tokens} tokens) plus {max_tokens_param} ({max_tokens}) exceeds the "
-            f"{context_name} of {context_length} tokens",
-            param=max_tokens_param,
-        )
-    return max_tokens
 
 
 class Generation:
@@ -270,7 +209,8 @@ class Generation:
         return images
 
     def start_vision(self, steps: Iterator[None]) -> None:
-        """Keep the vision tower's steps (a generator returning the :class:`VLPrompt`), one block per :meth:`step_vision`."""
+        """Keep the vision tower's steps (a generator returning the :class:`VLPrompt`), one block per
+        :meth:`step_vision`."""
         self._vision_steps = steps
 
     def step_vision(self) -> bool:

@@ -225,7 +225,7 @@ class Qwen3VL:
         """Encode the images and videos of a prompt and lay out its positions.
 
         Args:
-            token_ids: int [T], pad runs expanded (see kestrel_trio.text.images); a video's runs as
+            token_ids: int [T], pad runs expanded (see kestrel_trio.text.media.images); a video's runs as
                 :func:`rope_index` says.
             pixel_values: float32 [n_patches, C*T*P*P] of every image, in prompt order.
             image_grid_thw: int [n_images, 3].

@@ -33,10 +33,10 @@ from collections.abc import Sequence
 from kestrel_trio import openai as oa
 from kestrel_trio.errors import BadRequestError
 from kestrel_trio.model import Model
-from kestrel_trio.text import grammar as g
 from kestrel_trio.text.chat_formats import hermes
-from kestrel_trio.text.constraint import Constraint, GrammarVocab, compile_constraint, grammar_vocab
-from kestrel_trio.text.schema_budget import check_schema_budget
+from kestrel_trio.text.constraints import grammar as g
+from kestrel_trio.text.constraints.constraint import Constraint, GrammarVocab, compile_constraint, grammar_vocab
+from kestrel_trio.text.constraints.schema_budget import check_schema_budget
 
 __all__ = ["chat_constraint", "completion_constraint"]
 
@@ -98,7 +98,8 @@ def completion_constraint(model: Model, structured: oa.StructuredOutput | None, 
 
 
 def _check_budgets(structured: oa.StructuredOutput | None, tools: Sequence[dict]) -> None:
-    """Every schema of the request within the compile budgets (:mod:`kestrel_trio.text.schema_budget`), together.
+    """Every schema of the request within the compile budgets
+    (:mod:`kestrel_trio.text.constraints.schema_budget`), together.
 
     Checked before any schema reaches llguidance, whose JSON compiler unrolls item counts before its own limits
     apply; a request's tools are compiled into one grammar, so their counts add up.

@@ -38,10 +38,10 @@ from kestrel_trio.http import Response, StreamingResponse
 from kestrel_trio.model import Model
 from kestrel_trio.text import SamplingParams
 from kestrel_trio.text.chat_formats import QWEN3, ChatFormat, ChatOutputParser, new_call_id
-from kestrel_trio.text.constraint import Constraint
-from kestrel_trio.text.reasoning_budget import ReasoningBudget
+from kestrel_trio.text.constraints.constraint import Constraint
+from kestrel_trio.text.constraints.reasoning_budget import ReasoningBudget
 from kestrel_trio.text.repetition import RepetitionGuard
-from kestrel_trio.text.sampling import DEFAULTED_FIELDS, SamplingDefaults
+from kestrel_trio.text.sampling.params import DEFAULTED_FIELDS, SamplingDefaults
 
 __all__ = ["ChatOptions", "CompletionJob", "sampling_params", "default_sampling", "model_thinks"]
 

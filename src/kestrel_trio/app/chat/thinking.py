@@ -19,7 +19,7 @@ default, ``serve --reasoning``: ``auto`` (the model's own: its chat template's d
 
 A request may also bound its reasoning (:attr:`ChatRequest.thinking_budget`, Anthropic's
 ``thinking.budget_tokens``): :func:`reasoning_budget` turns it into the generation's
-:class:`~kestrel_trio.text.reasoning_budget.ReasoningBudget`, which forces ``</think>`` once the block
+:class:`~kestrel_trio.text.constraints.reasoning_budget.ReasoningBudget`, which forces ``</think>`` once the block
 holds that many tokens. It needs ``</think>`` as one token of the vocabulary (as in every Qwen3);
 a reasoning model without it is refused (400 naming the budget's field) rather than left unbounded.
 Where the prompt already closed the block (reasoning off, a forced tool call, a prefill) or the model
@@ -34,7 +34,7 @@ from kestrel_trio import openai as oa
 from kestrel_trio.errors import BadRequestError, KestrelError
 from kestrel_trio.model import Model
 from kestrel_trio.text.chat_formats import QWEN3, ChatFormat, format_for
-from kestrel_trio.text.reasoning_budget import ReasoningBudget
+from kestrel_trio.text.constraints.reasoning_budget import ReasoningBudget
 
 __all__ = ["REASONING_DEFAULTS", "check_reasoning_default", "ThinkingPlan", "plan_thinking", "reasoning_budget",
            "chat_format", "model_thinks"]

@@ -5,7 +5,7 @@ validated messages. A first pass on the event loop counts the images and
 classifies each URL (remote URLs and malformed data URLs are refused at once,
 nothing is decoded). A second pass, in a worker thread because it is CPU
 work, decodes base64 or reads the allowed file, decodes the image and turns it
-into patches (:func:`kestrel_trio.text.images.preprocess_image`). Every
+into patches (:func:`kestrel_trio.text.media.images.preprocess_image`). Every
 refusal is a :class:`BadRequestError` whose ``param`` names the image part.
 The chat template then sees each image part as ``{"type": "image"}``.
 """
@@ -22,7 +22,7 @@ import trio
 from kestrel_trio.errors import BadRequestError
 from kestrel_trio.model import Model
 from kestrel_trio.openai.request.image_urls import ImageRef, decode_data_url, image_parts, parse_image_url
-from kestrel_trio.text.images import ProcessedImage, preprocess_image
+from kestrel_trio.text.media.images import ProcessedImage, preprocess_image
 
 __all__ = ["ImagePolicy", "prepare_images", "template_parts", "check_allowed_file", "media_bytes"]
 

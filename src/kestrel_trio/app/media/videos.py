@@ -6,9 +6,9 @@ inline as ``data:video/...;base64,`` or a ``file://`` URL under the folder
 allowed for images) or a ``video`` part (its frames as a list of image URLs).
 A first pass on the event loop counts the videos and classifies each URL
 (nothing is decoded). A second pass, in a worker thread, decodes each file's
-frames sampled at the server's rate (PyAV, :mod:`kestrel_trio.text.video_decode`)
+frames sampled at the server's rate (PyAV, :mod:`kestrel_trio.text.media.video_decode`)
 or each listed frame (Pillow), and turns them into patches and timestamps
-(:func:`kestrel_trio.text.videos.frames_to_video`). Every refusal is a
+(:func:`kestrel_trio.text.media.videos.frames_to_video`). Every refusal is a
 :class:`BadRequestError` whose ``param`` names the part. The chat route then
 expands the template's video placeholders into per-frame timestamps and pads.
 
@@ -28,9 +28,9 @@ from kestrel_trio.app.media.images import ImagePolicy, check_allowed_file, media
 from kestrel_trio.errors import BadRequestError
 from kestrel_trio.model import Model
 from kestrel_trio.openai.request.image_urls import ImageRef, parse_image_url, video_parts
-from kestrel_trio.text.images import decode_image
-from kestrel_trio.text.video_decode import decode_video, require_av
-from kestrel_trio.text.videos import ProcessedVideo, VideoProcessorConfig, frame_timestamps, frames_to_video
+from kestrel_trio.text.media.images import decode_image
+from kestrel_trio.text.media.video_decode import decode_video, require_av
+from kestrel_trio.text.media.videos import ProcessedVideo, VideoProcessorConfig, frame_timestamps, frames_to_video
 
 __all__ = ["VideoPolicy", "prepare_videos"]
 

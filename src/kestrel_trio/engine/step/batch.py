@@ -33,9 +33,10 @@ from typing import Sequence
 import numpy as np
 
 from kestrel_trio.model import Model, PrefixCache
-from kestrel_trio.text.constraint import start_masks
-from kestrel_trio.text.generation import Generation, Phase, StepResult
-from kestrel_trio.text.videos import ProcessedVideo
+from kestrel_trio.text.constraints.constraint import start_masks
+from kestrel_trio.text.generation import Generation, Phase
+from kestrel_trio.text.media.videos import ProcessedVideo
+from kestrel_trio.text.step_result import StepResult
 
 __all__ = ["step_generations"]
 

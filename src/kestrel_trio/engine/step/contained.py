@@ -33,7 +33,8 @@ import logging
 from typing import Callable, Sequence
 
 from kestrel_trio.errors import KestrelError, OutOfMemoryError
-from kestrel_trio.text.generation import Generation, StepResult
+from kestrel_trio.text.generation import Generation
+from kestrel_trio.text.step_result import StepResult
 
 __all__ = ["step_contained"]
 

@@ -70,7 +70,7 @@ class ChatRequest:
             (:mod:`kestrel_trio.openai.request.thinking`).
         thinking_param: the request field that set ``thinking``, named by an error.
         thinking_budget: tokens the reasoning may hold before its end is forced
-            (:mod:`kestrel_trio.text.reasoning_budget`), or None for no budget but ``max_tokens``.
+            (:mod:`kestrel_trio.text.constraints.reasoning_budget`), or None for no budget but ``max_tokens``.
         thinking_budget_param: the request field that set ``thinking_budget``, named by an error.
     """
 

@@ -1,6 +1,6 @@
 """Token logprobs in OpenAI's two shapes: chat ``logprobs.content`` and legacy completions.
 
-The values come from the text layer (see :mod:`kestrel_trio.text.sampling`
+The values come from the text layer (see :mod:`kestrel_trio.text.sampling.sampler`
 for which distribution they describe); this module only spells them. A token
 is shown as its text when its bytes are valid UTF-8 on their own, else as
 ``bytes:\\xNN...`` (OpenAI's convention for a piece of a character); ``bytes``

@@ -235,7 +235,7 @@ class Tokenizer:
 
     @classmethod
     def from_gguf(cls, metadata: Mapping[str, Any], source: str) -> Tokenizer:
-        """The tokenizer a GGUF file's metadata describes (see kestrel_trio.text.gguf_vocab).
+        """The tokenizer a GGUF file's metadata describes (see kestrel_trio.text.tokens.gguf_vocab).
 
         Args:
             metadata: the file's key/value metadata (``tokenizer.ggml.*``,
@@ -245,7 +245,7 @@ class Tokenizer:
         Raises:
             ModelLoadError: naming the unsupported tokenizer model, pre-tokenizer or malformed key.
         """
-        from kestrel_trio.text.gguf_vocab import backend_from_gguf, special_tokens_from_gguf
+        from kestrel_trio.text.tokens.gguf_vocab import backend_from_gguf, special_tokens_from_gguf
 
         named, eos_ids = special_tokens_from_gguf(metadata, source)
         template = metadata.get("tokenizer.chat_template")

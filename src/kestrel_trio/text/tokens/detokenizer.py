@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import codecs
 
-from kestrel_trio.text.tokenizer import Tokenizer
+from kestrel_trio.text.tokens.tokenizer import Tokenizer
 
 __all__ = ["IncrementalDetokenizer"]
 

@@ -7,7 +7,7 @@ files. The first video stream's header gives the frame count, frame rate and
 frame size, which are checked against the limits before any frame is
 decoded (a header without a frame count, as WebM files usually are, has its
 video packets counted instead, a demux without decoding); the frames to keep are chosen as transformers' Qwen3-VL video
-processor chooses them (:func:`kestrel_trio.text.videos.sample_indices`), and
+processor chooses them (:func:`kestrel_trio.text.media.videos.sample_indices`), and
 decoding stops after the last one. Frames become RGB with FFmpeg's own
 converter, as transformers' PyAV reader does (``frame.to_ndarray(format="rgb24")``).
 
@@ -23,7 +23,7 @@ import attrs
 import numpy as np
 
 from kestrel_trio.errors import BadRequestError
-from kestrel_trio.text.videos import sample_indices
+from kestrel_trio.text.media.videos import sample_indices
 
 __all__ = ["DecodedVideo", "decode_video", "require_av", "VIDEO_CODECS"]
 

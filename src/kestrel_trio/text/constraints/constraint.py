@@ -52,8 +52,8 @@ import numpy as np
 
 from kestrel_trio.errors import BadRequestError
 from kestrel_trio.text.chat_formats import qwen3
-from kestrel_trio.text.grammar import clean_message, schema_error
-from kestrel_trio.text.tokenizer import Tokenizer
+from kestrel_trio.text.constraints.grammar import clean_message, schema_error
+from kestrel_trio.text.tokens.tokenizer import Tokenizer
 
 __all__ = ["GrammarVocab", "grammar_vocab", "Constraint", "ConstraintState", "compile_constraint", "start_masks"]
 
@@ -135,7 +135,7 @@ class Constraint:
 
 def compile_constraint(vocab: GrammarVocab, grammar: str, *, kind: str, param: str, schema: Any = None,
                        trigger: bytes | None = None, in_reasoning: bool = False) -> Constraint:
-    """Bind ``grammar`` (from :mod:`kestrel_trio.text.grammar`) to the model's vocabulary.
+    """Bind ``grammar`` (from :mod:`kestrel_trio.text.constraints.grammar`) to the model's vocabulary.
 
     Args:
         vocab: from :func:`grammar_vocab`.

@@ -1,7 +1,7 @@
 """Video preprocessing for Qwen3-VL, equal to transformers' Qwen3-VL video processor and processor.
 
 Theory of operation: a video arrives as decoded RGB frames (from PyAV, see
-:mod:`kestrel_trio.text.video_decode`, or as a client's list of images).
+:mod:`kestrel_trio.text.media.video_decode`, or as a client's list of images).
 Frames of a decoded video are first sampled at the requested rate
 (:func:`sample_indices`, transformers' ``Qwen3VLVideoProcessor.sample_frames``).
 All frames are then resized to one size whose sides are multiples of
@@ -17,7 +17,7 @@ each temporal patch. In the prompt, the chat template's
 (:func:`expand_video_placeholders`, ``Qwen3VLProcessor.replace_video_token``).
 
 Frames are resized as torch's x86 kernel resizes them for transformers
-(:mod:`kestrel_trio.text.frame_resize`, bit for bit); the config's ``resample``
+(:mod:`kestrel_trio.text.media.frame_resize`, bit for bit); the config's ``resample``
 must then be bicubic, the filter Qwen3-VL's configs name.
 """
 
@@ -32,8 +32,8 @@ import numpy as np
 
 from kestrel_trio._model import read_json_object
 from kestrel_trio.errors import BadRequestError, ModelLoadError
-from kestrel_trio.text.frame_resize import resize_bicubic_uint8
-from kestrel_trio.text.images import ImageProcessorConfig
+from kestrel_trio.text.media.frame_resize import resize_bicubic_uint8
+from kestrel_trio.text.media.images import ImageProcessorConfig
 
 __all__ = [
     "VideoProcessorConfig", "ProcessedVideo", "sample_indices", "video_smart_resize", "frame_timestamps",

@@ -3,7 +3,7 @@
 Every builder returns an llguidance grammar (the serialized form that
 ``llguidance.LLMatcher`` takes); nothing here needs a tokenizer. Binding a
 grammar to a model's tokenizer, and the token masks, are
-:mod:`kestrel_trio.text.constraint`.
+:mod:`kestrel_trio.text.constraints.constraint`.
 
 Choices made here, all documented in docs/structured-outputs.md:
 
