@@ -126,7 +126,7 @@ def test_numbas_cache_key_carries_the_cpu_and_features_it_compiles_for():
 def test_the_float16_table_has_the_same_bits_on_every_architecture():
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # aarch64's float16 cast warns on signalling NaNs; the table must not
-        from kestrel_trio._kernels.products import f16_table
+        from kestrel_trio._kernels.portable.products import f16_table
 
         table = f16_table().view(np.uint32)  # [65536]
     bits = np.arange(1 << 16, dtype=np.uint32)

@@ -15,7 +15,7 @@ import pytest
 from kestrel_trio import _kernels
 from kestrel_trio._kernels import plan as kplan
 from kestrel_trio._kernels.plan import SAMPLE_CPUS, Features, plan
-from kestrel_trio._kernels.x86 import prefill
+from kestrel_trio._kernels import prefill
 
 from kernel_plan_kit import runnable
 from slow_host import allowance
@@ -170,8 +170,9 @@ def _compiled(function):
 @pytest.mark.parametrize("rows_in", [4, 5, 7, 8, 12, 13, 15, 16, 19, 24, 31, 32])  # 12 up: the 6x4 zmm block
 @pytest.mark.parametrize("cols", [1040, 40, 36])  # 40: of 8 (AVX2's lanes), not 16; 36: of neither
 def test_every_float32_variant_the_host_runs_equals_the_portable_loops(variant, rows_in, cols):
-    from kestrel_trio._kernels import dispatch, products
-    from kestrel_trio._kernels.x86 import f32_blocks
+    from kestrel_trio._kernels import dispatch
+    from kestrel_trio._kernels.portable import products
+    from kestrel_trio._kernels.x86.float32 import blocks as f32_blocks
 
     dispatch.f32_assembly()  # readies LLVM's assembly parser (the blocks are assembly)
     product = _compiled({"avx512": f32_blocks.product_f32_avx512, "avx2+avx512": f32_blocks.product_f32_zen,
@@ -192,8 +193,9 @@ def test_every_float32_variant_the_host_runs_equals_the_portable_loops(variant, 
 @pytest.mark.parametrize("rows_in", [4, 5, 8, 13])
 @pytest.mark.parametrize("form", ["bf16", "int8"])
 def test_every_bf16_and_int8_variant_the_host_runs_equals_the_portable_loops(variant, rows_in, form):
-    from kestrel_trio._kernels import dispatch, products
-    from kestrel_trio._kernels.x86 import f32_blocks
+    from kestrel_trio._kernels import dispatch
+    from kestrel_trio._kernels.portable import products
+    from kestrel_trio._kernels.x86.float32 import blocks as f32_blocks
 
     dispatch.f32_assembly()
     rng = np.random.default_rng(rows_in)

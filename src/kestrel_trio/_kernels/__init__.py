@@ -10,9 +10,17 @@ False and :func:`unavailable_reason` says why.
 This module only re-exports; each name lives in a module named for its concern:
 ``loaded`` (whether the compiled loops run in this process, and what loading
 them made), ``packed`` (products and expansions of packed weights), ``layers``
-(the layers' loops), ``x86.prefill`` (the x86-64 prefill kernels), ``report``
+(the layers' loops), ``prefill`` (the x86-64 prefill kernels' glue), ``report``
 (what runs here, in words) and ``plan`` (which kernel each kind of work takes
 on a CPU).
+
+The rooms below it: ``portable`` (the numba reference loops every kernel is
+tested against, and what a CPU without its own kernel runs), ``x86`` (integer
+products, AMX tiles; ``x86.float32``: the assembly blocks over float32
+activations) and ``arm`` (NEON and dotprod integer products). The modules here
+(the CPU's features in ``cpu``, the plan, the dispatch and the wrappers the
+model calls) choose among them; a room imports only the rooms below it
+(tests/test_architecture.py ranks them).
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ from kestrel_trio._kernels.layers import (SHARED_DECODE_SCORES, decode_attention
 from kestrel_trio._kernels.packed import (PartProduct, integer_job, integer_rows, packed_expand, packed_product,
                                           packed_weights, prepare, quantize_activations)
 from kestrel_trio._kernels.report import describe, describe_cpu, optional_kernels, product_kernels
-from kestrel_trio._kernels.x86.prefill import (
+from kestrel_trio._kernels.prefill import (
     CHUNK_K_STEP, CHUNK_WEIGHT_ROWS, TILE_BLOCK_ROWS, TILE_K_STEP, chunk_product,
     enable_chunk_products, enable_prefill_attention, enable_tiles, prefill_attention, tile_multiply, tile_pack,
     tile_product)

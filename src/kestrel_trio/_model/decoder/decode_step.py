@@ -13,9 +13,9 @@ not change between steps is settled once per model, product mode and thread:
 - the buffers themselves: the residual row, the normed row and its int8
   quantization, q/k/v, attention output, gate/up, activation;
 - a layer is then (SmolLM2: 18 calls): the layer before's residual add, the
-  RMS norm (kestrel_trio._kernels.norm's loop with the general path's
+  RMS norm (kestrel_trio._kernels.portable.norm's loop with the general path's
   arguments), its quantization, the q/k/v parts (Qwen3: the head norms),
-  rotation and the cache write (kestrel_trio._kernels.chunk_qkv, one call),
+  rotation and the cache write (kestrel_trio._kernels.portable.chunk_qkv, one call),
   attention (one call), its quantization, o_proj, add, norm, quantization,
   the gate/up parts, SwiGLU, its quantization, down_proj.
 

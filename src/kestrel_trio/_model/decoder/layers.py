@@ -25,7 +25,7 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     """Root-mean-square norm over the last axis of ``x`` [..., d] with ``weight`` [d].
 
     x * rsqrt(mean(x^2) + eps), as transformers computes it. In one compiled
-    call where numba runs (kestrel_trio._kernels.norm): a decode step's few
+    call where numba runs (kestrel_trio._kernels.portable.norm): a decode step's few
     rows cost numpy's five calls more in dispatch than in arithmetic, and a
     prefill chunk's are 3-4x faster in one pass (Qwen3-0.6B's shapes, 256
     rows, 2-core Zen 5: hidden 33 against 114 us, query heads 77 against 316).

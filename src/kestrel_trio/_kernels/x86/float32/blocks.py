@@ -1,13 +1,13 @@
 """float32, bf16 and int8 weight rows multiplied in x86-64 assembly blocks (AVX2, AVX-512), from four activation rows.
 
-The products of kestrel_trio._kernels.products for x86-64 CPUs whose plan
+The products of kestrel_trio._kernels.portable.products for x86-64 CPUs whose plan
 (kestrel_trio._kernels.plan) takes an assembly block: :func:`product_f32_avx512`
 (Intel's AVX-512: 3x8 and 3x4 zmm blocks, the 6x4 one from WIDE_BLOCK_ROWS
 rows), :func:`product_f32_avx2` (the 3x4 ymm block), :func:`product_f32_zen`
 (AMD's Zen with AVX-512: the ymm block, the 6x4 zmm one from WIDE_BLOCK_ROWS
 rows); :func:`product_bf16_avx2` and :func:`product_int8_avx2` widen bf16 and
 int8 rows in their registers in the ymm block. The rows and columns the
-blocks leave take the portable loops (kestrel_trio._kernels.products), which
+blocks leave take the portable loops (kestrel_trio._kernels.portable.products), which
 the tests compare each block against (tests/model/test_kernel_plan.py).
 
 numba caches each product with this file's stamp: a change here recompiles
@@ -22,8 +22,8 @@ import numpy as np
 from numba import njit, types
 from numba.extending import intrinsic
 
-from kestrel_trio._kernels.products import _bf16_rows, _dot_rows, _f32_rest, _int8_rows, row_bf16, row_int8
-from kestrel_trio._kernels.x86.assembly import _ZMM, _asm_codegen
+from kestrel_trio._kernels.portable.products import _bf16_rows, _dot_rows, _f32_rest, _int8_rows, row_bf16, row_int8
+from kestrel_trio._kernels.x86.float32.assembly import _ZMM, _asm_codegen
 
 __all__ = ["product_f32_avx512", "product_f32_avx2", "product_f32_zen", "product_bf16_avx2", "product_int8_avx2",
            "WIDE_BLOCK_ROWS"]
