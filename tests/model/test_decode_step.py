@@ -22,6 +22,7 @@ from kestrel_trio import _kernels, load_model
 from kestrel_trio.model import set_products
 from kestrel_trio._model.decoder import decode_step as decode_step_module
 from kestrel_trio._model.decoder import decode_share
+from kestrel_trio._model.decoder import layers as decoder_layers
 from kestrel_trio._model.products import matmul, share_choice
 from kestrel_trio._model.products.share_choice import ShareChooser
 
@@ -126,7 +127,7 @@ def test_shared_or_alone_as_timings_choose_it_is_the_same(name, integer_mode, mo
 def test_shared_among_product_threads_it_is_the_same(name, integer_mode, monkeypatch):
     general, _ = _decode(name, False, monkeypatch)
     monkeypatch.setattr(matmul, "SHARE_MIN_ELEMENTS", 0)  # the fixtures' tiny matrices shared too
-    monkeypatch.setattr(_kernels, "SHARED_DECODE_SCORES", 0)  # and their attention
+    monkeypatch.setattr(decoder_layers, "SHARED_DECODE_SCORES", 0)  # and their attention
     tables = []
     monkeypatch.setattr(decode_step_module, "job_rows", _counting(decode_step_module.job_rows, tables))
     assert np.array_equal(_decode_on_two_threads(name, monkeypatch), general)

@@ -175,7 +175,8 @@ def test_every_float32_variant_the_host_runs_equals_the_portable_loops(variant, 
     from kestrel_trio._kernels.x86.float32 import blocks as f32_blocks
 
     dispatch.f32_assembly()  # readies LLVM's assembly parser (the blocks are assembly)
-    product = _compiled({"avx512": f32_blocks.product_f32_avx512, "avx2+avx512": f32_blocks.product_f32_zen,
+    product = _compiled({"avx512": f32_blocks.product_f32_avx512,
+                         "avx2+avx512": f32_blocks.product_f32_avx2_avx512,
                          "avx2": f32_blocks.product_f32_avx2}[variant])
     reference = _compiled(products.product_f32)
     rng = np.random.default_rng(rows_in + cols)

@@ -28,7 +28,7 @@ from __future__ import annotations
 # loaded first: it readies numba's CPU settings before any of this package's modules imports numba.
 from kestrel_trio._kernels.loaded import (FORMS, PRODUCT_MODES, compiled, decode_loops, ready,  # noqa: I001
                                           release_compiler_pages, unavailable_reason)
-from kestrel_trio._kernels.layers import (SHARED_DECODE_SCORES, decode_attention, decode_attentions, decode_buffers,
+from kestrel_trio._kernels.layers import (decode_attention, decode_attentions, decode_buffers,
                                           norm_span, qkv_rows, rms_norm, rotate_half, softmax_numerators, swiglu)
 from kestrel_trio._kernels.packed import (PartProduct, integer_job, integer_rows, packed_expand, packed_product,
                                           packed_weights, prepare, quantize_activations)
@@ -45,4 +45,4 @@ __all__ = ["FORMS", "ready", "compiled", "unavailable_reason", "describe", "desc
            "CHUNK_WEIGHT_ROWS", "CHUNK_K_STEP", "enable_prefill_attention", "prefill_attention", "qkv_rows",
            "TILE_BLOCK_ROWS", "TILE_K_STEP", "rotate_half", "rms_norm", "softmax_numerators", "swiglu",
            "decode_attention", "decode_buffers", "decode_attentions", "norm_span", "integer_rows", "integer_job",
-           "decode_loops", "SHARED_DECODE_SCORES"]
+           "decode_loops"]

@@ -118,7 +118,7 @@ def _chosen(form: str, mode: str, planned: _plan.KernelPlan):
         from kestrel_trio._kernels.x86.float32 import blocks as f32_blocks
 
         products = {"avx512": f32_blocks.product_f32_avx512, "avx2": f32_blocks.product_f32_avx2,
-                    "avx2+avx512": f32_blocks.product_f32_zen}
+                    "avx2+avx512": f32_blocks.product_f32_avx2_avx512}
         return products[assembly], _plan.F32_LABELS[assembly]
     if form in ("bf16", "BF16", "int8") and planned.bf16.variant == "avx2":
         from kestrel_trio._kernels.x86.float32 import blocks as f32_blocks

@@ -3,9 +3,9 @@ None where the loops cannot run or the arrays are not of their kind (the caller 
 
 Portable: the loops (chunk_qkv, rope, norm, exp) compile for any CPU numba
 supports. Re-exported by kestrel_trio._kernels, where kestrel_trio._model calls
-them. ``SHARED_DECODE_SCORES`` is read through the package, where
-kestrel_trio._model's decode steps read it too, so that one setting (a test's)
-holds for both.
+them. Whether a decode step's attention is shared among the product threads
+is the caller's choice (kestrel_trio._model.decoder.layers.SHARED_DECODE_SCORES):
+a wrapper shares where it is handed the threads.
 """
 
 from __future__ import annotations
@@ -18,14 +18,7 @@ from kestrel_trio._kernels import loaded
 from kestrel_trio._kernels.portable.spans import run_spans
 
 __all__ = ["qkv_rows", "rotate_half", "rms_norm", "norm_span", "softmax_numerators", "swiglu", "decode_attention",
-           "decode_buffers", "decode_attentions", "SHARED_DECODE_SCORES"]
-
-# Query-head x key scores from which a decode step's attention is shared among the product threads: 16 heads over
-# 256 keys of 128 dims, about 50 us on one thread on the 2-core Zen 5, where a hand-off costs 10-30 us. Measured
-# there (Qwen3-0.6B's shapes, best / median of three step times in one process), 8 sequences of 64 keys: 77.6 /
-# 78.1 ms from 4 Ki scores, 80.1 / 82.7 from 16 Ki (not shared), 83.1 / 86.2 never shared; 16 of 64: 120.3 /
-# 122.0, 123.2 / 123.7, 127.8 / 132.5.
-SHARED_DECODE_SCORES = 1 << 12
+           "decode_buffers", "decode_attentions"]
 
 
 # ---------------------------------------------------------------- a chunk's queries, keys and values
@@ -182,11 +175,9 @@ def decode_attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, scale:
 
     ``keys``, ``values``: float32 [n_kv, total, hd], each a prefix of a C-contiguous buffer (a KV cache's).
     Scores are ``(q * scale) . k``. With ``run_shared`` and ``shares_of`` (kestrel_trio._model.products.matmul's), a
-    long context's kv heads are shared among the product threads (from kestrel_trio._kernels.SHARED_DECODE_SCORES
-    query-head x key scores). None where the compiled loops cannot run or the arrays are not of that kind.
+    context's kv heads are shared among the product threads (the caller passes them from its threshold of query-head
+    x key scores). None where the compiled loops cannot run or the arrays are not of that kind.
     """
-    from kestrel_trio import _kernels as _package  # read where kestrel_trio._model reads it too: not at the top
-
     cached = _cache_buffers(keys, values) if loaded.ready() and q.dtype == np.float32 and q.ndim == 2 else None
     if cached is None:
         return None
@@ -196,7 +187,7 @@ def decode_attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, scale:
     n_kv = keys.shape[0]
     out = np.empty(q.shape, dtype=np.float32)  # [n_heads, hd]
     scale = np.float32(scale)
-    if run_shared is None or shares_of is None or total * q.shape[0] < _package.SHARED_DECODE_SCORES:
+    if run_shared is None or shares_of is None:
         exp.decode_attention(q, key_buffer, value_buffer, total, 0, n_kv, scale, out)
     else:
         run_shared([lambda a=a, b=b: exp.decode_attention(q, key_buffer, value_buffer, total, a, b, scale, out)

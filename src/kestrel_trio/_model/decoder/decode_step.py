@@ -43,6 +43,7 @@ from kestrel_trio._model.products.backend import current
 from kestrel_trio._model.products.jobs import job_rows
 from kestrel_trio._model.decoder.decode_share import SharedOrAlone, in_turn, choosers
 from kestrel_trio._model.cache.kv_cache import KVCache
+from kestrel_trio._model.decoder import layers
 from kestrel_trio._model.decoder.layers import embedding
 from kestrel_trio._model.products.matmul import linear
 from kestrel_trio._model.forms.packed import GgmlRows, PackedMatrix
@@ -200,7 +201,7 @@ class _Plan:
         past = cache.length
         total = past + 1
         n_heads, n_kv = c.num_attention_heads, c.num_key_value_heads
-        shared = b.threads is not None and total * n_heads >= _kernels.SHARED_DECODE_SCORES
+        shared = b.threads is not None and total * n_heads >= layers.SHARED_DECODE_SCORES
         qkv_rows, attention, q = self.chunk_qkv.qkv_rows, self.exp.decode_attention, b.q
         for index, calls in enumerate(b.layers):
             for call in calls[0]:  # the last layer's residual add, norm, quantization, q/k/v (Qwen3: head norms)
