@@ -50,7 +50,8 @@ its folder below ``_kernels``, the package's own modules the room ``""``):
     0  portable               the numba reference loops every kernel is tested against; the compiled hand-off
     1  x86, x86.float32, arm  what differs per architecture: integer products and AMX tiles; the assembly
                              blocks over float32 activations; NEON and dotprod integer products
-    2  "" (_kernels itself)   the CPU's features, the plan, the dispatch and the wrappers the model calls
+    2  cpu                    a CPU's features (read once) and the kernel plan, a pure function of them
+    3  "" (_kernels itself)   the dispatch, the readiness of the compiled loops and the wrappers the model calls
 """
 
 from __future__ import annotations
@@ -119,7 +120,8 @@ KERNELS_PACKAGE = "kestrel_trio._kernels"
 KERNEL_ROOMS = {
     "portable": 0,
     "x86": 1, "x86.float32": 1, "arm": 1,
-    "": 2,
+    "cpu": 2,
+    "": 3,
 }
 BENCHMARKS = SRC.parent.parent / "benchmarks"
 # Benchmarks that measure _model's private kernels themselves (reason beside each).
@@ -642,10 +644,16 @@ PLANTED_IN_KERNEL_ROOMS = [
      "(portable, rank 0) imports kestrel_trio._kernels.x86.float32.blocks (x86.float32, rank 1)"),
     ("_kernels/portable/integer.py", "def _later():\n    from kestrel_trio._kernels.arm import integer",
      "(portable, rank 0) imports kestrel_trio._kernels.arm.integer (arm, rank 1)"),
-    ("_kernels/portable/handoff.py", "from kestrel_trio._kernels import plan",
-     "(portable, rank 0) imports kestrel_trio._kernels.plan (_kernels, rank 2)"),
+    ("_kernels/portable/handoff.py", "from kestrel_trio._kernels.cpu import plan",
+     "(portable, rank 0) imports kestrel_trio._kernels.cpu.plan (cpu, rank 2)"),
+    ("_kernels/x86/tiles.py", "from kestrel_trio._kernels.cpu.features import Features",
+     "(x86, rank 1) imports kestrel_trio._kernels.cpu.features (cpu, rank 2)"),
+    ("_kernels/cpu/plan.py", "def _later():\n    from kestrel_trio._kernels.dispatch import product_for",
+     "(cpu, rank 2) imports kestrel_trio._kernels.dispatch (_kernels, rank 3)"),
+    ("_kernels/cpu/features.py", "from kestrel_trio._kernels import loaded",
+     "(cpu, rank 2) imports kestrel_trio._kernels.loaded (_kernels, rank 3)"),
     ("_kernels/portable/exp.py", "from kestrel_trio._kernels import ready",
-     "(portable, rank 0) imports kestrel_trio._kernels (_kernels, rank 2)"),
+     "(portable, rank 0) imports kestrel_trio._kernels (_kernels, rank 3)"),
     ("_kernels/x86/integer.py", "from kestrel_trio._kernels.arm import integer",
      "(x86, rank 1) imports kestrel_trio._kernels.arm.integer (arm, rank 1)"),
     ("_kernels/arm/integer.py", "from ..x86 import integer",
@@ -653,9 +661,9 @@ PLANTED_IN_KERNEL_ROOMS = [
     ("_kernels/x86/float32/blocks.py", "from kestrel_trio._kernels.x86.integer import usable_kernel",
      "(x86.float32, rank 1) imports kestrel_trio._kernels.x86.integer (x86, rank 1)"),
     ("_kernels/x86/float32/chunks.py", "def _later():\n    from kestrel_trio._kernels.loaded import FORMS",
-     "(x86.float32, rank 1) imports kestrel_trio._kernels.loaded (_kernels, rank 2)"),
+     "(x86.float32, rank 1) imports kestrel_trio._kernels.loaded (_kernels, rank 3)"),
     ("_kernels/arm/integer.py", "from kestrel_trio._kernels.dispatch import product_for",
-     "(arm, rank 1) imports kestrel_trio._kernels.dispatch (_kernels, rank 2)"),
+     "(arm, rank 1) imports kestrel_trio._kernels.dispatch (_kernels, rank 3)"),
 ]
 
 

@@ -11,15 +11,16 @@ This module only re-exports; each name lives in a module named for its concern:
 ``loaded`` (whether the compiled loops run in this process, and what loading
 them made), ``packed`` (products and expansions of packed weights), ``layers``
 (the layers' loops), ``prefill`` (the x86-64 prefill kernels' glue), ``report``
-(what runs here, in words) and ``plan`` (which kernel each kind of work takes
-on a CPU).
+(what runs here, in words) and ``dispatch`` (which compiled function each
+storage form takes, as the plan says).
 
-The rooms below it: ``portable`` (the numba reference loops every kernel is
-tested against, and what a CPU without its own kernel runs), ``x86`` (integer
-products, AMX tiles; ``x86.float32``: the assembly blocks over float32
-activations) and ``arm`` (NEON and dotprod integer products). The modules here
-(the CPU's features in ``cpu``, the plan, the dispatch and the wrappers the
-model calls) choose among them; a room imports only the rooms below it
+The rooms below it: ``cpu`` (a CPU's features, read once, and ``cpu.plan``,
+which kernel each kind of work takes on any CPU: a pure function of the
+features, printed by ``python -m kestrel_trio._kernels.cpu.plan``),
+``portable`` (the numba reference loops every kernel is tested against, and
+what a CPU without its own kernel runs), ``x86`` (integer products, AMX tiles;
+``x86.float32``: the assembly blocks over float32 activations) and ``arm``
+(NEON and dotprod integer products). A room imports only the rooms below it
 (tests/test_architecture.py ranks them).
 """
 

@@ -47,7 +47,7 @@ class PartProduct:
 
     def __init__(self, form: str, data: np.ndarray, scales: np.ndarray | None, mode: str, planned=None) -> None:
         """Resolve ``form``'s product for ``data`` and ``scales`` (as :func:`packed_product` takes them) in
-        products ``mode`` by kernel plan ``planned`` (a kestrel_trio._kernels.plan.KernelPlan; None: this host's).
+        products ``mode`` by kernel plan ``planned`` (a kestrel_trio._kernels.cpu.plan.KernelPlan; None: this host's).
 
         Raises:
             RuntimeError: the compiled loops cannot run here.
