@@ -211,7 +211,7 @@ def _fma_loop(vector: str, sums: int):
     from numba import njit, types
     from numba.extending import intrinsic
 
-    from kestrel_trio._kernels.x86.assembly import _asm_codegen
+    from kestrel_trio._kernels.x86.float32.assembly import _asm_codegen
 
     zero = "vpxord" if vector == "zmm" else "vpxor"
     registers = [f"{vector}{i}" for i in range(sums + 2)]

@@ -84,7 +84,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     asking would load them (numba, and a compilation where its cache is cold) for runs that never use them."""
     import sys
 
-    if "kestrel_trio._kernels.products" not in sys.modules:
+    if "kestrel_trio._kernels.portable.products" not in sys.modules:
         return
     from kestrel_trio import _kernels
 

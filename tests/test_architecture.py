@@ -56,6 +56,15 @@ modules directly in ``text/``, each of which counts as a room of its own:
     3  generation             the state machine, which drives them all
 
 No module in a room imports ``text``'s ``__init__`` (it imports rooms).
+
+``_kernels`` is in rooms too (KERNEL_ROOMS, lowest first; a module's room is
+its folder below ``_kernels``, the package's own modules the room ``""``):
+
+    0  portable               the numba reference loops every kernel is tested against; the compiled hand-off
+    1  x86, x86.float32, arm  what differs per architecture: integer products and AMX tiles; the assembly
+                             blocks over float32 activations; NEON and dotprod integer products
+    2  cpu                    a CPU's features (read once) and the kernel plan, a pure function of them
+    3  "" (_kernels itself)   the dispatch, the readiness of the compiled loops and the wrappers the model calls
 """
 
 from __future__ import annotations
@@ -128,6 +137,14 @@ TEXT_ROOMS = {
     "sampling": 1, "tokens": 1,
     "constraints": 2, "step_result": 2,
     "generation": 3,
+}
+KERNELS_PACKAGE = "kestrel_trio._kernels"
+# _kernels' room (its folder below _kernels, dotted; "" for the package's own modules) -> rank.
+KERNEL_ROOMS = {
+    "portable": 0,
+    "x86": 1, "x86.float32": 1, "arm": 1,
+    "cpu": 2,
+    "": 3,
 }
 BENCHMARKS = SRC.parent.parent / "benchmarks"
 # Benchmarks that measure _model's private kernels themselves, by path under benchmarks/ (reason beside each).
@@ -342,6 +359,40 @@ def room_violations(src: Path, package: str = PRIVATE_PACKAGE, ranks: dict[str, 
     return found
 
 
+def _kernel_room(name: str, src: Path) -> str:
+    """The room of a module or package under _kernels: its folder below _kernels, dotted (a package is its own)."""
+    below = name[len(KERNELS_PACKAGE) + 1:] if name != KERNELS_PACKAGE else ""
+    is_package = src.joinpath(*name.split(".")[1:], "__init__.py").is_file()
+    return below if is_package else below.rpartition(".")[0]
+
+
+def kernel_room_violations(src: Path) -> list[str]:
+    """Imports between ``_kernels``' rooms that point up or sideways (at load or inside a function alike),
+    modules in a room KERNEL_ROOMS does not rank, and ranked rooms that are no folder."""
+    kernels = src.joinpath(*KERNELS_PACKAGE.split(".")[1:])
+    on_disk = {".".join(p.parent.relative_to(kernels).parts) for p in kernels.rglob("__init__.py")}
+    found = [f"KERNEL_ROOMS names {room!r}, which is no folder of _kernels"
+             for room in sorted(KERNEL_ROOMS.keys() - on_disk)]
+    for path in sorted(kernels.rglob("*.py")):
+        this = module_name(path, src)
+        own = _kernel_room(this, src)
+        if own not in KERNEL_ROOMS:
+            found.append(f"{this} is in _kernels' room {own!r}, which KERNEL_ROOMS does not rank")
+            continue
+        for name in sorted(imports_of(path, src)):
+            if name != KERNELS_PACKAGE and not name.startswith(KERNELS_PACKAGE + "."):
+                continue
+            target = _kernel_room(name, src)
+            if target == own:
+                continue
+            if target not in KERNEL_ROOMS:
+                found.append(f"{this} imports {name}, which is in no ranked room")
+            elif KERNEL_ROOMS[target] >= KERNEL_ROOMS[own]:
+                found.append(f"{this} ({own or '_kernels'}, rank {KERNEL_ROOMS[own]}) imports {name} "
+                             f"({target or '_kernels'}, rank {KERNEL_ROOMS[target]})")
+    return found
+
+
 def import_cycles(src: Path) -> list[list[str]]:
     """Every circle of modules importing one another when they load, each as its modules' names, sorted.
 
@@ -423,6 +474,10 @@ def text_room_violations(src: Path) -> list[str]:
 
 def test_text_rooms_import_only_downwards():
     assert text_room_violations(SRC) == []
+
+
+def test_kernel_rooms_import_only_downwards():
+    assert kernel_room_violations(SRC) == []
 
 
 def test_no_modules_import_one_another_in_a_circle():
@@ -664,3 +719,61 @@ def test_the_checker_lets_a_function_import_its_caller(package_copy: Path):
     line = "def _later():\n    from kestrel_trio._model.decoder.forward import forward\n    return forward"
     _, circles = problems_with(package_copy, "_model/decoder/layers.py", line, import_cycles)
     assert circles == []
+
+
+# (file in _kernels, line planted at its end, a fragment of the expected complaint)
+PLANTED_IN_KERNEL_ROOMS = [
+    ("_kernels/portable/products.py", "from kestrel_trio._kernels.x86.float32 import blocks",
+     "(portable, rank 0) imports kestrel_trio._kernels.x86.float32.blocks (x86.float32, rank 1)"),
+    ("_kernels/portable/integer.py", "def _later():\n    from kestrel_trio._kernels.arm import integer",
+     "(portable, rank 0) imports kestrel_trio._kernels.arm.integer (arm, rank 1)"),
+    ("_kernels/portable/handoff.py", "from kestrel_trio._kernels.cpu import plan",
+     "(portable, rank 0) imports kestrel_trio._kernels.cpu.plan (cpu, rank 2)"),
+    ("_kernels/x86/tiles.py", "from kestrel_trio._kernels.cpu.features import Features",
+     "(x86, rank 1) imports kestrel_trio._kernels.cpu.features (cpu, rank 2)"),
+    ("_kernels/cpu/plan.py", "def _later():\n    from kestrel_trio._kernels.dispatch import product_for",
+     "(cpu, rank 2) imports kestrel_trio._kernels.dispatch (_kernels, rank 3)"),
+    ("_kernels/cpu/features.py", "from kestrel_trio._kernels import loaded",
+     "(cpu, rank 2) imports kestrel_trio._kernels.loaded (_kernels, rank 3)"),
+    ("_kernels/portable/exp.py", "from kestrel_trio._kernels import ready",
+     "(portable, rank 0) imports kestrel_trio._kernels (_kernels, rank 3)"),
+    ("_kernels/x86/integer.py", "from kestrel_trio._kernels.arm import integer",
+     "(x86, rank 1) imports kestrel_trio._kernels.arm.integer (arm, rank 1)"),
+    ("_kernels/arm/integer.py", "from ..x86 import integer",
+     "(arm, rank 1) imports kestrel_trio._kernels.x86.integer (x86, rank 1)"),
+    ("_kernels/x86/float32/blocks.py", "from kestrel_trio._kernels.x86.integer import usable_kernel",
+     "(x86.float32, rank 1) imports kestrel_trio._kernels.x86.integer (x86, rank 1)"),
+    ("_kernels/x86/float32/chunks.py", "def _later():\n    from kestrel_trio._kernels.loaded import FORMS",
+     "(x86.float32, rank 1) imports kestrel_trio._kernels.loaded (_kernels, rank 3)"),
+    ("_kernels/arm/integer.py", "from kestrel_trio._kernels.dispatch import product_for",
+     "(arm, rank 1) imports kestrel_trio._kernels.dispatch (_kernels, rank 3)"),
+]
+
+
+@pytest.mark.parametrize(("file", "line", "complaint"), PLANTED_IN_KERNEL_ROOMS,
+                         ids=[f"{f}: {line}" for f, line, _ in PLANTED_IN_KERNEL_ROOMS])
+def test_the_checker_sees_each_planted_import_between_kernel_rooms(package_copy: Path, file: str, line: str,
+                                                                    complaint: str):
+    module, problems = problems_with(package_copy, file, line, kernel_room_violations)
+    assert any(complaint in p and p.startswith(module) for p in problems), problems
+
+
+def test_the_checker_lets_a_kernel_room_import_its_own_modules_and_lower_rooms(package_copy: Path):
+    line = ("from kestrel_trio._kernels.portable.products import row_int8\n"
+            "from kestrel_trio._kernels.x86.float32.assembly import _asm_codegen\nfrom ...portable import exp")
+    _, problems = problems_with(package_copy, "_kernels/x86/float32/blocks.py", line, kernel_room_violations)
+    assert problems == []
+
+
+def test_the_checker_sees_a_kernel_room_not_ranked(package_copy: Path):
+    room = package_copy / "_kernels" / "riscv"
+    room.mkdir()
+    (room / "__init__.py").write_text("", encoding="utf-8")
+    (room / "vector.py").write_text("import numpy\n", encoding="utf-8")
+    try:
+        assert kernel_room_violations(package_copy) == [
+            "kestrel_trio._kernels.riscv is in _kernels' room 'riscv', which KERNEL_ROOMS does not rank",
+            "kestrel_trio._kernels.riscv.vector is in _kernels' room 'riscv', which KERNEL_ROOMS does not rank",
+        ]
+    finally:
+        shutil.rmtree(room)

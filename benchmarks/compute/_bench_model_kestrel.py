@@ -268,7 +268,7 @@ def chunk_product(model, rows: int):
     gathered into rows, o_proj's packed by each thread from rows, gate/up's and down's packed in and out (inputs
     packed here, untimed, as a prefill keeps them packed); else ``linear``.
     """
-    from kestrel_trio._kernels.x86 import packed_rows
+    from kestrel_trio._kernels.x86.float32 import packed_rows
     from kestrel_trio._model.products.matmul import linear, run_shared, shares_of
     from kestrel_trio._model.decoder.packed_layers import takes_packed
 

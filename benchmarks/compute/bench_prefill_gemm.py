@@ -5,7 +5,7 @@ Usage:
 
 On Intel's AVX-512 CPUs, kestrel multiplies float32 weights by prefill chunks
 of 33 to ``CHUNK_KERNEL_MAX_ROWS`` rows in its own kernel
-(kestrel_trio._kernels.x86.f32_chunks), and by more rows with BLAS. This times
+(kestrel_trio._kernels.x86.float32.chunks), and by more rows with BLAS. This times
 both ways on the same inputs in one process, each product warm, best of
 ``--repeats``, on kestrel's product threads (``set_blas_threads``: 2 on a
 2-core machine) and on BLAS's own: GFLOP/s of each, their ratio per shape

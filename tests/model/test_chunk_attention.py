@@ -1,4 +1,4 @@
-"""Causal attention of float32 prefill chunks in kestrel's own kernel (kestrel_trio._kernels.x86.f32_attention):
+"""Causal attention of float32 prefill chunks in kestrel's own kernel (kestrel_trio._kernels.x86.float32.attention):
 float32's accuracy at every shape (groups of 1 to 7 query heads a kv head, blocks of rows part-filled, keys before
 the chunk or none), the causal mask exact, and taken by causal_attention for chunks only. Each register block
 the CPU executes (the plan's runnable variants: AVX-512's and AVX2's on an x86-64 CPU with AVX-512, AVX2's on
@@ -15,7 +15,7 @@ from kestrel_trio._model.decoder import layers
 
 
 def _planned():
-    from kestrel_trio._kernels.plan import this_plan
+    from kestrel_trio._kernels.cpu.plan import this_plan
 
     return this_plan().chunk_attention
 

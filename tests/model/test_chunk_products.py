@@ -1,4 +1,4 @@
-"""Float32 products of prefill chunks in kestrel's own AVX-512 kernel (kestrel_trio._kernels.x86.f32_chunks): float32's
+"""Float32 products of prefill chunks in kestrel's own AVX-512 kernel (_kernels.x86.float32.chunks): float32's
 accuracy at every shape, the rows and columns past whole blocks included, and taken by linear() for prefill rows
 only. Wherever the CPU executes them (the plan's runnable variants: x86-64 with AVX-512, chosen on Intel's, played as
 chosen on others); elsewhere the tests skip with the reason."""
@@ -10,7 +10,7 @@ import pytest
 
 from kestrel_trio import _kernels
 from kestrel_trio._kernels import loaded
-from kestrel_trio._kernels.x86 import prefill
+from kestrel_trio._kernels import prefill
 from kestrel_trio._model.products import matmul
 
 from kernel_plan_kit import enable_chunk_kernel, runnable
@@ -124,7 +124,7 @@ def test_a_failed_self_test_keeps_the_kernel_off_on_every_later_call(monkeypatch
 
 @pytest.mark.parametrize("broken, named", [("product", "chunk"), ("packed_product", "packed")])
 def test_the_self_test_finds_either_kernel_wrong(monkeypatch, broken, named):
-    from kestrel_trio._kernels.x86 import f32_chunks
+    from kestrel_trio._kernels.x86.float32 import chunks as f32_chunks
 
     real = getattr(f32_chunks, broken)
 

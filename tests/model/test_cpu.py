@@ -1,4 +1,4 @@
-"""What the kernels see of the CPU (kestrel_trio._kernels.cpu): detection from a host's facts, any host's on any
+"""What the kernels see of the CPU (_kernels.cpu.features): detection from a host's facts, any host's on any
 host, and on this one the CPU numba really compiles for (its cache key)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from kestrel_trio import _kernels
-from kestrel_trio._kernels import cpu
+from kestrel_trio._kernels.cpu import features as cpu
 
 # /proc/cpuinfo of an RK3588 (four Cortex-A55, then four Cortex-A76), cut to two cores.
 RK3588_CPUINFO = """processor\t: 0
@@ -126,7 +126,7 @@ def test_numbas_cache_key_carries_the_cpu_and_features_it_compiles_for():
 def test_the_float16_table_has_the_same_bits_on_every_architecture():
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # aarch64's float16 cast warns on signalling NaNs; the table must not
-        from kestrel_trio._kernels.products import f16_table
+        from kestrel_trio._kernels.portable.products import f16_table
 
         table = f16_table().view(np.uint32)  # [65536]
     bits = np.arange(1 << 16, dtype=np.uint32)

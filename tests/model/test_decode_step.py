@@ -1,11 +1,11 @@
 """One sequence's decode step on its own path (kestrel_trio._model.decoder.decode_step) computes the general path's
 logits.
 
-Bit for bit: the step's one-call quantization (kestrel_trio._kernels.integer.quantize_rows) against the products' own, and whole decode
-steps of every GGUF fixture in the integer mode against the general forward pass, alone and with the products
-and attention shared among product threads (as compiled job tables, kestrel_trio._model.products.jobs, and as
-Python tasks where there are none); the general path's small batches shared as job tables too. Where the path
-does not apply (the exact products, a MoE, a bf16 cache) it declines and the general path runs.
+Bit for bit: the step's one-call quantization (_kernels.portable.integer.quantize_rows) against the products' own,
+and whole decode steps of every GGUF fixture in the integer mode against the general forward pass, alone and with
+the products and attention shared among product threads (as compiled job tables, kestrel_trio._model.products.jobs,
+and as Python tasks where there are none); the general path's small batches shared as job tables too.
+Where the path does not apply (the exact products, a MoE, a bf16 cache) it declines and the general path runs.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from kestrel_trio import _kernels, load_model
 from kestrel_trio.model import set_products
 from kestrel_trio._model.decoder import decode_step as decode_step_module
 from kestrel_trio._model.decoder import decode_share
+from kestrel_trio._model.decoder import layers as decoder_layers
 from kestrel_trio._model.products import matmul, share_choice
 from kestrel_trio._model.products.share_choice import ShareChooser
 
@@ -40,7 +41,7 @@ def _rows(rng, n: int, cols: int) -> np.ndarray:
 
 @pytest.mark.parametrize("sums", [False, True])
 def test_the_step_s_quantization_is_the_products_own(sums):
-    from kestrel_trio._kernels import integer
+    from kestrel_trio._kernels.portable import integer
 
     rng = np.random.default_rng(7)
     for n, cols in ((1, 576), (3, 64), (1, 1536)):
@@ -126,11 +127,11 @@ def test_shared_or_alone_as_timings_choose_it_is_the_same(name, integer_mode, mo
 def test_shared_among_product_threads_it_is_the_same(name, integer_mode, monkeypatch):
     general, _ = _decode(name, False, monkeypatch)
     monkeypatch.setattr(matmul, "SHARE_MIN_ELEMENTS", 0)  # the fixtures' tiny matrices shared too
-    monkeypatch.setattr(_kernels, "SHARED_DECODE_SCORES", 0)  # and their attention
+    monkeypatch.setattr(decoder_layers, "SHARED_DECODE_SCORES", 0)  # and their attention
     tables = []
     monkeypatch.setattr(decode_step_module, "job_rows", _counting(decode_step_module.job_rows, tables))
     assert np.array_equal(_decode_on_two_threads(name, monkeypatch), general)
-    # the products went as compiled job tables (kestrel_trio._kernels.handoff), where the CPU has its own kernels
+    # the products went as compiled job tables (_kernels.portable.handoff), where the CPU has its own kernels
     own = _kernels.integer_job("Q8_0", "integer") is not None
     assert any(tables) == own, tables
 

@@ -1,4 +1,4 @@
-"""The compiled exponentials (kestrel_trio._kernels.exp): accuracy, special values, and their numpy fallbacks."""
+"""The compiled exponentials (_kernels.portable.exp): accuracy, special values, and their numpy fallbacks."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Attention's softmax numerators in AVX-512 assembly (kestrel_trio._kernels.x86.f32_exp) against exp.py's loops and
+"""Attention's softmax numerators in AVX-512 assembly (kestrel_trio._kernels.x86.float32.exp) against exp.py's loops and
 float64: equal numerators, the causal count of each row, zeros past it, special values. Wherever the CPU executes
 it (the plan's runnable softmax variants: an x86-64 CPU with AVX-512, chosen or not); elsewhere the tests skip with
 the reason."""
@@ -23,7 +23,7 @@ def _assembler():
 
 
 def _assembly(scores: np.ndarray, counts: list[int], width: int) -> tuple[np.ndarray, np.ndarray]:
-    from kestrel_trio._kernels.x86 import f32_exp
+    from kestrel_trio._kernels.x86.float32 import exp as f32_exp
 
     got, sums = scores.copy(), np.empty(scores.shape[0], np.float32)  # [R, W], [R]
     f32_exp.softmax_rows(got, np.array(counts, np.int64), width, sums, np.zeros(f32_exp.OPERANDS, np.int64))
@@ -31,7 +31,7 @@ def _assembly(scores: np.ndarray, counts: list[int], width: int) -> tuple[np.nda
 
 
 def _loops(scores: np.ndarray, counts: list[int], width: int) -> tuple[np.ndarray, np.ndarray]:
-    from kestrel_trio._kernels.x86 import f32_attention
+    from kestrel_trio._kernels.x86.float32 import attention as f32_attention
 
     got, sums, maxima = scores.copy(), np.empty(scores.shape[0], np.float32), np.empty(16, np.float32)
     for r, count in enumerate(counts):
@@ -71,7 +71,7 @@ def test_scores_far_below_the_maximum_weigh_zero_and_a_nan_score_makes_its_row_n
 def test_the_chunk_attention_takes_it_for_the_avx512_block_and_agrees_with_the_avx2_blocks_loops():
     from numba import types
 
-    from kestrel_trio._kernels.x86 import f32_attention
+    from kestrel_trio._kernels.x86.float32 import attention as f32_attention
 
     wide = f32_attention._softmax_block_for(*[None] * 6, types.IntegerLiteral(f32_attention.LANES[0]))
     narrow = f32_attention._softmax_block_for(*[None] * 6, types.IntegerLiteral(f32_attention.LANES[1]))

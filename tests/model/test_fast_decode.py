@@ -277,7 +277,7 @@ def test_one_query_s_attention_shared_among_threads_equals_the_one_thread_call(m
         calls = _recording_run_shared(monkeypatch)
         alone = layers.causal_attention(q, keys, values, 39, 8**-0.5)
         assert calls == []  # 6 x 40 scores: below the threshold
-        monkeypatch.setattr(_kernels, "SHARED_DECODE_SCORES", 0)
+        monkeypatch.setattr(layers, "SHARED_DECODE_SCORES", 0)
         shared = layers.causal_attention(q, keys, values, 39, 8**-0.5)
     finally:
         matmul.set_product_threads(before)
@@ -336,7 +336,7 @@ def test_a_batched_decode_step_shares_its_sequences_attention_and_changes_no_log
         calls = _recording_run_shared(monkeypatch)
         alone = batched_step()  # [B, vocab]
         assert calls == []  # a few keys: below the threshold
-        monkeypatch.setattr(_kernels, "SHARED_DECODE_SCORES", 0)
+        monkeypatch.setattr(layers, "SHARED_DECODE_SCORES", 0)
         shared = batched_step()
     finally:
         matmul.set_product_threads(before)

@@ -1,4 +1,4 @@
-"""The compiled hand-off (kestrel_trio._kernels.handoff) and the product threads that use it: job tables shared
+"""The compiled hand-off (kestrel_trio._kernels.portable.handoff) and the product threads that use it: job tables shared
 between threads give each kernel's own results bit for bit, with helpers awake, asleep, busy with another caller,
 or asked back for Python work; the protocol's answers checked step by step without any helper thread."""
 
@@ -14,9 +14,9 @@ from kestrel_trio import _kernels
 pytestmark = pytest.mark.skipif(not _kernels.ready(), reason=_kernels.unavailable_reason())
 
 if _kernels.ready():
-    from kestrel_trio._kernels import handoff
+    from kestrel_trio._kernels.portable import handoff
     from kestrel_trio._kernels.arm import integer as arm
-    from kestrel_trio._kernels.plan import this_plan
+    from kestrel_trio._kernels.cpu.plan import this_plan
     from kestrel_trio._model.products.product_threads import ProductThreads
 
 from test_integer_products import FORMS, block_rows, quantized, sums_of  # noqa: E402

@@ -1,5 +1,5 @@
 """The integer products of Q8_0, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K and Q6_K weights with int8 activations
-(kestrel_trio._kernels.integer, the portable reference; kestrel_trio._kernels.arm, aarch64's kernels): the reference
+(_kernels.portable.integer, the portable reference; kestrel_trio._kernels.arm, aarch64's kernels): the reference
 against numpy bit for bit, each kernel against the reference bit for bit on every CPU that runs it (extreme scales
 and zero blocks too), within the activations' rounding of the exact product, compiled to ``sdot`` where the CPU has
 dotprod, and taken by the products' dispatch in the integer mode."""
@@ -18,9 +18,10 @@ from kestrel_trio._model import Backend
 pytestmark = pytest.mark.skipif(not _kernels.ready(), reason=_kernels.unavailable_reason())
 
 if _kernels.ready():
-    from kestrel_trio._kernels import cpu, integer
+    from kestrel_trio._kernels.cpu import features as cpu
+    from kestrel_trio._kernels.portable import integer
     from kestrel_trio._kernels.arm import integer as arm
-    from kestrel_trio._kernels.products import f16_table
+    from kestrel_trio._kernels.portable.products import f16_table
 
 FORMS = ["Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q5_1", "Q5_K", "Q6_K"]
 BLOCK_BYTES = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20, "Q4_K": 144, "Q5_0": 22, "Q5_1": 24, "Q5_K": 176, "Q6_K": 210}
@@ -225,9 +226,9 @@ def test_the_integer_product_is_the_exact_one_within_the_activations_rounding(fo
 
 
 def _sdot_runs() -> bool:
-    """Whether this host executes the sdot kernel: the plan's runnable integer variants (kestrel_trio._kernels.plan);
+    """Whether this host executes the sdot kernel: the plan's runnable integer variants (_kernels.cpu.plan);
     compiled elsewhere, LLVM could not even select the instruction."""
-    from kestrel_trio._kernels.plan import this_plan
+    from kestrel_trio._kernels.cpu.plan import this_plan
 
     return _kernels.ready() and "neon-dotprod" in this_plan().integer.runnable
 

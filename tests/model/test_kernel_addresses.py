@@ -28,7 +28,7 @@ from kestrel_trio import _kernels
 pytestmark = pytest.mark.skipif(not _kernels.ready(),
                                 reason=f"numba does not run here: {_kernels.unavailable_reason()}")
 if _kernels.ready():
-    from kestrel_trio._kernels.x86.f32_chunks import _store_blocks
+    from kestrel_trio._kernels.x86.float32.chunks import _store_blocks
 
 
 def _python_function(value):
@@ -41,7 +41,7 @@ def _kernel_functions():
     """(module.name, function, its IR) for every function of the modules that numba's front end reads."""
     prefix = "kestrel_trio._kernels."
     for full in sorted(m.name for m in pkgutil.walk_packages(_kernels.__path__, prefix) if not m.ispkg):
-        name = full[len(prefix):]  # "exp", "x86.f32_chunks"
+        name = full[len(prefix):]  # "portable.exp", "x86.float32.chunks"
         module = importlib.import_module(full)
         for attribute, value in sorted(vars(module).items()):
             function = _python_function(value)
@@ -193,7 +193,7 @@ KERNEL_FUNCTIONS = list(_kernel_functions()) if _kernels.ready() else []
 
 def test_the_check_reads_the_kernels_compiled_on_first_use():
     names = {name for name, _, _ in KERNEL_FUNCTIONS}
-    assert {"x86.f32_chunks.product", "x86.f32_blocks.product_f32_avx512", "x86.tiles.product"} <= names
+    assert {"x86.float32.chunks.product", "x86.float32.blocks.product_f32_avx512", "x86.tiles.product"} <= names
 
 
 @pytest.mark.parametrize("name, function, function_ir", KERNEL_FUNCTIONS,

@@ -1,4 +1,4 @@
-"""The compiled RMS norm of a decode step's rows (kestrel_trio._kernels.norm) against numpy's, and where it is used."""
+"""The compiled RMS norm of a decode step's rows (_kernels.portable.norm) against numpy's, and where it is used."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A prefill chunk held packed through its layers (kestrel_trio._kernels.x86.packed_rows and
+"""A prefill chunk held packed through its layers (kestrel_trio._kernels.x86.float32.packed_rows and
 kestrel_trio._model.decoder.packed_layers): the packed products, norm and layout against float64 and numpy, the forward
 pass's logits and cache against the layers over rows, which chunks take it, and the way back to rows where a
 layer's one q/k/v pass cannot run."""
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from kestrel_trio import _kernels, load_model
-from kestrel_trio._kernels.x86 import prefill
+from kestrel_trio._kernels import prefill
 from kestrel_trio._model.decoder.layers import rms_norm, swiglu
 
 from kernel_plan_kit import enable_chunk_kernel, runnable
@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.host_cpu,
 # the package's ``forward`` is the function
 forward_module = importlib.import_module("kestrel_trio._model.decoder.forward")
 if _RUNNABLE:
-    from kestrel_trio._kernels.x86 import f32_chunks, packed_rows
+    from kestrel_trio._kernels.x86.float32 import chunks as f32_chunks, packed_rows
 
 
 @pytest.fixture(autouse=True)

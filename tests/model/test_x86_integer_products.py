@@ -1,5 +1,5 @@
 """x86-64's integer products (kestrel_trio._kernels.x86.integer): each kernel this host can run bit-equal to the
-portable reference (kestrel_trio._kernels.integer) on random blocks, extreme scales, zero blocks, odd row counts,
+portable reference (_kernels.portable.integer) on random blocks, extreme scales, zero blocks, odd row counts,
 row ranges and 1-16 activation rows; their instructions in the generated code; which kernel the dispatch names
 for each form and mode; and the choice for code compiled for another CPU (NUMBA_CPU_NAME)."""
 
@@ -23,8 +23,10 @@ pytestmark = [pytest.mark.skipif(not _kernels.ready(), reason=_kernels.unavailab
               pytest.mark.skipif(platform.machine() != "x86_64", reason="x86-64's kernels"), pytest.mark.host_cpu]
 
 if _kernels.ready() and platform.machine() == "x86_64":
-    from kestrel_trio._kernels import cpu, dispatch, integer, plan
-    from kestrel_trio._kernels.products import f16_table
+    from kestrel_trio._kernels import dispatch
+    from kestrel_trio._kernels.cpu import features as cpu, plan
+    from kestrel_trio._kernels.portable import integer
+    from kestrel_trio._kernels.portable.products import f16_table
     from kestrel_trio._kernels.x86 import integer as x86
 
 from test_integer_products import BLOCK_BYTES, FORMS, HALVES, block_rows, quantized, sums_of  # noqa: E402
@@ -35,12 +37,12 @@ DRIVERS = {"vnni512": "product_vnni512", "vnni256": "product_vnni256", "avx2": "
 def runnable() -> list[str]:
     """The kinds of x86 kernel this host runs and numba's code holds: the plan's runnable variants (the best one
     and every narrower one)."""
-    from kestrel_trio._kernels.plan import this_plan
+    from kestrel_trio._kernels.cpu.plan import this_plan
 
     return [kind for kind, variant in PLAN_VARIANTS.items() if variant in this_plan().integer.runnable]
 
 
-# x86.usable_kernel's kinds -> the plan's variants (kestrel_trio._kernels.plan).
+# x86.usable_kernel's kinds -> the plan's variants (kestrel_trio._kernels.cpu.plan).
 PLAN_VARIANTS = {"vnni512": "avx512-vnni", "vnni256": "avx-vnni", "avx2": "avx2"}
 _RUNNABLE = runnable() if _kernels.ready() and platform.machine() == "x86_64" else []
 # Each kind as a parameter, those this host cannot run skipped with the reason (the module is marked host_cpu).
@@ -174,8 +176,8 @@ import numpy as np, sys
 sys.path.insert(0, {tests!r})
 from test_integer_products import block_rows, quantized, sums_of
 from kestrel_trio import _kernels
-from kestrel_trio._kernels import integer
-from kestrel_trio._kernels.products import f16_table
+from kestrel_trio._kernels.portable import integer
+from kestrel_trio._kernels.portable.products import f16_table
 from kestrel_trio._kernels.x86 import integer as x86
 print(_kernels.product_kernels(["Q4_0"], "integer")["Q4_0"])
 rng = np.random.default_rng(4)

@@ -1,7 +1,7 @@
 """Which compiled product each storage form takes in this process, compiled (or loaded from numba's cache) on
-first use: the dispatch over kestrel_trio._kernels.products' loops, the x86-64 assembly blocks
-(kestrel_trio._kernels.x86.f32_blocks) and the integer kernels (kestrel_trio._kernels.integer, .arm.integer,
-.x86.integer), as a kernel plan says (kestrel_trio._kernels.plan: the model's, Backend.plan in
+first use: the dispatch over kestrel_trio._kernels.portable.products' loops, the x86-64 assembly blocks
+(_kernels.x86.float32.blocks) and the integer kernels (kestrel_trio._kernels.portable.integer, .arm.integer,
+.x86.integer), as a kernel plan says (kestrel_trio._kernels.cpu.plan: the model's, Backend.plan in
 kestrel_trio._model.products.backend, or this host's) and the products' mode, both given to each call (a model's
 own). What is cached here is the same for every model: the compiled functions, by form and kernel label, so that
 products of two modes live side by side.
@@ -19,8 +19,8 @@ import threading
 import numpy as np
 from numba import njit, types
 
-from kestrel_trio._kernels import plan as _plan
-from kestrel_trio._kernels.products import (_COMPILE, _PRODUCTS, _RESULT, _TABLE, COLUMNS_PER_ITEM, FORMS,
+from kestrel_trio._kernels.cpu import plan as _plan
+from kestrel_trio._kernels.portable.products import (_COMPILE, _PRODUCTS, _RESULT, _TABLE, COLUMNS_PER_ITEM, FORMS,
                                             _expand_signature, _signature, _storage, f16_table)
 
 __all__ = ["FORMS", "INTEGER_FORMS", "COLUMNS_PER_ITEM", "f16_table", "f32_assembly", "product_for", "expansion_for",
@@ -33,7 +33,7 @@ _assembler: list = []  # [True] once LLVM's assembly parser is initialized in th
 def f32_assembly() -> str | None:
     """The assembly blocks this process multiplies float32 weights with: "avx512", "avx2", "avx2+avx512" or None.
 
-    None: the compiled loops. The choice of this host's plan (kestrel_trio._kernels.plan: which CPUs, and why AMD's
+    None: the compiled loops. The choice of this host's plan (kestrel_trio._kernels.cpu.plan: which CPUs, and why AMD's
     Zen with AVX-512 takes "avx2+avx512"); LLVM's assembly parser is readied here for it.
     """
     return _assembly_of(_plan.this_plan())
@@ -57,7 +57,7 @@ _compiled: dict = {}  # (form, kernel label) -> its compiled product
 _expansions: dict = {}  # form -> its compiled expansion (the same in every mode)
 _compile_lock = threading.Lock()
 
-# Integer products (activations quantized per block; kestrel_trio._kernels.integer): the forms that have them.
+# Integer products (activations quantized per block; kestrel_trio._kernels.portable.integer): the forms that have them.
 # The mode that chooses them is each call's (kestrel_trio._kernels.PRODUCT_MODES).
 INTEGER_FORMS = _plan.INTEGER_FORMS
 
@@ -106,7 +106,7 @@ def _chosen(form: str, mode: str, planned: _plan.KernelPlan):
     CPU numba compiles for) or an assembly block's (:func:`f32_assembly`; bf16 and int8 rows take AVX2's 3x4
     block on every CPU that has one: the plan's). Below four rows every form runs the portable loops. A form of
     INTEGER_FORMS in the integer mode names its integer kernel at every row
-    count (:func:`_integer_kernel`; labels kestrel_trio._kernels.plan.INTEGER_LABELS: "sdot" and "neon" on
+    count (:func:`_integer_kernel`; labels kestrel_trio._kernels.cpu.plan.INTEGER_LABELS: "sdot" and "neon" on
     aarch64 with and without dotprod, "vnni" and "avx2" on x86-64, "int8" the portable reference).
     """
     if form in INTEGER_FORMS:
@@ -115,13 +115,13 @@ def _chosen(form: str, mode: str, planned: _plan.KernelPlan):
             return None, _plan.INTEGER_LABELS[integer]
     assembly = _assembly_of(planned)
     if form == "F32" and assembly:  # the assembly blocks where they apply
-        from kestrel_trio._kernels.x86 import f32_blocks
+        from kestrel_trio._kernels.x86.float32 import blocks as f32_blocks
 
         products = {"avx512": f32_blocks.product_f32_avx512, "avx2": f32_blocks.product_f32_avx2,
-                    "avx2+avx512": f32_blocks.product_f32_zen}
+                    "avx2+avx512": f32_blocks.product_f32_avx2_avx512}
         return products[assembly], _plan.F32_LABELS[assembly]
     if form in ("bf16", "BF16", "int8") and planned.bf16.variant == "avx2":
-        from kestrel_trio._kernels.x86 import f32_blocks
+        from kestrel_trio._kernels.x86.float32 import blocks as f32_blocks
 
         return (f32_blocks.product_int8_avx2 if form == "int8" else f32_blocks.product_bf16_avx2), "avx2"
     return _PRODUCTS[form][0], "portable"
@@ -129,7 +129,7 @@ def _chosen(form: str, mode: str, planned: _plan.KernelPlan):
 
 def _own_integer(form: str, chosen: _plan.KernelPlan) -> tuple[str, bool] | None:
     """(the CPU's own integer kernel for ``form`` in plan ``chosen``, the plan's variant; whether "auto" takes it),
-    or None where it has none. The plan chooses the kernel (kestrel_trio._kernels.plan); the arm or x86 module's
+    or None where it has none. The plan chooses the kernel (kestrel_trio._kernels.cpu.plan); the arm or x86 module's
     FORMS says which forms it has kernels for."""
     variant = chosen.integer.variant
     if variant == "portable":
@@ -159,7 +159,7 @@ def _integer_kernel(form: str, mode: str, planned: _plan.KernelPlan | None = Non
 
 def _integer_product(variant: str, form: str):
     """``form``'s integer product by kernel ``variant`` (the plan's name), with the products' arguments: the
-    activations quantized (kestrel_trio._kernels.integer; the block sums too where the form has minimums), then
+    activations quantized (kestrel_trio._kernels.portable.integer; the block sums too where the form has minimums), then
     the kernel's block sums. Composed here in Python, not compiled as one function: numba would not see a change
     to either file in a cached caller."""
     form_id, kernel, reference = _typed_kernel_of(variant, form)
@@ -247,7 +247,7 @@ def integer_rows(form: str, data: np.ndarray, f16: np.ndarray, mode: str) -> tup
 
 def integer_job(form: str, mode: str) -> tuple[int, int] | None:
     """(the address of ``form``'s integer kernel's job entry in products ``mode`` here, the form's id in it):
-    what a job row of kestrel_trio._kernels.handoff names, for a helper thread to run the product in compiled
+    what a job row of kestrel_trio._kernels.portable.handoff names, for a helper thread to run the product in compiled
     code. None where ``form`` takes the exact products or the portable reference (which has no job entry)."""
     variant = _integer_kernel(form, mode)
     if variant is None or variant == "portable":
@@ -263,7 +263,7 @@ def quantize(x: np.ndarray, forms, mode: str) -> tuple | None:
     integer_forms = [form for form in forms if _integer_kernel(form, mode) is not None]
     if not integer_forms:
         return None
-    from kestrel_trio._kernels import integer
+    from kestrel_trio._kernels.portable import integer
     from kestrel_trio._kernels.arm import integer as arm
 
     xq = np.empty(x.shape, dtype=np.int8)  # [N, cols]
@@ -295,4 +295,4 @@ def warm(form: str, f16: np.ndarray, mode: str) -> None:
         cols = 32 * subs
         product(np.zeros((1, size), dtype=np.uint8), np.empty((1, 0), dtype=np.uint8), f16, 32,
                 np.zeros((1, cols), dtype=np.float32), 0, 1, np.empty((1, 1), dtype=np.float32))  # one block
-        integer_job(form, mode)  # and its job entry, which the product threads run (kestrel_trio._kernels.handoff)
+        integer_job(form, mode)  # and its job entry, which the product threads run (_kernels.portable.handoff)

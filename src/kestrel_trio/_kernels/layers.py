@@ -3,9 +3,9 @@ None where the loops cannot run or the arrays are not of their kind (the caller 
 
 Portable: the loops (chunk_qkv, rope, norm, exp) compile for any CPU numba
 supports. Re-exported by kestrel_trio._kernels, where kestrel_trio._model calls
-them. ``SHARED_DECODE_SCORES`` is read through the package, where
-kestrel_trio._model's decode steps read it too, so that one setting (a test's)
-holds for both.
+them. Whether a decode step's attention is shared among the product threads
+is the caller's choice (kestrel_trio._model.decoder.layers.SHARED_DECODE_SCORES):
+a wrapper shares where it is handed the threads.
 """
 
 from __future__ import annotations
@@ -15,28 +15,10 @@ from typing import Callable, Sequence
 import numpy as np
 
 from kestrel_trio._kernels import loaded
+from kestrel_trio._kernels.portable.spans import run_spans
 
 __all__ = ["qkv_rows", "rotate_half", "rms_norm", "norm_span", "softmax_numerators", "swiglu", "decode_attention",
-           "decode_buffers", "decode_attentions", "SHARED_DECODE_SCORES"]
-
-# Query-head x key scores from which a decode step's attention is shared among the product threads: 16 heads over
-# 256 keys of 128 dims, about 50 us on one thread on the 2-core Zen 5, where a hand-off costs 10-30 us. Measured
-# there (Qwen3-0.6B's shapes, best / median of three step times in one process), 8 sequences of 64 keys: 77.6 /
-# 78.1 ms from 4 Ki scores, 80.1 / 82.7 from 16 Ki (not shared), 83.1 / 86.2 never shared; 16 of 64: 120.3 /
-# 122.0, 123.2 / 123.7, 127.8 / 132.5.
-SHARED_DECODE_SCORES = 1 << 12
-
-
-def _run_spans(work: Callable[[int, int], None], items: int, run: Callable[[list[Callable[[], None]]], None] | None,
-               shares: Callable[[int], list[tuple[int, int]]] | None) -> None:
-    """``work(first, stop)`` over ``shares(items)``, each span a task of ``run`` (the caller taking the last, as it
-    starts at once); over all items on this thread where ``run`` is None or there is one span."""
-    spans = [(a, b) for a, b in shares(items) if b > a] if shares is not None else [(0, items)]
-    if run is None or len(spans) < 2:
-        work(0, items)
-        return
-    tasks = [(lambda a=a, b=b: work(a, b)) for a, b in spans]
-    run([tasks[-1]] + tasks[:-1])
+           "decode_buffers", "decode_attentions"]
 
 
 # ---------------------------------------------------------------- a chunk's queries, keys and values
@@ -73,7 +55,7 @@ def qkv_rows(qkv: np.ndarray, n_heads: int, n_kv: int, head_dim: int, q_norm: np
             and keys.shape[2] == head_dim and (q_norm is None) == (k_norm is None)
             and all(n.shape == (head_dim,) for n in norms if n is not None)):
         return None
-    from kestrel_trio._kernels import chunk_qkv  # numba is imported: this only compiles or loads the loop
+    from kestrel_trio._kernels.portable import chunk_qkv  # numba is imported: this only compiles or loads the loop
 
     q = np.empty((t, n_heads, head_dim), dtype=np.float32)  # [T, n_heads, head_dim]
     normed = q_norm is not None
@@ -83,7 +65,7 @@ def qkv_rows(qkv: np.ndarray, n_heads: int, n_kv: int, head_dim: int, q_norm: np
         chunk_qkv.qkv_rows(qkv, n_heads, n_kv, q_weight, k_weight, normed, np.float32(eps), cos, sin, q, keys, values,
                            past, first, stop)
 
-    _run_spans(rows, t, run, shares)
+    run_spans(rows, t, run, shares)
     return q
 
 
@@ -98,7 +80,7 @@ def rotate_half(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray |
 
     if not loaded.ready():
         return None
-    from kestrel_trio._kernels import rope  # numba is imported: this only compiles or loads the loop
+    from kestrel_trio._kernels.portable import rope  # numba is imported: this only compiles or loads the loop
 
     out = np.empty(x.shape, dtype=np.float32)  # [T, heads, dim]
     rope.rotate_half(x, cos, sin, out)
@@ -116,7 +98,7 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray | None
 
     if not (loaded.ready() and x.dtype == np.float32 and weight.dtype == np.float32 and x.ndim in (2, 3)):
         return None
-    from kestrel_trio._kernels import norm
+    from kestrel_trio._kernels.portable import norm
 
     rows = x if x.ndim == 3 else x[:, None, :]  # [T, heads, dim]
     flat = _unit_stride_span(rows)  # [span]
@@ -152,7 +134,7 @@ def softmax_numerators(scores: np.ndarray) -> np.ndarray | None:
 
     if not (loaded.ready() and scores.dtype == np.float32 and scores.flags.c_contiguous and scores.size):
         return None
-    from kestrel_trio._kernels import exp  # numba is imported: this only compiles or loads the loops
+    from kestrel_trio._kernels.portable import exp  # numba is imported: this only compiles or loads the loops
 
     rows = scores.reshape(-1, scores.shape[-1])  # [R, S], a view
     sums = np.empty(scores.shape[:-1] + (1,), dtype=np.float32)  # [..., 1]
@@ -170,7 +152,7 @@ def swiglu(gate_up: np.ndarray) -> np.ndarray | None:
 
     if not (loaded.ready() and gate_up.dtype == np.float32 and gate_up.flags.c_contiguous and gate_up.ndim == 2):
         return None
-    from kestrel_trio._kernels import exp
+    from kestrel_trio._kernels.portable import exp
 
     out = np.empty((gate_up.shape[0], gate_up.shape[1] // 2), dtype=np.float32)  # [N, D]
     exp.swiglu(gate_up, out)
@@ -193,21 +175,19 @@ def decode_attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, scale:
 
     ``keys``, ``values``: float32 [n_kv, total, hd], each a prefix of a C-contiguous buffer (a KV cache's).
     Scores are ``(q * scale) . k``. With ``run_shared`` and ``shares_of`` (kestrel_trio._model.products.matmul's), a
-    long context's kv heads are shared among the product threads (from kestrel_trio._kernels.SHARED_DECODE_SCORES
-    query-head x key scores). None where the compiled loops cannot run or the arrays are not of that kind.
+    context's kv heads are shared among the product threads (the caller passes them from its threshold of query-head
+    x key scores). None where the compiled loops cannot run or the arrays are not of that kind.
     """
-    from kestrel_trio import _kernels as _package  # read where kestrel_trio._model reads it too: not at the top
-
     cached = _cache_buffers(keys, values) if loaded.ready() and q.dtype == np.float32 and q.ndim == 2 else None
     if cached is None:
         return None
-    from kestrel_trio._kernels import exp
+    from kestrel_trio._kernels.portable import exp
 
     key_buffer, value_buffer, total = cached
     n_kv = keys.shape[0]
     out = np.empty(q.shape, dtype=np.float32)  # [n_heads, hd]
     scale = np.float32(scale)
-    if run_shared is None or shares_of is None or total * q.shape[0] < _package.SHARED_DECODE_SCORES:
+    if run_shared is None or shares_of is None:
         exp.decode_attention(q, key_buffer, value_buffer, total, 0, n_kv, scale, out)
     else:
         run_shared([lambda a=a, b=b: exp.decode_attention(q, key_buffer, value_buffer, total, a, b, scale, out)
@@ -249,7 +229,7 @@ def decode_attentions(q: np.ndarray, buffers: Sequence[tuple[np.ndarray, np.ndar
     output array and the copy into the step's rows cost a short context more than the attention (Qwen3-0.6B's
     shapes, 8 sequences of 60 keys, 2-core Zen 5: 204 against 371 us a layer).
     """
-    from kestrel_trio._kernels import exp
+    from kestrel_trio._kernels.portable import exp
 
     scale = np.float32(scale)
     for i in range(first, stop):

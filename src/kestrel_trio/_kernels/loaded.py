@@ -10,7 +10,7 @@ its numpy path.
 What is kept here (``_state``) is the same for every model in the process: the
 dispatch module once loaded ("products") or why it cannot be ("error"), the
 float16 table ("table"), and the x86-64 prefill kernels once enabled
-(kestrel_trio._kernels.x86.prefill: "tiles", "chunks", "attention" and their
+(kestrel_trio._kernels.prefill: "tiles", "chunks", "attention" and their
 "..._error"). No model's setting (products mode, threads) is kept here: each
 call is given its model's.
 """
@@ -23,12 +23,12 @@ import threading
 
 import numpy as np
 
-from kestrel_trio._kernels import cpu as _cpu
+from kestrel_trio._kernels.cpu import features as _cpu
 
 __all__ = ["FORMS", "PRODUCT_MODES", "RUN", "ready", "compiled", "unavailable_reason", "dispatch", "f16",
            "decode_loops", "release_compiler_pages"]
 
-# The storage forms the compiled products know (kestrel_trio._kernels.products.FORMS), known without numba.
+# The storage forms the compiled products know (kestrel_trio._kernels.portable.products.FORMS), known without numba.
 FORMS = frozenset(("int8", "int4", "bf16", "F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K",
                     "Q5_K", "Q6_K"))
 # Which products quantized weights take: a model's own setting (kestrel_trio._model.products.backend.Backend.products),
@@ -37,7 +37,7 @@ PRODUCT_MODES = ("auto", "exact", "integer")
 RUN = 32  # a block's inner loop length, an argument so that it stays a run-time value (products.py)
 
 # Before any of this package's modules imports numba: on aarch64 numba compiles for the features the kernel
-# reports (AT_HWCAP), not for what LLVM reads from /proc/cpuinfo (kestrel_trio._kernels.cpu says why).
+# reports (AT_HWCAP), not for what LLVM reads from /proc/cpuinfo (kestrel_trio._kernels.cpu.features says why).
 _cpu.configure_numba()
 
 _state: dict = {}
@@ -102,12 +102,12 @@ def f16() -> np.ndarray:
 
 
 def decode_loops():
-    """(kestrel_trio._kernels.integer, .chunk_qkv, .exp, .norm): the compiled loops a decode step of one sequence
+    """(_kernels.portable.integer, .chunk_qkv, .exp, .norm): the compiled loops a decode step of one sequence
     calls directly, without the wrappers' checks (kestrel_trio._model.decoder.decode_step checks its arrays once);
     None where the compiled loops cannot run."""
     if not ready():
         return None
-    from kestrel_trio._kernels import chunk_qkv, exp, integer, norm
+    from kestrel_trio._kernels.portable import chunk_qkv, exp, integer, norm
 
     return integer, chunk_qkv, exp, norm
 

@@ -22,7 +22,7 @@ import numpy as np
 from kestrel_trio._kernels import loaded
 from kestrel_trio._kernels.layers import decode_attention, qkv_rows, rms_norm, softmax_numerators, swiglu
 from kestrel_trio._kernels.loaded import FORMS, RUN
-from kestrel_trio._kernels.x86.prefill import enable_prefill_attention
+from kestrel_trio._kernels.prefill import enable_prefill_attention
 
 __all__ = ["PartProduct", "packed_product", "quantize_activations", "integer_rows", "integer_job", "packed_expand",
            "packed_weights", "prepare"]
@@ -47,7 +47,7 @@ class PartProduct:
 
     def __init__(self, form: str, data: np.ndarray, scales: np.ndarray | None, mode: str, planned=None) -> None:
         """Resolve ``form``'s product for ``data`` and ``scales`` (as :func:`packed_product` takes them) in
-        products ``mode`` by kernel plan ``planned`` (a kestrel_trio._kernels.plan.KernelPlan; None: this host's).
+        products ``mode`` by kernel plan ``planned`` (a kestrel_trio._kernels.cpu.plan.KernelPlan; None: this host's).
 
         Raises:
             RuntimeError: the compiled loops cannot run here.
@@ -109,7 +109,7 @@ def integer_rows(form: str, data: np.ndarray, mode: str) -> tuple | None:
 
 def integer_job(form: str, mode: str) -> tuple[int, int] | None:
     """(``form``'s integer kernel's job entry address, its form id) in products ``mode`` for a compiled hand-off
-    (kestrel_trio._kernels.handoff), or None: kestrel_trio._kernels.dispatch.integer_job."""
+    (kestrel_trio._kernels.portable.handoff), or None: kestrel_trio._kernels.dispatch.integer_job."""
     if not loaded.ready() or form not in FORMS:
         return None
     return loaded.dispatch().integer_job(form, mode)
@@ -169,7 +169,7 @@ def _load_layer_loops() -> None:
         qkv_rows(np.zeros((1, 12), dtype=np.float32), 1, 1, 4, norm, norm, 1e-6, weight[None, :2], weight[None, :2],
                  cache, cache, 0, None, None)
     # a decode step's one-call quantization (kestrel_trio._model.decoder.decode_step)
-    from kestrel_trio._kernels import integer
+    from kestrel_trio._kernels.portable import integer
 
     row = np.zeros((1, 32), dtype=np.float32)  # [1, 32]
     integer.quantize_rows(row, RUN, np.empty((1, 32), np.int8), row[:, :1].copy(), row[:, :1].copy(), True)

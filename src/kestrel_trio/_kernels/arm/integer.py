@@ -5,7 +5,7 @@ products of its 32 weights and 32 quantized activations)`` (Q4_1 adds its
 minimum times the block's activation sum, ``m_w * s_x``; a Q4_K block of 256
 is eight sub-blocks of 32, each with its scale ``d * scale`` and offset ``min
 * -dmin`` from ggml's 6-bit packing). The portable
-reference (``_kernels.integer.product_blocks``) fixes the arithmetic; this file
+reference (``_kernels.portable.integer.product_blocks``) fixes the arithmetic; this file
 emits it as LLVM vector IR (numba ``intrinsic``s), since numba's loops over a
 fixed 32-block unroll into scalar code. A block, for one weight row:
 
@@ -48,7 +48,7 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from kestrel_trio._kernels import handoff
+from kestrel_trio._kernels.portable import handoff
 
 __all__ = ["FORMS", "product_sdot", "product_widening", "form_id", "job_entry"]
 
@@ -477,7 +477,7 @@ def form_id(form: str) -> int:
     return _FORM_IDS[form]
 
 
-# Each kernel's job entry (kestrel_trio._kernels.handoff: a product's share run by another thread in compiled
+# Each kernel's job entry (kestrel_trio._kernels.portable.handoff: a product's share run by another thread in compiled
 # code), here beside its kernel so that an edit of either refreshes numba's cache of both.
 _JOB_LAYOUT = "job-2"  # handoff's job row layout these entries were written for (handoff.entry checks it)
 

@@ -1,6 +1,6 @@
 """Every GGUF block form x int8 block dot products for x86-64: ``vpdpbusd`` (AVX-512 VNNI or AVX-VNNI), AVX2.
 
-Theory of operation: the portable reference (``_kernels.integer.product_blocks``)
+Theory of operation: the portable reference (``_kernels.portable.integer.product_blocks``)
 fixes the arithmetic: per 32-weight sub-block one int32 sum of its products
 (Q6_K's two halves each times its int8 scale first), converted to float32 and
 accumulated as ``acc = fma(sum, d_w * d_x, acc)``, one float32 a row and
@@ -60,7 +60,7 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from kestrel_trio._kernels import handoff
+from kestrel_trio._kernels.portable import handoff
 
 __all__ = ["FORMS", "KINDS", "product_vnni512", "product_vnni256", "product_avx2", "form_id", "usable_kernel",
            "compiled_features", "job_entry"]
@@ -655,7 +655,7 @@ def form_id(form: str) -> int:
     return _FORM_IDS[form]
 
 
-# Each kernel's job entry (kestrel_trio._kernels.handoff: a product's share run by another thread in compiled
+# Each kernel's job entry (kestrel_trio._kernels.portable.handoff: a product's share run by another thread in compiled
 # code), here beside its kernel so that an edit of either refreshes numba's cache of both.
 _JOB_LAYOUT = "job-2"  # handoff's job row layout these entries were written for (handoff.entry checks it)
 

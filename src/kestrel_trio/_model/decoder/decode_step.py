@@ -13,9 +13,9 @@ not change between steps is settled once per model, product mode and thread:
 - the buffers themselves: the residual row, the normed row and its int8
   quantization, q/k/v, attention output, gate/up, activation;
 - a layer is then (SmolLM2: 18 calls): the layer before's residual add, the
-  RMS norm (kestrel_trio._kernels.norm's loop with the general path's
+  RMS norm (kestrel_trio._kernels.portable.norm's loop with the general path's
   arguments), its quantization, the q/k/v parts (Qwen3: the head norms),
-  rotation and the cache write (kestrel_trio._kernels.chunk_qkv, one call),
+  rotation and the cache write (kestrel_trio._kernels.portable.chunk_qkv, one call),
   attention (one call), its quantization, o_proj, add, norm, quantization,
   the gate/up parts, SwiGLU, its quantization, down_proj.
 
@@ -43,6 +43,7 @@ from kestrel_trio._model.products.backend import current
 from kestrel_trio._model.products.jobs import job_rows
 from kestrel_trio._model.decoder.decode_share import SharedOrAlone, in_turn, choosers
 from kestrel_trio._model.cache.kv_cache import KVCache
+from kestrel_trio._model.decoder import layers
 from kestrel_trio._model.decoder.layers import embedding
 from kestrel_trio._model.products.matmul import linear
 from kestrel_trio._model.forms.packed import GgmlRows, PackedMatrix
@@ -200,7 +201,7 @@ class _Plan:
         past = cache.length
         total = past + 1
         n_heads, n_kv = c.num_attention_heads, c.num_key_value_heads
-        shared = b.threads is not None and total * n_heads >= _kernels.SHARED_DECODE_SCORES
+        shared = b.threads is not None and total * n_heads >= layers.SHARED_DECODE_SCORES
         qkv_rows, attention, q = self.chunk_qkv.qkv_rows, self.exp.decode_attention, b.q
         for index, calls in enumerate(b.layers):
             for call in calls[0]:  # the last layer's residual add, norm, quantization, q/k/v (Qwen3: head norms)

@@ -25,7 +25,7 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     """Root-mean-square norm over the last axis of ``x`` [..., d] with ``weight`` [d].
 
     x * rsqrt(mean(x^2) + eps), as transformers computes it. In one compiled
-    call where numba runs (kestrel_trio._kernels.norm): a decode step's few
+    call where numba runs (kestrel_trio._kernels.portable.norm): a decode step's few
     rows cost numpy's five calls more in dispatch than in arithmetic, and a
     prefill chunk's are 3-4x faster in one pass (Qwen3-0.6B's shapes, 256
     rows, 2-core Zen 5: hidden 33 against 114 us, query heads 77 against 316).
@@ -71,7 +71,7 @@ def causal_attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, past: 
     """
     t, n_heads, head_dim = q.shape
     if t == 1:  # a decode step: one compiled call where numba runs and the cache is float32
-        sharing = (run_shared, shares_of) if shared else ()
+        sharing = (run_shared, shares_of) if shared and keys.shape[1] * n_heads >= SHARED_DECODE_SCORES else ()
         fused = _kernels.decode_attention(q[0], keys, values, scale, *sharing)  # [n_heads*head_dim]
         if fused is not None:
             return fused.reshape(1, -1)
@@ -129,7 +129,7 @@ def decode_attentions(q: np.ndarray, stored: Sequence[tuple[np.ndarray, np.ndarr
             out[i] = causal_attention(q[i : i + 1], *stored[i], lengths[i] - 1, scale, shared)[0]  # [n_heads*hd]
 
     shares = _shares_by_keys(lengths, len(shares_of(len(lengths))))
-    if len(shares) < 2 or sum(lengths) * q.shape[1] < _kernels.SHARED_DECODE_SCORES:
+    if len(shares) < 2 or sum(lengths) * q.shape[1] < SHARED_DECODE_SCORES:
         attend(0, len(lengths), True)
     else:
         run_shared([lambda a=a, b=b: attend(a, b, False) for a, b in shares])
@@ -161,6 +161,12 @@ CHUNK_ATTENTION_MIN_QUERIES = 32
 # on one thread. A 128-token chunk of Qwen3-0.6B (256 Ki scores, 1.4 ms a layer alone) gained 4% of its whole
 # prefill shared (403-410 ms against 415-431, 2-core Xeon, alternated), 96 tokens 2%, 64 tokens nothing.
 SHARED_ATTENTION_SCORES = 1 << 17
+# Query-head x key scores from which a decode step's attention is shared among the product threads: 16 heads over
+# 256 keys of 128 dims, about 50 us on one thread on the 2-core Zen 5, where a hand-off costs 10-30 us. Measured
+# there (Qwen3-0.6B's shapes, best / median of three step times in one process), 8 sequences of 64 keys: 77.6 /
+# 78.1 ms from 4 Ki scores, 80.1 / 82.7 from 16 Ki (not shared), 83.1 / 86.2 never shared; 16 of 64: 120.3 /
+# 122.0, 123.2 / 123.7, 127.8 / 132.5.
+SHARED_DECODE_SCORES = 1 << 12
 # Queries a block of a prefill chunk's attention: each block scores only the keys its queries see (the keys
 # before the chunk and the chunk's own up to the block's last query), so a causal chunk computes a little
 # over half of the scores of the whole square, and a block's scores stay in L2 between their passes.

@@ -1,4 +1,4 @@
-"""Decoder layers over one sequence's prefill chunk held packed (kestrel_trio._kernels.x86.packed_rows).
+"""Decoder layers over one sequence's prefill chunk held packed (kestrel_trio._kernels.x86.float32.packed_rows).
 
 Theory of operation: on the chunk kernel's CPUs (Intel's AVX-512) a float32
 product packs its activations into blocks of 32 tokens and gathers its sums
@@ -40,7 +40,7 @@ from typing import Sequence
 import numpy as np
 
 from kestrel_trio import _kernels
-from kestrel_trio._kernels.x86 import packed_rows
+from kestrel_trio._kernels.x86.float32 import packed_rows
 from kestrel_trio._model.decoder.chunk_attention import chunk_attention
 from kestrel_trio._model.checkpoints.config import ModelConfig
 from kestrel_trio._model.cache.kv_cache import KVCache

@@ -2,7 +2,7 @@
 
 Theory of operation: a product of a few activation rows with GGUF rows that
 this CPU multiplies with its own integer kernel becomes a table of job rows
-(kestrel_trio._kernels.handoff): each a chunk of one matrix part's weight rows
+(kestrel_trio._kernels.portable.handoff): each a chunk of one matrix part's weight rows
 with the addresses of the quantized activations and of the output.
 ProductThreads.run_jobs then shares the table with one call: the product
 threads take chunks from one counter in compiled code, so a hand-off costs
@@ -45,7 +45,7 @@ class JobRows:
     def table_for(self, quantized: tuple, out: np.ndarray) -> np.ndarray:
         """A job table (int64 [chunks, FIELDS]) for the activations ``quantized`` = (xq int8 [N, cols], xd, xs
         float32 [N, cols/32], C-contiguous) into ``out`` float32 [N, out columns] (its rows contiguous)."""
-        from kestrel_trio._kernels import handoff as h
+        from kestrel_trio._kernels.portable import handoff as h
 
         xq, xd, xs = quantized
         table = self.static.copy()
@@ -57,7 +57,7 @@ class JobRows:
 
     def aim(self, table: np.ndarray, out: np.ndarray) -> None:
         """Point ``table``'s chunks at ``out`` (a new array of the shape the table was made for)."""
-        from kestrel_trio._kernels import handoff as h
+        from kestrel_trio._kernels.portable import handoff as h
 
         table[:, h.OUT] = out.ctypes.data + self.columns * out.itemsize
         table[:, h.OUT_STRIDE] = out.strides[0] // out.itemsize
@@ -67,7 +67,7 @@ def job_rows(parts: list, mode: str, threads: int) -> JobRows | None:
     """The job rows of GGUF row ``parts`` (each with ``form`` and ``data`` uint8 [rows, row_bytes]) stacked into
     one output, in products ``mode``, chunked for ``threads`` product threads; None where a part has no job entry
     (the exact products, the portable reference) or its rows are not contiguous."""
-    from kestrel_trio._kernels import handoff as h
+    from kestrel_trio._kernels.portable import handoff as h
 
     rows_total = sum(part.data.shape[0] for part in parts)
     static, columns, first = [], [], 0

@@ -107,7 +107,7 @@ def _tiles_take(x: np.ndarray, storage: np.ndarray) -> bool:
             and storage.shape[0] % _kernels.TILE_BLOCK_ROWS == 0 and storage.shape[1] % _kernels.TILE_K_STEP == 0)
 
 
-# Rows up to which a float32 product takes the chunk kernel (kestrel_trio._kernels.x86.f32_chunks) where it runs. Its
+# Rows up to which a float32 product takes the chunk kernel (_kernels.x86.float32.chunks) where it runs. Its
 # rate stays about flat with the rows where BLAS's climbs: the 28 layers' products in turn on the 2-core Xeon,
 # GFLOP/s, kernel against BLAS: 128 rows 323-325 against 255-260, 256 rows 318-326 against 304-312, 512 rows 316-317
 # against 340-341 (2026-12-05). The default prefill chunk is 256 rows.
@@ -115,7 +115,7 @@ CHUNK_KERNEL_MAX_ROWS = 256
 
 
 def _on_chunk_kernel(x: np.ndarray, weight: np.ndarray) -> bool:
-    """Whether this float32 product of a prefill chunk goes through kestrel_trio._kernels.x86.f32_chunks.
+    """Whether this float32 product of a prefill chunk goes through kestrel_trio._kernels.x86.float32.chunks.
 
     On Intel's AVX-512 CPUs (the kernel's docstring), from 33 rows to CHUNK_KERNEL_MAX_ROWS. The first call
     compiles or loads it (a model's load makes that call: Model.prepare_products).
@@ -261,7 +261,7 @@ def _tile_parts(x: np.ndarray, weight: PackedMatrix) -> np.ndarray:
 
 
 # Activation rows up to which packed weights are multiplied row by row as they are expanded
-# (kestrel_trio._kernels.products) rather than expanded chunk by chunk for BLAS.
+# (kestrel_trio._kernels.portable.products) rather than expanded chunk by chunk for BLAS.
 FUSED_MAX_ROWS = 16
 
 

@@ -6,7 +6,7 @@ decides what to share.
 
 Two ways to hand a helper work: a Python task through its queue (:meth:`ProductThreads.run`: any work, a
 thread's wake-up each, tens of microseconds), and compiled integer products as job rows
-(:meth:`ProductThreads.run_jobs`, kestrel_trio._kernels.handoff: a helper waiting in compiled code takes them
+(:meth:`ProductThreads.run_jobs`, kestrel_trio._kernels.portable.handoff: a helper waiting in compiled code takes them
 in well under a microsecond). Each helper waits in compiled code while it has had such jobs lately (SPIN_SECONDS),
 then sleeps on its queue; Python work sent to it asks it back first.
 """
@@ -34,7 +34,7 @@ SPIN_SECONDS = 0.005
 # (at most a chunk: 0.2-0.4 ms at 8 activation rows under AVX2). The next tables then run on the caller alone,
 # BACKOFF_FIRST of them after one late helper, twice as many after each late one since the pool last shared a
 # table in time, at most BACKOFF_MOST (a Qwen3-0.6B token is about 113 tables): a stray stall costs a few
-# tables, a busy machine mostly runs alone and tries the helpers now and then (kestrel_trio._kernels.handoff).
+# tables, a busy machine mostly runs alone and tries the helpers now and then (kestrel_trio._kernels.portable.handoff).
 LATE_SECONDS = 0.001
 LATE_SHARE = 0.75
 BACKOFF_FIRST = 16
@@ -61,7 +61,7 @@ class ProductThreads:
         self._set_blas_threads = set_blas_threads
         self._queues: list[queue.SimpleQueue] = [queue.SimpleQueue() for _ in range(count - 1)]
         self._handoff = _handoff()
-        # The helpers' control lines (kestrel_trio._kernels.handoff), None where numba is missing.
+        # The helpers' control lines (kestrel_trio._kernels.portable.handoff), None where numba is missing.
         self._ctrl = None if self._handoff is None else np.zeros(count * self._handoff.LINE, dtype=np.int64)
         rate = _rounds_a_second(self._handoff) if self._handoff is not None else 0.0  # of a compiled wait
         spins = max(1000, int(rate * SPIN_SECONDS))  # idle rounds before a helper sleeps
@@ -88,7 +88,7 @@ class ProductThreads:
         return self._backoffs
 
     def run_jobs(self, jobs: np.ndarray) -> None:
-        """Run the compiled job rows ``jobs`` (int64 [chunks, FIELDS], kestrel_trio._kernels.handoff), the
+        """Run the compiled job rows ``jobs`` (int64 [chunks, FIELDS], kestrel_trio._kernels.portable.handoff), the
         helpers taking chunks too where they are awake and free; return when all are done."""
         ctrl = self._ctrl
         shared = ctrl[self._handoff.ALONE] == 0  # (else this table runs alone, counting ALONE down)
@@ -190,12 +190,12 @@ def _stop(queues: list[queue.SimpleQueue], handoff, ctrl: np.ndarray | None, hel
 
 
 def _handoff():
-    """kestrel_trio._kernels.handoff where its compiled code loads here, else None (Python tasks only)."""
+    """kestrel_trio._kernels.portable.handoff where its compiled code loads here, else None (Python tasks only)."""
     from kestrel_trio import _kernels
 
     if not _kernels.ready():
         return None
-    from kestrel_trio._kernels import handoff
+    from kestrel_trio._kernels.portable import handoff
 
     return handoff
 

@@ -6,8 +6,8 @@ and the copy of the keys and values into the KV cache ([T, n_kv, head_dim]
 to [n_kv, T, head_dim]). Here each token's row of the product is read once:
 its query heads normed and rotated into ``q``, its key heads normed and
 rotated and its value heads copied into the cache's float32 buffers at the
-token's position. The arithmetic is kestrel_trio._kernels.norm's and
-kestrel_trio._kernels.rope's (the same flags: reassociated sums of squares,
+token's position. The arithmetic is kestrel_trio._kernels.portable.norm's and
+kestrel_trio._kernels.portable.rope's (the same flags: reassociated sums of squares,
 no fused multiply-adds), so a token's values agree with the five passes'
 to an ulp or so.
 

@@ -4,9 +4,9 @@ Theory of operation: every choice of kernel by CPU is made here, once, from
 a :class:`Features` record (what the CPU runs, what numba's code may hold):
 :func:`plan` is pure (no probing, no numba), so the plan of a Cortex-A53 or
 of an AVX-512 Xeon can be computed and tested on any host, as h11's state
-machine is tested without sockets. The probing is kestrel_trio._kernels.cpu's
-(:func:`kestrel_trio._kernels.cpu.kernel_features`); the dispatch
-(kestrel_trio._kernels.products, kestrel_trio._kernels' chunk, attention and
+machine is tested without sockets. The probing is kestrel_trio._kernels.cpu.features's
+(:func:`kestrel_trio._kernels.cpu.features.kernel_features`); the dispatch
+(kestrel_trio._kernels.portable.products, kestrel_trio._kernels' chunk, attention and
 tile glue) reads :func:`this_plan` instead of asking the CPU itself.
 
 Variants are named by capability ("avx512-vnni", "neon-dotprod", "avx2",
@@ -16,7 +16,7 @@ kernel for at all (the caller keeps its numpy path). Each entry also lists
 every variant this CPU can execute (:attr:`Choice.runnable`): the tests run
 each of them against the portable reference, not only the chosen one.
 
-Run ``python -m kestrel_trio._kernels.plan`` to print the plans of a few
+Run ``python -m kestrel_trio._kernels.cpu.plan`` to print the plans of a few
 reference CPUs and of this host.
 """
 
@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import dataclasses
 
-from kestrel_trio._kernels import cpu
-from kestrel_trio._kernels.cpu import Features
+from kestrel_trio._kernels.cpu import features as cpu
+from kestrel_trio._kernels.cpu.features import Features
 
 __all__ = ["Features", "Choice", "KernelPlan", "plan", "this_plan", "INTEGER_FORMS", "X86_AUTO_FORMS",
            "F32_LABELS", "INTEGER_LABELS", "SAMPLE_CPUS"]
 
-# The ggml forms that have integer products (activations quantized per block of 32: kestrel_trio._kernels.integer
+# The ggml forms that have integer products (activations quantized per block of 32: _kernels.portable.integer
 # and the arm/x86 kernels, whose FORMS tables list the same eight).
 INTEGER_FORMS = frozenset(("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q5_1", "Q5_K", "Q6_K"))
 # The forms whose x86-64 integer kernel "auto" takes: every form kestrel_trio._kernels.x86 has kernels for, so x86
@@ -86,9 +86,9 @@ class KernelPlan:
         exact: ggml quantized rows expanded to float32 (the "exact" products), every form.
         integer: the integer products of INTEGER_FORMS (activations quantized per block of 32).
         integer_auto: the forms whose own integer kernel the "auto" mode takes (the others: exact).
-        chunk_products: float32 prefill chunks' products (kestrel_trio._kernels.x86.f32_chunks).
-        chunk_attention: a prefill chunk's causal attention (kestrel_trio._kernels.x86.f32_attention).
-        softmax: the chunk attention's softmax numerators (kestrel_trio._kernels.x86.f32_exp, else exp.py's loops).
+        chunk_products: float32 prefill chunks' products (kestrel_trio._kernels.x86.float32.chunks).
+        chunk_attention: a prefill chunk's causal attention (kestrel_trio._kernels.x86.float32.attention).
+        softmax: the chunk attention's softmax numerators (kestrel_trio._kernels.x86.float32.exp, else exp.py's loops).
         tiles: bf16 tile products of prefill chunks (kestrel_trio._kernels.x86.tiles), when asked for.
     """
 
@@ -233,7 +233,7 @@ _found: list[KernelPlan] = []
 
 
 def this_plan() -> KernelPlan:
-    """This host's plan, made on the first call from kestrel_trio._kernels.cpu.kernel_features (imports numba)."""
+    """This host's plan, made on the first call from features.kernel_features (imports numba)."""
     if not _found:
         _found.append(plan(cpu.kernel_features()))
     return _found[0]

@@ -1,4 +1,4 @@
-"""A prefill chunk's rows held packed between its products (kestrel_trio._kernels.x86.f32_chunks' layout).
+"""A prefill chunk's rows held packed between its products (kestrel_trio._kernels.x86.float32.chunks' layout).
 
 Theory of operation: f32_chunks' kernel packs a product's activations
 [M, K] into blocks of 32 rows side by side, [M/32, K, 32], and gathers its
@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from kestrel_trio._kernels.layers import _run_spans
+from kestrel_trio._kernels.portable.spans import run_spans
 
 __all__ = ["pack", "unpack", "product", "product_of_rows", "product_rows", "rms_norm", "swiglu", "LANES", "Then"]
 
@@ -34,7 +34,7 @@ Then = Callable[[np.ndarray, int, int], None]
 
 def pack(x: np.ndarray, blocks: int) -> np.ndarray:
     """``x`` float32 [M, K] (M <= 32 blocks) packed: [blocks, K, 32], zero rows after the last."""
-    from kestrel_trio._kernels.x86 import f32_chunks
+    from kestrel_trio._kernels.x86.float32 import chunks as f32_chunks
 
     return f32_chunks.pack(np.ascontiguousarray(x, dtype=np.float32), blocks * LANES)  # [blocks, K, 32]
 
@@ -65,7 +65,7 @@ def product_of_rows(x: np.ndarray, blocks: int, w: np.ndarray, run: Run, shares:
 
 def _product(source: np.ndarray, blocks: int, w: np.ndarray, run: Run, shares: Shares, then: Then | None) -> np.ndarray:
     """:func:`product` of ``source``: packed [blocks, K, 32], or rows [M, K] that each share packs for itself."""
-    from kestrel_trio._kernels.x86 import f32_chunks
+    from kestrel_trio._kernels.x86.float32 import chunks as f32_chunks
 
     n = w.shape[0]
     blocked = n - n % f32_chunks.WEIGHT_ROWS
@@ -82,13 +82,13 @@ def _product(source: np.ndarray, blocks: int, w: np.ndarray, run: Run, shares: S
         if then is not None:
             then(out, first, stop)
 
-    _run_spans(work, blocks, run, shares)
+    run_spans(work, blocks, run, shares)
     return out
 
 
 def product_rows(packed: np.ndarray, w: np.ndarray, run: Run, shares: Shares) -> np.ndarray:
     """:func:`product` with its output in rows, [B * 32, N] (f32_chunks.product: the staging and gather)."""
-    from kestrel_trio._kernels.x86 import f32_chunks
+    from kestrel_trio._kernels.x86.float32 import chunks as f32_chunks
 
     blocks, n = packed.shape[0], w.shape[0]
     blocked = n - n % f32_chunks.WEIGHT_ROWS
@@ -100,7 +100,7 @@ def product_rows(packed: np.ndarray, w: np.ndarray, run: Run, shares: Shares) ->
             part = np.matmul(w[blocked:], packed[first:stop])  # [blocks, N % 14, 32]
             out[first * LANES : stop * LANES, blocked:] = part.transpose(0, 2, 1).reshape(-1, n - blocked)
 
-    _run_spans(work, blocks, run, shares)
+    run_spans(work, blocks, run, shares)
     return out
 
 
@@ -108,7 +108,7 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray | No
              stop: int | None = None) -> np.ndarray:
     """Each token of ``x`` [B, D, 32] normed over D and scaled by ``weight`` float32 [D], into ``out`` (a new
     [B, D, 32] if None): its blocks [first, stop) (all if ``stop`` is None)."""
-    from kestrel_trio._kernels import norm
+    from kestrel_trio._kernels.portable import norm
 
     out = np.empty(x.shape, dtype=np.float32) if out is None else out  # [B, D, 32]
     blocks = slice(first, x.shape[0] if stop is None else stop)
@@ -118,8 +118,8 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray | No
 
 def swiglu(gate_up: np.ndarray, out: np.ndarray, first: int, stop: int) -> None:
     """silu(gate) * up of the blocks [first, stop) of ``gate_up`` [B, 2 I, 32] (each block's gate rows, then its up
-    rows) into ``out`` [B, I, 32] (kestrel_trio._kernels.exp.swiglu: a block is a row of gate, then up)."""
-    from kestrel_trio._kernels import exp
+    rows) into ``out`` [B, I, 32] (kestrel_trio._kernels.portable.exp.swiglu: a block is a row of gate, then up)."""
+    from kestrel_trio._kernels.portable import exp
 
     count = stop - first
     exp.swiglu(gate_up[first:stop].reshape(count, -1), out[first:stop].reshape(count, -1))

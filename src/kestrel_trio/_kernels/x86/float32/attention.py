@@ -22,8 +22,8 @@ R weight rows x L activation lanes (AVX-512: f32_chunks' row kernel, 14 x
 3. Each row's softmax numerators over its own keys: the causal mask is the
    row's key count, every score after it set to 0. The row maximum takes
    16 running maxima (LLVM vectorizes that loop; a plain max reduction it
-   does not), the exponentials kestrel_trio._kernels.exp's; with AVX-512's
-   block, kestrel_trio._kernels.x86.f32_exp's assembly does a block's rows.
+   does not), the exponentials kestrel_trio._kernels.portable.exp's; with AVX-512's
+   block, kestrel_trio._kernels.x86.float32.exp's assembly does a block's rows.
 4. The numerators times the values by the same row kernel, and each output
    row divided by its sum into ``out``.
 
@@ -39,9 +39,9 @@ import numpy as np
 from numba import njit, types
 from numba.extending import intrinsic, overload
 
-from kestrel_trio._kernels.x86 import f32_chunks, f32_exp
-from kestrel_trio._kernels.exp import _exp
-from kestrel_trio._kernels.x86.assembly import _asm_codegen
+from kestrel_trio._kernels.x86.float32 import chunks as f32_chunks, exp as f32_exp
+from kestrel_trio._kernels.portable.exp import _exp
+from kestrel_trio._kernels.x86.float32.assembly import _asm_codegen
 
 __all__ = ["attend_heads_avx512", "attend_heads_avx2", "LANES", "block_rows"]
 

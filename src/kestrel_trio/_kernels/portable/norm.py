@@ -49,7 +49,7 @@ def rms_norm(flat, row_stride, head_stride, weight, eps, out):
 @njit(nogil=True, cache=True, error_model="numpy", fastmath={"reassoc", "nsz"})
 def rms_norm_packed(x, weight, eps, out):
     """:func:`rms_norm` of rows held packed: ``out`` [B, dim, L] from ``x`` [B, dim, L] (token ``L b + lane`` at
-    ``x[b, :, lane]``, kestrel_trio._kernels.x86.f32_chunks' layout). The loops over a block's lanes vectorize, a token
+    ``x[b, :, lane]``, _kernels.x86.float32.chunks' layout). The loops over a block's lanes vectorize, a token
     a lane; its sum of squares adds up in another order than rms_norm's rows do (they agree to a few ulp)."""
     blocks, dim, lanes = x.shape
     scales = np.empty(lanes, np.float32)  # [L]

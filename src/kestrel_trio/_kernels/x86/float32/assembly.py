@@ -1,6 +1,6 @@
 """Inline x86-64 assembly as a numba intrinsic's body: the code generator every assembly kernel here shares.
 
-Each kernel (kestrel_trio._kernels.x86.f32_blocks, .f32_chunks, .f32_exp,
+Each kernel (kestrel_trio._kernels.x86.float32.blocks, .f32_chunks, .f32_exp,
 .f32_attention) passes one int64 operand, the address of its operand array,
 and names the vector registers it overwrites; the general registers the
 kernels use, memory and the flags are clobbered for all of them.

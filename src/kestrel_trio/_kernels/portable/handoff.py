@@ -303,7 +303,7 @@ def entry(job_function, layout: str) -> int:
     cache's key."""
     if layout != LAYOUT:
         raise RuntimeError(f"{job_function.__module__}'s job entries read job rows of layout {layout!r}, "
-                           f"kestrel_trio._kernels.handoff writes {LAYOUT!r}: update them together")
+                           f"kestrel_trio._kernels.portable.handoff writes {LAYOUT!r}: update them together")
     found = _entries.get(job_function)
     if found is None:
         from numba import cfunc

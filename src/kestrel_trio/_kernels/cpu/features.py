@@ -196,7 +196,7 @@ def configure_numba() -> Cpu:
 @dataclasses.dataclass(frozen=True)
 class Features:
     """The facts about a CPU that choose its kernels (:func:`kernel_features` gathers a host's;
-    kestrel_trio._kernels.plan.plan chooses from them).
+    kestrel_trio._kernels.cpu.plan.plan chooses from them).
 
     Attributes:
         arch: "x86_64", "aarch64" or another ``platform.machine()``.
@@ -219,13 +219,13 @@ class Features:
     compiled: frozenset[str] = frozenset()
 
 
-# x86-64 features (LLVM's names) that choose a kernel (kestrel_trio._kernels.plan).
+# x86-64 features (LLVM's names) that choose a kernel (kestrel_trio._kernels.cpu.plan).
 _X86_KERNEL_FEATURES = ("avx2", "fma", "f16c", "avx512f", "avx512vl", "avx512bw", "avxvnni", "avx512vnni",
                         "amx-tile", "amx-bf16")
 
 
 def kernel_features() -> Features:
-    """This host's facts for kestrel_trio._kernels.plan.plan: the probing its pure choice leaves out.
+    """This host's facts for kestrel_trio._kernels.cpu.plan.plan: the probing its pure choice leaves out.
 
     Imports llvmlite (LLVM's host CPU name and features) and, on x86-64, numba (the features numba's code holds,
     kestrel_trio._kernels.x86.integer.compiled_features). On x86-64 a feature counts where LLVM's CPUID reading

@@ -35,7 +35,7 @@ their rows are multiplied in place. On x86-64 with AVX-512 (Intel's), from four
 activation rows up, by a few instructions of assembly (3x8 and 3x4 blocks, and a
 6x4 one from 12 rows, :func:`product_f32_avx512`; with AVX2 a 3x4 block, :func:`product_f32_avx2`;
 on AMD's Zen with AVX-512 (Zen 4, Zen 5) that block, and a 6x4 zmm block from
-12 rows, :func:`product_f32_zen`; chosen once by kestrel_trio._kernels.dispatch.f32_assembly), since LLVM's
+12 rows, :func:`product_f32_avx2_avx512`; chosen once by _kernels.dispatch.f32_assembly), since LLVM's
 compiled 3x8 loop spilled its registers; elsewhere by the compiled loops.
 bf16 and int8 rows from four activation rows up take the AVX2 3x4 block
 too on any of those CPUs, each weight vector widened in its register
@@ -75,8 +75,8 @@ function it calls changes in another file. That is why this file is long:
 the portable products, their expanders and dot loops are one call graph
 (about 950 lines), kept whole so that an edit anywhere in it recompiles
 every cached product. The x86-64 assembly blocks are
-kestrel_trio._kernels.x86.f32_blocks; which kernel runs on a CPU,
-kestrel_trio._kernels.plan; the dispatch, kestrel_trio._kernels.dispatch.
+kestrel_trio._kernels.x86.float32.blocks; which kernel runs on a CPU,
+kestrel_trio._kernels.cpu.plan; the dispatch, kestrel_trio._kernels.dispatch.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ small, and reads the weights as they are stored:
 5. :func:`packed_product` keeps the output packed instead, [M/32, N, 32]:
    a block's 32 sums of weight row n are two whole stores at out[b, n]
    (:func:`_row_text`), and out is the next product's packed input
-   (kestrel_trio._kernels.x86.packed_rows). The 28 layers' four products of a
+   (kestrel_trio._kernels.x86.float32.packed_rows). The 28 layers' four products of a
    256-row chunk, two threads: 351-368 GFLOP/s against 322-342 by
    :func:`product` with its packing (alternated in one process).
 
@@ -48,7 +48,7 @@ import numpy as np
 from numba import njit, types
 from numba.extending import intrinsic
 
-from kestrel_trio._kernels.x86.assembly import _ZMM, _asm_codegen
+from kestrel_trio._kernels.x86.float32.assembly import _ZMM, _asm_codegen
 
 __all__ = ["pack", "product", "packed_product", "WEIGHT_ROWS", "ACTIVATION_ROWS", "K_STEP", "GROUP", "PACKED_GROUP"]
 

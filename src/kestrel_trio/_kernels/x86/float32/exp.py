@@ -1,6 +1,6 @@
-"""Attention's softmax numerators in AVX-512 assembly: kestrel_trio._kernels.exp's exponential, 16 lanes at a time.
+"""Attention's softmax numerators in AVX-512 assembly: _kernels.portable.exp's exponential, 16 lanes at a time.
 
-Theory of operation: numba compiles kestrel_trio._kernels.exp's loops for
+Theory of operation: numba compiles kestrel_trio._kernels.portable.exp's loops for
 256-bit vectors on Intel's AVX-512 CPUs (LLVM's tuning prefers them
 there), and a prefill's attention spent a fifth of its time on the softmax.
 Here the same exponential (:func:`_exp_lines`: Cody-Waite reduction to
@@ -9,7 +9,7 @@ n put into the exponent by ``vscalefps`` (which gives inf past e^88.7
 itself), and 0 below exp.py's lowest x, as there.
 
 :func:`softmax_rows` takes a register block's rows of attention scores
-(kestrel_trio._kernels.x86.f32_attention), each to e^(s - its max) over its
+(kestrel_trio._kernels.x86.float32.attention), each to e^(s - its max) over its
 first ``count`` scores and 0 after them up to a width, and the numerators'
 sum: a pass for the maximum, one for the exponentials (a masked vector for
 the last part-vector), one for the zeros. Measured on the 2-core Xeon with
@@ -22,7 +22,7 @@ queries after 256 keys 6.13 ms against 7.10, 256 after none 2.57 against
 SwiGLU's exponentials stay in exp.py: with its division per element the same
 code here was 0.37 ns an element against 0.47, not worth a second kernel.
 
-Only where the plan's softmax is "avx512" (kestrel_trio._kernels.plan: the AVX-512 assembly, f32_assembly()
+Only where the plan's softmax is "avx512" (kestrel_trio._kernels.cpu.plan: the AVX-512 assembly, f32_assembly()
 "avx512"); elsewhere exp.py's loops run. The sums are in another order than
 exp.py's (16 lanes, then the lanes added pairwise): equal within float32
 rounding.
@@ -34,8 +34,8 @@ import numpy as np
 from numba import njit, types
 from numba.extending import intrinsic
 
-from kestrel_trio._kernels import exp
-from kestrel_trio._kernels.x86.assembly import _asm_codegen
+from kestrel_trio._kernels.portable import exp
+from kestrel_trio._kernels.x86.float32.assembly import _asm_codegen
 
 __all__ = ["softmax_rows", "OPERANDS"]
 

@@ -1,6 +1,6 @@
 """The x86-64 prefill kernels' glue: AMX tile products, the AVX-512 chunk products, the chunk attention.
 
-Each kind is enabled once a process where the plan (kestrel_trio._kernels.plan)
+Each kind is enabled once a process where the plan (kestrel_trio._kernels.cpu.plan)
 takes it: compiled (or loaded from numba's cache) and checked against numpy
 on a small case, so that no prompt waits for a compilation and a kernel that
 disagrees stays off with the reason. The compiled modules live beside this one
@@ -16,7 +16,7 @@ from typing import Callable
 import numpy as np
 
 from kestrel_trio._kernels import loaded
-from kestrel_trio._kernels.layers import _run_spans
+from kestrel_trio._kernels.portable.spans import run_spans
 
 __all__ = ["enable_tiles", "tile_product", "tile_pack", "tile_multiply", "TILE_BLOCK_ROWS", "TILE_K_STEP",
            "enable_chunk_products", "chunk_product", "CHUNK_WEIGHT_ROWS", "CHUNK_K_STEP", "enable_prefill_attention",
@@ -35,7 +35,7 @@ def enable_tiles() -> str | None:
 
 
 def _load_tiles() -> tuple[object, str | None]:
-    from kestrel_trio._kernels.plan import this_plan
+    from kestrel_trio._kernels.cpu.plan import this_plan
 
     try:
         planned = this_plan().tiles
@@ -139,14 +139,14 @@ def tile_multiply(packed: np.ndarray, m: int, w: np.ndarray, out: np.ndarray,
 
 
 # ---------------------------------------------------------------- float32 prefill chunks (AVX-512)
-# The shapes kestrel_trio._kernels.x86.f32_chunks blocks (known without numba): chunk_product takes any shape whose K
+# The shapes _kernels.x86.float32.chunks blocks (known without numba): chunk_product takes any shape whose K
 # is a multiple of CHUNK_K_STEP, and multiplies with numpy the weight rows past whole blocks of CHUNK_WEIGHT_ROWS.
 CHUNK_WEIGHT_ROWS = 14
 CHUNK_K_STEP = 4
 
 
 def enable_chunk_products() -> str | None:
-    """Make the float32 chunk products (kestrel_trio._kernels.x86.f32_chunks) usable: None if they are, else why not.
+    """Make the float32 chunk products (_kernels.x86.float32.chunks) usable: None if they are, else why not.
 
     They run on CPUs whose float32 rows take the "avx512" assembly (Intel's AVX-512 CPUs); compiled (or loaded
     from numba's cache) and checked against numpy here, so that no prompt waits for a compilation.
@@ -160,7 +160,7 @@ def enable_chunk_products() -> str | None:
 
 def _load_chunks() -> tuple[object, str | None]:
     try:
-        from kestrel_trio._kernels.x86 import f32_chunks
+        from kestrel_trio._kernels.x86.float32 import chunks as f32_chunks
 
         if (f32_chunks.WEIGHT_ROWS, f32_chunks.K_STEP) != (CHUNK_WEIGHT_ROWS, CHUNK_K_STEP):
             raise AssertionError("kestrel_trio._kernels' CHUNK_ shapes and f32_chunks' disagree")
@@ -173,7 +173,7 @@ def _chunks_unusable() -> str | None:
 
     if not loaded.ready():
         return loaded.unavailable_reason()
-    from kestrel_trio._kernels.plan import this_plan
+    from kestrel_trio._kernels.cpu.plan import this_plan
 
     planned = this_plan().chunk_products
     return None if planned.variant == "avx512" else planned.why
@@ -182,7 +182,7 @@ def _chunks_unusable() -> str | None:
 def _chunks_self_test(chunks) -> str | None:
     """The kernels, gathered and packed, on 64 x 1028 times 28 x 1028 (two K chunks, two weight blocks) against
     float64; None if they agree. The packed layers' norm compiles (or loads) here too: no prompt waits for it."""
-    from kestrel_trio._kernels.x86 import packed_rows
+    from kestrel_trio._kernels.x86.float32 import packed_rows
 
     rng = np.random.default_rng(0)
     x = rng.standard_normal((64, 1028)).astype(np.float32)  # [64, K]
@@ -291,7 +291,7 @@ def _chunk_product_by_weight_rows(x: np.ndarray, w: np.ndarray, out: np.ndarray,
 
 
 def enable_prefill_attention() -> str | None:
-    """Make the chunk attention (kestrel_trio._kernels.x86.f32_attention) usable: None if it is, else why not.
+    """Make the chunk attention (kestrel_trio._kernels.x86.float32.attention) usable: None if it is, else why not.
 
     Its register block by the float32 assembly this CPU takes: AVX-512's on Intel's AVX-512 CPUs, AVX2's on the
     others with AVX2 (Zen 4 and Zen 5 included: not measured there with zmm). Compiled (or loaded from numba's
@@ -303,7 +303,7 @@ def enable_prefill_attention() -> str | None:
     if not loaded.ready():  # outside the state lock: ready() takes it
         reason = loaded.unavailable_reason()
         return _enable_once("attention", lambda: (None, reason))
-    from kestrel_trio._kernels.plan import this_plan
+    from kestrel_trio._kernels.cpu.plan import this_plan
 
     planned = this_plan().chunk_attention
     loaded.dispatch().f32_assembly()  # readies LLVM's assembly parser where the plan has a block (assembly)
@@ -314,7 +314,7 @@ def enable_prefill_attention() -> str | None:
 
 def _load_attention(wide: bool) -> tuple[object, str | None]:
     try:
-        from kestrel_trio._kernels.x86 import f32_attention
+        from kestrel_trio._kernels.x86.float32 import attention as f32_attention
 
         lanes = f32_attention.LANES[0 if wide else 1]
         return lanes, _attention_self_test(f32_attention, lanes)
@@ -346,7 +346,7 @@ def _attention_self_test(attention, lanes: int) -> str | None:
 def prefill_attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, past: int, scale: float,
                       run: Callable[[list[Callable[[], None]]], None] | None,
                       shares: Callable[[int], list[tuple[int, int]]] | None) -> np.ndarray | None:
-    """Causal attention of T >= 2 new float32 queries in kestrel_trio._kernels.x86.f32_attention, or None.
+    """Causal attention of T >= 2 new float32 queries in kestrel_trio._kernels.x86.float32.attention, or None.
 
     Args:
         q: [T, n_heads, head_dim], the newest tokens' queries.
@@ -366,10 +366,10 @@ def prefill_attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, past:
     shaped = keys.shape == values.shape == (keys.shape[0], past + t, head_dim) and n_heads % keys.shape[0] == 0
     if lanes is None or t < 2 or head_dim % 32 or not shaped or not q.dtype == keys.dtype == values.dtype == np.float32:
         return None
-    from kestrel_trio._kernels.x86 import f32_attention as attention  # loaded by enable_prefill_attention
+    from kestrel_trio._kernels.x86.float32 import attention  # loaded by enable_prefill_attention
 
     out = np.empty((t, n_heads * head_dim), dtype=np.float32)  # [T, n_heads*head_dim]
     attend = _attend(attention, lanes)
-    _run_spans(lambda first, stop: attend(q, keys, values, past, np.float32(scale), out, first, stop), keys.shape[0],
+    run_spans(lambda first, stop: attend(q, keys, values, past, np.float32(scale), out, first, stop), keys.shape[0],
                run, shares)
     return out
