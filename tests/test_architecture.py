@@ -654,19 +654,63 @@ PLANTED_IN_TEXT_ROOMS = [
 ]
 
 
-@pytest.mark.parametrize(("file", "line", "complaint"), PLANTED_IN_ROOMS + PLANTED_IN_TEXT_ROOMS,
-                         ids=[f"{f}: {line}" for f, line, _ in PLANTED_IN_ROOMS + PLANTED_IN_TEXT_ROOMS])
+# (file in _kernels, line planted at its end, a fragment of the expected complaint)
+PLANTED_IN_KERNEL_ROOMS = [
+    ("_kernels/portable/products.py", "from kestrel_trio._kernels.x86.float32 import blocks",
+     "(portable, rank 0) imports kestrel_trio._kernels.x86.float32.blocks (x86.float32, rank 1)"),
+    ("_kernels/portable/integer.py", "def _later():\n    from kestrel_trio._kernels.arm import integer",
+     "(portable, rank 0) imports kestrel_trio._kernels.arm.integer (arm, rank 1)"),
+    ("_kernels/portable/handoff.py", "from kestrel_trio._kernels.cpu import plan",
+     "(portable, rank 0) imports kestrel_trio._kernels.cpu.plan (cpu, rank 2)"),
+    ("_kernels/x86/tiles.py", "from kestrel_trio._kernels.cpu.features import Features",
+     "(x86, rank 1) imports kestrel_trio._kernels.cpu.features (cpu, rank 2)"),
+    ("_kernels/cpu/plan.py", "def _later():\n    from kestrel_trio._kernels.dispatch import product_for",
+     "(cpu, rank 2) imports kestrel_trio._kernels.dispatch (_kernels, rank 3)"),
+    ("_kernels/cpu/features.py", "from kestrel_trio._kernels import loaded",
+     "(cpu, rank 2) imports kestrel_trio._kernels.loaded (_kernels, rank 3)"),
+    ("_kernels/portable/exp.py", "from kestrel_trio._kernels import ready",
+     "(portable, rank 0) imports kestrel_trio._kernels (_kernels, rank 3)"),
+    ("_kernels/x86/integer.py", "from kestrel_trio._kernels.arm import integer",
+     "(x86, rank 1) imports kestrel_trio._kernels.arm.integer (arm, rank 1)"),
+    ("_kernels/arm/integer.py", "from ..x86 import integer",
+     "(arm, rank 1) imports kestrel_trio._kernels.x86.integer (x86, rank 1)"),
+    ("_kernels/x86/float32/blocks.py", "from kestrel_trio._kernels.x86.integer import usable_kernel",
+     "(x86.float32, rank 1) imports kestrel_trio._kernels.x86.integer (x86, rank 1)"),
+    ("_kernels/x86/float32/chunks.py", "def _later():\n    from kestrel_trio._kernels.loaded import FORMS",
+     "(x86.float32, rank 1) imports kestrel_trio._kernels.loaded (_kernels, rank 3)"),
+    ("_kernels/arm/integer.py", "from kestrel_trio._kernels.dispatch import product_for",
+     "(arm, rank 1) imports kestrel_trio._kernels.dispatch (_kernels, rank 3)"),
+]
+
+
+def _room_check(file: str):
+    """The rooms' check for a planted file: text's, _kernels' or _model's."""
+    if file.startswith("text/"):
+        return text_room_violations
+    return kernel_room_violations if file.startswith("_kernels/") else room_violations
+
+
+PLANTED_BETWEEN_ROOMS = PLANTED_IN_ROOMS + PLANTED_IN_TEXT_ROOMS + PLANTED_IN_KERNEL_ROOMS
+
+
+@pytest.mark.parametrize(("file", "line", "complaint"), PLANTED_BETWEEN_ROOMS,
+                         ids=[f"{f}: {line}" for f, line, _ in PLANTED_BETWEEN_ROOMS])
 def test_the_checker_sees_each_planted_import_between_rooms(package_copy: Path, file: str, line: str,
                                                              complaint: str):
-    check = text_room_violations if file.startswith("text/") else room_violations
-    module, problems = problems_with(package_copy, file, line, check)
+    module, problems = problems_with(package_copy, file, line, _room_check(file))
     assert any(complaint in p and p.startswith(module) for p in problems), problems
 
 
-def test_the_checker_lets_a_room_import_its_own_modules_and_lower_rooms(package_copy: Path):
-    line = ("from kestrel_trio._model.decoder.layers import linear\n"
-            "from ..cache.kv_cache import KVCache\nfrom kestrel_trio._model.forms.packed import PackedMatrix")
-    _, problems = problems_with(package_copy, "_model/decoder/forward.py", line, room_violations)
+@pytest.mark.parametrize(("file", "line"), [
+    ("_model/decoder/forward.py", "from kestrel_trio._model.decoder.layers import linear\n"
+     "from ..cache.kv_cache import KVCache\nfrom kestrel_trio._model.forms.packed import PackedMatrix"),
+    ("_kernels/x86/float32/blocks.py", "from kestrel_trio._kernels.portable.products import row_int8\n"
+     "from kestrel_trio._kernels.x86.float32.assembly import _asm_codegen\nfrom ...portable import exp"),
+    ("_kernels/dispatch.py", "from kestrel_trio._kernels.cpu.plan import plan\nfrom .x86 import integer\n"
+     "from kestrel_trio._kernels import loaded"),
+])
+def test_the_checker_lets_a_room_import_its_own_modules_and_lower_rooms(package_copy: Path, file: str, line: str):
+    _, problems = problems_with(package_copy, file, line, _room_check(file))
     assert problems == []
 
 
@@ -719,50 +763,6 @@ def test_the_checker_lets_a_function_import_its_caller(package_copy: Path):
     line = "def _later():\n    from kestrel_trio._model.decoder.forward import forward\n    return forward"
     _, circles = problems_with(package_copy, "_model/decoder/layers.py", line, import_cycles)
     assert circles == []
-
-
-# (file in _kernels, line planted at its end, a fragment of the expected complaint)
-PLANTED_IN_KERNEL_ROOMS = [
-    ("_kernels/portable/products.py", "from kestrel_trio._kernels.x86.float32 import blocks",
-     "(portable, rank 0) imports kestrel_trio._kernels.x86.float32.blocks (x86.float32, rank 1)"),
-    ("_kernels/portable/integer.py", "def _later():\n    from kestrel_trio._kernels.arm import integer",
-     "(portable, rank 0) imports kestrel_trio._kernels.arm.integer (arm, rank 1)"),
-    ("_kernels/portable/handoff.py", "from kestrel_trio._kernels.cpu import plan",
-     "(portable, rank 0) imports kestrel_trio._kernels.cpu.plan (cpu, rank 2)"),
-    ("_kernels/x86/tiles.py", "from kestrel_trio._kernels.cpu.features import Features",
-     "(x86, rank 1) imports kestrel_trio._kernels.cpu.features (cpu, rank 2)"),
-    ("_kernels/cpu/plan.py", "def _later():\n    from kestrel_trio._kernels.dispatch import product_for",
-     "(cpu, rank 2) imports kestrel_trio._kernels.dispatch (_kernels, rank 3)"),
-    ("_kernels/cpu/features.py", "from kestrel_trio._kernels import loaded",
-     "(cpu, rank 2) imports kestrel_trio._kernels.loaded (_kernels, rank 3)"),
-    ("_kernels/portable/exp.py", "from kestrel_trio._kernels import ready",
-     "(portable, rank 0) imports kestrel_trio._kernels (_kernels, rank 3)"),
-    ("_kernels/x86/integer.py", "from kestrel_trio._kernels.arm import integer",
-     "(x86, rank 1) imports kestrel_trio._kernels.arm.integer (arm, rank 1)"),
-    ("_kernels/arm/integer.py", "from ..x86 import integer",
-     "(arm, rank 1) imports kestrel_trio._kernels.x86.integer (x86, rank 1)"),
-    ("_kernels/x86/float32/blocks.py", "from kestrel_trio._kernels.x86.integer import usable_kernel",
-     "(x86.float32, rank 1) imports kestrel_trio._kernels.x86.integer (x86, rank 1)"),
-    ("_kernels/x86/float32/chunks.py", "def _later():\n    from kestrel_trio._kernels.loaded import FORMS",
-     "(x86.float32, rank 1) imports kestrel_trio._kernels.loaded (_kernels, rank 3)"),
-    ("_kernels/arm/integer.py", "from kestrel_trio._kernels.dispatch import product_for",
-     "(arm, rank 1) imports kestrel_trio._kernels.dispatch (_kernels, rank 3)"),
-]
-
-
-@pytest.mark.parametrize(("file", "line", "complaint"), PLANTED_IN_KERNEL_ROOMS,
-                         ids=[f"{f}: {line}" for f, line, _ in PLANTED_IN_KERNEL_ROOMS])
-def test_the_checker_sees_each_planted_import_between_kernel_rooms(package_copy: Path, file: str, line: str,
-                                                                    complaint: str):
-    module, problems = problems_with(package_copy, file, line, kernel_room_violations)
-    assert any(complaint in p and p.startswith(module) for p in problems), problems
-
-
-def test_the_checker_lets_a_kernel_room_import_its_own_modules_and_lower_rooms(package_copy: Path):
-    line = ("from kestrel_trio._kernels.portable.products import row_int8\n"
-            "from kestrel_trio._kernels.x86.float32.assembly import _asm_codegen\nfrom ...portable import exp")
-    _, problems = problems_with(package_copy, "_kernels/x86/float32/blocks.py", line, kernel_room_violations)
-    assert problems == []
 
 
 def test_the_checker_sees_a_kernel_room_not_ranked(package_copy: Path):
