@@ -348,15 +348,21 @@ def room_violations(src: Path, package: str = PRIVATE_PACKAGE, ranks: dict[str, 
                 continue
             if not name.startswith(prefix):
                 continue
-            target = name[len(prefix):].split(".")[0]
-            if target == own:
-                continue
-            if target not in ranks:
-                found.append(f"{this} imports {name}, which is in no room")
-            elif ranks[target] >= ranks[own]:
-                found.append(f"{this} ({own}, rank {ranks[own]}) imports {name} "
-                             f"({target}, rank {ranks[target]})")
+            found += _ranked(this, own, name, name[len(prefix):].split(".")[0], ranks)
     return found
+
+
+def _ranked(this: str, own: str, name: str, target: str, ranks: dict[str, int]) -> list[str]:
+    """The complaint, if any, of module ``this`` in room ``own`` importing ``name`` in room ``target``: a room
+    imports its own modules and rooms ranked below it ("" names a package's own modules: shown as the package)."""
+    if target == own:
+        return []
+    if target not in ranks:
+        return [f"{this} imports {name}, which is in no room"]
+    if ranks[target] < ranks[own]:
+        return []
+    shown = [room or name.split(".")[1] for room in (own, target)]
+    return [f"{this} ({shown[0]}, rank {ranks[own]}) imports {name} ({shown[1]}, rank {ranks[target]})"]
 
 
 def _kernel_room(name: str, src: Path) -> str:
@@ -382,14 +388,7 @@ def kernel_room_violations(src: Path) -> list[str]:
         for name in sorted(imports_of(path, src)):
             if name != KERNELS_PACKAGE and not name.startswith(KERNELS_PACKAGE + "."):
                 continue
-            target = _kernel_room(name, src)
-            if target == own:
-                continue
-            if target not in KERNEL_ROOMS:
-                found.append(f"{this} imports {name}, which is in no ranked room")
-            elif KERNEL_ROOMS[target] >= KERNEL_ROOMS[own]:
-                found.append(f"{this} ({own or '_kernels'}, rank {KERNEL_ROOMS[own]}) imports {name} "
-                             f"({target or '_kernels'}, rank {KERNEL_ROOMS[target]})")
+            found += _ranked(this, own, name, _kernel_room(name, src), KERNEL_ROOMS)
     return found
 
 
@@ -559,8 +558,10 @@ def test_the_checker_sees_a_module_with_no_layer(package_copy: Path):
 
 @pytest.mark.parametrize(("file", "line"), [("_model/decoder/forward.py", "import trio"),
                                             ("_model/decoder/forward.py", "import jinja2"),
-                                            ("text/sampling/sampler.py", "import trio"), ("engine/engine.py", "import json"),
-                                            ("openai/response/sse.py", "import numpy as np"), ("http/router.py", "import numpy"),
+                                            ("text/sampling/sampler.py", "import trio"),
+                                            ("engine/engine.py", "import json"),
+                                            ("openai/response/sse.py", "import numpy as np"),
+                                            ("http/router.py", "import numpy"),
                                             ("engine/step/batch.py", "import trio"),
                                             ("engine/step/batch.py", "from trio import to_thread"),
                                             ("engine/step/contained.py", "import trio"),
