@@ -57,6 +57,9 @@ modules directly in ``text/``, each of which counts as a room of its own:
 
 No module in a room imports ``text``'s ``__init__`` (it imports rooms).
 
+``openai`` likewise (OPENAI_ROOMS): ``fields`` 0; ``request``, ``response`` and
+the module ``embeddings`` 1; ``responses_api`` 2.
+
 ``_kernels`` is in rooms too (KERNEL_ROOMS, lowest first; a module's room is
 its folder below ``_kernels``, the package's own modules the room ``""``):
 
@@ -137,6 +140,15 @@ TEXT_ROOMS = {
     "sampling": 1, "tokens": 1,
     "constraints": 2, "step_result": 2,
     "generation": 3,
+}
+OPENAI_PACKAGE = "kestrel_trio.openai"
+# openai's room, or module directly in openai/ -> rank: the typed field getters every API front shares; request
+# bodies -> values, and the response side (knowing nothing of the request side), and embeddings; the Responses API,
+# translated into the chat request and answered from a chat choice.
+OPENAI_ROOMS = {
+    "fields": 0,
+    "request": 1, "response": 1, "embeddings": 1,
+    "responses_api": 2,
 }
 KERNELS_PACKAGE = "kestrel_trio._kernels"
 # _kernels' room (its folder below _kernels, dotted; "" for the package's own modules) -> rank.
@@ -471,6 +483,15 @@ def text_room_violations(src: Path) -> list[str]:
     return room_violations(src, TEXT_PACKAGE, TEXT_ROOMS, "TEXT_ROOMS", own_modules=True)
 
 
+def openai_room_violations(src: Path) -> list[str]:
+    """:func:`room_violations` for ``openai``, ranked by OPENAI_ROOMS (its own modules each a room of its own)."""
+    return room_violations(src, OPENAI_PACKAGE, OPENAI_ROOMS, "OPENAI_ROOMS", own_modules=True)
+
+
+def test_openai_rooms_import_only_downwards():
+    assert openai_room_violations(SRC) == []
+
+
 def test_text_rooms_import_only_downwards():
     assert text_room_violations(SRC) == []
 
@@ -684,14 +705,31 @@ PLANTED_IN_KERNEL_ROOMS = [
 ]
 
 
+# (file in openai, line planted at its end, a fragment of the expected complaint)
+PLANTED_IN_OPENAI_ROOMS = [
+    ("openai/fields/access.py", "from kestrel_trio.openai.request import bodies",
+     "(fields, rank 0) imports kestrel_trio.openai.request.bodies (request, rank 1)"),
+    ("openai/request/messages.py", "from kestrel_trio.openai.response.bodies import to_json_bytes",
+     "(request, rank 1) imports kestrel_trio.openai.response.bodies (response, rank 1)"),
+    ("openai/response/sse.py", "def _later():\n    from ..request.thinking import REASONING_EFFORTS",
+     "(response, rank 1) imports kestrel_trio.openai.request.thinking (request, rank 1)"),
+    ("openai/request/bodies.py", "from kestrel_trio.openai import to_json_bytes",
+     "(request) imports kestrel_trio.openai, whose __init__ imports the rooms"),
+    ("openai/response/choices.py", "import kestrel_trio.openai.embeddings",
+     "(response, rank 1) imports kestrel_trio.openai.embeddings (embeddings, rank 1)"),
+    ("openai/request/thinking.py", "from kestrel_trio.openai.responses_api import events",
+     "(request, rank 1) imports kestrel_trio.openai.responses_api.events (responses_api, rank 2)"),
+]
+
+
 def _room_check(file: str):
-    """The rooms' check for a planted file: text's, _kernels' or _model's."""
-    if file.startswith("text/"):
-        return text_room_violations
-    return kernel_room_violations if file.startswith("_kernels/") else room_violations
+    """The rooms' check for a planted file: by its package, text's, openai's, _kernels' or _model's."""
+    return {"text": text_room_violations, "openai": openai_room_violations,
+            "_kernels": kernel_room_violations}.get(file.split("/")[0], room_violations)
 
 
-PLANTED_BETWEEN_ROOMS = PLANTED_IN_ROOMS + PLANTED_IN_TEXT_ROOMS + PLANTED_IN_KERNEL_ROOMS
+PLANTED_BETWEEN_ROOMS = (PLANTED_IN_ROOMS + PLANTED_IN_TEXT_ROOMS + PLANTED_IN_OPENAI_ROOMS
+                         + PLANTED_IN_KERNEL_ROOMS)
 
 
 @pytest.mark.parametrize(("file", "line", "complaint"), PLANTED_BETWEEN_ROOMS,
@@ -723,12 +761,16 @@ UNRANKED = {
              "kestrel_trio.text.stray is a room or module missing from TEXT_ROOMS",
              "kestrel_trio.text.annex is in no room of text (move it into one, or add its room to TEXT_ROOMS)",
              "kestrel_trio.text.stray is in no room of text (move it into one, or add its room to TEXT_ROOMS)"],
+    "openai": ["kestrel_trio.openai.annex is a room or module missing from OPENAI_ROOMS",
+               "kestrel_trio.openai.stray is a room or module missing from OPENAI_ROOMS",
+               "kestrel_trio.openai.annex is in no room of openai (move it into one, or add its room to OPENAI_ROOMS)",
+               "kestrel_trio.openai.stray is in no room of openai (move it into one, or add its room to OPENAI_ROOMS)"],
 }
 
 
 @pytest.mark.parametrize("folder", sorted(UNRANKED))
 def test_the_checker_sees_a_module_in_no_room_and_a_room_not_ranked(package_copy: Path, folder: str):
-    check = text_room_violations if folder == "text" else room_violations
+    check = _room_check(folder + "/")
     stray = package_copy / folder / "stray.py"
     room = package_copy / folder / "annex"
     stray.write_text("import os\n", encoding="utf-8")
