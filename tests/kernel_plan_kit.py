@@ -1,5 +1,5 @@
 """The kernel plan in tests: the variants this host executes for a kind of work, and the chunk kernel played as
-the plan's choice on a host that executes it without choosing it (kestrel_trio._kernels.cpu.plan)."""
+the plan's choice on a host that executes it without choosing it (kestrel_trio._kernels.plan)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ def runnable(kind: str) -> tuple[str, ...]:
     """This host's runnable variants of ``kind`` (a KernelPlan field); () where the compiled loops cannot run."""
     if not _kernels.ready():
         return ()
-    from kestrel_trio._kernels.cpu.plan import this_plan
+    from kestrel_trio._kernels.plan import this_plan
 
     return getattr(this_plan(), kind).runnable
 
@@ -24,7 +24,7 @@ def enable_chunk_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
     """The float32 chunk kernel enabled as the plan's choice: on a host that executes it without choosing it (AMD's
     Zen with AVX-512), the plan replaced by one that chooses it and the kernel enabled afresh (undone at the test's
     end), so that its tests run it there too."""
-    from kestrel_trio._kernels.cpu import plan
+    from kestrel_trio._kernels import plan
 
     planned = plan.this_plan()
     if planned.chunk_products.variant != "avx512":

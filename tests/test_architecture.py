@@ -61,13 +61,15 @@ No module in a room imports ``text``'s ``__init__`` (it imports rooms).
 the module ``embeddings`` 1; ``responses_api`` 2.
 
 ``_kernels`` is in rooms too (KERNEL_ROOMS, lowest first; a module's room is
-its folder below ``_kernels``, the package's own modules the room ``""``):
+its folder below ``_kernels``, the package's own modules the room ``""``, its
+``__init__`` the room ``__init__``):
 
     0  portable               the numba reference loops every kernel is tested against; the compiled hand-off
     1  x86, x86.float32, arm  what differs per architecture: integer products and AMX tiles; the assembly
                              blocks over float32 activations; NEON and dotprod integer products
-    2  cpu                    a CPU's features (read once) and the kernel plan, a pure function of them
-    3  "" (_kernels itself)   the dispatch, the readiness of the compiled loops and the wrappers the model calls
+    2  "" (_kernels itself)   what chooses: a CPU's features, the kernel plan, the dispatch, readiness
+    3  wrappers               the calls the model makes (layers' loops, packed products, prefill kernels, report)
+    4  __init__               the package's face: it only re-exports
 """
 
 from __future__ import annotations
@@ -155,8 +157,9 @@ KERNELS_PACKAGE = "kestrel_trio._kernels"
 KERNEL_ROOMS = {
     "portable": 0,
     "x86": 1, "x86.float32": 1, "arm": 1,
-    "cpu": 2,
-    "": 3,
+    "": 2,
+    "wrappers": 3,
+    "__init__": 4,
 }
 BENCHMARKS = SRC.parent.parent / "benchmarks"
 # Benchmarks that measure _model's private kernels themselves, by path under benchmarks/ (reason beside each).
@@ -378,7 +381,10 @@ def _ranked(this: str, own: str, name: str, target: str, ranks: dict[str, int]) 
 
 
 def _kernel_room(name: str, src: Path) -> str:
-    """The room of a module or package under _kernels: its folder below _kernels, dotted (a package is its own)."""
+    """The room of a module or package under _kernels: its folder below _kernels, dotted (a package is its own;
+    the package ``_kernels`` itself, its ``__init__``, is the room "__init__")."""
+    if name == KERNELS_PACKAGE:
+        return "__init__"
     below = name[len(KERNELS_PACKAGE) + 1:] if name != KERNELS_PACKAGE else ""
     is_package = src.joinpath(*name.split(".")[1:], "__init__.py").is_file()
     return below if is_package else below.rpartition(".")[0]
@@ -388,7 +394,8 @@ def kernel_room_violations(src: Path) -> list[str]:
     """Imports between ``_kernels``' rooms that point up or sideways (at load or inside a function alike),
     modules in a room KERNEL_ROOMS does not rank, and ranked rooms that are no folder."""
     kernels = src.joinpath(*KERNELS_PACKAGE.split(".")[1:])
-    on_disk = {".".join(p.parent.relative_to(kernels).parts) for p in kernels.rglob("__init__.py")}
+    on_disk = {".".join(p.parent.relative_to(kernels).parts) or "__init__" for p in kernels.rglob("__init__.py")}
+    on_disk.add("")
     found = [f"KERNEL_ROOMS names {room!r}, which is no folder of _kernels"
              for room in sorted(KERNEL_ROOMS.keys() - on_disk)]
     for path in sorted(kernels.rglob("*.py")):
@@ -682,16 +689,10 @@ PLANTED_IN_KERNEL_ROOMS = [
      "(portable, rank 0) imports kestrel_trio._kernels.x86.float32.blocks (x86.float32, rank 1)"),
     ("_kernels/portable/integer.py", "def _later():\n    from kestrel_trio._kernels.arm import integer",
      "(portable, rank 0) imports kestrel_trio._kernels.arm.integer (arm, rank 1)"),
-    ("_kernels/portable/handoff.py", "from kestrel_trio._kernels.cpu import plan",
-     "(portable, rank 0) imports kestrel_trio._kernels.cpu.plan (cpu, rank 2)"),
-    ("_kernels/x86/tiles.py", "from kestrel_trio._kernels.cpu.features import Features",
-     "(x86, rank 1) imports kestrel_trio._kernels.cpu.features (cpu, rank 2)"),
-    ("_kernels/cpu/plan.py", "def _later():\n    from kestrel_trio._kernels.dispatch import product_for",
-     "(cpu, rank 2) imports kestrel_trio._kernels.dispatch (_kernels, rank 3)"),
-    ("_kernels/cpu/features.py", "from kestrel_trio._kernels import loaded",
-     "(cpu, rank 2) imports kestrel_trio._kernels.loaded (_kernels, rank 3)"),
+    ("_kernels/portable/handoff.py", "from kestrel_trio._kernels import plan",
+     "(portable, rank 0) imports kestrel_trio._kernels.plan (_kernels, rank 2)"),
     ("_kernels/portable/exp.py", "from kestrel_trio._kernels import ready",
-     "(portable, rank 0) imports kestrel_trio._kernels (_kernels, rank 3)"),
+     "(portable, rank 0) imports kestrel_trio._kernels (__init__, rank 4)"),
     ("_kernels/x86/integer.py", "from kestrel_trio._kernels.arm import integer",
      "(x86, rank 1) imports kestrel_trio._kernels.arm.integer (arm, rank 1)"),
     ("_kernels/arm/integer.py", "from ..x86 import integer",
@@ -699,9 +700,17 @@ PLANTED_IN_KERNEL_ROOMS = [
     ("_kernels/x86/float32/blocks.py", "from kestrel_trio._kernels.x86.integer import usable_kernel",
      "(x86.float32, rank 1) imports kestrel_trio._kernels.x86.integer (x86, rank 1)"),
     ("_kernels/x86/float32/chunks.py", "def _later():\n    from kestrel_trio._kernels.loaded import FORMS",
-     "(x86.float32, rank 1) imports kestrel_trio._kernels.loaded (_kernels, rank 3)"),
+     "(x86.float32, rank 1) imports kestrel_trio._kernels.loaded (_kernels, rank 2)"),
+    ("_kernels/x86/tiles.py", "from kestrel_trio._kernels.cpu import Features",
+     "(x86, rank 1) imports kestrel_trio._kernels.cpu (_kernels, rank 2)"),
     ("_kernels/arm/integer.py", "from kestrel_trio._kernels.dispatch import product_for",
-     "(arm, rank 1) imports kestrel_trio._kernels.dispatch (_kernels, rank 3)"),
+     "(arm, rank 1) imports kestrel_trio._kernels.dispatch (_kernels, rank 2)"),
+    ("_kernels/plan.py", "def _later():\n    from kestrel_trio._kernels.wrappers.packed import packed_product",
+     "(_kernels, rank 2) imports kestrel_trio._kernels.wrappers.packed (wrappers, rank 3)"),
+    ("_kernels/loaded.py", "from kestrel_trio._kernels import ready",
+     "(_kernels, rank 2) imports kestrel_trio._kernels (__init__, rank 4)"),
+    ("_kernels/wrappers/layers.py", "from kestrel_trio._kernels import decode_loops",
+     "(wrappers, rank 3) imports kestrel_trio._kernels (__init__, rank 4)"),
 ]
 
 

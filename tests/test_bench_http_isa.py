@@ -75,7 +75,7 @@ def test_the_avx2_environment_holds_kestrels_plan_and_openblas_to_haswell(tmp_pa
     env["PYTHONPATH"] = os.pathsep.join([str(Path(bench_http.__file__).resolve().parents[2] / "src"),
                                          env.get("PYTHONPATH", "")])
     code = ("import json, sys; sys.path.insert(0, sys.argv[1]); import bench_http; "
-            "from numba.core import config; from kestrel_trio._kernels.cpu.plan import this_plan; p = this_plan(); "
+            "from numba.core import config; from kestrel_trio._kernels.plan import this_plan; p = this_plan(); "
             "print(json.dumps([p.f32.variant, p.integer.variant, bench_http.blas_kernel(), config.CPU_NAME, "
             "config.CPU_FEATURES]))")
     done = subprocess.run([sys.executable, "-c", code, str(BENCHMARKS)], env=env, capture_output=True, text=True,

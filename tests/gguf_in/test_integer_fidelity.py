@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from kestrel_trio import _kernels, load_model
-from kestrel_trio._kernels.cpu import features as cpu
+from kestrel_trio._kernels import cpu
 from kestrel_trio._kernels.x86 import integer as x86_integer
 
 pytestmark = pytest.mark.skipif(not _kernels.ready(), reason=_kernels.unavailable_reason())

@@ -138,7 +138,7 @@ def test_blas_goes_back_to_many_threads_only_when_no_pool_shares_a_product():
 
 @needs_kernels
 def test_a_model_carries_the_hosts_kernel_plan_and_names_its_kernels_by_it():
-    from kestrel_trio._kernels.cpu import plan
+    from kestrel_trio._kernels import plan
 
     model = load_model(GGUF, products="auto")
     backend = model.decoder.backend

@@ -15,7 +15,7 @@ from kestrel_trio._model.decoder import layers
 
 
 def _planned():
-    from kestrel_trio._kernels.cpu.plan import this_plan
+    from kestrel_trio._kernels.plan import this_plan
 
     return this_plan().chunk_attention
 

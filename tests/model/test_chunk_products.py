@@ -10,7 +10,7 @@ import pytest
 
 from kestrel_trio import _kernels
 from kestrel_trio._kernels import loaded
-from kestrel_trio._kernels import prefill
+from kestrel_trio._kernels.wrappers import prefill
 from kestrel_trio._model.products import matmul
 
 from kernel_plan_kit import enable_chunk_kernel, runnable

@@ -1,4 +1,4 @@
-"""What the kernels see of the CPU (_kernels.cpu.features): detection from a host's facts, any host's on any
+"""What the kernels see of the CPU (_kernels.cpu): detection from a host's facts, any host's on any
 host, and on this one the CPU numba really compiles for (its cache key)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from kestrel_trio import _kernels
-from kestrel_trio._kernels.cpu import features as cpu
+from kestrel_trio._kernels import cpu
 
 # /proc/cpuinfo of an RK3588 (four Cortex-A55, then four Cortex-A76), cut to two cores.
 RK3588_CPUINFO = """processor\t: 0

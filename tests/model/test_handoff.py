@@ -16,7 +16,7 @@ pytestmark = pytest.mark.skipif(not _kernels.ready(), reason=_kernels.unavailabl
 if _kernels.ready():
     from kestrel_trio._kernels.portable import handoff
     from kestrel_trio._kernels.arm import integer as arm
-    from kestrel_trio._kernels.cpu.plan import this_plan
+    from kestrel_trio._kernels.plan import this_plan
     from kestrel_trio._model.products.product_threads import ProductThreads
 
 from test_integer_products import FORMS, block_rows, quantized, sums_of  # noqa: E402

@@ -18,7 +18,7 @@ from kestrel_trio._model import Backend
 pytestmark = pytest.mark.skipif(not _kernels.ready(), reason=_kernels.unavailable_reason())
 
 if _kernels.ready():
-    from kestrel_trio._kernels.cpu import features as cpu
+    from kestrel_trio._kernels import cpu
     from kestrel_trio._kernels.portable import integer
     from kestrel_trio._kernels.arm import integer as arm
     from kestrel_trio._kernels.portable.products import f16_table
@@ -226,9 +226,9 @@ def test_the_integer_product_is_the_exact_one_within_the_activations_rounding(fo
 
 
 def _sdot_runs() -> bool:
-    """Whether this host executes the sdot kernel: the plan's runnable integer variants (_kernels.cpu.plan);
+    """Whether this host executes the sdot kernel: the plan's runnable integer variants (_kernels.plan);
     compiled elsewhere, LLVM could not even select the instruction."""
-    from kestrel_trio._kernels.cpu.plan import this_plan
+    from kestrel_trio._kernels.plan import this_plan
 
     return _kernels.ready() and "neon-dotprod" in this_plan().integer.runnable
 

@@ -1,4 +1,4 @@
-"""The kernel plan (kestrel_trio._kernels.cpu.plan): which kernel each kind of work takes on a CPU, computed from its
+"""The kernel plan (kestrel_trio._kernels.plan): which kernel each kind of work takes on a CPU, computed from its
 features alone, for CPUs this host is not (the board's Cortex-A76 and A53, AVX2-only and AVX-512 x86-64), and on
 this host the same choices the dispatch makes. Then every float32, bf16 and int8 row variant this host executes
 (the plan's ``runnable``, not only the chosen one) against the portable loops."""
@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from kestrel_trio import _kernels
-from kestrel_trio._kernels.cpu import plan as kplan
-from kestrel_trio._kernels.cpu.plan import SAMPLE_CPUS, Features, plan
-from kestrel_trio._kernels import prefill
+from kestrel_trio._kernels import plan as kplan
+from kestrel_trio._kernels.plan import SAMPLE_CPUS, Features, plan
+from kestrel_trio._kernels.wrappers import prefill
 
 from kernel_plan_kit import runnable
 from slow_host import allowance
@@ -101,7 +101,7 @@ def test_the_plan_probes_nothing(monkeypatch):
     """Pure: with every probe of the host broken, any CPU's plan is still made."""
     import llvmlite.binding as llvm_binding
 
-    from kestrel_trio._kernels.cpu import features as cpu
+    from kestrel_trio._kernels import cpu
 
     def broken(*args):
         raise AssertionError("plan() probed the host")
@@ -117,7 +117,7 @@ def test_the_plan_probes_nothing(monkeypatch):
 @pytest.mark.skipif(not _kernels.ready(), reason=_kernels.unavailable_reason())
 def test_this_hosts_plan_is_what_the_dispatch_runs():
     from kestrel_trio._kernels import dispatch
-    from kestrel_trio._kernels.cpu import features as cpu
+    from kestrel_trio._kernels import cpu
 
     found = kplan.this_plan()
     assert found == plan(cpu.kernel_features())
@@ -132,7 +132,7 @@ def test_this_hosts_plan_is_what_the_dispatch_runs():
 
 
 def test_the_command_prints_the_four_reference_cpus_and_this_host():
-    out = subprocess.run([sys.executable, "-m", "kestrel_trio._kernels.cpu.plan"], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", "kestrel_trio._kernels.plan"], capture_output=True, text=True,
                          timeout=allowance(300))
     assert out.returncode == 0, out.stderr
     sections = out.stdout.strip().split("\n\n")
@@ -146,7 +146,7 @@ def test_the_command_prints_the_four_reference_cpus_and_this_host():
 
 @pytest.mark.skipif(not _kernels.ready(), reason=_kernels.unavailable_reason())
 def test_the_commands_host_plan_is_this_processs():
-    out = subprocess.run([sys.executable, "-m", "kestrel_trio._kernels.cpu.plan"], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", "kestrel_trio._kernels.plan"], capture_output=True, text=True,
                          timeout=allowance(300))
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().split("\n\n")[-1].split("\n", 1)[1] == kplan.this_plan().render()

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from kestrel_trio import _kernels, load_model
-from kestrel_trio._kernels import prefill
+from kestrel_trio._kernels.wrappers import prefill
 from kestrel_trio._model.decoder.layers import rms_norm, swiglu
 
 from kernel_plan_kit import enable_chunk_kernel, runnable

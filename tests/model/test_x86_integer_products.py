@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.skipif(not _kernels.ready(), reason=_kernels.unavailab
 
 if _kernels.ready() and platform.machine() == "x86_64":
     from kestrel_trio._kernels import dispatch
-    from kestrel_trio._kernels.cpu import features as cpu, plan
+    from kestrel_trio._kernels import cpu, plan
     from kestrel_trio._kernels.portable import integer
     from kestrel_trio._kernels.portable.products import f16_table
     from kestrel_trio._kernels.x86 import integer as x86
@@ -37,12 +37,12 @@ DRIVERS = {"vnni512": "product_vnni512", "vnni256": "product_vnni256", "avx2": "
 def runnable() -> list[str]:
     """The kinds of x86 kernel this host runs and numba's code holds: the plan's runnable variants (the best one
     and every narrower one)."""
-    from kestrel_trio._kernels.cpu.plan import this_plan
+    from kestrel_trio._kernels.plan import this_plan
 
     return [kind for kind, variant in PLAN_VARIANTS.items() if variant in this_plan().integer.runnable]
 
 
-# x86.usable_kernel's kinds -> the plan's variants (kestrel_trio._kernels.cpu.plan).
+# x86.usable_kernel's kinds -> the plan's variants (kestrel_trio._kernels.plan).
 PLAN_VARIANTS = {"vnni512": "avx512-vnni", "vnni256": "avx-vnni", "avx2": "avx2"}
 _RUNNABLE = runnable() if _kernels.ready() and platform.machine() == "x86_64" else []
 # Each kind as a parameter, those this host cannot run skipped with the reason (the module is marked host_cpu).

@@ -10,7 +10,7 @@ from pathlib import Path
 import trio
 
 from kestrel_trio import _kernels, load_model
-from kestrel_trio._kernels.cpu import features as cpu
+from kestrel_trio._kernels import cpu
 from kestrel_trio._model import resident_bytes
 
 from server_kit import fetch, running_server

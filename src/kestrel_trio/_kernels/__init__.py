@@ -7,21 +7,22 @@ decides when to call them and keeps its numpy path for what they do not
 cover, and for a Python that numba does not support: :func:`ready` is then
 False and :func:`unavailable_reason` says why.
 
-This module only re-exports; each name lives in a module named for its concern:
-``loaded`` (whether the compiled loops run in this process, and what loading
-them made), ``packed`` (products and expansions of packed weights), ``layers``
-(the layers' loops), ``prefill`` (the x86-64 prefill kernels' glue), ``report``
-(what runs here, in words) and ``dispatch`` (which compiled function each
-storage form takes, as the plan says).
+This module only re-exports; each name lives in a module named for its concern.
+The package's own modules choose: ``cpu`` (a CPU's features, read once),
+``plan`` (which kernel each kind of work takes on any CPU: a pure function of
+the features, printed by ``python -m kestrel_trio._kernels.plan``), ``dispatch``
+(which compiled function each storage form takes, as the plan says)
+and ``loaded`` (whether the compiled loops run in this process, and what
+loading them made).
 
-The rooms below it: ``cpu`` (a CPU's features, read once, and ``cpu.plan``,
-which kernel each kind of work takes on any CPU: a pure function of the
-features, printed by ``python -m kestrel_trio._kernels.cpu.plan``),
-``portable`` (the numba reference loops every kernel is tested against, and
-what a CPU without its own kernel runs), ``x86`` (integer products, AMX tiles;
-``x86.float32``: the assembly blocks over float32 activations) and ``arm``
-(NEON and dotprod integer products). A room imports only the rooms below it
-(tests/test_architecture.py ranks them).
+Its rooms: ``wrappers`` (the calls the model makes, over arrays as a forward
+pass holds them: the layers' loops, the packed-weight products, the x86-64
+prefill kernels; and ``report``, what runs here in words), and below the choosing modules ``portable`` (the numba
+reference loops every kernel is tested against, and what a CPU without its own
+kernel runs), ``x86`` (integer products, AMX tiles; ``x86.float32``: the
+assembly blocks over float32 activations) and ``arm`` (NEON and dotprod integer
+products). A room imports only the rooms below it (tests/test_architecture.py
+ranks them).
 """
 
 from __future__ import annotations
@@ -29,12 +30,12 @@ from __future__ import annotations
 # loaded first: it readies numba's CPU settings before any of this package's modules imports numba.
 from kestrel_trio._kernels.loaded import (FORMS, PRODUCT_MODES, compiled, decode_loops, ready,  # noqa: I001
                                           release_compiler_pages, unavailable_reason)
-from kestrel_trio._kernels.layers import (decode_attention, decode_attentions, decode_buffers,
-                                          norm_span, qkv_rows, rms_norm, rotate_half, softmax_numerators, swiglu)
-from kestrel_trio._kernels.packed import (PartProduct, integer_job, integer_rows, packed_expand, packed_product,
-                                          packed_weights, prepare, quantize_activations)
-from kestrel_trio._kernels.report import describe, describe_cpu, optional_kernels, product_kernels
-from kestrel_trio._kernels.prefill import (
+from kestrel_trio._kernels.wrappers.layers import (decode_attention, decode_attentions, decode_buffers, norm_span,
+                                                   qkv_rows, rms_norm, rotate_half, softmax_numerators, swiglu)
+from kestrel_trio._kernels.wrappers.packed import (PartProduct, integer_job, integer_rows, packed_expand,
+                                                   packed_product, packed_weights, prepare, quantize_activations)
+from kestrel_trio._kernels.wrappers.report import describe, describe_cpu, optional_kernels, product_kernels
+from kestrel_trio._kernels.wrappers.prefill import (
     CHUNK_K_STEP, CHUNK_WEIGHT_ROWS, TILE_BLOCK_ROWS, TILE_K_STEP, chunk_product,
     enable_chunk_products, enable_prefill_attention, enable_tiles, prefill_attention, tile_multiply, tile_pack,
     tile_product)

@@ -1,7 +1,7 @@
 """Which compiled product each storage form takes in this process, compiled (or loaded from numba's cache) on
 first use: the dispatch over kestrel_trio._kernels.portable.products' loops, the x86-64 assembly blocks
 (_kernels.x86.float32.blocks) and the integer kernels (kestrel_trio._kernels.portable.integer, .arm.integer,
-.x86.integer), as a kernel plan says (kestrel_trio._kernels.cpu.plan: the model's, Backend.plan in
+.x86.integer), as a kernel plan says (kestrel_trio._kernels.plan: the model's, Backend.plan in
 kestrel_trio._model.products.backend, or this host's) and the products' mode, both given to each call (a model's
 own). What is cached here is the same for every model: the compiled functions, by form and kernel label, so that
 products of two modes live side by side.
@@ -19,7 +19,7 @@ import threading
 import numpy as np
 from numba import njit, types
 
-from kestrel_trio._kernels.cpu import plan as _plan
+from kestrel_trio._kernels import plan as _plan
 from kestrel_trio._kernels.portable.products import (_COMPILE, _PRODUCTS, _RESULT, _TABLE, COLUMNS_PER_ITEM, FORMS,
                                             _expand_signature, _signature, _storage, f16_table)
 
@@ -33,7 +33,7 @@ _assembler: list = []  # [True] once LLVM's assembly parser is initialized in th
 def f32_assembly() -> str | None:
     """The assembly blocks this process multiplies float32 weights with: "avx512", "avx2", "avx2+avx512" or None.
 
-    None: the compiled loops. The choice of this host's plan (kestrel_trio._kernels.cpu.plan: which CPUs, and why AMD's
+    None: the compiled loops. The choice of this host's plan (kestrel_trio._kernels.plan: which CPUs, and why AMD's
     Zen with AVX-512 takes "avx2+avx512"); LLVM's assembly parser is readied here for it.
     """
     return _assembly_of(_plan.this_plan())
@@ -106,7 +106,7 @@ def _chosen(form: str, mode: str, planned: _plan.KernelPlan):
     CPU numba compiles for) or an assembly block's (:func:`f32_assembly`; bf16 and int8 rows take AVX2's 3x4
     block on every CPU that has one: the plan's). Below four rows every form runs the portable loops. A form of
     INTEGER_FORMS in the integer mode names its integer kernel at every row
-    count (:func:`_integer_kernel`; labels kestrel_trio._kernels.cpu.plan.INTEGER_LABELS: "sdot" and "neon" on
+    count (:func:`_integer_kernel`; labels kestrel_trio._kernels.plan.INTEGER_LABELS: "sdot" and "neon" on
     aarch64 with and without dotprod, "vnni" and "avx2" on x86-64, "int8" the portable reference).
     """
     if form in INTEGER_FORMS:
@@ -129,7 +129,7 @@ def _chosen(form: str, mode: str, planned: _plan.KernelPlan):
 
 def _own_integer(form: str, chosen: _plan.KernelPlan) -> tuple[str, bool] | None:
     """(the CPU's own integer kernel for ``form`` in plan ``chosen``, the plan's variant; whether "auto" takes it),
-    or None where it has none. The plan chooses the kernel (kestrel_trio._kernels.cpu.plan); the arm or x86 module's
+    or None where it has none. The plan chooses the kernel (kestrel_trio._kernels.plan); the arm or x86 module's
     FORMS says which forms it has kernels for."""
     variant = chosen.integer.variant
     if variant == "portable":

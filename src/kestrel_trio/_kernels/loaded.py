@@ -10,7 +10,7 @@ its numpy path.
 What is kept here (``_state``) is the same for every model in the process: the
 dispatch module once loaded ("products") or why it cannot be ("error"), the
 float16 table ("table"), and the x86-64 prefill kernels once enabled
-(kestrel_trio._kernels.prefill: "tiles", "chunks", "attention" and their
+(kestrel_trio._kernels.wrappers.prefill: "tiles", "chunks", "attention" and their
 "..._error"). No model's setting (products mode, threads) is kept here: each
 call is given its model's.
 """
@@ -23,7 +23,7 @@ import threading
 
 import numpy as np
 
-from kestrel_trio._kernels.cpu import features as _cpu
+from kestrel_trio._kernels import cpu as _cpu
 
 __all__ = ["FORMS", "PRODUCT_MODES", "RUN", "ready", "compiled", "unavailable_reason", "dispatch", "f16",
            "decode_loops", "release_compiler_pages"]
@@ -37,7 +37,7 @@ PRODUCT_MODES = ("auto", "exact", "integer")
 RUN = 32  # a block's inner loop length, an argument so that it stays a run-time value (products.py)
 
 # Before any of this package's modules imports numba: on aarch64 numba compiles for the features the kernel
-# reports (AT_HWCAP), not for what LLVM reads from /proc/cpuinfo (kestrel_trio._kernels.cpu.features says why).
+# reports (AT_HWCAP), not for what LLVM reads from /proc/cpuinfo (kestrel_trio._kernels.cpu says why).
 _cpu.configure_numba()
 
 _state: dict = {}

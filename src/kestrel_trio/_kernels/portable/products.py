@@ -76,7 +76,7 @@ the portable products, their expanders and dot loops are one call graph
 (about 950 lines), kept whole so that an edit anywhere in it recompiles
 every cached product. The x86-64 assembly blocks are
 kestrel_trio._kernels.x86.float32.blocks; which kernel runs on a CPU,
-kestrel_trio._kernels.cpu.plan; the dispatch, kestrel_trio._kernels.dispatch.
+kestrel_trio._kernels.plan; the dispatch, kestrel_trio._kernels.dispatch.
 """
 
 from __future__ import annotations

@@ -224,7 +224,7 @@ def _block_product(weights_at, row_bytes, packed, m, scratch, out, n0):
 def enable() -> str | None:
     """Ask Linux for the tile registers; None when this process may use them, else why not.
 
-    Only for a CPU whose plan has the tiles (kestrel_trio._kernels.cpu.plan: x86-64 Linux with amx-tile and amx-bf16).
+    Only for a CPU whose plan has the tiles (kestrel_trio._kernels.plan: x86-64 Linux with amx-tile and amx-bf16).
     """
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.syscall(_SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA) != 0:

@@ -14,7 +14,7 @@ each trio task sees the backend of the model it is running, and a worker thread 
 that model's.
 
 Each model's backend carries the kernel plan it was built with (:attr:`Backend.plan`, this host's at its load:
-kestrel_trio._kernels.cpu.plan.this_plan), which chooses the kernel of each of its weights' forms. What stays
+kestrel_trio._kernels.plan.this_plan), which chooses the kernel of each of its weights' forms. What stays
 process-wide, because it is the same for every model: the CPU's features, the compiled numba module and its
 float16 table (kestrel_trio._kernels.loaded), and the compiled products themselves, cached by (form, kernel), so
 that two modes can coexist; and numpy's BLAS thread count, one per process (the product threads of each model
@@ -39,7 +39,7 @@ from kestrel_trio._model.products.product_threads import ProductThreads
 from kestrel_trio._model.products.share_choice import ShareChooser
 
 if TYPE_CHECKING:
-    from kestrel_trio._kernels.cpu.plan import KernelPlan
+    from kestrel_trio._kernels.plan import KernelPlan
 
 __all__ = ["Backend", "SmallBatchChoice", "current", "defaults", "PREFILL_PRECISIONS", "set_default_products",
            "default_products", "set_default_prefill_precision", "prefill_precision", "set_product_threads",
@@ -104,7 +104,7 @@ class Backend:
         thread_count: the threads a product is shared among, the caller included (None: never set).
         small_batch: its 2-32-row call, timed on its own weights at load (mutable: chosen once).
         share_choosers: per kind of plain product, whether sharing has cost less lately on its steps (mutable).
-        plan: the kernel plan its products take (kestrel_trio._kernels.cpu.plan.KernelPlan: this host's, made at its
+        plan: the kernel plan its products take (kestrel_trio._kernels.plan.KernelPlan: this host's, made at its
             load), or None: the host's, read at each product (the defaults, code outside any model, and where the
             compiled loops cannot run).
 
@@ -166,7 +166,7 @@ def _host_plan() -> KernelPlan | None:
     """This host's kernel plan, or None where the compiled loops cannot run (loads them: a model's load does)."""
     if not _kernels.ready():
         return None
-    from kestrel_trio._kernels.cpu.plan import this_plan
+    from kestrel_trio._kernels.plan import this_plan
 
     return this_plan()
 

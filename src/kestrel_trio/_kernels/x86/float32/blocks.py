@@ -1,7 +1,7 @@
 """float32, bf16 and int8 weight rows multiplied in x86-64 assembly blocks (AVX2, AVX-512), from four activation rows.
 
 The products of kestrel_trio._kernels.portable.products for x86-64 CPUs whose
-plan (kestrel_trio._kernels.cpu.plan) takes an assembly block:
+plan (kestrel_trio._kernels.plan) takes an assembly block:
 :func:`product_f32_avx512` (Intel's AVX-512: 3x8 and 3x4 zmm blocks, the 6x4 one
 from WIDE_BLOCK_ROWS rows), :func:`product_f32_avx2` (the 3x4 ymm block),
 :func:`product_f32_avx2_avx512` (the ymm block, the 6x4 zmm one from

@@ -22,7 +22,7 @@ queries after 256 keys 6.13 ms against 7.10, 256 after none 2.57 against
 SwiGLU's exponentials stay in exp.py: with its division per element the same
 code here was 0.37 ns an element against 0.47, not worth a second kernel.
 
-Only where the plan's softmax is "avx512" (kestrel_trio._kernels.cpu.plan: the AVX-512 assembly, f32_assembly()
+Only where the plan's softmax is "avx512" (kestrel_trio._kernels.plan: the AVX-512 assembly, f32_assembly()
 "avx512"); elsewhere exp.py's loops run. The sums are in another order than
 exp.py's (16 lanes, then the lanes added pairwise): equal within float32
 rounding.

@@ -4,8 +4,8 @@ Theory of operation: every choice of kernel by CPU is made here, once, from
 a :class:`Features` record (what the CPU runs, what numba's code may hold):
 :func:`plan` is pure (no probing, no numba), so the plan of a Cortex-A53 or
 of an AVX-512 Xeon can be computed and tested on any host, as h11's state
-machine is tested without sockets. The probing is kestrel_trio._kernels.cpu.features's
-(:func:`kestrel_trio._kernels.cpu.features.kernel_features`); the dispatch
+machine is tested without sockets. The probing is kestrel_trio._kernels.cpu's
+(:func:`kestrel_trio._kernels.cpu.kernel_features`); the dispatch
 (kestrel_trio._kernels.portable.products, kestrel_trio._kernels' chunk, attention and
 tile glue) reads :func:`this_plan` instead of asking the CPU itself.
 
@@ -16,7 +16,7 @@ kernel for at all (the caller keeps its numpy path). Each entry also lists
 every variant this CPU can execute (:attr:`Choice.runnable`): the tests run
 each of them against the portable reference, not only the chosen one.
 
-Run ``python -m kestrel_trio._kernels.cpu.plan`` to print the plans of a few
+Run ``python -m kestrel_trio._kernels.plan`` to print the plans of a few
 reference CPUs and of this host.
 """
 
@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from kestrel_trio._kernels.cpu import features as cpu
-from kestrel_trio._kernels.cpu.features import Features
+from kestrel_trio._kernels import cpu
+from kestrel_trio._kernels.cpu import Features
 
 __all__ = ["Features", "Choice", "KernelPlan", "plan", "this_plan", "INTEGER_FORMS", "X86_AUTO_FORMS",
            "F32_LABELS", "INTEGER_LABELS", "SAMPLE_CPUS"]
@@ -233,7 +233,7 @@ _found: list[KernelPlan] = []
 
 
 def this_plan() -> KernelPlan:
-    """This host's plan, made on the first call from features.kernel_features (imports numba)."""
+    """This host's plan, made on the first call from kestrel_trio._kernels.cpu.kernel_features (imports numba)."""
     if not _found:
         _found.append(plan(cpu.kernel_features()))
     return _found[0]

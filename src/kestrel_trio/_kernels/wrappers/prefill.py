@@ -1,6 +1,6 @@
 """The x86-64 prefill kernels' glue: AMX tile products, the AVX-512 chunk products, the chunk attention.
 
-Each kind is enabled once a process where the plan (kestrel_trio._kernels.cpu.plan)
+Each kind is enabled once a process where the plan (kestrel_trio._kernels.plan)
 takes it: compiled (or loaded from numba's cache) and checked against numpy
 on a small case, so that no prompt waits for a compilation and a kernel that
 disagrees stays off with the reason. The compiled modules live beside this one
@@ -35,7 +35,7 @@ def enable_tiles() -> str | None:
 
 
 def _load_tiles() -> tuple[object, str | None]:
-    from kestrel_trio._kernels.cpu.plan import this_plan
+    from kestrel_trio._kernels.plan import this_plan
 
     try:
         planned = this_plan().tiles
@@ -173,7 +173,7 @@ def _chunks_unusable() -> str | None:
 
     if not loaded.ready():
         return loaded.unavailable_reason()
-    from kestrel_trio._kernels.cpu.plan import this_plan
+    from kestrel_trio._kernels.plan import this_plan
 
     planned = this_plan().chunk_products
     return None if planned.variant == "avx512" else planned.why
@@ -303,7 +303,7 @@ def enable_prefill_attention() -> str | None:
     if not loaded.ready():  # outside the state lock: ready() takes it
         reason = loaded.unavailable_reason()
         return _enable_once("attention", lambda: (None, reason))
-    from kestrel_trio._kernels.cpu.plan import this_plan
+    from kestrel_trio._kernels.plan import this_plan
 
     planned = this_plan().chunk_attention
     loaded.dispatch().f32_assembly()  # readies LLVM's assembly parser where the plan has a block (assembly)

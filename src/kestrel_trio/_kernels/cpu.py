@@ -219,7 +219,7 @@ class Features:
     compiled: frozenset[str] = frozenset()
 
 
-# x86-64 features (LLVM's names) that choose a kernel (kestrel_trio._kernels.cpu.plan).
+# x86-64 features (LLVM's names) that choose a kernel (kestrel_trio._kernels.plan).
 _X86_KERNEL_FEATURES = ("avx2", "fma", "f16c", "avx512f", "avx512vl", "avx512bw", "avxvnni", "avx512vnni",
                         "amx-tile", "amx-bf16")
 

@@ -20,9 +20,9 @@ import time
 import numpy as np
 
 from kestrel_trio._kernels import loaded
-from kestrel_trio._kernels.layers import decode_attention, qkv_rows, rms_norm, softmax_numerators, swiglu
+from kestrel_trio._kernels.wrappers.layers import decode_attention, qkv_rows, rms_norm, softmax_numerators, swiglu
 from kestrel_trio._kernels.loaded import FORMS, RUN
-from kestrel_trio._kernels.prefill import enable_prefill_attention
+from kestrel_trio._kernels.wrappers.prefill import enable_prefill_attention
 
 __all__ = ["PartProduct", "packed_product", "quantize_activations", "integer_rows", "integer_job", "packed_expand",
            "packed_weights", "prepare"]
@@ -47,7 +47,7 @@ class PartProduct:
 
     def __init__(self, form: str, data: np.ndarray, scales: np.ndarray | None, mode: str, planned=None) -> None:
         """Resolve ``form``'s product for ``data`` and ``scales`` (as :func:`packed_product` takes them) in
-        products ``mode`` by kernel plan ``planned`` (a kestrel_trio._kernels.cpu.plan.KernelPlan; None: this host's).
+        products ``mode`` by kernel plan ``planned`` (a kestrel_trio._kernels.plan.KernelPlan; None: this host's).
 
         Raises:
             RuntimeError: the compiled loops cannot run here.

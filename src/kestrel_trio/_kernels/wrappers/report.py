@@ -3,10 +3,10 @@ each storage form's kernel (for logs, test reports and bug reports)."""
 
 from __future__ import annotations
 
-from kestrel_trio._kernels.cpu import features as _cpu
+from kestrel_trio._kernels import cpu as _cpu
 from kestrel_trio._kernels import loaded
 from kestrel_trio._kernels.loaded import FORMS
-from kestrel_trio._kernels.prefill import enable_chunk_products, enable_prefill_attention, enable_tiles
+from kestrel_trio._kernels.wrappers.prefill import enable_chunk_products, enable_prefill_attention, enable_tiles
 
 __all__ = ["describe", "describe_cpu", "optional_kernels", "product_kernels"]
 
@@ -51,7 +51,7 @@ def optional_kernels() -> dict[str, str | None]:
 
 def product_kernels(forms, mode: str, planned=None) -> dict[str, str]:
     """For each storage form of ``forms`` (names in FORMS), the kernel its products take in products ``mode``
-    (one of PRODUCT_MODES) by kernel plan ``planned`` (a kestrel_trio._kernels.cpu.plan.KernelPlan, a model's; None:
+    (one of PRODUCT_MODES) by kernel plan ``planned`` (a kestrel_trio._kernels.plan.KernelPlan, a model's; None:
     this host's).
 
     "portable": the compiled reference loops (_kernels.portable.products), compiled for :func:`describe_cpu`;
