@@ -754,8 +754,10 @@ def test_the_checker_sees_each_planted_import_between_rooms(package_copy: Path, 
      "from ..cache.kv_cache import KVCache\nfrom kestrel_trio._model.forms.packed import PackedMatrix"),
     ("_kernels/x86/float32/blocks.py", "from kestrel_trio._kernels.portable.products import row_int8\n"
      "from kestrel_trio._kernels.x86.float32.assembly import _asm_codegen\nfrom ...portable import exp"),
-    ("_kernels/dispatch.py", "from kestrel_trio._kernels.cpu.plan import plan\nfrom .x86 import integer\n"
+    ("_kernels/dispatch.py", "from kestrel_trio._kernels.plan import plan\nfrom .x86 import integer\n"
      "from kestrel_trio._kernels import loaded"),
+    ("_kernels/wrappers/prefill.py", "from kestrel_trio._kernels.dispatch import product_for\n"
+     "from ..portable import exp\nfrom .layers import rms_norm"),
 ])
 def test_the_checker_lets_a_room_import_its_own_modules_and_lower_rooms(package_copy: Path, file: str, line: str):
     _, problems = problems_with(package_copy, file, line, _room_check(file))

@@ -3,7 +3,7 @@
 Usage:
     python benchmarks/compute/fidelity.py [--mode auto] [--smollm2 FILE.gguf ...] [--tokens 24]
 
-Prints two things, each from the products of this host (``kestrel_trio._kernels.cpu.plan`` says which they are):
+Prints two things, each from the products of this host (``kestrel_trio._kernels.plan`` says which they are):
 
 * For every GGUF fixture in tests/fixtures/gguf, its decode steps teacher-forced along transformers' greedy
   tokens (the fixture's golden.npz) once with exact products (weights expanded to float32) and once with

@@ -232,8 +232,8 @@ def blas_kernel() -> str:
 
 
 def plan_summary() -> str:
-    """The float32 and integer kernels kestrel_trio._kernels.cpu.plan chooses in this process's environment."""
-    from kestrel_trio._kernels.cpu.plan import this_plan
+    """The float32 and integer kernels kestrel_trio._kernels.plan chooses in this process's environment."""
+    from kestrel_trio._kernels.plan import this_plan
 
     chosen = this_plan()
     return f"float32 {chosen.f32.variant}, integer {chosen.integer.variant}, bf16 {chosen.bf16.variant}"

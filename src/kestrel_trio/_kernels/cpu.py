@@ -196,7 +196,7 @@ def configure_numba() -> Cpu:
 @dataclasses.dataclass(frozen=True)
 class Features:
     """The facts about a CPU that choose its kernels (:func:`kernel_features` gathers a host's;
-    kestrel_trio._kernels.cpu.plan.plan chooses from them).
+    kestrel_trio._kernels.plan.plan chooses from them).
 
     Attributes:
         arch: "x86_64", "aarch64" or another ``platform.machine()``.
@@ -225,7 +225,7 @@ _X86_KERNEL_FEATURES = ("avx2", "fma", "f16c", "avx512f", "avx512vl", "avx512bw"
 
 
 def kernel_features() -> Features:
-    """This host's facts for kestrel_trio._kernels.cpu.plan.plan: the probing its pure choice leaves out.
+    """This host's facts for kestrel_trio._kernels.plan.plan: the probing its pure choice leaves out.
 
     Imports llvmlite (LLVM's host CPU name and features) and, on x86-64, numba (the features numba's code holds,
     kestrel_trio._kernels.x86.integer.compiled_features). On x86-64 a feature counts where LLVM's CPUID reading
