@@ -18,6 +18,8 @@ from importlib import resources
 
 import trio
 
+from kestrel_trio.webui import PATHS
+
 from browser_kit import Browser, read_body, send_body, web_site
 
 MODEL_ID = "<img src=x onerror=\"window.pwned='model id'\">"
@@ -27,6 +29,8 @@ CONTENT_PARTS = ["Here: <img src=x oner", "ror=\"window.pwned='content'\"> and "
 CONTENT = "".join(CONTENT_PARTS)
 STREAM_ERROR = "<img src=x onerror=\"window.pwned='error event'\"> the engine failed"
 ENVELOPE_ERROR = "<img src=x onerror=\"window.pwned='error envelope'\"> bad request"
+# What the stand-in site serves each of the page's files as, by extension.
+_CONTENT_TYPES = {"html": "text/html; charset=utf-8", "js": "text/javascript", "css": "text/css", "svg": "image/svg+xml"}
 
 
 def _event(obj: object, line_end: str = "\n") -> bytes:
@@ -65,8 +69,10 @@ class ScriptedSite:
     def __init__(self) -> None:
         self.requests: list[dict] = []
         package = resources.files("kestrel_trio.webui")
-        self.files = {"/": ("index.html", "text/html; charset=utf-8"), "/webui/app.js": ("app.js", "text/javascript"),
-                      "/webui/style.css": ("style.css", "text/css"), "/webui/icon.svg": ("icon.svg", "image/svg+xml")}
+        self.files = {}  # path -> (file in the package, Content-Type)
+        for path in PATHS:
+            name = "index.html" if path == "/" else path.removeprefix("/webui/")
+            self.files[path] = (name, _CONTENT_TYPES[name.rpartition(".")[2]])
         self.bodies = {path: package.joinpath(name).read_bytes() for path, (name, _) in self.files.items()}
 
     def routes(self) -> dict:

@@ -13,15 +13,24 @@ import pytest
 import trio
 
 from kestrel_trio.model import Model
+from kestrel_trio.webui import PATHS
 
 from server_kit import assert_envelope, connected, fetch, running_server
 
 FILES = {
     "/": "text/html; charset=utf-8",
     "/webui/app.js": "text/javascript; charset=utf-8",
+    "/webui/api.js": "text/javascript; charset=utf-8",
+    "/webui/messages.js": "text/javascript; charset=utf-8",
     "/webui/style.css": "text/css; charset=utf-8",
     "/webui/icon.svg": "image/svg+xml",
 }
+
+
+# Every script the page serves (its ES modules), by file name in the package.
+SCRIPTS = sorted(path.removeprefix("/webui/") for path in PATHS if path.endswith(".js"))
+# The module specifiers of static imports and re-exports (`import ... from "./x.js"`, `import "./x.js"`).
+IMPORT = re.compile(r"""^\s*(?:import|export)\s(?:[^;"'()]*?\bfrom\s*)?["']([^"']+)["']""", re.MULTILINE)
 
 
 def _package_text(name: str) -> str:
@@ -118,13 +127,29 @@ def test_the_page_has_no_inline_script_style_or_handler_and_loads_nothing_remote
         for name in ("src", "href"):
             if name in attrs:
                 assert attrs[name].startswith("/webui/"), (tag, attrs)
-    for name in ("index.html", "app.js", "style.css"):
+    assert [attrs.get("type") for attrs in scripts] == ["module"]  # one entry; it imports the other modules
+    for name in ("index.html", "style.css", *SCRIPTS):
         text = _package_text(name)
         assert not re.search(r"""(["'(]|url\()\s*(https?:)?//""", text), name  # no remote URL of any kind
         assert "@import" not in text
 
 
+def test_every_script_in_the_package_is_served_and_each_import_is_a_served_script():
+    shipped = sorted(entry.name for entry in resources.files("kestrel_trio.webui").iterdir()
+                     if entry.name.endswith(".js"))
+    assert shipped == SCRIPTS  # a script left out of _FILES would be neither served nor checked below
+    assert {f"/webui/{name}" for name in SCRIPTS} <= set(FILES)  # ... and each has its type and headers checked
+    imported = set()
+    for name in SCRIPTS:
+        for specifier in IMPORT.findall(_package_text(name)):
+            assert specifier.startswith("./") and specifier.removeprefix("./") in SCRIPTS, (name, specifier)
+            imported.add(specifier.removeprefix("./"))
+    assert imported == set(SCRIPTS) - {"app.js"}  # the entry imports the rest: none is dead
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
 @pytest.mark.parametrize("sink", ["innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval(",
-                                  "new Function", "setAttribute(\"on", "DOMParser", "createContextualFragment"])
-def test_the_script_never_turns_text_into_markup_or_code(sink):
-    assert sink not in _package_text("app.js")
+                                  "new Function", "setAttribute(\"on", "DOMParser", "createContextualFragment",
+                                  "import("])
+def test_no_script_turns_text_into_markup_or_code(sink, script):
+    assert sink not in _package_text(script)

@@ -6,6 +6,12 @@ like any other client, with the user's API key if the server wants one. Its
 files hold nothing secret, so they need no key: without them a browser could
 not even ask for one.
 
+The files: ``index.html`` (the page), ``style.css``, ``icon.svg``, and the script as
+ES modules: ``app.js`` (the entry: the page's state, API key, settings, attachments
+and one turn of the conversation) imports ``api.js`` (the OpenAI client: fetch with
+the key, error envelopes, the SSE stream of an answer) and ``messages.js`` (the
+messages as drawn on the page). Each served file is listed in ``_FILES``.
+
 Every file goes out with a Content-Security-Policy that allows scripts, styles
 and connections from this server only (no inline script, no remote loads;
 ``data:`` images for attached-image previews) and ``X-Content-Type-Options:
@@ -25,6 +31,8 @@ __all__ = ["PATHS", "add_webui_routes", "SECURITY_HEADERS"]
 _FILES = {
     "/": ("index.html", "text/html; charset=utf-8"),
     "/webui/app.js": ("app.js", "text/javascript; charset=utf-8"),
+    "/webui/api.js": ("api.js", "text/javascript; charset=utf-8"),
+    "/webui/messages.js": ("messages.js", "text/javascript; charset=utf-8"),
     "/webui/style.css": ("style.css", "text/css; charset=utf-8"),
     "/webui/icon.svg": ("icon.svg", "image/svg+xml"),
 }
