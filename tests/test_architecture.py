@@ -49,7 +49,7 @@ its folder below ``_kernels``, the package's own modules the room ``""``, its
 ``__init__`` the room ``__init__``):
 
     0  portable.forms         one home per storage form of weights (block constants, exact row expanders,
-                             one-pass loops) and the dot loops they share
+                             one-pass loops), the dot loops they share, the template the products are made from
     1  portable               the numba reference loops every kernel is tested against (the products generated
                              over the forms' homes, the integer reference, the layers' loops); the compiled hand-off
     2  x86, x86.float32, arm  what differs per architecture: integer products and AMX tiles; the assembly
@@ -679,8 +679,8 @@ PLANTED_IN_KERNEL_ROOMS = [
      "(wrappers, rank 4) imports kestrel_trio._kernels (__init__, rank 5)"),
     ("_kernels/portable/forms/q4.py", "from kestrel_trio._kernels.portable.products import FORMS",
      "(portable.forms, rank 0) imports kestrel_trio._kernels.portable.products (portable, rank 1)"),
-    ("_kernels/portable/forms/dots.py", "def _later():\n    from kestrel_trio._kernels.portable import generate",
-     "(portable.forms, rank 0) imports kestrel_trio._kernels.portable.generate (portable, rank 1)"),
+    ("_kernels/portable/forms/generate.py", "def _later():\n    from kestrel_trio._kernels.portable import signatures",
+     "(portable.forms, rank 0) imports kestrel_trio._kernels.portable.signatures (portable, rank 1)"),
 ]
 
 

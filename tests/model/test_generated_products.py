@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("numba")
 
-from kestrel_trio._kernels.portable import generate, stamp, template  # noqa: E402
+from kestrel_trio._kernels.portable.forms import generate, stamp, template  # noqa: E402
 
 # A fresh interpreter importing numba and the products on a loaded 2-core machine (seconds; generous).
 IMPORT_SECONDS = 300
@@ -26,39 +26,38 @@ def _committed_digest() -> str:
 
 
 def test_the_committed_products_file_is_what_the_generator_makes_now():
-    committed = (stamp.PORTABLE / "products.py").read_text(encoding="utf-8")
+    committed = stamp.PRODUCTS.read_text(encoding="utf-8")
     assert committed == generate.render(), f"products.py is stale: run {stamp.COMMAND}"
 
 
-def test_the_digest_covers_the_template_and_every_home():
-    names = [path.relative_to(stamp.PORTABLE).as_posix() for path in stamp.sources()]
-    assert names[0] == "template.py"
-    homes = {f"forms/{form.home}.py" for form in template.FORMS} | {"forms/dots.py", "forms/bits.py"}
-    assert homes <= set(names), names
+def test_the_digest_covers_the_template_the_generator_and_every_home():
+    names = [path.name for path in stamp.sources()]
+    homes = {f"{form.home}.py" for form in template.FORMS}
+    assert homes | {"dots.py", "bits.py", "template.py", "generate.py", "stamp.py"} <= set(names), names
     assert _committed_digest() == stamp.sources_digest()
 
 
 def _copy_of_sources(tmp_path: Path) -> Path:
-    root = tmp_path / "portable"
-    (root / "forms").mkdir(parents=True)
+    room = tmp_path / "forms"
+    room.mkdir()
     for path in stamp.sources():
-        shutil.copyfile(path, root / path.relative_to(stamp.PORTABLE))
-    return root
+        shutil.copyfile(path, room / path.name)
+    return room
 
 
-@pytest.mark.parametrize("changed", ["forms/q8_0.py", "forms/dots.py", "template.py"])
+@pytest.mark.parametrize("changed", ["q8_0.py", "dots.py", "template.py"])
 def test_a_source_changed_without_regenerating_is_refused_with_the_command(tmp_path: Path, changed: str):
     root = _copy_of_sources(tmp_path)
     stamp.require_current(_committed_digest(), root)  # the copy, unchanged: current
     with (root / changed).open("a", encoding="utf-8") as source:
         source.write("\n# an edit after products.py was generated\n")
-    with pytest.raises(stamp.StaleProducts, match=r"python -m kestrel_trio\._kernels\.portable\.generate"):
+    with pytest.raises(stamp.StaleProducts, match=r"python -m kestrel_trio\._kernels\.portable\.forms\.generate"):
         stamp.require_current(_committed_digest(), root)
 
 
 def test_a_new_home_is_a_source_too(tmp_path: Path):
     root = _copy_of_sources(tmp_path)
-    (root / "forms" / "q2_k.py").write_text('"""A home added after products.py was generated."""\n', encoding="utf-8")
+    (root / "q2_k.py").write_text('"""A home added after products.py was generated."""\n', encoding="utf-8")
     with pytest.raises(stamp.StaleProducts):
         stamp.require_current(_committed_digest(), root)
 
@@ -66,8 +65,8 @@ def test_a_new_home_is_a_source_too(tmp_path: Path):
 def test_loading_the_kernels_raises_on_a_stale_products_file_rather_than_running_without_them():
     # loaded.ready() reports an import error as "numba cannot be imported" and runs the numpy path; a stale
     # products.py must stop instead. The digest is planted in a fresh interpreter, not in this one's loaded modules.
-    script = ("from kestrel_trio._kernels.portable import stamp\n"
-              "stamp.sources_digest = lambda root=stamp.PORTABLE: '0' * 64\n"
+    script = ("from kestrel_trio._kernels.portable.forms import stamp\n"
+              "stamp.sources_digest = lambda room=stamp.FORMS_ROOM: '0' * 64\n"
               "from kestrel_trio._kernels import loaded\n"
               "loaded.ready()\n")
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=IMPORT_SECONDS,

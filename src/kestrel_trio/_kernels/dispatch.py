@@ -7,7 +7,7 @@ own). What is cached here is the same for every model: the compiled functions, b
 products of two modes live side by side.
 
 Plain Python (nothing here is compiled itself). FORMS, COLUMNS_PER_ITEM and f16_table are products.py's (a file
-generated from kestrel_trio._kernels.portable.template), re-exported: this module is what kestrel_trio._kernels
+generated from kestrel_trio._kernels.portable.forms.template), re-exported: this module is what kestrel_trio._kernels
 loads as "the products".
 """
 

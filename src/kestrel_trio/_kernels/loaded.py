@@ -24,7 +24,7 @@ import threading
 import numpy as np
 
 from kestrel_trio._kernels import cpu as _cpu
-from kestrel_trio._kernels.portable.stamp import StaleProducts
+from kestrel_trio._kernels.portable.forms.stamp import StaleProducts
 
 __all__ = ["FORMS", "PRODUCT_MODES", "RUN", "ready", "compiled", "unavailable_reason", "dispatch", "f16",
            "decode_loops", "release_compiler_pages"]

@@ -1,5 +1,6 @@
-"""One home per storage form of weights: its block constants, its exact row expander and its one-pass loops; and
-the dot loops every form's product shares (``dots``).
+"""Everything per storage form of weights: one home per form (its block constants, its exact row expander and
+its one-pass loops), the dot loops every form's product shares (``dots``), and the template the per-form
+products are generated from.
 
 The homes: ``kestrel`` (int8, int4: kestrel_trio's own copies), ``floats``
 (F32, F16, bf16 and BF16), ``q8_0`` (Q8_0), ``q4`` (Q4_0, Q4_1), ``q5``
@@ -9,11 +10,12 @@ home names its bytes and weights a block (``BLOCKS``); the ggml byte layouts
 in full are kestrel_trio._model.forms.dequant's.
 
 Nothing here is cached by numba itself: the per-form products and expansions
-that call these loops are kestrel_trio._kernels.portable.products, generated
-from kestrel_trio._kernels.portable.template. numba checks a cached
-function's own file only, so products.py carries a digest of every file here
-and refuses to load when one changed: after editing a home, regenerate it with
-``python -m kestrel_trio._kernels.portable.generate``.
+that call these loops are kestrel_trio._kernels.portable.products, written by
+``generate`` from ``template`` (the functions' text, each form's differences
+as data, the products' theory of operation). numba checks a cached function's
+own file only, so products.py carries a digest of every file here (``stamp``)
+and refuses to load when one changed: after editing one, regenerate it with
+``python -m kestrel_trio._kernels.portable.forms.generate``.
 
 Row expanders: each ``row_<form>(row, scales, f16, run, buf)`` writes one
 row of a packed matrix into ``buf`` (float32 [cols]) with the same float32
