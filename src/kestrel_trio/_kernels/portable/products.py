@@ -32,7 +32,7 @@ from kestrel_trio._kernels.portable.signatures import _FLOATS, _NO_SCALES, _stor
 __all__ = ["FORMS", "f16_table", "COLUMNS_PER_ITEM"]  # the dispatch: kestrel_trio._kernels.dispatch
 
 # The sha256 of the sources this file was made from (stamp.sources_digest), checked at each import.
-SOURCES_DIGEST = "399172b59be5ed84ab8a6e434d9d487ee2b855c417f06c596bfebcc7438a48e4"
+SOURCES_DIGEST = "40d4a682ddcd29e30423ff80fb02e17c36b871a75797e504c4feb3a84047e836"
 _stamp.require_current(SOURCES_DIGEST)
 
 

@@ -31,7 +31,7 @@ their rows are multiplied in place. On x86-64 with AVX-512 (Intel's), from
 four activation rows up, by a few instructions of assembly (3x8 and 3x4
 blocks, and a 6x4 one from 12 rows, product_f32_avx512; with AVX2 a 3x4
 block, product_f32_avx2; on AMD's Zen with AVX-512 (Zen 4, Zen 5) that block,
-and a 6x4 zmm block from 12 rows, product_f32_zen; chosen once by
+and a 6x4 zmm block from 12 rows, product_f32_avx2_avx512; chosen once by
 kestrel_trio._kernels.dispatch.f32_assembly), since LLVM's compiled 3x8 loop
 spilled its registers; elsewhere by the compiled loops. bf16 and int8 rows
 from four activation rows up take the AVX2 3x4 block too on any of those
