@@ -64,12 +64,15 @@ the module ``embeddings`` 1; ``responses_api`` 2.
 its folder below ``_kernels``, the package's own modules the room ``""``, its
 ``__init__`` the room ``__init__``):
 
-    0  portable               the numba reference loops every kernel is tested against; the compiled hand-off
-    1  x86, x86.float32, arm  what differs per architecture: integer products and AMX tiles; the assembly
+    0  portable.forms         one home per storage form of weights (block constants, exact row expanders,
+                             one-pass loops), the dot loops they share, the template the products are made from
+    1  portable               the numba reference loops every kernel is tested against (the products generated
+                             over the forms' homes, the integer reference, the layers' loops); the compiled hand-off
+    2  x86, x86.float32, arm  what differs per architecture: integer products and AMX tiles; the assembly
                              blocks over float32 activations; NEON and dotprod integer products
-    2  "" (_kernels itself)   what chooses: a CPU's features, the kernel plan, the dispatch, readiness
-    3  wrappers               the calls the model makes (layers' loops, packed products, prefill kernels, report)
-    4  __init__               the package's face: it only re-exports
+    3  "" (_kernels itself)   what chooses: a CPU's features, the kernel plan, the dispatch, readiness
+    4  wrappers               the calls the model makes (layers' loops, packed products, prefill kernels, report)
+    5  __init__               the package's face: it only re-exports
 """
 
 from __future__ import annotations
@@ -155,11 +158,12 @@ OPENAI_ROOMS = {
 KERNELS_PACKAGE = "kestrel_trio._kernels"
 # _kernels' room (its folder below _kernels, dotted; "" for the package's own modules) -> rank.
 KERNEL_ROOMS = {
-    "portable": 0,
-    "x86": 1, "x86.float32": 1, "arm": 1,
-    "": 2,
-    "wrappers": 3,
-    "__init__": 4,
+    "portable.forms": 0,
+    "portable": 1,
+    "x86": 2, "x86.float32": 2, "arm": 2,
+    "": 3,
+    "wrappers": 4,
+    "__init__": 5,
 }
 BENCHMARKS = SRC.parent.parent / "benchmarks"
 # Benchmarks that measure _model's private kernels themselves, by path under benchmarks/ (reason beside each).
@@ -686,31 +690,35 @@ PLANTED_IN_TEXT_ROOMS = [
 # (file in _kernels, line planted at its end, a fragment of the expected complaint)
 PLANTED_IN_KERNEL_ROOMS = [
     ("_kernels/portable/products.py", "from kestrel_trio._kernels.x86.float32 import blocks",
-     "(portable, rank 0) imports kestrel_trio._kernels.x86.float32.blocks (x86.float32, rank 1)"),
+     "(portable, rank 1) imports kestrel_trio._kernels.x86.float32.blocks (x86.float32, rank 2)"),
     ("_kernels/portable/integer.py", "def _later():\n    from kestrel_trio._kernels.arm import integer",
-     "(portable, rank 0) imports kestrel_trio._kernels.arm.integer (arm, rank 1)"),
+     "(portable, rank 1) imports kestrel_trio._kernels.arm.integer (arm, rank 2)"),
     ("_kernels/portable/handoff.py", "from kestrel_trio._kernels import plan",
-     "(portable, rank 0) imports kestrel_trio._kernels.plan (_kernels, rank 2)"),
+     "(portable, rank 1) imports kestrel_trio._kernels.plan (_kernels, rank 3)"),
     ("_kernels/portable/exp.py", "from kestrel_trio._kernels import ready",
-     "(portable, rank 0) imports kestrel_trio._kernels (__init__, rank 4)"),
+     "(portable, rank 1) imports kestrel_trio._kernels (__init__, rank 5)"),
     ("_kernels/x86/integer.py", "from kestrel_trio._kernels.arm import integer",
-     "(x86, rank 1) imports kestrel_trio._kernels.arm.integer (arm, rank 1)"),
+     "(x86, rank 2) imports kestrel_trio._kernels.arm.integer (arm, rank 2)"),
     ("_kernels/arm/integer.py", "from ..x86 import integer",
-     "(arm, rank 1) imports kestrel_trio._kernels.x86.integer (x86, rank 1)"),
+     "(arm, rank 2) imports kestrel_trio._kernels.x86.integer (x86, rank 2)"),
     ("_kernels/x86/float32/blocks.py", "from kestrel_trio._kernels.x86.integer import usable_kernel",
-     "(x86.float32, rank 1) imports kestrel_trio._kernels.x86.integer (x86, rank 1)"),
+     "(x86.float32, rank 2) imports kestrel_trio._kernels.x86.integer (x86, rank 2)"),
     ("_kernels/x86/float32/chunks.py", "def _later():\n    from kestrel_trio._kernels.loaded import FORMS",
-     "(x86.float32, rank 1) imports kestrel_trio._kernels.loaded (_kernels, rank 2)"),
+     "(x86.float32, rank 2) imports kestrel_trio._kernels.loaded (_kernels, rank 3)"),
     ("_kernels/x86/tiles.py", "from kestrel_trio._kernels.cpu import Features",
-     "(x86, rank 1) imports kestrel_trio._kernels.cpu (_kernels, rank 2)"),
+     "(x86, rank 2) imports kestrel_trio._kernels.cpu (_kernels, rank 3)"),
     ("_kernels/arm/integer.py", "from kestrel_trio._kernels.dispatch import product_for",
-     "(arm, rank 1) imports kestrel_trio._kernels.dispatch (_kernels, rank 2)"),
+     "(arm, rank 2) imports kestrel_trio._kernels.dispatch (_kernels, rank 3)"),
     ("_kernels/plan.py", "def _later():\n    from kestrel_trio._kernels.wrappers.packed import packed_product",
-     "(_kernels, rank 2) imports kestrel_trio._kernels.wrappers.packed (wrappers, rank 3)"),
+     "(_kernels, rank 3) imports kestrel_trio._kernels.wrappers.packed (wrappers, rank 4)"),
     ("_kernels/loaded.py", "from kestrel_trio._kernels import ready",
-     "(_kernels, rank 2) imports kestrel_trio._kernels (__init__, rank 4)"),
+     "(_kernels, rank 3) imports kestrel_trio._kernels (__init__, rank 5)"),
     ("_kernels/wrappers/layers.py", "from kestrel_trio._kernels import decode_loops",
-     "(wrappers, rank 3) imports kestrel_trio._kernels (__init__, rank 4)"),
+     "(wrappers, rank 4) imports kestrel_trio._kernels (__init__, rank 5)"),
+    ("_kernels/portable/forms/q4.py", "from kestrel_trio._kernels.portable.products import FORMS",
+     "(portable.forms, rank 0) imports kestrel_trio._kernels.portable.products (portable, rank 1)"),
+    ("_kernels/portable/forms/generate.py", "def _later():\n    from kestrel_trio._kernels.portable import signatures",
+     "(portable.forms, rank 0) imports kestrel_trio._kernels.portable.signatures (portable, rank 1)"),
 ]
 
 
@@ -752,7 +760,7 @@ def test_the_checker_sees_each_planted_import_between_rooms(package_copy: Path, 
 @pytest.mark.parametrize(("file", "line"), [
     ("_model/decoder/forward.py", "from kestrel_trio._model.decoder.layers import linear\n"
      "from ..cache.kv_cache import KVCache\nfrom kestrel_trio._model.forms.packed import PackedMatrix"),
-    ("_kernels/x86/float32/blocks.py", "from kestrel_trio._kernels.portable.products import row_int8\n"
+    ("_kernels/x86/float32/blocks.py", "from kestrel_trio._kernels.portable.forms.kestrel import row_int8\n"
      "from kestrel_trio._kernels.x86.float32.assembly import _asm_codegen\nfrom ...portable import exp"),
     ("_kernels/dispatch.py", "from kestrel_trio._kernels.plan import plan\nfrom .x86 import integer\n"
      "from kestrel_trio._kernels import loaded"),

@@ -6,8 +6,8 @@ kestrel_trio._model.products.backend, or this host's) and the products' mode, bo
 own). What is cached here is the same for every model: the compiled functions, by form and kernel label, so that
 products of two modes live side by side.
 
-Plain Python (nothing here is compiled itself), so that products.py holds only the loops numba caches together.
-FORMS, COLUMNS_PER_ITEM and f16_table are products.py's, re-exported: this module is what kestrel_trio._kernels
+Plain Python (nothing here is compiled itself). FORMS, COLUMNS_PER_ITEM and f16_table are products.py's (a file
+generated from kestrel_trio._kernels.portable.forms.template), re-exported: this module is what kestrel_trio._kernels
 loads as "the products".
 """
 
@@ -20,8 +20,8 @@ import numpy as np
 from numba import njit, types
 
 from kestrel_trio._kernels import plan as _plan
-from kestrel_trio._kernels.portable.products import (_COMPILE, _PRODUCTS, _RESULT, _TABLE, COLUMNS_PER_ITEM, FORMS,
-                                            _expand_signature, _signature, _storage, f16_table)
+from kestrel_trio._kernels.portable.products import _PRODUCTS, COLUMNS_PER_ITEM, FORMS, f16_table
+from kestrel_trio._kernels.portable.signatures import _COMPILE, _RESULT, _TABLE, _expand_signature, _signature, _storage
 
 __all__ = ["FORMS", "INTEGER_FORMS", "COLUMNS_PER_ITEM", "f16_table", "f32_assembly", "product_for", "expansion_for",
            "kernel_name",

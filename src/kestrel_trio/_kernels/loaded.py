@@ -24,6 +24,7 @@ import threading
 import numpy as np
 
 from kestrel_trio._kernels import cpu as _cpu
+from kestrel_trio._kernels.portable.forms.stamp import StaleProducts
 
 __all__ = ["FORMS", "PRODUCT_MODES", "RUN", "ready", "compiled", "unavailable_reason", "dispatch", "f16",
            "decode_loops", "release_compiler_pages"]
@@ -34,7 +35,7 @@ FORMS = frozenset(("int8", "int4", "bf16", "F32", "F16", "BF16", "Q8_0", "Q4_0",
 # Which products quantized weights take: a model's own setting (kestrel_trio._model.products.backend.Backend.products),
 # passed to each call; nothing in this package holds a mode.
 PRODUCT_MODES = ("auto", "exact", "integer")
-RUN = 32  # a block's inner loop length, an argument so that it stays a run-time value (products.py)
+RUN = 32  # a block's inner loop length, a run-time argument (kestrel_trio._kernels.portable.forms says why)
 
 # Before any of this package's modules imports numba: on aarch64 numba compiles for the features the kernel
 # reports (AT_HWCAP), not for what LLVM reads from /proc/cpuinfo (kestrel_trio._kernels.cpu says why).
@@ -54,6 +55,8 @@ def ready() -> bool:
         if "products" not in _state and "error" not in _state:  # not ``not _state``: the tiles keep theirs here too
             try:
                 from kestrel_trio._kernels import dispatch as products  # the loops and what chooses among them
+            except StaleProducts:  # not a reason to run without the loops: products.py must be regenerated
+                raise
             except Exception as error:  # numba missing, or too old or too new for this Python or numpy
                 _state["error"] = f"numba cannot be imported ({type(error).__name__}: {error})"
             else:

@@ -9,13 +9,13 @@ WIDE_BLOCK_ROWS rows: what the plan gives a CPU whose AVX-512 loses the 3x8
 block to AVX2's, as AMD's Zen 4 and 5); :func:`product_bf16_avx2` and
 :func:`product_int8_avx2` widen bf16 and int8 rows in their registers in the ymm
 block. The rows and columns the blocks leave take the portable loops
-(kestrel_trio._kernels.portable.products), which the tests compare each block
-against (tests/model/test_kernel_plan.py).
+(kestrel_trio._kernels.portable.forms: the dot loops, bf16's and int8's homes),
+which the tests compare each block against (tests/model/test_kernel_plan.py).
 
 numba caches each product with this file's stamp: a change here recompiles
-them, a change to the portable loops they call in products.py does not (numba
-checks a cached function's own file only). After editing those loops, clear
-numba's cache of this file (its ``__pycache__/f32_blocks.*`` entries).
+them, a change to the portable loops they call in portable/forms does not
+(numba checks a cached function's own file only). After editing those loops,
+clear numba's cache of this file (its ``__pycache__/blocks.*`` entries).
 """
 
 from __future__ import annotations
@@ -24,7 +24,9 @@ import numpy as np
 from numba import njit, types
 from numba.extending import intrinsic
 
-from kestrel_trio._kernels.portable.products import _bf16_rows, _dot_rows, _f32_rest, _int8_rows, row_bf16, row_int8
+from kestrel_trio._kernels.portable.forms.dots import _dot_rows, _f32_rest
+from kestrel_trio._kernels.portable.forms.floats import _bf16_rows, row_bf16
+from kestrel_trio._kernels.portable.forms.kestrel import _int8_rows, row_int8
 from kestrel_trio._kernels.x86.float32.assembly import _ZMM, _asm_codegen
 
 __all__ = ["product_f32_avx512", "product_f32_avx2", "product_f32_avx2_avx512", "product_bf16_avx2",
