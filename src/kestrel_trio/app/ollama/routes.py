@@ -109,7 +109,8 @@ class OllamaRoutes:
         return await self._run_chat(req.request, started, generate=True)
 
     async def _run_chat(self, req: ol.OllamaChat, started: int, *, generate: bool):
-        # The name was checked (with or without ":latest"); app.thinking carries out `think` as any reasoning choice.
+        # The name was checked (with or without ":latest"); app.chat.thinking carries out `think` as any reasoning
+        # choice.
         chat = attrs.evolve(req.chat, model=None, thinking=req.think, thinking_param="think")
         prepared = await self.routes.prepare_chat(chat)
         job = self.routes.chat_job(prepared, chat.sampling)
