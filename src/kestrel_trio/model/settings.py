@@ -78,7 +78,8 @@ def set_products(mode: str) -> None:
     float32 scale, as llama.cpp's, and multiplied with the weights' int8 blocks
     in integer arithmetic (aarch64's ``sdot``, x86-64's ``vpdpbusd`` or AVX2): a decode step reads the
     weights' bytes instead of expanding every weight to float32, about a
-    sixth of the instructions on a Cortex-A76 (docs/performance.md). The logits differ from
+    ninth of the instructions a weight on a Cortex-A76 (Q8_0: 0.34 against 3.1,
+    benchmarks/RESULTS.md, "The board, counted under qemu"). The logits differ from
     the exact ones by the activations' rounding. "exact": every weight
     expanded to float32 and multiplied in float32 (the reference; what
     ``--exact-products`` asks for). "auto" (the default): integer where this
