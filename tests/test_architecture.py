@@ -8,7 +8,8 @@ lower rank; two layers of the same rank may not import each other):
     0  _kernels               compiled loops over numpy arrays (numba): numpy, numba and its llvmlite only
     1  _model                 numpy model core
     2  openai, http           JSON <-> values; h11 + trio HTTP (neither knows the other)
-    3  text, webui, hub       tokenizer, template, sampling, generation state machine; the chat page's files; getting model files
+    3  text, webui, hub       tokenizer, template, sampling, generation state machine; the chat page's files;
+                              getting model files
     3  anthropic              Anthropic Messages JSON <-> the openai layer's chat request (built on openai, so above it)
     3  ollama                 Ollama's API JSON <-> the openai layer's chat request, NDJSON and listings
     4  model                  the public Model: _model joined with text (a package: its __init__ re-exports
@@ -59,6 +60,9 @@ No module in a room imports ``text``'s ``__init__`` (it imports rooms).
 
 ``openai`` likewise (OPENAI_ROOMS): ``fields`` 0; ``request``, ``response`` and
 the module ``embeddings`` 1; ``responses_api`` 2.
+
+``engine``, ``http`` and ``app`` likewise (ENGINE_ROOMS, HTTP_ROOMS, APP_ROOMS beside the code: their
+rooms and the modules directly in each, lowest first).
 
 ``_kernels`` is in rooms too (KERNEL_ROOMS, lowest first; a module's room is
 its folder below ``_kernels``, the package's own modules the room ``""``, its
@@ -155,6 +159,33 @@ OPENAI_ROOMS = {
     "request": 1, "response": 1, "embeddings": 1,
     "responses_api": 2,
 }
+# The rooms of engine, http and app, and the modules directly in each (each ranked as a room of its own), -> rank:
+# what a room imports stands lower. engine: its types and metrics, the synchronous step (step/) and an embedding
+# job; the KV budget (memory/) and speculation; admission and the /health counters; the inference task.
+ENGINE_ROOMS = {
+    "types": 0, "metrics": 0, "step": 0, "embeddings": 0,
+    "memory": 1, "speculation": 1,
+    "admission": 2, "health": 2,
+    "engine": 3,
+}
+# http: its types and metrics; responses; what the server admits (policy/) and the router; one connection's
+# HTTP/1.1 (protocol/); the accept loop.
+HTTP_ROOMS = {
+    "types": 0, "metrics": 0,
+    "responses": 1,
+    "policy": 2, "router": 2,
+    "protocol": 3,
+    "server": 4,
+}
+# app: the streams, envelopes, embeddings and media (images, videos) routes' pieces; a chat's job (chat/) and the
+# server's state; the Anthropic, Responses and Ollama fronts over the chat job; the routes that join them.
+APP_ROOMS = {
+    "streams": 0, "envelopes": 0, "embeddings": 0, "media": 0,
+    "chat": 1, "state": 1,
+    "messages": 2, "responses": 2, "ollama": 2,
+    "routes": 3,
+}
+LAYER_ROOMS = {"engine": ENGINE_ROOMS, "http": HTTP_ROOMS, "app": APP_ROOMS}
 KERNELS_PACKAGE = "kestrel_trio._kernels"
 # _kernels' room (its folder below _kernels, dotted; "" for the package's own modules) -> rank.
 KERNEL_ROOMS = {
@@ -503,6 +534,16 @@ def test_openai_rooms_import_only_downwards():
     assert openai_room_violations(SRC) == []
 
 
+def layer_room_violations(src: Path, layer: str) -> list[str]:
+    """:func:`room_violations` for engine, http or app, ranked by LAYER_ROOMS[layer] (its own modules each a room)."""
+    return room_violations(src, f"{PACKAGE}.{layer}", LAYER_ROOMS[layer], f"{layer.upper()}_ROOMS", own_modules=True)
+
+
+@pytest.mark.parametrize("layer", sorted(LAYER_ROOMS))
+def test_engine_http_and_app_rooms_import_only_downwards(layer: str):
+    assert layer_room_violations(SRC, layer) == []
+
+
 def test_text_rooms_import_only_downwards():
     assert text_room_violations(SRC) == []
 
@@ -583,7 +624,8 @@ def test_the_checker_sees_a_module_with_no_layer(package_copy: Path):
     stray = package_copy / "stray.py"
     stray.write_text("import os\n", encoding="utf-8")
     try:
-        assert layer_violations(package_copy) == ["kestrel_trio.stray belongs to no layer (add it to RANKS or LAYER_ALIASES)"]
+        expected = "kestrel_trio.stray belongs to no layer (add it to RANKS or LAYER_ALIASES)"
+        assert layer_violations(package_copy) == [expected]
     finally:
         stray.unlink()
 
@@ -722,6 +764,26 @@ PLANTED_IN_KERNEL_ROOMS = [
 ]
 
 
+# (file in engine, http or app, line planted at its end, a fragment of the expected complaint)
+PLANTED_IN_LAYER_ROOMS = [
+    ("engine/step/batch.py", "from kestrel_trio.engine.engine import Engine",
+     "(step, rank 0) imports kestrel_trio.engine.engine (engine, rank 3)"),
+    ("engine/memory/kv_budget.py", "def _later():\n    from ..admission import Job",
+     "(memory, rank 1) imports kestrel_trio.engine.admission (admission, rank 2)"),
+    ("engine/speculation.py", "from kestrel_trio.engine.memory import kv_budget",
+     "(speculation, rank 1) imports kestrel_trio.engine.memory.kv_budget (memory, rank 1)"),
+    ("http/policy/cors.py", "from kestrel_trio.http.protocol.connection import Connection",
+     "(policy, rank 2) imports kestrel_trio.http.protocol.connection (protocol, rank 3)"),
+    ("http/protocol/wire.py", "from ..server import serve_http",
+     "(protocol, rank 3) imports kestrel_trio.http.server (server, rank 4)"),
+    ("app/media/images.py", "from kestrel_trio.app.chat.job import CompletionJob",
+     "(media, rank 0) imports kestrel_trio.app.chat.job (chat, rank 1)"),
+    ("app/chat/job.py", "from kestrel_trio.app import routes",
+     "(chat, rank 1) imports kestrel_trio.app.routes (routes, rank 3)"),
+    ("app/ollama/routes.py", "from kestrel_trio.app import messages",
+     "(ollama, rank 2) imports kestrel_trio.app.messages (messages, rank 2)"),
+]
+
 # (file in openai, line planted at its end, a fragment of the expected complaint)
 PLANTED_IN_OPENAI_ROOMS = [
     ("openai/fields/access.py", "from kestrel_trio.openai.request import bodies",
@@ -741,12 +803,15 @@ PLANTED_IN_OPENAI_ROOMS = [
 
 def _room_check(file: str):
     """The rooms' check for a planted file: by its package, text's, openai's, _kernels' or _model's."""
+    top = file.split("/")[0]
+    if top in LAYER_ROOMS:
+        return lambda src: layer_room_violations(src, top)
     return {"text": text_room_violations, "openai": openai_room_violations,
-            "_kernels": kernel_room_violations}.get(file.split("/")[0], room_violations)
+            "_kernels": kernel_room_violations}.get(top, room_violations)
 
 
 PLANTED_BETWEEN_ROOMS = (PLANTED_IN_ROOMS + PLANTED_IN_TEXT_ROOMS + PLANTED_IN_OPENAI_ROOMS
-                         + PLANTED_IN_KERNEL_ROOMS)
+                         + PLANTED_IN_LAYER_ROOMS + PLANTED_IN_KERNEL_ROOMS)
 
 
 @pytest.mark.parametrize(("file", "line", "complaint"), PLANTED_BETWEEN_ROOMS,
