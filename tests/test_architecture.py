@@ -142,7 +142,6 @@ MODEL_ROOMS = {
     "decoder": 4,
     "embedding": 5, "vision": 5,
 }
-TEXT_PACKAGE = "kestrel_trio.text"
 # text's room, or module directly in text/ (ranked as a room of its own) -> rank (the module docstring says why).
 TEXT_ROOMS = {
     "chat_formats": 0, "media": 0, "repetition": 0, "speculative": 0, "stops": 0, "context_length": 0,
@@ -150,7 +149,6 @@ TEXT_ROOMS = {
     "constraints": 2, "step_result": 2,
     "generation": 3,
 }
-OPENAI_PACKAGE = "kestrel_trio.openai"
 # openai's room, or module directly in openai/ -> rank: the typed field getters every API front shares; request
 # bodies -> values, and the response side (knowing nothing of the request side), and embeddings; the Responses API,
 # translated into the chat request and answered from a chat choice.
@@ -185,7 +183,10 @@ APP_ROOMS = {
     "messages": 2, "responses": 2, "ollama": 2,
     "routes": 3,
 }
-LAYER_ROOMS = {"engine": ENGINE_ROOMS, "http": HTTP_ROOMS, "app": APP_ROOMS}
+# The layers whose own modules are rooms too, each checked by layer_room_violations -> its ranks (named
+# <LAYER>_ROOMS in the complaints).
+LAYER_ROOMS = {"text": TEXT_ROOMS, "openai": OPENAI_ROOMS, "engine": ENGINE_ROOMS, "http": HTTP_ROOMS,
+               "app": APP_ROOMS}
 KERNELS_PACKAGE = "kestrel_trio._kernels"
 # _kernels' room (its folder below _kernels, dotted; "" for the package's own modules) -> rank.
 KERNEL_ROOMS = {
@@ -520,32 +521,15 @@ def test_model_rooms_import_only_downwards():
     assert room_violations(SRC) == []
 
 
-def text_room_violations(src: Path) -> list[str]:
-    """:func:`room_violations` for ``text``, ranked by TEXT_ROOMS (its own modules each a room of its own)."""
-    return room_violations(src, TEXT_PACKAGE, TEXT_ROOMS, "TEXT_ROOMS", own_modules=True)
-
-
-def openai_room_violations(src: Path) -> list[str]:
-    """:func:`room_violations` for ``openai``, ranked by OPENAI_ROOMS (its own modules each a room of its own)."""
-    return room_violations(src, OPENAI_PACKAGE, OPENAI_ROOMS, "OPENAI_ROOMS", own_modules=True)
-
-
-def test_openai_rooms_import_only_downwards():
-    assert openai_room_violations(SRC) == []
-
-
 def layer_room_violations(src: Path, layer: str) -> list[str]:
-    """:func:`room_violations` for engine, http or app, ranked by LAYER_ROOMS[layer] (its own modules each a room)."""
+    """:func:`room_violations` for text, openai, engine, http or app, ranked by LAYER_ROOMS[layer] (its own modules
+    each a room of its own)."""
     return room_violations(src, f"{PACKAGE}.{layer}", LAYER_ROOMS[layer], f"{layer.upper()}_ROOMS", own_modules=True)
 
 
 @pytest.mark.parametrize("layer", sorted(LAYER_ROOMS))
-def test_engine_http_and_app_rooms_import_only_downwards(layer: str):
+def test_the_rooms_of_text_openai_engine_http_and_app_import_only_downwards(layer: str):
     assert layer_room_violations(SRC, layer) == []
-
-
-def test_text_rooms_import_only_downwards():
-    assert text_room_violations(SRC) == []
 
 
 def test_kernel_rooms_import_only_downwards():
@@ -802,12 +786,11 @@ PLANTED_IN_OPENAI_ROOMS = [
 
 
 def _room_check(file: str):
-    """The rooms' check for a planted file: by its package, text's, openai's, _kernels' or _model's."""
+    """The rooms' check for a planted file: by its package, a layer's of LAYER_ROOMS, _kernels' or _model's."""
     top = file.split("/")[0]
     if top in LAYER_ROOMS:
         return lambda src: layer_room_violations(src, top)
-    return {"text": text_room_violations, "openai": openai_room_violations,
-            "_kernels": kernel_room_violations}.get(top, room_violations)
+    return kernel_room_violations if top == "_kernels" else room_violations
 
 
 PLANTED_BETWEEN_ROOMS = (PLANTED_IN_ROOMS + PLANTED_IN_TEXT_ROOMS + PLANTED_IN_OPENAI_ROOMS
